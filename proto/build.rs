@@ -1,0 +1,19 @@
+//! Compiles `bpfmap/v1/*.proto` with protox (pure Rust: no protoc needed) and
+//! writes the encoded descriptor set that server reflection serves.
+
+use std::{env, fs, path::PathBuf};
+
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "bpfmap/v1/map_service.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let fds = protox::compile([proto], ["."])?;
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out.join("bpfmap_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,18 @@
+//! Generated types and gRPC stubs for the `bpfmap.v1` protocol.
+
+/// Package `bpfmap.v1`.
+pub mod v1 {
+    #![allow(
+        missing_debug_implementations,
+        clippy::all,
+        reason = "generated code"
+    )]
+    tonic::include_proto!("bpfmap.v1");
+
+    /// Encoded `FileDescriptorSet` of `bpfmap.v1` (and its imports), for
+    /// server reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/bpfmap_descriptor.bin"));
+}
+
+pub use v1::*;

@@ -1,0 +1,166 @@
+//! Configuration: a TOML file (optional) overridden by command-line flags.
+//! With neither, bpfmapd serves /sys/fs/bpf on 127.0.0.1:50051.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::Context as _;
+use clap::Parser;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// bpffs directories whose pinned maps are exposed; map paths are relative
+    /// to them. An earlier root wins when two hold the same relative path.
+    pub roots: Vec<PathBuf>,
+    /// Where the cursor signing key lives (created 0700 on first start).
+    pub state_dir: PathBuf,
+    /// Allow naming maps by kernel id (reaches maps nobody pinned; needs
+    /// CAP_SYS_ADMIN).
+    pub allow_by_id: bool,
+    /// Mount bpffs on a root that is not one yet.
+    pub mount_bpffs: bool,
+    /// Create and pin demo maps under `<first root>/demo` and keep them
+    /// changing; they are removed again on shutdown.
+    pub demo: bool,
+    /// Log format: "text" or "json".
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:50051".parse().expect("valid address"),
+            roots: vec![PathBuf::from("/sys/fs/bpf")],
+            state_dir: PathBuf::from("/var/lib/bpfmapd"),
+            allow_by_id: false,
+            mount_bpffs: true,
+            demo: false,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+/// bpfmapd: serves eBPF maps over gRPC, read-only, with resumable dumps.
+#[derive(Debug, Parser)]
+#[command(name = "bpfmapd", version)]
+pub struct Args {
+    /// TOML configuration file (see deploy/bpfmapd.toml); flags override it.
+    #[arg(long, short = 'c', env = "BPFMAPD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:50051].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// bpffs root to expose (repeatable) [default: /sys/fs/bpf].
+    #[arg(long = "root")]
+    pub roots: Vec<PathBuf>,
+    /// State directory for the cursor key [default: /var/lib/bpfmapd].
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Allow naming maps by kernel id.
+    #[arg(long)]
+    pub allow_by_id: bool,
+    /// Do not mount bpffs on a root that is not one.
+    #[arg(long)]
+    pub no_mount: bool,
+    /// Create demo maps under <root>/demo and keep them changing.
+    #[arg(long)]
+    pub demo: bool,
+    /// Log format.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+        Ok(toml::from_str(text)?)
+    }
+
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Self::from_toml(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// The file named by `--config` (or the defaults), then the flags.
+    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let mut c = match &args.config {
+            Some(path) => Self::from_file(path)?,
+            None => Self::default(),
+        };
+        if let Some(l) = args.listen {
+            c.listen = l;
+        }
+        if !args.roots.is_empty() {
+            c.roots = args.roots.clone();
+        }
+        if let Some(s) = &args.state_dir {
+            c.state_dir = s.clone();
+        }
+        c.allow_by_id |= args.allow_by_id;
+        c.mount_bpffs &= !args.no_mount;
+        c.demo |= args.demo;
+        if let Some(f) = args.log_format {
+            c.log_format = f;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.roots.is_empty(), "at least one root is needed");
+        for r in &self.roots {
+            anyhow::ensure!(r.is_absolute(), "root {} must be an absolute path", r.display());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses() {
+        let text = include_str!("../../deploy/bpfmapd.toml");
+        let c = Config::from_toml(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(c.roots, [PathBuf::from("/sys/fs/bpf")]);
+    }
+
+    #[test]
+    fn flags_override_the_file_and_unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "listen = \"0.0.0.0:1\"\nallow_by_id = true\n").unwrap();
+        let args = Args::parse_from([
+            "bpfmapd",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:2",
+            "--root",
+            "/tmp/x",
+        ]);
+        let c = Config::from_args(&args).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:2".parse().unwrap());
+        assert!(c.allow_by_id);
+        assert_eq!(c.roots, [PathBuf::from("/tmp/x")]);
+        assert!(Config::from_toml("lissten = \"x\"").is_err());
+        assert_eq!(Config::from_args(&Args::parse_from(["bpfmapd"])).unwrap(), Config::default());
+    }
+}

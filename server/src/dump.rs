@@ -1,0 +1,250 @@
+//! One DumpMap stream: kernel reads off the async runtime, a bounded channel
+//! to the client, a cursor on every chunk.
+//!
+//! The producer reads one chunk at a time on the blocking pool and hands it to
+//! a channel of [`CHANNEL_DEPTH`] messages, so a stream holds at most a few
+//! chunks in memory while the next kernel read overlaps with sending. When
+//! the client goes away, `send` fails and the producer stops before its next
+//! read. On shutdown the stream ends with UNAVAILABLE, and the client resumes
+//! from its last cursor on the next daemon.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
+
+use bpfmap_proto::v1 as pb;
+use tokio::sync::{mpsc, watch};
+use tonic::Status;
+
+use crate::{
+    catalog::MapRef,
+    cursor::{Cursor, CursorKey},
+    error::Error,
+    kernel::{
+        MapHandle, MapMeta,
+        walk::{Chunk, Position, Walker},
+    },
+};
+
+/// Messages buffered between the kernel reader and the client.
+pub const CHANNEL_DEPTH: usize = 4;
+/// Entries per chunk when the request does not say.
+pub const DEFAULT_CHUNK: u32 = 1024;
+/// Upper bound on entries per chunk.
+pub const MAX_CHUNK: u32 = 65_536;
+/// Upper bound on a chunk's encoded size, well below grpcurl's 4 MiB default.
+pub const MAX_CHUNK_BYTES: usize = 3 << 20;
+
+/// Counters shared by all dumps, for tests and operators.
+#[derive(Debug, Default)]
+pub struct DumpStats {
+    /// Dumps whose producer is running.
+    pub active: AtomicUsize,
+    /// Kernel chunk reads since start.
+    pub chunks_read: AtomicU64,
+}
+
+/// The chunk size actually used: the hint, defaulted and clamped so that a
+/// chunk stays below [`MAX_CHUNK_BYTES`].
+pub fn effective_chunk(hint: u32, meta: &MapMeta) -> u32 {
+    let per_entry = meta.key_size as usize + meta.wire_value_size() + 16;
+    let by_bytes = (MAX_CHUNK_BYTES / per_entry).max(1) as u32;
+    let want = if hint == 0 { DEFAULT_CHUNK } else { hint };
+    want.min(MAX_CHUNK).min(by_bytes).max(1)
+}
+
+/// Everything a dump needs, validated by the service.
+#[derive(Debug)]
+pub struct DumpJob {
+    pub map_ref: MapRef,
+    pub walker: Walker<MapHandle>,
+    pub layout: pb::Layout,
+    pub chunk: u32,
+    pub limit: u64,
+    pub key: CursorKey,
+}
+
+/// Runs a dump until the map ends, the limit is reached, the client leaves
+/// or the server shuts down.
+pub async fn run(
+    job: DumpJob,
+    tx: mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
+    mut shutdown: watch::Receiver<bool>,
+    stats: Arc<DumpStats>,
+) {
+    stats.active.fetch_add(1, Ordering::SeqCst);
+    let _guard = ActiveGuard(stats.clone());
+    let started = Instant::now();
+    let DumpJob {
+        map_ref,
+        mut walker,
+        layout,
+        chunk,
+        limit,
+        key,
+    } = job;
+    let name = map_ref.to_string();
+    let canonical = map_ref.canonical();
+    let meta = walker.meta().clone();
+    let (mut sent, mut chunks) = (0u64, 0u64);
+    loop {
+        if *shutdown.borrow() {
+            let _ = tx.send(Err(Error::ShuttingDown.into())).await;
+            return;
+        }
+        let want = if limit == 0 {
+            chunk
+        } else {
+            (limit - sent).min(u64::from(chunk)) as u32
+        };
+        let read = tokio::task::spawn_blocking(move || {
+            let res = walker.next_chunk(want);
+            (walker, res)
+        })
+        .await;
+        let (w, res) = match read {
+            Ok(r) => r,
+            Err(e) => {
+                let status = Error::Internal {
+                    map: name.clone(),
+                    message: format!("reader task failed: {e}"),
+                };
+                let _ = tx.send(Err(status.into())).await;
+                return;
+            }
+        };
+        walker = w;
+        stats.chunks_read.fetch_add(1, Ordering::Relaxed);
+        let chunk_read = match res {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = tx.send(Err(Error::from_walk(&name, e).into())).await;
+                return;
+            }
+        };
+        let position = walker.position().clone();
+        let complete = position == Position::End;
+        let cursor = key.encode(&Cursor {
+            map_ref: canonical.clone(),
+            map_id: meta.id,
+            fingerprint: meta.fingerprint(),
+            position,
+        });
+        if let Some(c) = chunk_read {
+            sent += c.count as u64;
+            chunks += 1;
+            let msg = chunk_message(&meta, c, layout, cursor.clone());
+            if !send(&tx, &mut shutdown, msg).await {
+                return;
+            }
+        }
+        if complete || (limit != 0 && sent >= limit) {
+            let summary = pb::DumpSummary {
+                entries: sent,
+                chunks,
+                elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
+                complete,
+            };
+            let last = pb::DumpMapResponse {
+                cursor,
+                done: true,
+                summary: Some(summary),
+                ..Default::default()
+            };
+            let _ = send(&tx, &mut shutdown, last).await;
+            return;
+        }
+    }
+}
+
+/// Sends one message; false when the client is gone or the server stops.
+async fn send(
+    tx: &mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
+    shutdown: &mut watch::Receiver<bool>,
+    msg: pb::DumpMapResponse,
+) -> bool {
+    tokio::select! {
+        r = tx.send(Ok(msg)) => r.is_ok(),
+        _ = shutdown.wait_for(|s| *s) => {
+            // The client has not taken the chunk; it resumes from the cursor
+            // it received last.
+            let _ = tx.try_send(Err(Error::ShuttingDown.into()));
+            false
+        }
+    }
+}
+
+struct ActiveGuard(Arc<DumpStats>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Splits a kernel element value into the values of each possible CPU.
+pub fn per_cpu_values(meta: &MapMeta, value: &[u8]) -> Vec<Vec<u8>> {
+    let (stride, vs) = (meta.cpu_stride(), meta.value_size as usize);
+    value.chunks(stride).map(|v| v[..vs].to_vec()).collect()
+}
+
+fn chunk_message(
+    meta: &MapMeta,
+    c: Chunk,
+    layout: pb::Layout,
+    cursor: String,
+) -> pb::DumpMapResponse {
+    let ks = meta.key_size as usize;
+    let kvs = meta.kernel_value_size();
+    let mut msg = pb::DumpMapResponse {
+        cursor,
+        ..Default::default()
+    };
+    match layout {
+        pb::Layout::Entries => {
+            msg.entries = (0..c.count)
+                .map(|i| {
+                    let key = c.keys[i * ks..(i + 1) * ks].to_vec();
+                    let value = &c.values[i * kvs..(i + 1) * kvs];
+                    if meta.per_cpu() {
+                        pb::Entry {
+                            key,
+                            value: Vec::new(),
+                            per_cpu_values: per_cpu_values(meta, value),
+                        }
+                    } else {
+                        pb::Entry {
+                            key,
+                            value: value.to_vec(),
+                            per_cpu_values: Vec::new(),
+                        }
+                    }
+                })
+                .collect();
+        }
+        pb::Layout::Packed => {
+            let values = if meta.per_cpu() {
+                let (stride, vs) = (meta.cpu_stride(), meta.value_size as usize);
+                let mut out = Vec::with_capacity(c.count * meta.wire_value_size());
+                for cpu_value in c.values.chunks(stride) {
+                    out.extend_from_slice(&cpu_value[..vs]);
+                }
+                out
+            } else {
+                c.values
+            };
+            msg.packed = Some(pb::PackedEntries {
+                count: c.count as u32,
+                key_size: meta.key_size,
+                value_stride: meta.wire_value_size() as u32,
+                keys: c.keys,
+                values,
+            });
+        }
+    }
+    msg
+}
