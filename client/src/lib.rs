@@ -1,0 +1,222 @@
+//! Client library for bpfmapd.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), bpfmap_client::Error> {
+//! use bpfmap_client::{Client, DumpOptions, MapName};
+//! use futures::TryStreamExt as _;
+//!
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let map: MapName = "demo/flows".parse()?;
+//! let mut entries = std::pin::pin!(client.dump(map, DumpOptions::default()).into_entries());
+//! while let Some(entry) = entries.try_next().await? {
+//!     println!("{:02x?} => {:?}", entry.key, entry.value);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! A dump resumes by itself from the last cursor it received when the stream
+//! breaks (UNAVAILABLE, or a transport error such as a reset connection), with
+//! exponential backoff; see [`resume::RetryPolicy`].
+
+pub mod resume;
+
+use std::{fmt, str::FromStr, time::Duration};
+
+pub use bpfmap_proto::v1 as pb;
+use pb::map_service_client::MapServiceClient;
+pub use resume::{Dump, DumpOptions, Entry, RetryPolicy, Value};
+use tonic::transport::{Channel, Endpoint};
+
+/// Errors of the client library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid address {addr:?}: {source}")]
+    Address {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    Status(tonic::Status),
+    #[error("invalid map name {0:?}: give a path like \"demo/flows\" or \"id:12\"")]
+    MapName(String),
+    #[error("server sent a malformed chunk: {0}")]
+    Protocol(String),
+}
+
+impl From<tonic::Status> for Error {
+    fn from(s: tonic::Status) -> Self {
+        Self::Status(s)
+    }
+}
+
+/// The canonical name of a status code ("NOT_FOUND").
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+impl Error {
+    /// The gRPC status, if the error came from the server or the transport.
+    pub fn status(&self) -> Option<&tonic::Status> {
+        match self {
+            Self::Status(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// A map, by pin path (relative to the server's root) or by kernel id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapName {
+    Path(String),
+    Id(u32),
+}
+
+impl FromStr for MapName {
+    type Err = Error;
+
+    /// "id:12" names a map by id; anything else is a path.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if let Some(id) = s.strip_prefix("id:") {
+            return id
+                .parse()
+                .map(Self::Id)
+                .map_err(|_| Error::MapName(s.into()));
+        }
+        if s.is_empty() {
+            return Err(Error::MapName(s.into()));
+        }
+        Ok(Self::Path(s.into()))
+    }
+}
+
+impl fmt::Display for MapName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Path(p) => f.write_str(p),
+            Self::Id(id) => write!(f, "id:{id}"),
+        }
+    }
+}
+
+impl From<&MapName> for pb::MapRef {
+    fn from(m: &MapName) -> Self {
+        let r = match m {
+            MapName::Path(p) => pb::map_ref::Ref::Path(p.clone()),
+            MapName::Id(id) => pb::map_ref::Ref::Id(*id),
+        };
+        pb::MapRef { r#ref: Some(r) }
+    }
+}
+
+/// A connection to one bpfmapd. Cheap to clone; clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: MapServiceClient<Channel>,
+    retry: RetryPolicy,
+}
+
+/// Largest message the client accepts (the server keeps chunks below 4 MiB).
+const MAX_DECODE: usize = 16 << 20;
+
+impl Client {
+    /// Connects to `addr` ("http://host:port").
+    pub async fn connect(addr: &str) -> Result<Self, Error> {
+        let endpoint = Self::endpoint(addr)?;
+        let channel = endpoint.connect().await.map_err(|source| Error::Connect {
+            addr: addr.into(),
+            source,
+        })?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// A client that connects on first use (and reconnects after failures).
+    pub fn connect_lazy(addr: &str) -> Result<Self, Error> {
+        Ok(Self::from_channel(Self::endpoint(addr)?.connect_lazy()))
+    }
+
+    fn endpoint(addr: &str) -> Result<Endpoint, Error> {
+        let endpoint = Endpoint::from_shared(addr.to_owned()).map_err(|source| Error::Address {
+            addr: addr.into(),
+            source,
+        })?;
+        Ok(endpoint
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_adaptive_window(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10)))
+    }
+
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            inner: MapServiceClient::new(channel).max_decoding_message_size(MAX_DECODE),
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Sets how dumps resume after a broken stream.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    pub async fn list_maps(&self) -> Result<Vec<pb::MapInfo>, Error> {
+        let resp = self
+            .inner
+            .clone()
+            .list_maps(pb::ListMapsRequest {})
+            .await?;
+        Ok(resp.into_inner().maps)
+    }
+
+    pub async fn get_map(&self, map: &MapName) -> Result<pb::MapInfo, Error> {
+        let req = pb::GetMapRequest {
+            map: Some(map.into()),
+        };
+        Ok(self.inner.clone().get_map(req).await?.into_inner())
+    }
+
+    /// Looks up keys; absent keys come back with `found == false`.
+    pub async fn lookup(
+        &self,
+        map: &MapName,
+        keys: Vec<Vec<u8>>,
+    ) -> Result<Vec<pb::LookupResult>, Error> {
+        let req = pb::LookupRequest {
+            map: Some(map.into()),
+            keys,
+        };
+        Ok(self.inner.clone().lookup(req).await?.into_inner().results)
+    }
+
+    /// Dumps a map; see [`Dump`].
+    pub fn dump(&self, map: MapName, options: DumpOptions) -> Dump {
+        Dump::new(self.inner.clone(), map, options, self.retry.clone())
+    }
+}

@@ -2,10 +2,10 @@
 //!
 //! A cursor binds the map reference it was issued for, the map's kernel id
 //! and fingerprint (type, sizes, flags, name) and the walk position. It is
-//! HMAC-SHA256-signed with a key kept in the state directory, so it survives
-//! daemon restarts, and a client can neither forge nor alter one. The
-//! encoding is URL-safe base64 of a versioned binary record; the format is
-//! private to the server.
+//! sealed with ChaCha20-Poly1305 under a key kept in the state directory, so
+//! it survives daemon restarts, and a client can neither read, forge nor
+//! alter one. The encoding is URL-safe base64 of a random nonce and the
+//! sealed, versioned binary record; the format is private to the server.
 
 use std::{
     fs,
@@ -15,12 +15,14 @@ use std::{
 };
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use ring::{hmac, rand::SecureRandom};
+use ring::{
+    aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey},
+    rand::{SecureRandom, SystemRandom},
+};
 
 use crate::kernel::walk::Position;
 
 const VERSION: u8 = 1;
-const TAG_LEN: usize = 16;
 const KEY_FILE: &str = "cursor.key";
 const KEY_LEN: usize = 32;
 /// Longest cursor accepted (a cursor holds at most one map key).
@@ -42,17 +44,18 @@ pub enum CursorError {
     #[error("cursor is not valid base64")]
     Encoding,
     #[error("cursor is corrupt or was not issued by this server")]
-    BadSignature,
+    NotAuthentic,
     #[error("cursor is malformed")]
     Malformed,
     #[error("cursor is longer than {MAX_CURSOR_LEN} characters")]
     TooLong,
 }
 
-/// Signs and verifies cursors.
+/// Seals and opens cursors.
 #[derive(Clone)]
 pub struct CursorKey {
-    key: hmac::Key,
+    key: std::sync::Arc<LessSafeKey>,
+    rng: SystemRandom,
 }
 
 impl std::fmt::Debug for CursorKey {
@@ -76,10 +79,17 @@ pub enum KeyError {
 }
 
 impl CursorKey {
-    /// A key from raw bytes (tests).
+    /// A key from raw bytes: the first 32 bytes are used, shorter input is
+    /// zero-padded (tests use short keys).
     pub fn from_bytes(bytes: &[u8]) -> Self {
+        let mut raw = [0u8; KEY_LEN];
+        for (d, s) in raw.iter_mut().zip(bytes) {
+            *d = *s;
+        }
+        let key = UnboundKey::new(&CHACHA20_POLY1305, &raw).expect("32-byte key");
         Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, bytes),
+            key: std::sync::Arc::new(LessSafeKey::new(key)),
+            rng: SystemRandom::new(),
         }
     }
 
@@ -107,7 +117,7 @@ impl CursorKey {
         {
             Ok(mut f) => {
                 let mut bytes = [0u8; KEY_LEN];
-                ring::rand::SystemRandom::new()
+                SystemRandom::new()
                     .fill(&mut bytes)
                     .map_err(|_| KeyError::Random)?;
                 f.write_all(&bytes).map_err(file_err)?;
@@ -149,9 +159,14 @@ impl CursorKey {
             }
             Position::End => buf.push(2),
         }
-        let tag = hmac::sign(&self.key, &buf);
-        buf.extend_from_slice(&tag.as_ref()[..TAG_LEN]);
-        URL_SAFE_NO_PAD.encode(buf)
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng.fill(&mut nonce).expect("system randomness");
+        self.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+            .expect("sealing a short buffer");
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&buf);
+        URL_SAFE_NO_PAD.encode(out)
     }
 
     pub fn decode(&self, s: &str) -> Result<Cursor, CursorError> {
@@ -161,15 +176,17 @@ impl CursorKey {
         let raw = URL_SAFE_NO_PAD
             .decode(s)
             .map_err(|_| CursorError::Encoding)?;
-        if raw.len() < 1 + TAG_LEN {
+        if raw.len() < NONCE_LEN + CHACHA20_POLY1305.tag_len() + 1 {
             return Err(CursorError::Malformed);
         }
-        let (body, tag) = raw.split_at(raw.len() - TAG_LEN);
-        // Verify before parsing: nothing unauthenticated is interpreted.
-        let expected = hmac::sign(&self.key, body);
-        if !constant_time_eq(&expected.as_ref()[..TAG_LEN], tag) {
-            return Err(CursorError::BadSignature);
-        }
+        let (nonce, sealed) = raw.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| CursorError::Malformed)?;
+        let mut sealed = sealed.to_vec();
+        // Authenticate before parsing: nothing a client made is interpreted.
+        let body = self
+            .key
+            .open_in_place(nonce, Aad::empty(), &mut sealed)
+            .map_err(|_| CursorError::NotAuthentic)?;
         let mut r = Reader(body);
         if r.u8()? != VERSION {
             return Err(CursorError::Malformed);
@@ -192,10 +209,6 @@ impl CursorKey {
             position,
         })
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn put_bytes(buf: &mut Vec<u8>, b: &[u8]) {
@@ -252,6 +265,16 @@ mod tests {
     }
 
     #[test]
+    fn cursor_does_not_reveal_its_contents() {
+        let key = CursorKey::from_bytes(b"k");
+        let raw = URL_SAFE_NO_PAD.decode(key.encode(&sample())).unwrap();
+        let needle = b"demo/flows";
+        assert!(!raw.windows(needle.len()).any(|w| w == needle));
+        // Two cursors for the same position differ (random nonce).
+        assert_ne!(key.encode(&sample()), key.encode(&sample()));
+    }
+
+    #[test]
     fn every_flipped_bit_is_rejected() {
         let key = CursorKey::from_bytes(b"k");
         let raw = URL_SAFE_NO_PAD.decode(key.encode(&sample())).unwrap();
@@ -260,7 +283,7 @@ mod tests {
                 let mut bad = raw.clone();
                 bad[i] ^= 1 << bit;
                 let s = URL_SAFE_NO_PAD.encode(&bad);
-                assert_eq!(key.decode(&s), Err(CursorError::BadSignature), "byte {i} bit {bit}");
+                assert_eq!(key.decode(&s), Err(CursorError::NotAuthentic), "byte {i} bit {bit}");
             }
         }
     }
@@ -270,7 +293,7 @@ mod tests {
         let s = CursorKey::from_bytes(b"a").encode(&sample());
         assert_eq!(
             CursorKey::from_bytes(b"b").decode(&s),
-            Err(CursorError::BadSignature)
+            Err(CursorError::NotAuthentic)
         );
         let key = CursorKey::from_bytes(b"a");
         assert_eq!(key.decode("not base64!"), Err(CursorError::Encoding));

@@ -101,8 +101,15 @@ pub async fn run(
         } else {
             (limit - sent).min(u64::from(chunk)) as u32
         };
+        // Past the first chunk of a limited call, stop short of a hash
+        // bucket that would overshoot the limit: the next call gets it whole.
+        let strict = limit != 0 && sent > 0;
         let read = tokio::task::spawn_blocking(move || {
-            let res = walker.next_chunk(want);
+            let res = if strict {
+                walker.next_chunk_at_most(want)
+            } else {
+                walker.next_chunk(want)
+            };
             (walker, res)
         })
         .await;
@@ -128,13 +135,17 @@ pub async fn run(
         };
         let position = walker.position().clone();
         let complete = position == Position::End;
+        // An empty chunk short of the end: the next bucket would overshoot.
+        let limit_reached = limit != 0
+            && (sent + chunk_read.as_ref().map_or(0, |c| c.count as u64) >= limit
+                || chunk_read.as_ref().is_some_and(|c| c.count == 0) && !complete);
         let cursor = key.encode(&Cursor {
             map_ref: canonical.clone(),
             map_id: meta.id,
             fingerprint: meta.fingerprint(),
             position,
         });
-        if let Some(c) = chunk_read {
+        if let Some(c) = chunk_read.filter(|c| c.count > 0) {
             sent += c.count as u64;
             chunks += 1;
             let msg = chunk_message(&meta, c, layout, cursor.clone());
@@ -142,7 +153,7 @@ pub async fn run(
                 return;
             }
         }
-        if complete || (limit != 0 && sent >= limit) {
+        if complete || limit_reached {
             let summary = pb::DumpSummary {
                 entries: sent,
                 chunks,

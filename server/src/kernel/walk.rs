@@ -51,6 +51,14 @@ pub enum WalkError {
     Syscall(#[from] SyscallError),
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Grow the batch until the next bucket fits.
+    Grow,
+    /// Never return more than asked for.
+    Strict,
+}
+
 /// How many times EINTR / EBUSY are retried before giving up.
 const MAX_RETRIES: u32 = 32;
 
@@ -104,12 +112,26 @@ impl<O: MapOps> Walker<O> {
     /// little more when one bucket is larger). `Ok(None)` once the walk is at
     /// the end; a final chunk may also arrive together with the end.
     pub fn next_chunk(&mut self, max: u32) -> Result<Option<Chunk>, WalkError> {
+        self.read(max, Fit::Grow)
+    }
+
+    /// Like [`Walker::next_chunk`], but never returns more than `max`
+    /// entries: when the next hash bucket holds more, returns an empty chunk
+    /// and leaves the position where it was.
+    pub fn next_chunk_at_most(&mut self, max: u32) -> Result<Option<Chunk>, WalkError> {
+        self.read(max, Fit::Strict)
+    }
+
+    fn read(&mut self, max: u32, fit: Fit) -> Result<Option<Chunk>, WalkError> {
         let max = max.max(1);
         loop {
             let chunk = match self.pos {
                 Position::End => return Ok(None),
                 _ => match self.method {
-                    Method::BatchBucket | Method::BatchKey => self.batch(max)?,
+                    Method::BatchBucket | Method::BatchKey => match self.batch(max, fit)? {
+                        Some(c) => c,
+                        None => return Ok(Some(Chunk::default())),
+                    },
                     Method::KeyByKey => self.key_by_key(max)?,
                     Method::None => unreachable!("rejected in new()"),
                 },
@@ -147,7 +169,8 @@ impl<O: MapOps> Walker<O> {
         }
     }
 
-    fn batch(&mut self, max: u32) -> Result<Chunk, WalkError> {
+    /// `None` when `fit` is strict and the next bucket holds more than `max`.
+    fn batch(&mut self, max: u32, fit: Fit) -> Result<Option<Chunk>, WalkError> {
         self.check_resume_key()?;
         let ks = self.meta.key_size as usize;
         let vs = self.meta.kernel_value_size();
@@ -177,6 +200,9 @@ impl<O: MapOps> Walker<O> {
                     Some(libc::ENOENT) => true,
                     Some(libc::ENOSPC) if count == 0 => {
                         // The next bucket holds more than `want` entries.
+                        if fit == Fit::Strict {
+                            return Ok(None);
+                        }
                         let limit = self.meta.max_entries.saturating_add(1024).max(2);
                         if want >= limit {
                             return Err(WalkError::BucketTooLarge { tried: want });
@@ -220,11 +246,11 @@ impl<O: MapOps> Walker<O> {
             };
             // A bucket that fit once is likely to fit again: shrink back.
             self.min_batch = 1;
-            return Ok(Chunk {
+            return Ok(Some(Chunk {
                 count,
                 keys,
                 values,
-            });
+            }));
         }
     }
 
@@ -430,6 +456,18 @@ mod tests {
             [(token.clone(), 1), (token.clone(), 2), (token, 4)]
         );
         assert_eq!(calls[3], (Some(4u32.to_le_bytes().to_vec()), 1));
+    }
+
+    #[test]
+    fn strict_reads_stop_before_a_bucket_that_does_not_fit() {
+        let fake = Fake::default();
+        fake.push(&[], 0, Err(libc::ENOSPC));
+        let start = Position::After(2u32.to_le_bytes().into());
+        let mut w = Walker::new(&fake, hash_meta(), start.clone()).unwrap();
+        let c = w.next_chunk_at_most(1).unwrap().unwrap();
+        assert_eq!(c.count, 0);
+        assert_eq!(w.position(), &start, "position unchanged");
+        assert_eq!(fake.calls.borrow().len(), 1, "no retry with a larger batch");
     }
 
     #[test]

@@ -1,0 +1,375 @@
+//! Resuming dump streams.
+//!
+//! Retry is a decision per status code ([`RetryPolicy::should_resume`]):
+//!
+//! | code | what the dump does |
+//! |---|---|
+//! | UNAVAILABLE | resume from the last cursor, after a backoff |
+//! | UNKNOWN, INTERNAL, CANCELLED raised by the transport (reset connection, broken HTTP/2 stream) | resume from the last cursor, after a backoff |
+//! | ABORTED | stop: the map was replaced, the caller restarts the dump |
+//! | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...) | stop |
+//!
+//! A status sent by the server arrives in trailers and carries no source
+//! error; one made by the local transport does. That is how a server's
+//! INTERNAL (a kernel error: retrying would repeat it) is told apart from a
+//! connection that broke.
+
+use std::{collections::VecDeque, time::Duration};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::Stream;
+use tonic::{Code, Status, Streaming, transport::Channel};
+
+use crate::{Error, MapName, pb, pb::map_service_client::MapServiceClient};
+
+/// How a dump resumes after a broken stream.
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    /// Consecutive failed attempts (without receiving a chunk in between)
+    /// before the dump gives up.
+    pub max_attempts: usize,
+    pub min_delay: Duration,
+    /// Cap on one delay (jitter included).
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 8,
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// No resuming at all: the first error ends the dump.
+    pub fn never() -> Self {
+        Self {
+            max_attempts: 0,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a dump that failed with `status` should resume from its last
+    /// cursor.
+    pub fn should_resume(status: &Status) -> bool {
+        match status.code() {
+            Code::Unavailable => true,
+            Code::Unknown | Code::Internal | Code::Cancelled => {
+                std::error::Error::source(status).is_some()
+            }
+            _ => false,
+        }
+    }
+
+    fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
+        let max = self.max_delay;
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(max)
+            .with_max_times(self.max_attempts)
+            .with_jitter()
+            .build()
+            .map(move |d| d.min(max))
+    }
+}
+
+/// Options of one dump.
+#[derive(Debug, Clone)]
+pub struct DumpOptions {
+    /// Entries per chunk (a hint; 0 = server default).
+    pub chunk_size: u32,
+    /// Stop after this many entries (0 = the whole map).
+    pub limit: u64,
+    /// Start after this cursor instead of at the beginning.
+    pub cursor: Option<String>,
+    /// Ask for the packed layout (less work on both sides). Entries are
+    /// decoded to the same [`Entry`] values either way.
+    pub packed: bool,
+}
+
+impl Default for DumpOptions {
+    fn default() -> Self {
+        Self {
+            chunk_size: 0,
+            limit: 0,
+            cursor: None,
+            packed: true,
+        }
+    }
+}
+
+/// A map value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    Single(Vec<u8>),
+    /// One value per possible CPU, in CPU order.
+    PerCpu(Vec<Vec<u8>>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub key: Vec<u8>,
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    per_cpu: bool,
+    value_size: usize,
+}
+
+/// A dump in progress. Read it chunk by chunk with [`Dump::next_chunk`] or
+/// as a stream of entries with [`Dump::into_entries`]. After any chunk,
+/// [`Dump::cursor`] is where a later dump can resume.
+#[derive(Debug)]
+pub struct Dump {
+    client: MapServiceClient<Channel>,
+    map: MapName,
+    options: DumpOptions,
+    retry: RetryPolicy,
+    cursor: String,
+    stream: Option<Streaming<pb::DumpMapResponse>>,
+    shape: Option<Shape>,
+    summary: Option<pb::DumpSummary>,
+    received: u64,
+    resumes: u32,
+    finished: bool,
+}
+
+impl Dump {
+    pub(crate) fn new(
+        client: MapServiceClient<Channel>,
+        map: MapName,
+        options: DumpOptions,
+        retry: RetryPolicy,
+    ) -> Self {
+        Self {
+            client,
+            map,
+            cursor: options.cursor.clone().unwrap_or_default(),
+            options,
+            retry,
+            stream: None,
+            shape: None,
+            summary: None,
+            received: 0,
+            resumes: 0,
+            finished: false,
+        }
+    }
+
+    /// The cursor of the last chunk received ("" before the first).
+    pub fn cursor(&self) -> &str {
+        &self.cursor
+    }
+
+    /// Entries received so far, over all resumed calls.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+
+    /// How many times the dump resumed after a broken stream.
+    pub fn resumes(&self) -> u32 {
+        self.resumes
+    }
+
+    /// The server's summary of the last call, once the dump has ended.
+    pub fn summary(&self) -> Option<&pb::DumpSummary> {
+        self.summary.as_ref()
+    }
+
+    /// Whether the whole map was read (false when the limit stopped it).
+    pub fn complete(&self) -> bool {
+        self.summary.as_ref().is_some_and(|s| s.complete)
+    }
+
+    async fn open(&mut self) -> Result<Streaming<pb::DumpMapResponse>, Status> {
+        if self.options.packed && self.shape.is_none() {
+            let info = self
+                .client
+                .get_map(pb::GetMapRequest {
+                    map: Some((&self.map).into()),
+                })
+                .await?
+                .into_inner();
+            self.shape = Some(Shape {
+                per_cpu: info.per_cpu,
+                value_size: info.value_size as usize,
+            });
+        }
+        let limit = match self.options.limit {
+            0 => 0,
+            l => l.saturating_sub(self.received).max(1),
+        };
+        let layout = if self.options.packed {
+            pb::Layout::Packed
+        } else {
+            pb::Layout::Entries
+        };
+        let req = pb::DumpMapRequest {
+            map: Some((&self.map).into()),
+            cursor: self.cursor.clone(),
+            chunk_size: self.options.chunk_size,
+            limit,
+            layout: layout as i32,
+        };
+        Ok(self.client.dump_map(req).await?.into_inner())
+    }
+
+    /// The next chunk's entries; `None` once the dump has ended.
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<Entry>>, Error> {
+        let mut delays = self.retry.delays();
+        loop {
+            if self.finished {
+                return Ok(None);
+            }
+            let result = match self.stream.as_mut() {
+                Some(stream) => stream.message().await,
+                None => match self.open().await {
+                    Ok(stream) => {
+                        self.stream = Some(stream);
+                        continue;
+                    }
+                    Err(status) => Err(status),
+                },
+            };
+            let status = match result {
+                Ok(Some(msg)) => {
+                    if msg.done {
+                        self.cursor = msg.cursor;
+                        self.summary = msg.summary;
+                        self.finished = true;
+                        self.stream = None;
+                        return Ok(None);
+                    }
+                    let entries = self.decode(msg.entries, msg.packed)?;
+                    self.cursor = msg.cursor;
+                    self.received += entries.len() as u64;
+                    return Ok(Some(entries));
+                }
+                // The stream ended without its final message: broken.
+                Ok(None) => Status::unavailable("stream ended before the dump finished"),
+                Err(status) => status,
+            };
+            self.stream = None;
+            if !RetryPolicy::should_resume(&status) {
+                return Err(status.into());
+            }
+            match delays.next() {
+                Some(delay) => {
+                    tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "dump stream broke; resuming from the last cursor");
+                    tokio::time::sleep(delay).await;
+                    self.resumes += 1;
+                }
+                None => return Err(status.into()),
+            }
+        }
+    }
+
+    fn decode(
+        &self,
+        entries: Vec<pb::Entry>,
+        packed: Option<pb::PackedEntries>,
+    ) -> Result<Vec<Entry>, Error> {
+        let Some(p) = packed else {
+            return Ok(entries
+                .into_iter()
+                .map(|e| Entry {
+                    key: e.key,
+                    value: if e.per_cpu_values.is_empty() {
+                        Value::Single(e.value)
+                    } else {
+                        Value::PerCpu(e.per_cpu_values)
+                    },
+                })
+                .collect());
+        };
+        let (n, ks, vs) = (p.count as usize, p.key_size as usize, p.value_stride as usize);
+        if p.keys.len() != n * ks || p.values.len() != n * vs {
+            return Err(Error::Protocol(format!(
+                "packed chunk of {n} entries has {} key bytes and {} value bytes",
+                p.keys.len(),
+                p.values.len()
+            )));
+        }
+        let shape = self.shape.unwrap_or(Shape {
+            per_cpu: false,
+            value_size: vs,
+        });
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let key = p.keys[i * ks..(i + 1) * ks].to_vec();
+            let raw = &p.values[i * vs..(i + 1) * vs];
+            let value = if shape.per_cpu && shape.value_size > 0 {
+                Value::PerCpu(raw.chunks(shape.value_size).map(<[u8]>::to_vec).collect())
+            } else {
+                Value::Single(raw.to_vec())
+            };
+            out.push(Entry { key, value });
+        }
+        Ok(out)
+    }
+
+    /// All remaining entries as a stream.
+    pub fn into_entries(self) -> impl Stream<Item = Result<Entry, Error>> {
+        futures::stream::try_unfold(
+            (self, VecDeque::new()),
+            |(mut dump, mut pending)| async move {
+                loop {
+                    if let Some(e) = pending.pop_front() {
+                        return Ok(Some((e, (dump, pending))));
+                    }
+                    match dump.next_chunk().await? {
+                        Some(chunk) => pending.extend(chunk),
+                        None => return Ok(None),
+                    }
+                }
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_decision_per_code() {
+        assert!(RetryPolicy::should_resume(&Status::unavailable("x")));
+        for code in [
+            Code::Aborted,
+            Code::InvalidArgument,
+            Code::NotFound,
+            Code::FailedPrecondition,
+            Code::PermissionDenied,
+            Code::ResourceExhausted,
+            Code::Unauthenticated,
+        ] {
+            assert!(!RetryPolicy::should_resume(&Status::new(code, "x")), "{code:?}");
+        }
+        // From the server (no source): not retried.
+        assert!(!RetryPolicy::should_resume(&Status::internal("kernel said EFAULT")));
+        assert!(!RetryPolicy::should_resume(&Status::unknown("x")));
+        // From the transport (with a source): retried.
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let mut s = Status::unknown("h2 protocol error");
+        s.set_source(std::sync::Arc::new(io));
+        assert!(RetryPolicy::should_resume(&s));
+    }
+
+    #[test]
+    fn delays_are_capped_and_counted() {
+        let p = RetryPolicy {
+            max_attempts: 20,
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(800),
+        };
+        let d: Vec<_> = p.delays().collect();
+        assert_eq!(d.len(), 20);
+        assert!(d.iter().all(|d| *d <= Duration::from_millis(800)), "{d:?}");
+        assert_eq!(RetryPolicy::never().delays().count(), 0);
+    }
+}
