@@ -1,0 +1,201 @@
+//! Test support: private bpffs mounts, real kernel maps, an in-process
+//! daemon. Everything here needs root and a kernel with BPF; when either is
+//! missing the test fails with a message saying so, never passes silently.
+
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    path::{Path, PathBuf},
+};
+
+use bpfmap_client::{Client, DumpOptions, Entry, MapName, Value};
+use bpfmapd::{
+    Config, Running,
+    kernel::sys::{self, CreateMap},
+};
+use futures::TryStreamExt as _;
+use tempfile::TempDir;
+
+pub use bpfmapd::kernel::map_type;
+
+/// A private bpffs mounted on a temporary directory; unmounted on drop.
+#[derive(Debug)]
+pub struct BpfFs {
+    dir: TempDir,
+}
+
+impl BpfFs {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("bpfmapd-test-")
+            .tempdir()
+            .expect("cannot create a temporary directory");
+        if let Err(e) = sys::mount_bpffs(dir.path()) {
+            panic!(
+                "these tests need root and BPF: cannot mount a private bpffs on {} ({e}); run them as root on a kernel with CONFIG_BPF_SYSCALL",
+                dir.path().display()
+            );
+        }
+        Self { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Pins `fd` at `rel` (creating parent directories).
+    pub fn pin(&self, fd: BorrowedFd<'_>, rel: &str) -> PathBuf {
+        let path = self.path().join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("mkdir in bpffs");
+        }
+        sys::obj_pin(fd, &path).unwrap_or_else(|e| panic!("cannot pin {}: {e}", path.display()));
+        path
+    }
+}
+
+impl Default for BpfFs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        let _ = sys::umount(self.dir.path());
+    }
+}
+
+/// Creates a map (panics with the errno when the kernel refuses).
+pub fn create_map(map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> OwnedFd {
+    create_map_with(&CreateMap {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        name: "test",
+        ..Default::default()
+    })
+}
+
+pub fn create_map_with(params: &CreateMap<'_>) -> OwnedFd {
+    sys::create_map(params).unwrap_or_else(|e| {
+        panic!(
+            "cannot create a {} map ({e}); these tests need root and BPF",
+            bpfmapd::kernel::type_name(params.map_type)
+        )
+    })
+}
+
+pub fn update(fd: &OwnedFd, key: &[u8], value: &[u8]) {
+    sys::update_elem(fd.as_fd(), key, value).unwrap_or_else(|e| panic!("update: {e}"));
+}
+
+pub fn delete(fd: &OwnedFd, key: &[u8]) {
+    sys::delete_elem(fd.as_fd(), key).unwrap_or_else(|e| panic!("delete: {e}"));
+}
+
+/// Fills a map with `count` packed entries in one batch.
+pub fn update_batch(fd: &OwnedFd, keys: &[u8], values: &[u8], count: u32) {
+    sys::update_batch(fd.as_fd(), keys, values, count)
+        .unwrap_or_else(|e| panic!("update_batch: {e}"));
+}
+
+/// A hash map of `n` entries, key i (u64 LE) -> value i*3 (u64 LE), pinned.
+pub fn u64_hash(fs: &BpfFs, rel: &str, n: u32, max_entries: u32) -> (OwnedFd, Entries) {
+    let fd = create_map(map_type::HASH, 8, 8, max_entries);
+    let (mut keys, mut values, mut expected) = (Vec::new(), Vec::new(), Entries::new());
+    for i in 0..u64::from(n) {
+        keys.extend_from_slice(&i.to_le_bytes());
+        values.extend_from_slice(&(i * 3).to_le_bytes());
+        expected.insert(i.to_le_bytes().to_vec(), Value::Single((i * 3).to_le_bytes().to_vec()));
+    }
+    for (k, v) in keys.chunks(8 * 50_000).zip(values.chunks(8 * 50_000)) {
+        update_batch(&fd, k, v, (k.len() / 8) as u32);
+    }
+    fs.pin(fd.as_fd(), rel);
+    (fd, expected)
+}
+
+/// Entries keyed by key bytes.
+pub type Entries = BTreeMap<Vec<u8>, Value>;
+
+/// Collects entries, failing on a key delivered twice.
+pub fn collect_unique(entries: impl IntoIterator<Item = Entry>) -> Entries {
+    let mut out = Entries::new();
+    for e in entries {
+        if let Some(old) = out.insert(e.key.clone(), e.value) {
+            panic!("key {:02x?} delivered twice (first value {old:?})", e.key);
+        }
+    }
+    out
+}
+
+/// A daemon serving `roots` on 127.0.0.1 (a free port).
+#[derive(Debug)]
+pub struct Daemon {
+    pub running: Running,
+    pub config: Config,
+}
+
+impl Daemon {
+    /// The test configuration: a free loopback port, one root.
+    pub fn config(root: &Path, state_dir: &Path) -> Config {
+        Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            roots: vec![root.to_owned()],
+            state_dir: state_dir.to_owned(),
+            mount_bpffs: false,
+            ..Config::default()
+        }
+    }
+
+    pub async fn start(root: &Path, state_dir: &Path) -> Self {
+        Self::start_with(Self::config(root, state_dir)).await
+    }
+
+    pub async fn start_with(config: Config) -> Self {
+        let running = bpfmapd::start(&config).await.expect("daemon starts");
+        Self { running, config }
+    }
+
+    pub fn addr(&self) -> String {
+        format!("http://{}", self.running.local_addr())
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.addr()).await.expect("client connects")
+    }
+
+    pub async fn stop(self) {
+        self.running.stop().await.expect("clean shutdown");
+    }
+}
+
+/// Dumps a whole map through the client library.
+pub async fn dump_all(client: &Client, map: &str, options: DumpOptions) -> Entries {
+    let map: MapName = map.parse().unwrap();
+    let entries: Vec<Entry> = client
+        .dump(map, options)
+        .into_entries()
+        .try_collect()
+        .await
+        .expect("dump succeeds");
+    collect_unique(entries)
+}
+
+/// The gRPC status code of a client error.
+pub fn code_of(e: &bpfmap_client::Error) -> tonic::Code {
+    e.status()
+        .unwrap_or_else(|| panic!("expected a gRPC status, got {e}"))
+        .code()
+}
+
+/// The google.rpc.ErrorInfo reason of a status, if any.
+pub fn reason_of(e: &bpfmap_client::Error) -> String {
+    use tonic_types::StatusExt as _;
+    e.status()
+        .and_then(|s| s.get_details_error_info())
+        .map(|i| i.reason)
+        .unwrap_or_default()
+}

@@ -70,6 +70,16 @@ pub struct Walker<O> {
     pos: Position,
     /// Smallest batch known to fit the next bucket (grown after ENOSPC).
     min_batch: u32,
+    stats: WalkStats,
+}
+
+/// What a walk cost, for tests and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WalkStats {
+    /// BPF_MAP_LOOKUP_BATCH calls made.
+    pub syscalls: u64,
+    /// Calls that failed with ENOSPC and were retried with a larger batch.
+    pub enospc: u64,
 }
 
 impl<O: MapOps> Walker<O> {
@@ -97,6 +107,7 @@ impl<O: MapOps> Walker<O> {
             method,
             pos,
             min_batch: 1,
+            stats: WalkStats::default(),
         })
     }
 
@@ -106,6 +117,10 @@ impl<O: MapOps> Walker<O> {
 
     pub fn meta(&self) -> &MapMeta {
         &self.meta
+    }
+
+    pub fn stats(&self) -> WalkStats {
+        self.stats
     }
 
     /// Reads up to about `max` entries (a hash bucket is never split, so a
@@ -186,6 +201,7 @@ impl<O: MapOps> Walker<O> {
             let mut keys = vec![0u8; ks * want as usize];
             let mut values = vec![0u8; vs * want as usize];
             let mut count = want;
+            self.stats.syscalls += 1;
             let res = self.ops.lookup_batch(
                 in_batch,
                 &mut out_batch,
@@ -208,8 +224,18 @@ impl<O: MapOps> Walker<O> {
                             return Err(WalkError::BucketTooLarge { tried: want });
                         }
                         want = want.saturating_mul(2).min(limit);
+                        self.stats.enospc += 1;
                         self.min_batch = want;
                         continue;
+                    }
+                    // The generic path answers EINTR when a key from
+                    // get_next_key cannot be looked up three times in a row
+                    // (deleted meanwhile, or an empty slot of an
+                    // array_of_maps). What it copied before is valid; the
+                    // missing key is stepped over one key at a time.
+                    Some(libc::EINTR) if self.key_token() && count > 0 => false,
+                    Some(libc::EINTR) if self.key_token() => {
+                        return self.key_by_key(1).map(Some);
                     }
                     Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
                         if retries < MAX_RETRIES =>

@@ -1,0 +1,271 @@
+//! Bad requests and changed maps get the status code a client can act on.
+
+use std::os::fd::AsFd;
+
+use base64::Engine as _;
+use bpfmap_client::{Client, DumpOptions, MapName, RetryPolicy, pb};
+use bpfmap_tests::*;
+use tonic::Code;
+
+async fn setup() -> (BpfFs, tempfile::TempDir, Daemon, Client) {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await.with_retry(RetryPolicy::never());
+    (fs, state, daemon, client)
+}
+
+/// Dumps `map` from `cursor`; the error of the first chunk, if any.
+async fn dump_from(client: &Client, map: &str, cursor: &str) -> Result<(), bpfmap_client::Error> {
+    let options = DumpOptions {
+        cursor: Some(cursor.to_owned()),
+        ..Default::default()
+    };
+    let mut dump = client.dump(map.parse().unwrap(), options);
+    while dump.next_chunk().await?.is_some() {}
+    Ok(())
+}
+
+/// A cursor from the middle of a dump of `map`.
+async fn mid_cursor(client: &Client, map: &str) -> String {
+    let options = DumpOptions {
+        chunk_size: 10,
+        ..Default::default()
+    };
+    let mut dump = client.dump(map.parse().unwrap(), options);
+    dump.next_chunk().await.unwrap().expect("a first chunk");
+    dump.cursor().to_owned()
+}
+
+#[tokio::test]
+async fn tampered_and_garbage_cursors_are_invalid_argument() {
+    let (fs, _state, daemon, client) = setup().await;
+    let _m = u64_hash(&fs, "m", 100, 128);
+    let cursor = mid_cursor(&client, "m").await;
+    let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut raw = engine.decode(&cursor).unwrap();
+    let last = raw.len() - 1;
+    raw[last] ^= 1;
+    let tampered = engine.encode(&raw);
+    for bad in [tampered.as_str(), "garbage!", "AAAA", &cursor[..cursor.len() - 3]] {
+        let e = dump_from(&client, "m", bad).await.unwrap_err();
+        assert_eq!(code_of(&e), Code::InvalidArgument, "{bad}: {e}");
+        assert_eq!(reason_of(&e), "CURSOR_INVALID");
+    }
+    // A cursor from a server with another key.
+    let other_state = tempfile::tempdir().unwrap();
+    let other = Daemon::start(fs.path(), other_state.path()).await;
+    let foreign = mid_cursor(&other.client().await, "m").await;
+    let e = dump_from(&client, "m", &foreign).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
+    other.stop().await;
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_cursor_for_another_map_is_invalid_argument() {
+    let (fs, _state, daemon, client) = setup().await;
+    let _a = u64_hash(&fs, "a", 100, 128);
+    let _b = u64_hash(&fs, "b", 100, 128);
+    let cursor = mid_cursor(&client, "a").await;
+    let e = dump_from(&client, "b", &cursor).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
+    assert_eq!(reason_of(&e), "CURSOR_OTHER_MAP");
+    assert!(e.to_string().contains("path:a"), "{e}");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_replaced_map_is_aborted_and_a_removed_map_not_found() {
+    let (fs, _state, daemon, client) = setup().await;
+    let (fd, _) = u64_hash(&fs, "m", 100, 128);
+    let cursor = mid_cursor(&client, "m").await;
+    // Same path, same shape, new map.
+    std::fs::remove_file(fs.path().join("m")).unwrap();
+    drop(fd);
+    let _new = u64_hash(&fs, "m", 100, 128);
+    let e = dump_from(&client, "m", &cursor).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::Aborted, "{e}");
+    assert_eq!(reason_of(&e), "MAP_REPLACED");
+    assert!(e.to_string().contains("restart the dump"), "{e}");
+
+    std::fs::remove_file(fs.path().join("m")).unwrap();
+    let e = dump_from(&client, "m", &cursor).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound, "{e}");
+    assert!(e.to_string().contains("\"m\""), "{e}");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_resume_key_of_a_trie_is_aborted_not_restarted() {
+    let (fs, _state, daemon, client) = setup().await;
+    let fd = create_map_with(&bpfmapd::kernel::sys::CreateMap {
+        map_type: map_type::LPM_TRIE,
+        key_size: 8,
+        value_size: 8,
+        max_entries: 64,
+        flags: 1,
+        name: "trie",
+        ..Default::default()
+    });
+    for i in 0u8..30 {
+        let mut k = 32u32.to_le_bytes().to_vec();
+        k.extend_from_slice(&[10, 0, 0, i]);
+        update(&fd, &k, &[0; 8]);
+    }
+    fs.pin(fd.as_fd(), "trie");
+    let mut dump = client.dump(
+        "trie".parse().unwrap(),
+        DumpOptions {
+            chunk_size: 10,
+            packed: false,
+            ..Default::default()
+        },
+    );
+    let first = dump.next_chunk().await.unwrap().unwrap();
+    let cursor = dump.cursor().to_owned();
+    drop(dump);
+    // Resuming while the last key is still there works.
+    dump_from(&client, "trie", &cursor).await.unwrap();
+    // Delete the last key delivered: the kernel would restart the walk.
+    delete(&fd, &first.last().unwrap().key);
+    let e = dump_from(&client, "trie", &cursor).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::Aborted, "{e}");
+    assert_eq!(reason_of(&e), "RESUME_KEY_DELETED");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn paths_that_escape_the_root_are_invalid_argument() {
+    let (fs, _state, daemon, client) = setup().await;
+    // A map outside the root, reachable through a symlink inside it.
+    let outside = BpfFs::new();
+    let _o = u64_hash(&outside, "secret", 10, 16);
+    std::os::unix::fs::symlink(outside.path(), fs.path().join("link")).unwrap();
+    let abs = outside.path().join("secret");
+    for bad in ["../etc/passwd", abs.to_str().unwrap(), "a/../../x", "link/secret", ""] {
+        let e = client.get_map(&MapName::Path(bad.into())).await.unwrap_err();
+        assert_eq!(code_of(&e), Code::InvalidArgument, "{bad:?}: {e}");
+        let e = dump_from(&client, if bad.is_empty() { "x" } else { bad }, "").await;
+        if !bad.is_empty() {
+            assert_eq!(code_of(&e.unwrap_err()), Code::InvalidArgument, "{bad:?}");
+        }
+    }
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn missing_maps_and_disabled_ids_and_non_maps() {
+    let (fs, _state, daemon, client) = setup().await;
+    let (fd, _) = u64_hash(&fs, "m", 10, 16);
+    let e = client.get_map(&"no/such/map".parse().unwrap()).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound);
+    assert!(e.to_string().contains("no/such/map"), "{e}");
+    let e = dump_from(&client, "nope", "").await.unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound);
+    // A directory is not a map.
+    std::fs::create_dir(fs.path().join("dir")).unwrap();
+    let e = client.get_map(&"dir".parse().unwrap()).await.unwrap_err();
+    assert_ne!(code_of(&e), Code::Ok);
+    // By id: disabled by default.
+    let id = bpfmapd::kernel::sys::map_info(fd.as_fd()).unwrap().id;
+    let e = client.get_map(&MapName::Id(id)).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::FailedPrecondition, "{e}");
+    assert_eq!(reason_of(&e), "BY_ID_DISABLED");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn by_id_access_when_enabled() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    let (fd, expected) = u64_hash(&fs, "m", 50, 64);
+    let unpinned = create_map(map_type::HASH, 8, 8, 4);
+    let id = bpfmapd::kernel::sys::map_info(fd.as_fd()).unwrap().id;
+    let unpinned_id = bpfmapd::kernel::sys::map_info(unpinned.as_fd()).unwrap().id;
+    let info = client.get_map(&MapName::Id(id)).await.unwrap();
+    assert_eq!((info.id, info.key_size), (id, 8));
+    assert_eq!(dump_all(&client, &format!("id:{id}"), DumpOptions::default()).await, expected);
+    let listed = client.list_maps().await.unwrap();
+    assert!(listed.iter().any(|m| m.id == id && m.path == "m"));
+    assert!(listed.iter().any(|m| m.id == unpinned_id && m.path.is_empty()));
+    // A cursor issued for the path is not valid for the id.
+    let cursor = mid_cursor(&client, "m").await;
+    let e = dump_from(&client, &format!("id:{id}"), &cursor).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    let e = client.get_map(&MapName::Id(u32::MAX)).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound);
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn non_iterable_types_are_failed_precondition_naming_the_type() {
+    let (fs, _state, daemon, client) = setup().await;
+    let maps = [
+        ("queue", create_map(map_type::QUEUE, 0, 8, 8)),
+        ("stack", create_map(map_type::STACK, 0, 8, 8)),
+        ("bloom_filter", create_map(map_type::BLOOM_FILTER, 0, 8, 8)),
+        ("ringbuf", create_map(map_type::RINGBUF, 0, 0, 4096)),
+    ];
+    for (name, fd) in &maps {
+        fs.pin(fd.as_fd(), name);
+    }
+    for (name, _) in &maps {
+        let info = client.get_map(&name.parse().unwrap()).await.unwrap();
+        assert_eq!(info.dump_method(), pb::DumpMethod::None, "{name}");
+        let e = dump_from(&client, name, "").await.unwrap_err();
+        assert_eq!(code_of(&e), Code::FailedPrecondition, "{name}: {e}");
+        assert_eq!(reason_of(&e), "MAP_NOT_ITERABLE");
+        assert!(e.to_string().contains(&format!("type {name}")), "{e}");
+        let e = client.lookup(&name.parse().unwrap(), vec![vec![]]).await.unwrap_err();
+        assert_eq!(code_of(&e), Code::FailedPrecondition, "{name}: {e}");
+    }
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn bad_lookup_and_dump_requests_are_invalid_argument() {
+    let (fs, _state, daemon, client) = setup().await;
+    let _m = u64_hash(&fs, "m", 10, 16);
+    let map: MapName = "m".parse().unwrap();
+    let e = client.lookup(&map, vec![vec![1, 2, 3]]).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    assert!(e.to_string().contains("3 bytes") && e.to_string().contains("8-byte"), "{e}");
+    let e = client.lookup(&map, vec![]).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    let e = client.lookup(&map, vec![vec![0; 8]; 4097]).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    assert!(e.to_string().contains("4096"), "{e}");
+
+    // No map reference, unknown layout: through the raw API.
+    let channel = tonic::transport::Channel::from_shared(daemon.addr())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = pb::map_service_client::MapServiceClient::new(channel);
+    let e = raw
+        .dump_map(pb::DumpMapRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("map.path"), "{}", e.message());
+    let e = raw
+        .dump_map(pb::DumpMapRequest {
+            map: Some(pb::MapRef {
+                r#ref: Some(pb::map_ref::Ref::Path("m".into())),
+            }),
+            layout: 7,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    daemon.stop().await;
+}
