@@ -149,6 +149,12 @@ impl Catalog {
                             root.display()
                         )));
                     }
+                    if real.is_dir() {
+                        return Err(Error::NotAMap {
+                            map: name,
+                            what: "a directory; list its maps with ListMaps",
+                        });
+                    }
                     match MapHandle::open_pinned(&real) {
                         Ok(handle) => {
                             return Ok(Resolved {

@@ -19,8 +19,8 @@ pub enum Error {
     InvalidArgument(String),
     #[error("map {0} not found")]
     MapNotFound(String),
-    #[error("{0} is not a BPF map")]
-    NotAMap(String),
+    #[error("{map} is not a BPF map ({what})")]
+    NotAMap { map: String, what: &'static str },
     #[error("access by map id is disabled on this server (enable `allow_by_id`)")]
     ByIdDisabled,
     #[error("map {map} cannot be dumped: maps of type {type_name} cannot be iterated from user space")]
@@ -57,7 +57,7 @@ impl Error {
                 Code::InvalidArgument
             }
             Self::MapNotFound(_) => Code::NotFound,
-            Self::NotAMap(_)
+            Self::NotAMap { .. }
             | Self::ByIdDisabled
             | Self::NotIterable { .. }
             | Self::LookupUnsupported { .. } => Code::FailedPrecondition,
@@ -76,7 +76,7 @@ impl Error {
         match self {
             Self::InvalidArgument(_) => "INVALID_REQUEST",
             Self::MapNotFound(_) => "MAP_NOT_FOUND",
-            Self::NotAMap(_) => "NOT_A_MAP",
+            Self::NotAMap { .. } => "NOT_A_MAP",
             Self::ByIdDisabled => "BY_ID_DISABLED",
             Self::NotIterable { .. } => "MAP_NOT_ITERABLE",
             Self::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
@@ -93,7 +93,10 @@ impl Error {
     pub fn from_open(map: &str, e: OpenError) -> Self {
         match e {
             OpenError::NotFound => Self::MapNotFound(map.to_owned()),
-            OpenError::NotAMap => Self::NotAMap(map.to_owned()),
+            OpenError::NotAMap => Self::NotAMap {
+                map: map.to_owned(),
+                what: "a pinned program, link or BTF object",
+            },
             OpenError::Syscall(source) => Self::Kernel {
                 map: map.to_owned(),
                 source,

@@ -199,3 +199,60 @@ pub fn reason_of(e: &bpfmap_client::Error) -> String {
         .map(|i| i.reason)
         .unwrap_or_default()
 }
+
+/// A TCP proxy that forwards to `target`, cutting its first connection after
+/// `cut_after` bytes from the server: a network failure in the middle of a
+/// stream.
+#[derive(Debug)]
+pub struct CutProxy {
+    pub addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CutProxy {
+    pub async fn start(target: std::net::SocketAddr, cut_after: usize) -> Self {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let limit = if first { Some(cut_after) } else { None };
+                first = false;
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    });
+                    let mut sent = 0usize;
+                    let mut buf = vec![0u8; 16 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        sent += n;
+                        if limit.is_some_and(|l| sent >= l) {
+                            break; // cut: both directions are dropped
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Self { addr, task }
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -166,7 +166,9 @@ async fn missing_maps_and_disabled_ids_and_non_maps() {
     // A directory is not a map.
     std::fs::create_dir(fs.path().join("dir")).unwrap();
     let e = client.get_map(&"dir".parse().unwrap()).await.unwrap_err();
-    assert_ne!(code_of(&e), Code::Ok);
+    assert_eq!(code_of(&e), Code::FailedPrecondition, "{e}");
+    assert_eq!(reason_of(&e), "NOT_A_MAP");
+    assert!(e.to_string().contains("directory"), "{e}");
     // By id: disabled by default.
     let id = bpfmapd::kernel::sys::map_info(fd.as_fd()).unwrap().id;
     let e = client.get_map(&MapName::Id(id)).await.unwrap_err();

@@ -1,0 +1,243 @@
+//! Resuming, cancelling, restarts, network cuts and concurrent writers.
+
+use std::{
+    os::fd::AsFd,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use bpfmap_client::{Client, DumpOptions, Entry, MapName, RetryPolicy};
+use bpfmap_tests::*;
+
+async fn setup() -> (BpfFs, tempfile::TempDir, Daemon, Client) {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await;
+    (fs, state, daemon, client)
+}
+
+fn opts(chunk_size: u32, cursor: Option<String>) -> DumpOptions {
+    DumpOptions {
+        chunk_size,
+        cursor,
+        ..Default::default()
+    }
+}
+
+/// Reads a whole dump chunk by chunk: (entries of each chunk, its cursor).
+async fn chunks(client: &Client, map: &str, options: DumpOptions) -> Vec<(Vec<Entry>, String)> {
+    let mut dump = client.dump(map.parse().unwrap(), options);
+    let mut out = Vec::new();
+    while let Some(c) = dump.next_chunk().await.unwrap() {
+        out.push((c, dump.cursor().to_owned()));
+    }
+    assert!(dump.complete());
+    out
+}
+
+#[tokio::test]
+async fn resuming_from_each_chunk_cursor_gives_exactly_the_rest() {
+    let (fs, _state, daemon, client) = setup().await;
+    let (_h, expected_hash) = u64_hash(&fs, "hash", 2000, 4096);
+    // The generic (last-key) path: an array and a trie.
+    let arr = create_map(map_type::ARRAY, 4, 4, 300);
+    let mut expected_arr = Entries::new();
+    for i in 0u32..300 {
+        update(&arr, &i.to_le_bytes(), &(i * 2).to_le_bytes());
+        expected_arr.insert(
+            i.to_le_bytes().to_vec(),
+            bpfmap_client::Value::Single((i * 2).to_le_bytes().to_vec()),
+        );
+    }
+    fs.pin(arr.as_fd(), "array");
+    for (map, expected, chunk) in [("hash", &expected_hash, 100), ("array", &expected_arr, 32)] {
+        let all = chunks(&client, map, opts(chunk, None)).await;
+        assert!(all.len() > 5, "{map}: {} chunks", all.len());
+        let flat = collect_unique(all.iter().flat_map(|(c, _)| c.clone()));
+        assert_eq!(&flat, expected, "{map}");
+        for i in 0..all.len() {
+            let rest = chunks(&client, map, opts(chunk, Some(all[i].1.clone()))).await;
+            let got = collect_unique(rest.into_iter().flat_map(|(c, _)| c));
+            let want = collect_unique(all[i + 1..].iter().flat_map(|(c, _)| c.clone()));
+            assert_eq!(got, want, "{map}: resuming after chunk {i}");
+        }
+    }
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_cursor_survives_a_daemon_restart() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_fd, expected) = u64_hash(&fs, "m", 5000, 8192);
+    let first = Daemon::start(fs.path(), state.path()).await;
+    let mut dump = first.client().await.dump("m".parse().unwrap(), opts(500, None));
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(dump.next_chunk().await.unwrap().unwrap());
+    }
+    let cursor = dump.cursor().to_owned();
+    drop(dump);
+    first.stop().await;
+
+    let second = Daemon::start(fs.path(), state.path()).await;
+    assert_ne!(second.addr(), "", "new daemon");
+    let client = second.client().await;
+    let rest: Vec<Entry> = {
+        use futures::TryStreamExt as _;
+        client
+            .dump("m".parse().unwrap(), opts(500, Some(cursor)))
+            .into_entries()
+            .try_collect()
+            .await
+            .unwrap()
+    };
+    got.extend(rest);
+    assert_eq!(collect_unique(got), expected);
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn the_client_resumes_by_itself_when_the_daemon_restarts_mid_stream() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_fd, expected) = u64_hash(&fs, "m", 20_000, 32_768);
+    let first = Daemon::start(fs.path(), state.path()).await;
+    let addr = first.running.local_addr();
+    let client = Client::connect(&first.addr()).await.unwrap().with_retry(RetryPolicy {
+        max_attempts: 50,
+        min_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(200),
+    });
+    let mut dump = client.dump("m".parse().unwrap(), opts(100, None));
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(dump.next_chunk().await.unwrap().unwrap());
+    }
+    // The daemon goes away in the middle of the stream and comes back on the
+    // same address.
+    first.stop().await;
+    let second = Daemon::start_with(bpfmapd::Config {
+        listen: addr,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    while let Some(c) = dump.next_chunk().await.unwrap() {
+        got.extend(c);
+    }
+    assert!(dump.resumes() >= 1, "the dump should have resumed");
+    assert_eq!(collect_unique(got), expected);
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn the_client_resumes_after_a_network_cut() {
+    let (fs, _state, daemon, _) = setup().await;
+    let (_fd, expected) = u64_hash(&fs, "m", 20_000, 32_768);
+    // Cut the first connection after about 64 KiB from the server.
+    let proxy = CutProxy::start(daemon.running.local_addr(), 64 * 1024).await;
+    let client = Client::connect(&format!("http://{}", proxy.addr))
+        .await
+        .unwrap()
+        .with_retry(RetryPolicy {
+            max_attempts: 20,
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+        });
+    let mut dump = client.dump("m".parse().unwrap(), opts(200, None));
+    let mut got = Vec::new();
+    while let Some(c) = dump.next_chunk().await.unwrap() {
+        got.extend(c);
+    }
+    assert!(dump.resumes() >= 1, "the cut should have forced a resume");
+    assert_eq!(collect_unique(got), expected);
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn cancelling_a_stream_stops_the_kernel_reads() {
+    let (fs, _state, daemon, client) = setup().await;
+    let (_fd, _) = u64_hash(&fs, "m", 200_000, 262_144);
+    let stats = daemon.running.stats().clone();
+    let before = stats.chunks_read.load(Ordering::SeqCst);
+    let mut dump = client.dump("m".parse().unwrap(), opts(10, None));
+    for _ in 0..2 {
+        dump.next_chunk().await.unwrap().unwrap();
+    }
+    assert_eq!(stats.active.load(Ordering::SeqCst), 1);
+    drop(dump);
+    let mut waited = 0;
+    while stats.active.load(Ordering::SeqCst) != 0 && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert_eq!(stats.active.load(Ordering::SeqCst), 0, "producer still running");
+    let read = stats.chunks_read.load(Ordering::SeqCst) - before;
+    // About 20,000 chunks in the map; the reader stopped after a few beyond
+    // what was buffered (the channel, HTTP/2 windows).
+    eprintln!("{read} chunks read before the producer stopped");
+    assert!(read < 2_000, "{read} chunks read after cancelling");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(stats.chunks_read.load(Ordering::SeqCst) - before, read, "reads went on");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_hash_map_updated_during_a_dump_yields_no_duplicates() {
+    let (fs, _state, daemon, client) = setup().await;
+    // Keys 0..10,000 churn (deleted and re-inserted); 10,000..50,000 stay.
+    let (fd, expected) = u64_hash(&fs, "m", 50_000, 65_536);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = (i % 10_000).to_le_bytes();
+                let _ = bpfmapd::kernel::sys::delete_elem(fd.as_fd(), &k);
+                update(&fd, &k, &(i * 3).to_le_bytes());
+                i += 1;
+            }
+            i
+        })
+    };
+    for pass in 0..5 {
+        // collect_unique fails on any key seen twice.
+        let got = dump_all(&client, "m", opts(64, None)).await;
+        for (k, v) in expected.range(10_000u64.to_le_bytes().to_vec()..) {
+            let key = u64::from_le_bytes(k.as_slice().try_into().unwrap());
+            if key >= 10_000 {
+                assert_eq!(got.get(k), Some(v), "pass {pass}: stable key {key} missing");
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    assert!(writes > 1000, "the writer ran concurrently ({writes} writes)");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn many_dumps_at_once_each_get_exactly_their_map() {
+    let (fs, _state, daemon, client) = setup().await;
+    let (_a, expected_a) = u64_hash(&fs, "a", 30_000, 32_768);
+    let (_b, expected_b) = u64_hash(&fs, "b", 7_000, 8_192);
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let client = client.clone();
+        let (map, expected) = if i % 2 == 0 { ("a", expected_a.clone()) } else { ("b", expected_b.clone()) };
+        tasks.push(tokio::spawn(async move {
+            let got = dump_all(&client, map, opts(100 + i * 37, None)).await;
+            assert_eq!(got, expected, "dump {i} of {map}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let _: MapName = "a".parse().unwrap();
+    daemon.stop().await;
+}
