@@ -18,6 +18,7 @@
 //! breaks (UNAVAILABLE, or a transport error such as a reset connection), with
 //! exponential backoff; see [`resume::RetryPolicy`].
 
+pub mod cli;
 pub mod resume;
 
 use std::{fmt, str::FromStr, time::Duration};
@@ -187,11 +188,7 @@ impl Client {
     }
 
     pub async fn list_maps(&self) -> Result<Vec<pb::MapInfo>, Error> {
-        let resp = self
-            .inner
-            .clone()
-            .list_maps(pb::ListMapsRequest {})
-            .await?;
+        let resp = self.inner.clone().list_maps(pb::ListMapsRequest {}).await?;
         Ok(resp.into_inner().maps)
     }
 

@@ -287,7 +287,11 @@ impl Dump {
                 })
                 .collect());
         };
-        let (n, ks, vs) = (p.count as usize, p.key_size as usize, p.value_stride as usize);
+        let (n, ks, vs) = (
+            p.count as usize,
+            p.key_size as usize,
+            p.value_stride as usize,
+        );
         if p.keys.len() != n * ks || p.values.len() != n * vs {
             return Err(Error::Protocol(format!(
                 "packed chunk of {n} entries has {} key bytes and {} value bytes",
@@ -348,10 +352,15 @@ mod tests {
             Code::ResourceExhausted,
             Code::Unauthenticated,
         ] {
-            assert!(!RetryPolicy::should_resume(&Status::new(code, "x")), "{code:?}");
+            assert!(
+                !RetryPolicy::should_resume(&Status::new(code, "x")),
+                "{code:?}"
+            );
         }
         // From the server (no source): not retried.
-        assert!(!RetryPolicy::should_resume(&Status::internal("kernel said EFAULT")));
+        assert!(!RetryPolicy::should_resume(&Status::internal(
+            "kernel said EFAULT"
+        )));
         assert!(!RetryPolicy::should_resume(&Status::unknown("x")));
         // From the transport (with a source): retried.
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");

@@ -2,11 +2,7 @@
 
 /// Package `bpfmap.v1`.
 pub mod v1 {
-    #![allow(
-        missing_debug_implementations,
-        clippy::all,
-        reason = "generated code"
-    )]
+    #![allow(missing_debug_implementations, clippy::all, reason = "generated code")]
     tonic::include_proto!("bpfmap.v1");
 
     /// Encoded `FileDescriptorSet` of `bpfmap.v1` (and its imports), for

@@ -123,7 +123,8 @@ impl Catalog {
                 if !self.allow_by_id {
                     return Err(Error::ByIdDisabled);
                 }
-                let handle = MapHandle::open_id(*id).map_err(|e| Error::from_open(&r.to_string(), e))?;
+                let handle =
+                    MapHandle::open_id(*id).map_err(|e| Error::from_open(&r.to_string(), e))?;
                 Ok(Resolved { path: None, handle })
             }
             MapRef::Path(p) => {

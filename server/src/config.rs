@@ -123,7 +123,11 @@ impl Config {
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.roots.is_empty(), "at least one root is needed");
         for r in &self.roots {
-            anyhow::ensure!(r.is_absolute(), "root {} must be an absolute path", r.display());
+            anyhow::ensure!(
+                r.is_absolute(),
+                "root {} must be an absolute path",
+                r.display()
+            );
         }
         Ok(())
     }
@@ -161,6 +165,9 @@ mod tests {
         assert!(c.allow_by_id);
         assert_eq!(c.roots, [PathBuf::from("/tmp/x")]);
         assert!(Config::from_toml("lissten = \"x\"").is_err());
-        assert_eq!(Config::from_args(&Args::parse_from(["bpfmapd"])).unwrap(), Config::default());
+        assert_eq!(
+            Config::from_args(&Args::parse_from(["bpfmapd"])).unwrap(),
+            Config::default()
+        );
     }
 }

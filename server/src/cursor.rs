@@ -72,7 +72,9 @@ pub enum KeyError {
     File { path: PathBuf, source: io::Error },
     #[error("cursor key {path} must be {KEY_LEN} bytes, found {len}")]
     Length { path: PathBuf, len: usize },
-    #[error("cursor key {path} is accessible by group or others (mode {mode:o}); run chmod 600 on it")]
+    #[error(
+        "cursor key {path} is accessible by group or others (mode {mode:o}); run chmod 600 on it"
+    )]
     Permissions { path: PathBuf, mode: u32 },
     #[error("no system randomness to create a cursor key")]
     Random,
@@ -283,7 +285,11 @@ mod tests {
                 let mut bad = raw.clone();
                 bad[i] ^= 1 << bit;
                 let s = URL_SAFE_NO_PAD.encode(&bad);
-                assert_eq!(key.decode(&s), Err(CursorError::NotAuthentic), "byte {i} bit {bit}");
+                assert_eq!(
+                    key.decode(&s),
+                    Err(CursorError::NotAuthentic),
+                    "byte {i} bit {bit}"
+                );
             }
         }
     }

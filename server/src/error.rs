@@ -23,7 +23,9 @@ pub enum Error {
     NotAMap { map: String, what: &'static str },
     #[error("access by map id is disabled on this server (enable `allow_by_id`)")]
     ByIdDisabled,
-    #[error("map {map} cannot be dumped: maps of type {type_name} cannot be iterated from user space")]
+    #[error(
+        "map {map} cannot be dumped: maps of type {type_name} cannot be iterated from user space"
+    )]
     NotIterable { map: String, type_name: String },
     #[error("map {map} does not support lookups from user space (type {type_name})")]
     LookupUnsupported { map: String, type_name: String },
@@ -34,9 +36,13 @@ pub enum Error {
         cursor_ref: String,
         request_ref: String,
     },
-    #[error("map {map} was replaced since the cursor was issued ({detail}); restart the dump without a cursor")]
+    #[error(
+        "map {map} was replaced since the cursor was issued ({detail}); restart the dump without a cursor"
+    )]
     MapReplaced { map: String, detail: String },
-    #[error("map {map}: the last key delivered before this cursor was deleted; restart the dump without a cursor")]
+    #[error(
+        "map {map}: the last key delivered before this cursor was deleted; restart the dump without a cursor"
+    )]
     ResumeKeyDeleted { map: String },
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,

@@ -40,7 +40,9 @@ impl Running {
     pub async fn stop(self) -> anyhow::Result<()> {
         self.shutdown.send_replace(true);
         match tokio::time::timeout(Duration::from_secs(10), self.task).await {
-            Ok(joined) => joined.context("server task panicked")?.context("server failed"),
+            Ok(joined) => joined
+                .context("server task panicked")?
+                .context("server failed"),
             Err(_) => {
                 tracing::warn!("connections still open after 10 s; stopping anyway");
                 Ok(())
@@ -63,7 +65,10 @@ pub fn prepare_roots(config: &Config) -> anyhow::Result<()> {
         std::fs::create_dir_all(root)
             .with_context(|| format!("cannot create {}", root.display()))?;
         sys::mount_bpffs(root).with_context(|| {
-            format!("cannot mount bpffs on {} (needs CAP_SYS_ADMIN)", root.display())
+            format!(
+                "cannot mount bpffs on {} (needs CAP_SYS_ADMIN)",
+                root.display()
+            )
         })?;
         tracing::info!(root = %root.display(), "mounted bpffs");
     }

@@ -108,7 +108,10 @@ pub fn u64_hash(fs: &BpfFs, rel: &str, n: u32, max_entries: u32) -> (OwnedFd, En
     for i in 0..u64::from(n) {
         keys.extend_from_slice(&i.to_le_bytes());
         values.extend_from_slice(&(i * 3).to_le_bytes());
-        expected.insert(i.to_le_bytes().to_vec(), Value::Single((i * 3).to_le_bytes().to_vec()));
+        expected.insert(
+            i.to_le_bytes().to_vec(),
+            Value::Single((i * 3).to_le_bytes().to_vec()),
+        );
     }
     for (k, v) in keys.chunks(8 * 50_000).zip(values.chunks(8 * 50_000)) {
         update_batch(&fd, k, v, (k.len() / 8) as u32);
@@ -164,7 +167,9 @@ impl Daemon {
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect(&self.addr()).await.expect("client connects")
+        Client::connect(&self.addr())
+            .await
+            .expect("client connects")
     }
 
     pub async fn stop(self) {

@@ -47,7 +47,12 @@ async fn tampered_and_garbage_cursors_are_invalid_argument() {
     let last = raw.len() - 1;
     raw[last] ^= 1;
     let tampered = engine.encode(&raw);
-    for bad in [tampered.as_str(), "garbage!", "AAAA", &cursor[..cursor.len() - 3]] {
+    for bad in [
+        tampered.as_str(),
+        "garbage!",
+        "AAAA",
+        &cursor[..cursor.len() - 3],
+    ] {
         let e = dump_from(&client, "m", bad).await.unwrap_err();
         assert_eq!(code_of(&e), Code::InvalidArgument, "{bad}: {e}");
         assert_eq!(reason_of(&e), "CURSOR_INVALID");
@@ -143,8 +148,17 @@ async fn paths_that_escape_the_root_are_invalid_argument() {
     let _o = u64_hash(&outside, "secret", 10, 16);
     std::os::unix::fs::symlink(outside.path(), fs.path().join("link")).unwrap();
     let abs = outside.path().join("secret");
-    for bad in ["../etc/passwd", abs.to_str().unwrap(), "a/../../x", "link/secret", ""] {
-        let e = client.get_map(&MapName::Path(bad.into())).await.unwrap_err();
+    for bad in [
+        "../etc/passwd",
+        abs.to_str().unwrap(),
+        "a/../../x",
+        "link/secret",
+        "",
+    ] {
+        let e = client
+            .get_map(&MapName::Path(bad.into()))
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), Code::InvalidArgument, "{bad:?}: {e}");
         let e = dump_from(&client, if bad.is_empty() { "x" } else { bad }, "").await;
         if !bad.is_empty() {
@@ -158,7 +172,10 @@ async fn paths_that_escape_the_root_are_invalid_argument() {
 async fn missing_maps_and_disabled_ids_and_non_maps() {
     let (fs, _state, daemon, client) = setup().await;
     let (fd, _) = u64_hash(&fs, "m", 10, 16);
-    let e = client.get_map(&"no/such/map".parse().unwrap()).await.unwrap_err();
+    let e = client
+        .get_map(&"no/such/map".parse().unwrap())
+        .await
+        .unwrap_err();
     assert_eq!(code_of(&e), Code::NotFound);
     assert!(e.to_string().contains("no/such/map"), "{e}");
     let e = dump_from(&client, "nope", "").await.unwrap_err();
@@ -193,13 +210,22 @@ async fn by_id_access_when_enabled() {
     let unpinned_id = bpfmapd::kernel::sys::map_info(unpinned.as_fd()).unwrap().id;
     let info = client.get_map(&MapName::Id(id)).await.unwrap();
     assert_eq!((info.id, info.key_size), (id, 8));
-    assert_eq!(dump_all(&client, &format!("id:{id}"), DumpOptions::default()).await, expected);
+    assert_eq!(
+        dump_all(&client, &format!("id:{id}"), DumpOptions::default()).await,
+        expected
+    );
     let listed = client.list_maps().await.unwrap();
     assert!(listed.iter().any(|m| m.id == id && m.path == "m"));
-    assert!(listed.iter().any(|m| m.id == unpinned_id && m.path.is_empty()));
+    assert!(
+        listed
+            .iter()
+            .any(|m| m.id == unpinned_id && m.path.is_empty())
+    );
     // A cursor issued for the path is not valid for the id.
     let cursor = mid_cursor(&client, "m").await;
-    let e = dump_from(&client, &format!("id:{id}"), &cursor).await.unwrap_err();
+    let e = dump_from(&client, &format!("id:{id}"), &cursor)
+        .await
+        .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
     let e = client.get_map(&MapName::Id(u32::MAX)).await.unwrap_err();
     assert_eq!(code_of(&e), Code::NotFound);
@@ -225,7 +251,10 @@ async fn non_iterable_types_are_failed_precondition_naming_the_type() {
         assert_eq!(code_of(&e), Code::FailedPrecondition, "{name}: {e}");
         assert_eq!(reason_of(&e), "MAP_NOT_ITERABLE");
         assert!(e.to_string().contains(&format!("type {name}")), "{e}");
-        let e = client.lookup(&name.parse().unwrap(), vec![vec![]]).await.unwrap_err();
+        let e = client
+            .lookup(&name.parse().unwrap(), vec![vec![]])
+            .await
+            .unwrap_err();
         assert_eq!(code_of(&e), Code::FailedPrecondition, "{name}: {e}");
     }
     daemon.stop().await;
@@ -238,10 +267,16 @@ async fn bad_lookup_and_dump_requests_are_invalid_argument() {
     let map: MapName = "m".parse().unwrap();
     let e = client.lookup(&map, vec![vec![1, 2, 3]]).await.unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
-    assert!(e.to_string().contains("3 bytes") && e.to_string().contains("8-byte"), "{e}");
+    assert!(
+        e.to_string().contains("3 bytes") && e.to_string().contains("8-byte"),
+        "{e}"
+    );
     let e = client.lookup(&map, vec![]).await.unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
-    let e = client.lookup(&map, vec![vec![0; 8]; 4097]).await.unwrap_err();
+    let e = client
+        .lookup(&map, vec![vec![0; 8]; 4097])
+        .await
+        .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
     assert!(e.to_string().contains("4096"), "{e}");
 

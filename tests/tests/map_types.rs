@@ -66,7 +66,14 @@ fn hash_like(map_type: u32, max: u32, n: u32, name: &'static str, tn: &'static s
     case(name, fd, expected, tn)
 }
 
-fn per_cpu_hash(map_type: u32, max: u32, n: u32, vs: usize, name: &'static str, tn: &'static str) -> Case {
+fn per_cpu_hash(
+    map_type: u32,
+    max: u32,
+    n: u32,
+    vs: usize,
+    name: &'static str,
+    tn: &'static str,
+) -> Case {
     let fd = create_map(map_type, 4, vs as u32, max);
     let mut expected = Entries::new();
     for i in 0..n {
@@ -88,10 +95,31 @@ fn cases() -> Vec<Case> {
     let mut cases = vec![
         hash_like(map_type::HASH, 2048, 1000, "hash", "hash"),
         hash_like(map_type::LRU_HASH, 4096, 500, "lru_hash", "lru_hash"),
-        per_cpu_hash(map_type::PERCPU_HASH, 1024, 300, 8, "percpu_hash", "percpu_hash"),
+        per_cpu_hash(
+            map_type::PERCPU_HASH,
+            1024,
+            300,
+            8,
+            "percpu_hash",
+            "percpu_hash",
+        ),
         // value_size 3: the kernel pads each CPU's value to 8 bytes.
-        per_cpu_hash(map_type::PERCPU_HASH, 64, 40, 3, "percpu_hash_odd", "percpu_hash"),
-        per_cpu_hash(map_type::LRU_PERCPU_HASH, 4096, 300, 8, "lru_percpu_hash", "lru_percpu_hash"),
+        per_cpu_hash(
+            map_type::PERCPU_HASH,
+            64,
+            40,
+            3,
+            "percpu_hash_odd",
+            "percpu_hash",
+        ),
+        per_cpu_hash(
+            map_type::LRU_PERCPU_HASH,
+            4096,
+            300,
+            8,
+            "lru_percpu_hash",
+            "lru_percpu_hash",
+        ),
     ];
 
     // hash_of_maps: values come back as inner map ids.
@@ -110,7 +138,10 @@ fn cases() -> Vec<Case> {
     for k in [3u32, 9, 12] {
         let inner = inner_template();
         update(&outer, &k.to_le_bytes(), &(inner.as_fd_raw()).to_le_bytes());
-        expected.insert(k.to_le_bytes().to_vec(), Value::Single(map_id(&inner).to_le_bytes().to_vec()));
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            Value::Single(map_id(&inner).to_le_bytes().to_vec()),
+        );
         keep.push(inner);
     }
     cases.push(Case {
@@ -135,7 +166,9 @@ fn cases() -> Vec<Case> {
     let fd = create_map(map_type::PERCPU_ARRAY, 4, 8, 16);
     let mut expected = Entries::new();
     for i in 0u32..16 {
-        let (raw, value) = per_cpu(8, |cpu| (u64::from(i) << 32 | cpu as u64).to_le_bytes().to_vec());
+        let (raw, value) = per_cpu(8, |cpu| {
+            (u64::from(i) << 32 | cpu as u64).to_le_bytes().to_vec()
+        });
         update(&fd, &i.to_le_bytes(), &raw);
         expected.insert(i.to_le_bytes().to_vec(), value);
     }
@@ -157,7 +190,10 @@ fn cases() -> Vec<Case> {
     for k in [1u32, 4, 6] {
         let inner = inner_template();
         update(&outer, &k.to_le_bytes(), &(inner.as_fd_raw()).to_le_bytes());
-        expected.insert(k.to_le_bytes().to_vec(), Value::Single(map_id(&inner).to_le_bytes().to_vec()));
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            Value::Single(map_id(&inner).to_le_bytes().to_vec()),
+        );
         keep.push(inner);
     }
     cases.push(Case {
@@ -194,7 +230,10 @@ fn cases() -> Vec<Case> {
     let mut expected = Entries::new();
     for k in [0u32, 5] {
         update(&fd, &k.to_le_bytes(), &1u32.to_le_bytes()); // ifindex 1: lo
-        expected.insert(k.to_le_bytes().to_vec(), Value::Single(1u32.to_le_bytes().to_vec()));
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            Value::Single(1u32.to_le_bytes().to_vec()),
+        );
     }
     cases.push(Case {
         method: pb::DumpMethod::KeyByKey,
@@ -204,7 +243,10 @@ fn cases() -> Vec<Case> {
     let mut expected = Entries::new();
     for k in [77u32, 1000, 3] {
         update(&fd, &k.to_le_bytes(), &1u32.to_le_bytes());
-        expected.insert(k.to_le_bytes().to_vec(), Value::Single(1u32.to_le_bytes().to_vec()));
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            Value::Single(1u32.to_le_bytes().to_vec()),
+        );
     }
     cases.push(Case {
         method: pb::DumpMethod::KeyByKey,
@@ -253,7 +295,10 @@ async fn every_map_type_dumps_exactly_its_entries_in_both_layouts() {
                 ..Default::default()
             };
             let got = dump_all(&client, &path, options).await;
-            assert_eq!(got, c.expected, "{path} packed={packed} chunk_size={chunk_size}");
+            assert_eq!(
+                got, c.expected,
+                "{path} packed={packed} chunk_size={chunk_size}"
+            );
         }
     }
     daemon.stop().await;

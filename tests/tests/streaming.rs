@@ -75,7 +75,10 @@ async fn a_cursor_survives_a_daemon_restart() {
     let state = tempfile::tempdir().unwrap();
     let (_fd, expected) = u64_hash(&fs, "m", 5000, 8192);
     let first = Daemon::start(fs.path(), state.path()).await;
-    let mut dump = first.client().await.dump("m".parse().unwrap(), opts(500, None));
+    let mut dump = first
+        .client()
+        .await
+        .dump("m".parse().unwrap(), opts(500, None));
     let mut got = Vec::new();
     for _ in 0..3 {
         got.extend(dump.next_chunk().await.unwrap().unwrap());
@@ -108,11 +111,14 @@ async fn the_client_resumes_by_itself_when_the_daemon_restarts_mid_stream() {
     let (_fd, expected) = u64_hash(&fs, "m", 20_000, 32_768);
     let first = Daemon::start(fs.path(), state.path()).await;
     let addr = first.running.local_addr();
-    let client = Client::connect(&first.addr()).await.unwrap().with_retry(RetryPolicy {
-        max_attempts: 50,
-        min_delay: Duration::from_millis(20),
-        max_delay: Duration::from_millis(200),
-    });
+    let client = Client::connect(&first.addr())
+        .await
+        .unwrap()
+        .with_retry(RetryPolicy {
+            max_attempts: 50,
+            min_delay: Duration::from_millis(20),
+            max_delay: Duration::from_millis(200),
+        });
     let mut dump = client.dump("m".parse().unwrap(), opts(100, None));
     let mut got = Vec::new();
     for _ in 0..3 {
@@ -175,14 +181,22 @@ async fn cancelling_a_stream_stops_the_kernel_reads() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         waited += 1;
     }
-    assert_eq!(stats.active.load(Ordering::SeqCst), 0, "producer still running");
+    assert_eq!(
+        stats.active.load(Ordering::SeqCst),
+        0,
+        "producer still running"
+    );
     let read = stats.chunks_read.load(Ordering::SeqCst) - before;
     // About 20,000 chunks in the map; the reader stopped after a few beyond
     // what was buffered (the channel, HTTP/2 windows).
     eprintln!("{read} chunks read before the producer stopped");
     assert!(read < 2_000, "{read} chunks read after cancelling");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(stats.chunks_read.load(Ordering::SeqCst) - before, read, "reads went on");
+    assert_eq!(
+        stats.chunks_read.load(Ordering::SeqCst) - before,
+        read,
+        "reads went on"
+    );
     daemon.stop().await;
 }
 
@@ -217,7 +231,10 @@ async fn a_hash_map_updated_during_a_dump_yields_no_duplicates() {
     }
     stop.store(true, Ordering::Relaxed);
     let writes = writer.join().unwrap();
-    assert!(writes > 1000, "the writer ran concurrently ({writes} writes)");
+    assert!(
+        writes > 1000,
+        "the writer ran concurrently ({writes} writes)"
+    );
     daemon.stop().await;
 }
 
@@ -229,7 +246,11 @@ async fn many_dumps_at_once_each_get_exactly_their_map() {
     let mut tasks = Vec::new();
     for i in 0..8 {
         let client = client.clone();
-        let (map, expected) = if i % 2 == 0 { ("a", expected_a.clone()) } else { ("b", expected_b.clone()) };
+        let (map, expected) = if i % 2 == 0 {
+            ("a", expected_a.clone())
+        } else {
+            ("b", expected_b.clone())
+        };
         tasks.push(tokio::spawn(async move {
             let got = dump_all(&client, map, opts(100 + i * 37, None)).await;
             assert_eq!(got, expected, "dump {i} of {map}");

@@ -111,9 +111,20 @@ pub fn method_for(map_type: u32) -> Method {
     match map_type {
         HASH | LRU_HASH | PERCPU_HASH | LRU_PERCPU_HASH | HASH_OF_MAPS => Method::BatchBucket,
         ARRAY | PERCPU_ARRAY | ARRAY_OF_MAPS | LPM_TRIE => Method::BatchKey,
-        PROG_ARRAY | PERF_EVENT_ARRAY | STACK_TRACE | CGROUP_ARRAY | DEVMAP | SOCKMAP | CPUMAP
-        | XSKMAP | SOCKHASH | CGROUP_STORAGE | REUSEPORT_SOCKARRAY | PERCPU_CGROUP_STORAGE
-        | DEVMAP_HASH | STRUCT_OPS => Method::KeyByKey,
+        PROG_ARRAY
+        | PERF_EVENT_ARRAY
+        | STACK_TRACE
+        | CGROUP_ARRAY
+        | DEVMAP
+        | SOCKMAP
+        | CPUMAP
+        | XSKMAP
+        | SOCKHASH
+        | CGROUP_STORAGE
+        | REUSEPORT_SOCKARRAY
+        | PERCPU_CGROUP_STORAGE
+        | DEVMAP_HASH
+        | STRUCT_OPS => Method::KeyByKey,
         _ => Method::None,
     }
 }

