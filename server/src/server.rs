@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 use anyhow::Context as _;
 use bpfmap_proto::v1::map_service_server::MapServiceServer;
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::{
@@ -124,7 +124,9 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    let incoming = TcpListenerStream::new(listener);
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
     let task = tokio::spawn(router.serve_with_incoming_shutdown(incoming, signal));
     tracing::info!(%addr, roots = ?config.roots, allow_by_id = config.allow_by_id, "bpfmapd listening");
     Ok(Running {

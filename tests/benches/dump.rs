@@ -1,0 +1,158 @@
+//! Dump throughput: bpfmapd over gRPC against the baselines, all measured in
+//! the same run on the same maps.
+//!
+//!     cargo bench -p bpfmap-tests --bench dump            (as root)
+//!     cargo bench -p bpfmap-tests --bench dump -- 100000  (sizes to run)
+//!
+//! Baselines: get_next_key + lookup entry by entry (what bpftool and most
+//! libraries do), the raw BPF_MAP_LOOKUP_BATCH walk (the floor a remote dump
+//! can approach), and `bpftool map dump -j` when bpftool is installed.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use bpfmap_client::{DumpOptions, MapName};
+use bpfmap_tests::{BpfFs, Daemon, u64_hash};
+use bpfmapd::kernel::{
+    MapHandle,
+    sys,
+    walk::{Position, Walker},
+};
+
+const RUNS: usize = 5;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn time<T>(mut f: impl FnMut() -> T) -> Duration {
+    let mut samples = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        std::hint::black_box(f());
+        samples.push(t.elapsed());
+    }
+    median(samples)
+}
+
+async fn time_async<F: std::future::Future<Output = u64>>(mut f: impl FnMut() -> F) -> Duration {
+    let mut samples = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        std::hint::black_box(f().await);
+        samples.push(t.elapsed());
+    }
+    median(samples)
+}
+
+fn key_by_key(handle: &MapHandle) -> u64 {
+    let (mut key, mut next, mut value) = (vec![0u8; 8], vec![0u8; 8], vec![0u8; 8]);
+    let mut first = true;
+    let mut n = 0;
+    loop {
+        let prev = if first { None } else { Some(key.as_slice()) };
+        if sys::get_next_key(handle.fd(), prev, &mut next).is_err() {
+            return n;
+        }
+        if sys::lookup_elem(handle.fd(), &next, &mut value).is_ok() {
+            n += 1;
+        }
+        std::mem::swap(&mut key, &mut next);
+        first = false;
+    }
+}
+
+fn batch_walk(path: &std::path::Path, chunk: u32) -> u64 {
+    let handle = MapHandle::open_pinned(path).unwrap();
+    let meta = handle.meta().clone();
+    let mut w = Walker::new(handle, meta, Position::Start).unwrap();
+    let mut n = 0;
+    while let Some(c) = w.next_chunk(chunk).unwrap() {
+        n += c.count as u64;
+    }
+    n
+}
+
+fn row(name: &str, d: Duration, n: u32, kbk: Duration, floor: Duration) {
+    println!(
+        "  {name:<34} {:>9.1} ms {:>7.3} us/entry {:>7.2}x faster than key-by-key {:>6.2}x the batch floor",
+        d.as_secs_f64() * 1e3,
+        d.as_secs_f64() * 1e6 / f64::from(n),
+        kbk.as_secs_f64() / d.as_secs_f64(),
+        d.as_secs_f64() / floor.as_secs_f64(),
+    );
+}
+
+fn main() {
+    let sizes: Vec<u32> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let sizes = if sizes.is_empty() { vec![100_000, 1_000_000] } else { sizes };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let bpftool = Command::new("bpftool").arg("version").output().is_ok_and(|o| o.status.success());
+    println!("median of {RUNS} runs; u64 key, u64 value, hash map; {} CPUs", bpfmapd::kernel::possible_cpus());
+    for n in sizes {
+        let fs = BpfFs::new();
+        let (fd, _) = u64_hash(&fs, "m", n, n);
+        let path = fs.path().join("m");
+        let handle = MapHandle::open_pinned(&path).unwrap();
+        println!("{n} entries:");
+
+        let kbk = time(|| assert_eq!(key_by_key(&handle), u64::from(n)));
+        let floor = time(|| assert_eq!(batch_walk(&path, 5000), u64::from(n)));
+        row("get_next_key + lookup", kbk, n, kbk, floor);
+        row("BPF_MAP_LOOKUP_BATCH, 5000/call", floor, n, kbk, floor);
+        if bpftool {
+            let d = time(|| {
+                let out = Command::new("bpftool")
+                    .args(["map", "dump", "-j", "pinned"])
+                    .arg(&path)
+                    .output()
+                    .unwrap();
+                assert!(out.status.success());
+                out.stdout.len()
+            });
+            row("bpftool map dump -j", d, n, kbk, floor);
+        } else {
+            println!("  bpftool map dump -j                (bpftool not installed: apt-get install bpftool)");
+        }
+
+        rt.block_on(async {
+            let state = tempfile::tempdir().unwrap();
+            let daemon = Daemon::start(fs.path(), state.path()).await;
+            let client = daemon.client().await;
+            for (name, packed, chunk) in [
+                ("bpfmapd gRPC, packed, chunk 1024", true, 0),
+                ("bpfmapd gRPC, packed, chunk 5000", true, 5000),
+                ("bpfmapd gRPC, entries, chunk 1024", false, 0),
+            ] {
+                let d = time_async(|| {
+                    let client = client.clone();
+                    async move {
+                        let map: MapName = "m".parse().unwrap();
+                        let mut dump = client.dump(
+                            map,
+                            DumpOptions {
+                                packed,
+                                chunk_size: chunk,
+                                ..Default::default()
+                            },
+                        );
+                        while dump.next_chunk().await.unwrap().is_some() {}
+                        assert_eq!(dump.received(), u64::from(n));
+                        dump.received()
+                    }
+                })
+                .await;
+                row(name, d, n, kbk, floor);
+            }
+            daemon.stop().await;
+        });
+        drop((handle, fd));
+    }
+}
