@@ -103,6 +103,8 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(bpfmap_proto::v1::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // google.rpc.ErrorInfo, so grpcurl can show error details.
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;

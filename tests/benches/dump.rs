@@ -16,8 +16,7 @@ use std::{
 use bpfmap_client::{DumpOptions, MapName};
 use bpfmap_tests::{BpfFs, Daemon, u64_hash};
 use bpfmapd::kernel::{
-    MapHandle,
-    sys,
+    MapHandle, sys,
     walk::{Position, Walker},
 };
 
@@ -92,10 +91,20 @@ fn main() {
         .filter(|a| !a.starts_with('-'))
         .filter_map(|a| a.parse().ok())
         .collect();
-    let sizes = if sizes.is_empty() { vec![100_000, 1_000_000] } else { sizes };
+    let sizes = if sizes.is_empty() {
+        vec![100_000, 1_000_000]
+    } else {
+        sizes
+    };
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let bpftool = Command::new("bpftool").arg("version").output().is_ok_and(|o| o.status.success());
-    println!("median of {RUNS} runs; u64 key, u64 value, hash map; {} CPUs", bpfmapd::kernel::possible_cpus());
+    let bpftool = Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    println!(
+        "median of {RUNS} runs; u64 key, u64 value, hash map; {} CPUs",
+        bpfmapd::kernel::possible_cpus()
+    );
     for n in sizes {
         let fs = BpfFs::new();
         let (fd, _) = u64_hash(&fs, "m", n, n);
@@ -119,7 +128,9 @@ fn main() {
             });
             row("bpftool map dump -j", d, n, kbk, floor);
         } else {
-            println!("  bpftool map dump -j                (bpftool not installed: apt-get install bpftool)");
+            println!(
+                "  bpftool map dump -j                (bpftool not installed: apt-get install bpftool)"
+            );
         }
 
         rt.block_on(async {
