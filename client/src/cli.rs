@@ -19,6 +19,19 @@ pub struct Cli {
         default_value = "http://127.0.0.1:50051"
     )]
     pub addr: String,
+    /// CA bundle (PEM) for the server's certificate; enables mutual TLS
+    /// (use an https:// address) together with --cert and --key.
+    #[arg(long, env = "BPFMAP_CA", requires_all = ["cert", "key"])]
+    pub ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM).
+    #[arg(long, env = "BPFMAP_CERT", requires = "ca")]
+    pub cert: Option<std::path::PathBuf>,
+    /// This client's private key (PEM).
+    #[arg(long, env = "BPFMAP_KEY", requires = "ca")]
+    pub key: Option<std::path::PathBuf>,
+    /// Name the server certificate must carry (default: the address's host).
+    #[arg(long)]
+    pub server_name: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -112,7 +125,14 @@ fn print(out: &mut dyn io::Write, v: &Json) -> io::Result<()> {
 
 /// Runs one command, writing results to `out` and the dump summary to `err`.
 pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> anyhow::Result<()> {
-    let client = Client::connect(&cli.addr).await?;
+    let tls = match (&cli.ca, &cli.cert, &cli.key) {
+        (Some(ca), Some(cert), Some(key)) => Some(crate::ClientTls {
+            server_name: cli.server_name.clone(),
+            ..crate::ClientTls::from_files(ca, cert, key)?
+        }),
+        _ => None,
+    };
+    let client = Client::connect_with(&cli.addr, tls.as_ref()).await?;
     match cli.command {
         Command::List => {
             for m in client.list_maps().await? {

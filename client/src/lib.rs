@@ -26,7 +26,7 @@ use std::{fmt, str::FromStr, time::Duration};
 pub use bpfmap_proto::v1 as pb;
 use pb::map_service_client::MapServiceClient;
 pub use resume::{Dump, DumpOptions, Entry, RetryPolicy, Value};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// Errors of the client library.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,47 @@ impl From<&MapName> for pb::MapRef {
     }
 }
 
+/// Mutual TLS material, PEM-encoded.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// CA bundle that the server's certificate must chain to.
+    pub ca: Vec<u8>,
+    /// This client's certificate chain and key.
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    /// Name to verify the server certificate against (default: the host of
+    /// the address).
+    pub server_name: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// Reads the three PEM files.
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> std::io::Result<Self> {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+        };
+        Ok(Self {
+            ca: read(ca)?,
+            cert: read(cert)?,
+            key: read(key)?,
+            server_name: None,
+        })
+    }
+}
+
 /// A connection to one bpfmapd. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -146,9 +187,28 @@ pub struct Client {
 const MAX_DECODE: usize = 16 << 20;
 
 impl Client {
-    /// Connects to `addr` ("http://host:port").
+    /// Connects to `addr` ("http://host:port"), plaintext.
     pub async fn connect(addr: &str) -> Result<Self, Error> {
-        let endpoint = Self::endpoint(addr)?;
+        Self::connect_with(addr, None).await
+    }
+
+    /// Connects to `addr` ("https://host:port" with TLS).
+    pub async fn connect_with(addr: &str, tls: Option<&ClientTls>) -> Result<Self, Error> {
+        let mut endpoint = Self::endpoint(addr)?;
+        if let Some(tls) = tls {
+            let mut config = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&tls.ca))
+                .identity(Identity::from_pem(&tls.cert, &tls.key));
+            if let Some(name) = &tls.server_name {
+                config = config.domain_name(name.clone());
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|source| Error::Address {
+                    addr: addr.into(),
+                    source,
+                })?;
+        }
         let channel = endpoint.connect().await.map_err(|source| Error::Connect {
             addr: addr.into(),
             source,

@@ -24,6 +24,14 @@ pub enum MapRef {
 }
 
 impl MapRef {
+    /// The name policies match: "demo/flows" or "id:12".
+    pub fn policy_name(&self) -> String {
+        match self {
+            Self::Path(p) => p.clone(),
+            Self::Id(id) => format!("id:{id}"),
+        }
+    }
+
     /// The canonical form bound into cursors: "path:demo/flows" or "id:12".
     pub fn canonical(&self) -> String {
         match self {
@@ -47,6 +55,8 @@ impl std::fmt::Display for MapRef {
 pub struct Resolved {
     /// Path relative to its root, when the map was reached by path.
     pub path: Option<String>,
+    /// The path after following symlinks, relative to the same root.
+    pub real_path: Option<String>,
     pub handle: MapHandle,
 }
 
@@ -125,7 +135,11 @@ impl Catalog {
                 }
                 let handle =
                     MapHandle::open_id(*id).map_err(|e| Error::from_open(&r.to_string(), e))?;
-                Ok(Resolved { path: None, handle })
+                Ok(Resolved {
+                    path: None,
+                    real_path: None,
+                    handle,
+                })
             }
             MapRef::Path(p) => {
                 Self::validate_path(p)?;
@@ -156,10 +170,16 @@ impl Catalog {
                             what: "a directory; list its maps with ListMaps",
                         });
                     }
+                    let real_path = real
+                        .strip_prefix(&real_root)
+                        .ok()
+                        .and_then(|r| r.to_str())
+                        .map(str::to_owned);
                     match MapHandle::open_pinned(&real) {
                         Ok(handle) => {
                             return Ok(Resolved {
                                 path: Some(p.clone()),
+                                real_path,
                                 handle,
                             });
                         }

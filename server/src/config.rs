@@ -10,6 +10,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use serde::Deserialize;
 
+use crate::{auth::RuleConfig, tls::TlsFiles};
+
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -30,6 +32,49 @@ pub struct Config {
     pub demo: bool,
     /// Log format: "text" or "json".
     pub log_format: LogFormat,
+    /// Serve without TLS on a non-loopback address (every start warns).
+    pub insecure: bool,
+    /// Mutual TLS. Without it the daemon speaks plaintext.
+    pub tls: Option<TlsFiles>,
+    /// An extra plaintext listener serving only the health service (for
+    /// probes that cannot present client certificates). Keep it on loopback.
+    pub health_listen: Option<SocketAddr>,
+    pub limits: Limits,
+    /// Authorization rules (`[[rule]]` tables); see the README.
+    #[serde(rename = "rule")]
+    pub rules: Vec<RuleConfig>,
+}
+
+/// Resource bounds.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Dumps running at once, in all.
+    pub max_dumps: usize,
+    /// Dumps running at once for one identity.
+    pub max_dumps_per_identity: usize,
+    /// HTTP/2 streams (calls) open at once on one connection.
+    pub max_streams_per_connection: u32,
+    /// A dump whose client has not taken a chunk for this long is ended
+    /// (UNAVAILABLE; the client resumes from its last cursor).
+    pub stall_timeout_secs: u64,
+    /// Time allowed for a TLS handshake.
+    pub handshake_timeout_secs: u64,
+    /// Largest request message accepted.
+    pub max_request_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_dumps: 64,
+            max_dumps_per_identity: 8,
+            max_streams_per_connection: 64,
+            stall_timeout_secs: 30,
+            handshake_timeout_secs: 10,
+            max_request_bytes: 4 << 20,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, Default)]
@@ -50,6 +95,11 @@ impl Default for Config {
             mount_bpffs: true,
             demo: false,
             log_format: LogFormat::Text,
+            insecure: false,
+            tls: None,
+            health_listen: None,
+            limits: Limits::default(),
+            rules: Vec::new(),
         }
     }
 }
@@ -82,6 +132,22 @@ pub struct Args {
     /// Log format.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Server certificate chain (PEM); with --tls-key and --tls-client-ca
+    /// enables mutual TLS.
+    #[arg(long, requires_all = ["tls_key", "tls_client_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long, requires_all = ["tls_cert", "tls_client_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle for client certificates (PEM).
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Allow plaintext on a non-loopback address.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Plaintext listener for the health service only (e.g. 127.0.0.1:50052).
+    #[arg(long)]
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl Config {
@@ -115,6 +181,19 @@ impl Config {
         c.demo |= args.demo;
         if let Some(f) = args.log_format {
             c.log_format = f;
+        }
+        if let (Some(cert), Some(key), Some(client_ca)) =
+            (&args.tls_cert, &args.tls_key, &args.tls_client_ca)
+        {
+            c.tls = Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: client_ca.clone(),
+            });
+        }
+        c.insecure |= args.insecure;
+        if let Some(h) = args.health_listen {
+            c.health_listen = Some(h);
         }
         c.validate()?;
         Ok(c)
@@ -165,6 +244,16 @@ mod tests {
         assert!(c.allow_by_id);
         assert_eq!(c.roots, [PathBuf::from("/tmp/x")]);
         assert!(Config::from_toml("lissten = \"x\"").is_err());
+        // Plaintext off loopback needs `insecure`.
+        let c = Config::from_toml("listen = \"0.0.0.0:1\"").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("refusing to serve plaintext"), "{e}");
+        Config {
+            insecure: true,
+            ..c
+        }
+        .validate()
+        .unwrap();
         assert_eq!(
             Config::from_args(&Args::parse_from(["bpfmapd"])).unwrap(),
             Config::default()

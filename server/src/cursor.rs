@@ -22,7 +22,7 @@ use ring::{
 
 use crate::kernel::walk::Position;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const KEY_FILE: &str = "cursor.key";
 const KEY_LEN: usize = 32;
 /// Longest cursor accepted (a cursor holds at most one map key).
@@ -31,6 +31,8 @@ pub const MAX_CURSOR_LEN: usize = 4096;
 /// What a cursor says, once verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
+    /// The identity the cursor was issued to.
+    pub identity: String,
     /// Canonical form of the map reference ("path:demo/flows", "id:12").
     pub map_ref: String,
     pub map_id: u32,
@@ -150,6 +152,7 @@ impl CursorKey {
     pub fn encode(&self, c: &Cursor) -> String {
         let mut buf = Vec::with_capacity(64);
         buf.push(VERSION);
+        put_bytes(&mut buf, c.identity.as_bytes());
         put_bytes(&mut buf, c.map_ref.as_bytes());
         buf.extend_from_slice(&c.map_id.to_le_bytes());
         buf.extend_from_slice(&c.fingerprint);
@@ -193,6 +196,8 @@ impl CursorKey {
         if r.u8()? != VERSION {
             return Err(CursorError::Malformed);
         }
+        let identity =
+            String::from_utf8(r.bytes()?.to_vec()).map_err(|_| CursorError::Malformed)?;
         let map_ref = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| CursorError::Malformed)?;
         let map_id = u32::from_le_bytes(r.take(4)?.try_into().expect("4 bytes"));
         let fingerprint = r.take(8)?.try_into().expect("8 bytes");
@@ -205,6 +210,7 @@ impl CursorKey {
             return Err(CursorError::Malformed);
         }
         Ok(Cursor {
+            identity,
             map_ref,
             map_id,
             fingerprint,
@@ -247,6 +253,7 @@ mod tests {
 
     fn sample() -> Cursor {
         Cursor {
+            identity: "spiffe://example.org/ops".into(),
             map_ref: "path:demo/flows".into(),
             map_id: 42,
             fingerprint: [1, 2, 3, 4, 5, 6, 7, 8],

@@ -5,22 +5,28 @@
 //! a channel of [`CHANNEL_DEPTH`] messages, so a stream holds at most a few
 //! chunks in memory while the next kernel read overlaps with sending. When
 //! the client goes away, `send` fails and the producer stops before its next
-//! read. On shutdown the stream ends with UNAVAILABLE, and the client resumes
-//! from its last cursor on the next daemon.
+//! read. A client that takes no chunk for the stall timeout, and every stream
+//! on shutdown, gets UNAVAILABLE after the chunks already queued, and resumes
+//! from its last cursor.
 
 use std::{
+    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use bpfmap_proto::v1 as pb;
-use tokio::sync::{mpsc, watch};
+use futures::{Stream, StreamExt as _};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::{
+    audit,
+    auth::Caller,
     catalog::MapRef,
     cursor::{Cursor, CursorKey},
     error::Error,
@@ -28,6 +34,7 @@ use crate::{
         MapHandle, MapMeta,
         walk::{Chunk, Position, Walker},
     },
+    limits::Slot,
 };
 
 /// Messages buffered between the kernel reader and the client.
@@ -60,41 +67,79 @@ pub fn effective_chunk(hint: u32, meta: &MapMeta) -> u32 {
 /// Everything a dump needs, validated by the service.
 #[derive(Debug)]
 pub struct DumpJob {
+    pub caller: Caller,
     pub map_ref: MapRef,
     pub walker: Walker<MapHandle>,
     pub layout: pb::Layout,
     pub chunk: u32,
     pub limit: u64,
     pub key: CursorKey,
+    /// The dump's slot, held until the producer ends.
+    pub slot: Slot,
+    pub started: Instant,
 }
 
-/// Runs a dump until the map ends, the limit is reached, the client leaves
-/// or the server shuts down.
-pub async fn run(
+/// What every dump shares.
+#[derive(Debug, Clone)]
+pub struct DumpEnv {
+    pub shutdown: watch::Receiver<bool>,
+    pub stats: Arc<DumpStats>,
+    /// End the stream when the client takes no chunk for this long.
+    pub stall_timeout: Duration,
+}
+
+pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::DumpMapResponse, Status>> + Send>>;
+
+/// Starts the producer and returns the response stream: the chunks, then
+/// (when the dump ends in an error) the error status.
+pub fn spawn(job: DumpJob, env: DumpEnv) -> ChunkStream {
+    let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
+    let (tail_tx, tail_rx) = oneshot::channel::<Status>();
+    tokio::spawn(async move {
+        let (caller, map, started) = (job.caller.clone(), job.map_ref.to_string(), job.started);
+        let (entries, result) = run(job, &tx, env).await;
+        let code = result
+            .as_ref()
+            .map_or_else(Error::code, |()| tonic::Code::Ok);
+        audit::record(&caller, "DumpMap", &map, entries, code, started);
+        if let Err(e) = result {
+            // Delivered after the chunks already queued, even when the
+            // channel is full (a client that stopped reading).
+            let _ = tail_tx.send(e.into());
+        }
+    });
+    let tail = futures::stream::once(tail_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
+    Box::pin(ReceiverStream::new(rx).chain(tail))
+}
+
+/// Runs a dump until the map ends, the limit is reached, the client leaves,
+/// stalls, or the server shuts down. Returns the entries sent and how it
+/// ended (a client that left is not an error).
+async fn run(
     job: DumpJob,
-    tx: mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
-    mut shutdown: watch::Receiver<bool>,
-    stats: Arc<DumpStats>,
-) {
-    stats.active.fetch_add(1, Ordering::SeqCst);
-    let _guard = ActiveGuard(stats.clone());
-    let started = Instant::now();
+    tx: &mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
+    mut env: DumpEnv,
+) -> (u64, Result<(), Error>) {
+    env.stats.active.fetch_add(1, Ordering::SeqCst);
+    let _guard = ActiveGuard(env.stats.clone());
     let DumpJob {
+        caller,
         map_ref,
         mut walker,
         layout,
         chunk,
         limit,
         key,
+        slot: _slot,
+        started,
     } = job;
     let name = map_ref.to_string();
     let canonical = map_ref.canonical();
     let meta = walker.meta().clone();
     let (mut sent, mut chunks) = (0u64, 0u64);
     loop {
-        if *shutdown.borrow() {
-            let _ = tx.send(Err(Error::ShuttingDown.into())).await;
-            return;
+        if *env.shutdown.borrow() {
+            return (sent, Err(Error::ShuttingDown));
         }
         let want = if limit == 0 {
             chunk
@@ -116,22 +161,18 @@ pub async fn run(
         let (w, res) = match read {
             Ok(r) => r,
             Err(e) => {
-                let status = Error::Internal {
-                    map: name.clone(),
+                let e = Error::Internal {
+                    map: name,
                     message: format!("reader task failed: {e}"),
                 };
-                let _ = tx.send(Err(status.into())).await;
-                return;
+                return (sent, Err(e));
             }
         };
         walker = w;
-        stats.chunks_read.fetch_add(1, Ordering::Relaxed);
+        env.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
         let chunk_read = match res {
             Ok(c) => c,
-            Err(e) => {
-                let _ = tx.send(Err(Error::from_walk(&name, e).into())).await;
-                return;
-            }
+            Err(e) => return (sent, Err(Error::from_walk(&name, e))),
         };
         let position = walker.position().clone();
         let complete = position == Position::End;
@@ -140,18 +181,22 @@ pub async fn run(
             && (sent + chunk_read.as_ref().map_or(0, |c| c.count as u64) >= limit
                 || chunk_read.as_ref().is_some_and(|c| c.count == 0) && !complete);
         let cursor = key.encode(&Cursor {
+            identity: caller.identity.to_string(),
             map_ref: canonical.clone(),
             map_id: meta.id,
             fingerprint: meta.fingerprint(),
             position,
         });
         if let Some(c) = chunk_read.filter(|c| c.count > 0) {
-            sent += c.count as u64;
-            chunks += 1;
+            let count = c.count as u64;
             let msg = chunk_message(&meta, c, layout, cursor.clone());
-            if !send(&tx, &mut shutdown, msg).await {
-                return;
+            match send(tx, &mut env, msg).await {
+                Sent::Yes => {}
+                Sent::ClientGone => return (sent, Ok(())),
+                Sent::Failed(e) => return (sent, Err(e)),
             }
+            sent += count;
+            chunks += 1;
         }
         if complete || limit_reached {
             let summary = pb::DumpSummary {
@@ -166,26 +211,32 @@ pub async fn run(
                 summary: Some(summary),
                 ..Default::default()
             };
-            let _ = send(&tx, &mut shutdown, last).await;
-            return;
+            return match send(tx, &mut env, last).await {
+                Sent::Yes | Sent::ClientGone => (sent, Ok(())),
+                Sent::Failed(e) => (sent, Err(e)),
+            };
         }
     }
 }
 
-/// Sends one message; false when the client is gone or the server stops.
+enum Sent {
+    Yes,
+    ClientGone,
+    Failed(Error),
+}
+
+/// Queues one message, waiting at most the stall timeout for room.
 async fn send(
     tx: &mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
-    shutdown: &mut watch::Receiver<bool>,
+    env: &mut DumpEnv,
     msg: pb::DumpMapResponse,
-) -> bool {
+) -> Sent {
     tokio::select! {
-        r = tx.send(Ok(msg)) => r.is_ok(),
-        _ = shutdown.wait_for(|s| *s) => {
-            // The client has not taken the chunk; it resumes from the cursor
-            // it received last.
-            let _ = tx.try_send(Err(Error::ShuttingDown.into()));
-            false
-        }
+        r = tx.send(Ok(msg)) => if r.is_ok() { Sent::Yes } else { Sent::ClientGone },
+        _ = tokio::time::sleep(env.stall_timeout) => Sent::Failed(Error::Stalled {
+            secs: env.stall_timeout.as_secs(),
+        }),
+        _ = env.shutdown.wait_for(|s| *s) => Sent::Failed(Error::ShuttingDown),
     }
 }
 

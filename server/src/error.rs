@@ -46,6 +46,20 @@ pub enum Error {
     ResumeKeyDeleted { map: String },
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,
+    #[error(
+        "the client took no chunk for {secs} s, so the stream was ended; resume from the last cursor received"
+    )]
+    Stalled { secs: u64 },
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{identity} may not {verb} {map}")]
+    PermissionDenied {
+        identity: String,
+        verb: &'static str,
+        map: String,
+    },
+    #[error("cursor was issued to another identity, not to {identity}")]
+    CursorOtherIdentity { identity: String },
     #[error("map {map}: {source}")]
     Kernel {
         map: String,
@@ -68,7 +82,11 @@ impl Error {
             | Self::NotIterable { .. }
             | Self::LookupUnsupported { .. } => Code::FailedPrecondition,
             Self::MapReplaced { .. } | Self::ResumeKeyDeleted { .. } => Code::Aborted,
-            Self::ShuttingDown => Code::Unavailable,
+            Self::ShuttingDown | Self::Stalled { .. } => Code::Unavailable,
+            Self::ResourceExhausted(_) => Code::ResourceExhausted,
+            Self::PermissionDenied { .. } | Self::CursorOtherIdentity { .. } => {
+                Code::PermissionDenied
+            }
             Self::Kernel { source, .. } => match source.errno() {
                 Some(libc::EPERM) | Some(libc::EACCES) => Code::FailedPrecondition,
                 _ => Code::Internal,
@@ -91,6 +109,10 @@ impl Error {
             Self::MapReplaced { .. } => "MAP_REPLACED",
             Self::ResumeKeyDeleted { .. } => "RESUME_KEY_DELETED",
             Self::ShuttingDown => "SHUTTING_DOWN",
+            Self::Stalled { .. } => "CLIENT_STALLED",
+            Self::ResourceExhausted(_) => "LIMIT_REACHED",
+            Self::PermissionDenied { .. } => "PERMISSION_DENIED",
+            Self::CursorOtherIdentity { .. } => "CURSOR_OTHER_IDENTITY",
             Self::Kernel { .. } => "KERNEL_ERROR",
             Self::Internal { .. } => "INTERNAL",
         }

@@ -20,14 +20,15 @@ async fn main() -> anyhow::Result<()> {
             .with_env_filter(filter)
             .init(),
     }
-    if let Err(e) = run(config).await {
+    if let Err(e) = run(args, config).await {
         tracing::error!("{e:#}");
         std::process::exit(1);
     }
     Ok(())
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(args: Args, config: Config) -> anyhow::Result<()> {
+    bpfmapd::server::check_privileges(&config)?;
     bpfmapd::prepare_roots(&config)?;
     let demo = if config.demo {
         Some(Demo::start(&config.roots[0]).context("cannot start the demo")?)
@@ -37,9 +38,20 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let running = bpfmapd::start(&config).await?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = hup.recv() => {
+                // Re-read the config file and the files it names; a bad one
+                // is logged and the old configuration stays in force.
+                match Config::from_args(&args).and_then(|c| running.reload(&c)) {
+                    Ok(()) => {}
+                    Err(e) => tracing::error!("SIGHUP: reload rejected, keeping the old configuration: {e:#}"),
+                }
+            }
+        }
     }
     running.stop().await?;
     drop(demo);

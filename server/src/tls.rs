@@ -1,0 +1,354 @@
+//! TLS (rustls with the ring provider), client identities, and the accept
+//! loop that feeds connections to tonic.
+//!
+//! Client certificates are optional at the handshake, so the health service
+//! stays reachable without one; a certificate that is presented must chain
+//! to the client CA and be valid now, or the handshake fails. Every other
+//! service requires the identity (see `auth`). The identity of a connection
+//! is read once, from the leaf certificate: its SPIFFE URI SAN, else its
+//! first DNS SAN, else its subject CN.
+
+use std::{
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    pin::Pin,
+    sync::{Arc, RwLock},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use rustls::{
+    RootCertStore, ServerConfig,
+    crypto::CryptoProvider,
+    pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+    server::WebPkiClientVerifier,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{mpsc, watch},
+};
+use tonic::transport::server::Connected;
+
+/// Where the TLS material lives.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    /// Server certificate chain (PEM, leaf first).
+    pub cert: PathBuf,
+    /// Server private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA bundle that client certificates must chain to (PEM).
+    pub client_ca: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {what} {path}: {source}")]
+    Pem {
+        what: &'static str,
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{path} holds no {what}")]
+    Empty { what: &'static str, path: PathBuf },
+    #[error("invalid TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("invalid client CA bundle {path}: {source}")]
+    ClientCa {
+        path: PathBuf,
+        source: rustls::server::VerifierBuilderError,
+    },
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|source| TlsError::Pem {
+            what,
+            path: path.into(),
+            source,
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            what,
+            path: path.into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Builds the rustls server configuration from the files (read now).
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let chain = certs(&files.cert, "certificate")?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::Pem {
+        what: "private key",
+        path: files.key.clone(),
+        source,
+    })?;
+    let mut roots = RootCertStore::empty();
+    let (_, ignored) = roots.add_parsable_certificates(certs(&files.client_ca, "CA certificate")?);
+    if roots.is_empty() {
+        return Err(TlsError::Empty {
+            what: "usable CA certificate",
+            path: files.client_ca.clone(),
+        });
+    }
+    if ignored > 0 {
+        tracing::warn!(path = %files.client_ca.display(), ignored, "some CA certificates could not be parsed");
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|source| TlsError::ClientCa {
+            path: files.client_ca.clone(),
+            source,
+        })?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The identity a client certificate (DER) names: SPIFFE URI SAN, else the
+/// first DNS SAN, else the subject CN.
+pub fn identity_of(der: &[u8]) -> Option<String> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let mut dns = None;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::URI(uri) if uri.starts_with("spiffe://") => {
+                    return Some((*uri).to_owned());
+                }
+                GeneralName::DNSName(d) if dns.is_none() => dns = Some((*d).to_owned()),
+                _ => {}
+            }
+        }
+    }
+    dns.or_else(|| {
+        cert.subject()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .map(str::to_owned)
+    })
+}
+
+/// What the service layer learns about a connection.
+#[derive(Debug, Clone, Default)]
+pub struct ConnInfo {
+    pub remote: Option<SocketAddr>,
+    /// The verified client identity, on TLS connections with a certificate.
+    pub identity: Option<Arc<str>>,
+    pub tls: bool,
+}
+
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+/// An accepted connection, plaintext or TLS.
+pub struct Conn {
+    io: Io,
+    info: ConnInfo,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").field("info", &self.info).finish()
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match &mut self.get_mut().io {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match &self.io {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+}
+
+/// The TLS configuration in force; replaced on reload.
+pub type SharedTls = Arc<RwLock<Arc<ServerConfig>>>;
+
+/// Accepts connections until shutdown, doing TLS handshakes concurrently
+/// (each bounded by `handshake_timeout`), and hands ready connections to
+/// `tx`.
+pub async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<SharedTls>,
+    handshake_timeout: Duration,
+    tx: mpsc::Sender<io::Result<Conn>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(60))
+            .with_interval(Duration::from_secs(10));
+        let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
+        let Some(tls) = &tls else {
+            let conn = Conn {
+                io: Io::Plain(tcp),
+                info: ConnInfo {
+                    remote: Some(remote),
+                    identity: None,
+                    tls: false,
+                },
+            };
+            if tx.send(Ok(conn)).await.is_err() {
+                return;
+            }
+            continue;
+        };
+        let config = tls.read().expect("TLS config lock").clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let acceptor = tokio_rustls::TlsAcceptor::from(config);
+            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::info!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%remote, timeout = ?handshake_timeout, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let identity = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|leaf| identity_of(leaf));
+            let conn = Conn {
+                io: Io::Tls(Box::new(stream)),
+                info: ConnInfo {
+                    remote: Some(remote),
+                    identity: identity.map(Into::into),
+                    tls: true,
+                },
+            };
+            let _ = tx.send(Ok(conn)).await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+
+    use super::*;
+
+    fn cert(sans: Vec<SanType>, cn: Option<&str>) -> Vec<u8> {
+        let mut p = CertificateParams::default();
+        p.subject_alt_names = sans;
+        if let Some(cn) = cn {
+            p.distinguished_name.push(DnType::CommonName, cn);
+        }
+        let key = KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn identity_prefers_spiffe_then_dns_then_cn() {
+        let spiffe = SanType::URI("spiffe://example.org/ops".try_into().unwrap());
+        let other_uri = SanType::URI("https://example.org/x".try_into().unwrap());
+        let dns = SanType::DnsName("ops.example.org".try_into().unwrap());
+        assert_eq!(
+            identity_of(&cert(vec![dns.clone(), spiffe], Some("cn"))).as_deref(),
+            Some("spiffe://example.org/ops")
+        );
+        assert_eq!(
+            identity_of(&cert(vec![other_uri, dns], Some("cn"))).as_deref(),
+            Some("ops.example.org")
+        );
+        assert_eq!(
+            identity_of(&cert(vec![], Some("alice"))).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(identity_of(&cert(vec![], None)), None);
+        assert_eq!(identity_of(b"not a certificate"), None);
+    }
+}
