@@ -208,6 +208,21 @@ impl Config {
                 r.display()
             );
         }
+        anyhow::ensure!(
+            self.tls.is_some() || self.listen.ip().is_loopback() || self.insecure,
+            "refusing to serve plaintext on {}: configure [tls] (cert, key, client_ca), listen on a loopback address, or set insecure = true",
+            self.listen
+        );
+        let l = &self.limits;
+        anyhow::ensure!(
+            l.max_dumps > 0 && l.max_dumps_per_identity > 0 && l.max_streams_per_connection > 0,
+            "limits.max_dumps, max_dumps_per_identity and max_streams_per_connection must be at least 1"
+        );
+        anyhow::ensure!(
+            l.stall_timeout_secs > 0 && l.handshake_timeout_secs > 0,
+            "limits.stall_timeout_secs and handshake_timeout_secs must be at least 1"
+        );
+        crate::auth::Policy::new(&self.rules, self.tls.is_some())?;
         Ok(())
     }
 }

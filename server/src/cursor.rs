@@ -322,6 +322,41 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn arbitrary_strings_are_rejected_without_panicking(s in "\\PC{0,300}") {
+            proptest::prop_assert!(CursorKey::from_bytes(b"k").decode(&s).is_err());
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_rejected_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)
+        ) {
+            let s = URL_SAFE_NO_PAD.encode(&bytes);
+            proptest::prop_assert!(CursorKey::from_bytes(b"k").decode(&s).is_err());
+        }
+
+        #[test]
+        fn mutated_cursors_are_rejected(
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            byte in 1u8..=255,
+            op in 0u8..3,
+        ) {
+            let key = CursorKey::from_bytes(b"k");
+            let mut raw = URL_SAFE_NO_PAD.decode(key.encode(&sample())).unwrap();
+            let i = at.index(raw.len());
+            match op {
+                0 => raw[i] ^= byte,       // change a byte
+                1 => { raw.remove(i); }     // drop a byte
+                _ => raw.insert(i, byte),   // add a byte
+            }
+            let s = URL_SAFE_NO_PAD.encode(&raw);
+            proptest::prop_assert!(key.decode(&s).is_err());
+        }
+    }
+
     #[test]
     fn key_is_created_once_with_owner_only_permissions_and_reused() {
         let dir = tempfile::tempdir().unwrap();

@@ -323,6 +323,7 @@ mod tests {
 
     fn cert(sans: Vec<SanType>, cn: Option<&str>) -> Vec<u8> {
         let mut p = CertificateParams::default();
+        p.distinguished_name = rcgen::DistinguishedName::new();
         p.subject_alt_names = sans;
         if let Some(cn) = cn {
             p.distinguished_name.push(DnType::CommonName, cn);

@@ -18,6 +18,8 @@ use tempfile::TempDir;
 
 pub use bpfmapd::kernel::map_type;
 
+pub mod pki;
+
 /// A private bpffs mounted on a temporary directory; unmounted on drop.
 #[derive(Debug)]
 pub struct BpfFs {
@@ -170,6 +172,19 @@ impl Daemon {
         Client::connect(&self.addr())
             .await
             .expect("client connects")
+    }
+
+    /// The TLS address ("https://127.0.0.1:PORT").
+    pub fn tls_addr(&self) -> String {
+        format!("https://127.0.0.1:{}", self.running.local_addr().port())
+    }
+
+    /// A mutual-TLS client.
+    pub async fn tls_client(
+        &self,
+        tls: &bpfmap_client::ClientTls,
+    ) -> Result<Client, bpfmap_client::Error> {
+        Client::connect_with(&self.tls_addr(), Some(tls)).await
     }
 
     pub async fn stop(self) {
