@@ -67,11 +67,11 @@ pub struct Policy {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("invalid pattern {pattern:?} in rule {rule}: {source}")]
+#[error("invalid pattern {pattern:?} in rule {rule}: {kind}")]
 pub struct PolicyError {
     rule: usize,
     pattern: String,
-    source: globset::Error,
+    kind: globset::ErrorKind,
 }
 
 fn globs(
@@ -81,16 +81,16 @@ fn globs(
 ) -> Result<GlobSet, PolicyError> {
     let mut set = GlobSetBuilder::new();
     for p in patterns {
-        set.add(build(p).map_err(|source| PolicyError {
+        set.add(build(p).map_err(|e| PolicyError {
             rule,
             pattern: p.clone(),
-            source,
+            kind: e.kind().clone(),
         })?);
     }
-    set.build().map_err(|source| PolicyError {
+    set.build().map_err(|e| PolicyError {
         rule,
         pattern: patterns.join(", "),
-        source,
+        kind: e.kind().clone(),
     })
 }
 

@@ -238,6 +238,24 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.listen, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(c.roots, [PathBuf::from("/sys/fs/bpf")]);
+        assert_eq!(c.limits, Limits::default());
+
+        let text = include_str!("../../deploy/bpfmapd-mtls.toml");
+        let c = Config::from_toml(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.tls.unwrap().client_ca,
+            PathBuf::from("/etc/bpfmapd/client-ca.pem")
+        );
+        assert_eq!(c.rules.len(), 2);
+        assert_eq!(c.limits.max_dumps_per_identity, 4);
+        let policy = crate::auth::Policy::new(&c.rules, true).unwrap();
+        use crate::auth::Operation::*;
+        let collector = "spiffe://example.org/ns/observability/sa/collector";
+        assert!(policy.allows(collector, Dump, "tc/globals/cilium_ct4_global"));
+        assert!(!policy.allows(collector, Lookup, "tc/globals/cilium_ct4_global"));
+        assert!(policy.allows("spiffe://example.org/ns/ops/alice", Lookup, "a/b/c"));
+        assert!(!policy.allows("spiffe://example.org/ns/ops/alice", Dump, "a/b/c"));
     }
 
     #[test]

@@ -68,10 +68,10 @@ impl std::fmt::Debug for CursorKey {
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("cannot create state directory {path}: {source}")]
-    Dir { path: PathBuf, source: io::Error },
-    #[error("cannot read or create cursor key {path}: {source}")]
-    File { path: PathBuf, source: io::Error },
+    #[error("cannot create state directory {path}: {error}")]
+    Dir { path: PathBuf, error: io::Error },
+    #[error("cannot read or create cursor key {path}: {error}")]
+    File { path: PathBuf, error: io::Error },
     #[error("cursor key {path} must be {KEY_LEN} bytes, found {len}")]
     Length { path: PathBuf, len: usize },
     #[error(
@@ -104,14 +104,14 @@ impl CursorKey {
             .recursive(true)
             .mode(0o700)
             .create(state_dir)
-            .map_err(|source| KeyError::Dir {
+            .map_err(|error| KeyError::Dir {
                 path: state_dir.into(),
-                source,
+                error,
             })?;
         let path = state_dir.join(KEY_FILE);
-        let file_err = |source| KeyError::File {
+        let file_err = |error| KeyError::File {
             path: path.clone(),
-            source,
+            error,
         };
         match fs::OpenOptions::new()
             .write(true)

@@ -96,7 +96,7 @@ pub fn spawn(job: DumpJob, env: DumpEnv) -> ChunkStream {
     let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
     let (tail_tx, tail_rx) = oneshot::channel::<Status>();
     tokio::spawn(async move {
-        let (caller, map, started) = (job.caller.clone(), job.map_ref.to_string(), job.started);
+        let (caller, map, started) = (job.caller.clone(), job.map_ref.policy_name(), job.started);
         let (entries, result) = run(job, &tx, env).await;
         let code = result
             .as_ref()

@@ -123,16 +123,12 @@ pub fn check_privileges(config: &Config) -> anyhow::Result<()> {
         config.allow_by_id,
         must_mount,
     );
-    if let Some(first) = missing.first() {
+    if !missing.is_empty() {
         let all: Vec<String> = missing
             .iter()
-            .map(|m| format!("{} (for {})", m.capability, m.needed_for))
+            .map(|m| format!("{} (needed for {})", m.capability, m.needed_for))
             .collect();
-        anyhow::bail!(
-            "missing capability {}: needed {}",
-            first.capability,
-            all.join("; ")
-        );
+        anyhow::bail!("missing capability: {}", all.join("; "));
     }
     Ok(())
 }
@@ -238,9 +234,14 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         let mut rx = shutdown_rx.clone();
         let incoming =
             tonic::transport::server::TcpIncoming::from(health_listener).with_nodelay(Some(true));
+        // Reflection of the health schema only, so grpcurl works here too.
+        let probe_reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1alpha()?;
         tasks.push(tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(health.clone())
+                .add_service(probe_reflection)
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = rx.wait_for(|s| *s).await;
                 }),

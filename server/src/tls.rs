@@ -45,20 +45,20 @@ pub struct TlsFiles {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {what} {path}: {source}")]
+    #[error("cannot read {what} {path}: {error}")]
     Pem {
         what: &'static str,
         path: PathBuf,
-        source: rustls::pki_types::pem::Error,
+        error: rustls::pki_types::pem::Error,
     },
     #[error("{path} holds no {what}")]
     Empty { what: &'static str, path: PathBuf },
     #[error("invalid TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
-    #[error("invalid client CA bundle {path}: {source}")]
+    Rustls(rustls::Error),
+    #[error("invalid client CA bundle {path}: {error}")]
     ClientCa {
         path: PathBuf,
-        source: rustls::server::VerifierBuilderError,
+        error: rustls::server::VerifierBuilderError,
     },
 }
 
@@ -69,10 +69,10 @@ fn provider() -> Arc<CryptoProvider> {
 fn certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|source| TlsError::Pem {
+        .map_err(|error| TlsError::Pem {
             what,
             path: path.into(),
-            source,
+            error,
         })?;
     if certs.is_empty() {
         return Err(TlsError::Empty {
@@ -86,10 +86,10 @@ fn certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>
 /// Builds the rustls server configuration from the files (read now).
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let chain = certs(&files.cert, "certificate")?;
-    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|source| TlsError::Pem {
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|error| TlsError::Pem {
         what: "private key",
         path: files.key.clone(),
-        source,
+        error,
     })?;
     let mut roots = RootCertStore::empty();
     let (_, ignored) = roots.add_parsable_certificates(certs(&files.client_ca, "CA certificate")?);
@@ -105,14 +105,16 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
         .allow_unauthenticated()
         .build()
-        .map_err(|source| TlsError::ClientCa {
+        .map_err(|error| TlsError::ClientCa {
             path: files.client_ca.clone(),
-            source,
+            error,
         })?;
     let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Rustls)?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
+        .with_single_cert(chain, key)
+        .map_err(TlsError::Rustls)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }

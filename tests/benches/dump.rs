@@ -163,6 +163,37 @@ fn main() {
                 row(name, d, n, kbk, floor);
             }
             daemon.stop().await;
+
+            // The same over mutual TLS (rustls, ring).
+            let pki = bpfmap_tests::pki::Pki::new();
+            let tls_daemon = Daemon::start_with(bpfmapd::Config {
+                tls: Some(pki.server_files()),
+                rules: vec![bpfmapd::auth::RuleConfig {
+                    identities: vec!["bench".into()],
+                    maps: vec!["**".into()],
+                    operations: vec![bpfmapd::auth::Operation::Dump],
+                }],
+                ..Daemon::config(fs.path(), state.path())
+            })
+            .await;
+            let tls = pki.client(
+                "bench",
+                bpfmap_tests::pki::Name::Cn("bench"),
+                bpfmap_tests::pki::Validity::Now,
+            );
+            let client = tls_daemon.tls_client(&tls).await.unwrap();
+            let d = time_async(|| {
+                let client = client.clone();
+                async move {
+                    let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+                    while dump.next_chunk().await.unwrap().is_some() {}
+                    assert_eq!(dump.received(), u64::from(n));
+                    dump.received()
+                }
+            })
+            .await;
+            row("bpfmapd gRPC+mTLS, packed, chunk 1024", d, n, kbk, floor);
+            tls_daemon.stop().await;
         });
         drop((handle, fd));
     }

@@ -17,7 +17,6 @@ use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_cmd, bpf_map_info};
 #[error("{call} failed: {io_error}")]
 pub struct SyscallError {
     pub call: &'static str,
-    #[source]
     pub io_error: io::Error,
 }
 
