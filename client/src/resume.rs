@@ -115,12 +115,6 @@ pub struct Entry {
     pub value: Value,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    per_cpu: bool,
-    value_size: usize,
-}
-
 /// A dump in progress. Read it chunk by chunk with [`Dump::next_chunk`] or
 /// as a stream of entries with [`Dump::into_entries`]. After any chunk,
 /// [`Dump::cursor`] is where a later dump can resume.
@@ -132,7 +126,6 @@ pub struct Dump {
     retry: RetryPolicy,
     cursor: String,
     stream: Option<Streaming<pb::DumpMapResponse>>,
-    shape: Option<Shape>,
     summary: Option<pb::DumpSummary>,
     received: u64,
     resumes: u32,
@@ -153,7 +146,6 @@ impl Dump {
             options,
             retry,
             stream: None,
-            shape: None,
             summary: None,
             received: 0,
             resumes: 0,
@@ -187,19 +179,6 @@ impl Dump {
     }
 
     async fn open(&mut self) -> Result<Streaming<pb::DumpMapResponse>, Status> {
-        if self.options.packed && self.shape.is_none() {
-            let info = self
-                .client
-                .get_map(pb::GetMapRequest {
-                    map: Some((&self.map).into()),
-                })
-                .await?
-                .into_inner();
-            self.shape = Some(Shape {
-                per_cpu: info.per_cpu,
-                value_size: info.value_size as usize,
-            });
-        }
         let limit = match self.options.limit {
             0 => 0,
             l => l.saturating_sub(self.received).max(1),
@@ -299,16 +278,18 @@ impl Dump {
                 p.values.len()
             )));
         }
-        let shape = self.shape.unwrap_or(Shape {
-            per_cpu: false,
-            value_size: vs,
-        });
+        let cpus = p.cpus as usize;
+        if cpus > 0 && (vs == 0 || vs % cpus != 0) {
+            return Err(Error::Protocol(format!(
+                "packed value stride {vs} is not a multiple of {cpus} CPUs"
+            )));
+        }
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             let key = p.keys[i * ks..(i + 1) * ks].to_vec();
             let raw = &p.values[i * vs..(i + 1) * vs];
-            let value = if shape.per_cpu && shape.value_size > 0 {
-                Value::PerCpu(raw.chunks(shape.value_size).map(<[u8]>::to_vec).collect())
+            let value = if cpus > 0 {
+                Value::PerCpu(raw.chunks(vs / cpus).map(<[u8]>::to_vec).collect())
             } else {
                 Value::Single(raw.to_vec())
             };

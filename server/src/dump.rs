@@ -305,6 +305,11 @@ fn chunk_message(
                 value_stride: meta.wire_value_size() as u32,
                 keys: c.keys,
                 values,
+                cpus: if meta.per_cpu() {
+                    meta.possible_cpus
+                } else {
+                    0
+                },
             });
         }
     }

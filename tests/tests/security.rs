@@ -188,6 +188,7 @@ async fn the_policy_decides_who_sees_and_reads_what() {
         vec![
             rule(&["spiffe://example.org/ops/*"], &["demo/*"], &[List, Dump]),
             rule(&["reader.example.org"], &["other/*"], &[Lookup]),
+            rule(&["dumper"], &["demo/a"], &[Dump]),
         ],
         Limits::default(),
     )
@@ -212,6 +213,16 @@ async fn the_policy_decides_who_sees_and_reads_what() {
         dump_all(&ops, "demo/a", DumpOptions::default()).await,
         expected_a
     );
+    // Dumping needs no other permission, in either layout.
+    let dumper = s.client("dumper", Name::Cn("dumper")).await;
+    for packed in [true, false] {
+        let options = DumpOptions {
+            packed,
+            ..Default::default()
+        };
+        assert_eq!(dump_all(&dumper, "demo/a", options).await, expected_a);
+    }
+    assert!(dumper.list_maps().await.unwrap().is_empty());
     let denied = |e: bpfmap_client::Error| {
         assert_eq!(code_of(&e), Code::PermissionDenied, "{e}");
         e.to_string()
