@@ -77,7 +77,7 @@ fn batch_walk(path: &std::path::Path, chunk: u32) -> u64 {
 
 fn row(name: &str, d: Duration, n: u32, kbk: Duration, floor: Duration) {
     println!(
-        "  {name:<34} {:>9.1} ms {:>7.3} us/entry {:>7.2}x faster than key-by-key {:>6.2}x the batch floor",
+        "  {name:<40} {:>9.1} ms {:>7.3} us/entry {:>7.2}x faster than key-by-key {:>6.2}x the batch floor",
         d.as_secs_f64() * 1e3,
         d.as_secs_f64() * 1e6 / f64::from(n),
         kbk.as_secs_f64() / d.as_secs_f64(),
