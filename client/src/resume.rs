@@ -288,10 +288,10 @@ impl Dump {
         for i in 0..n {
             let key = p.keys[i * ks..(i + 1) * ks].to_vec();
             let raw = &p.values[i * vs..(i + 1) * vs];
-            let value = if cpus > 0 {
-                Value::PerCpu(raw.chunks(vs / cpus).map(<[u8]>::to_vec).collect())
-            } else {
-                Value::Single(raw.to_vec())
+            // cpus == 0: not a per-CPU map.
+            let value = match vs.checked_div(cpus) {
+                Some(one) => Value::PerCpu(raw.chunks(one).map(<[u8]>::to_vec).collect()),
+                None => Value::Single(raw.to_vec()),
             };
             out.push(Entry { key, value });
         }

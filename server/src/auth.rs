@@ -159,6 +159,13 @@ pub fn authenticate(mut req: Request<()>) -> Result<Request<()>, Status> {
         (Some(id), _) => id.clone(),
         (None, false) => Arc::from(ANONYMOUS),
         (None, true) => {
+            tracing::info!(
+                target: "bpfmapd::audit",
+                identity = "",
+                peer = info.remote.map(|p| p.to_string()).unwrap_or_default(),
+                code = ?tonic::Code::Unauthenticated,
+                "rpc rejected: no client certificate"
+            );
             return Err(Status::unauthenticated(
                 "a client certificate signed by the server's client CA is required",
             ));
