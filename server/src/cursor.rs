@@ -31,8 +31,9 @@ pub const MAX_CURSOR_LEN: usize = 4096;
 /// What a cursor says, once verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    /// The identity the cursor was issued to.
-    pub identity: String,
+    /// Digest of the identity the cursor was issued to
+    /// ([`identity_digest`]): constant size, whatever the certificate says.
+    pub identity: [u8; 16],
     /// Canonical form of the map reference ("path:demo/flows", "id:12").
     pub map_ref: String,
     pub map_id: u32,
@@ -152,7 +153,7 @@ impl CursorKey {
     pub fn encode(&self, c: &Cursor) -> String {
         let mut buf = Vec::with_capacity(64);
         buf.push(VERSION);
-        put_bytes(&mut buf, c.identity.as_bytes());
+        buf.extend_from_slice(&c.identity);
         put_bytes(&mut buf, c.map_ref.as_bytes());
         buf.extend_from_slice(&c.map_id.to_le_bytes());
         buf.extend_from_slice(&c.fingerprint);
@@ -196,8 +197,7 @@ impl CursorKey {
         if r.u8()? != VERSION {
             return Err(CursorError::Malformed);
         }
-        let identity =
-            String::from_utf8(r.bytes()?.to_vec()).map_err(|_| CursorError::Malformed)?;
+        let identity = r.take(16)?.try_into().expect("16 bytes");
         let map_ref = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| CursorError::Malformed)?;
         let map_id = u32::from_le_bytes(r.take(4)?.try_into().expect("4 bytes"));
         let fingerprint = r.take(8)?.try_into().expect("8 bytes");
@@ -217,6 +217,14 @@ impl CursorKey {
             position,
         })
     }
+}
+
+/// The digest of an identity that a cursor binds.
+pub fn identity_digest(identity: &str) -> [u8; 16] {
+    let d = ring::digest::digest(&ring::digest::SHA256, identity.as_bytes());
+    let mut out = [0; 16];
+    out.copy_from_slice(&d.as_ref()[..16]);
+    out
 }
 
 fn put_bytes(buf: &mut Vec<u8>, b: &[u8]) {
@@ -253,7 +261,7 @@ mod tests {
 
     fn sample() -> Cursor {
         Cursor {
-            identity: "spiffe://example.org/ops".into(),
+            identity: identity_digest("spiffe://example.org/ops"),
             map_ref: "path:demo/flows".into(),
             map_id: 42,
             fingerprint: [1, 2, 3, 4, 5, 6, 7, 8],

@@ -28,7 +28,7 @@ use crate::{
     audit,
     auth::Caller,
     catalog::MapRef,
-    cursor::{Cursor, CursorKey},
+    cursor::{Cursor, CursorKey, identity_digest},
     error::Error,
     kernel::{
         MapHandle, MapMeta,
@@ -181,7 +181,7 @@ async fn run(
             && (sent + chunk_read.as_ref().map_or(0, |c| c.count as u64) >= limit
                 || chunk_read.as_ref().is_some_and(|c| c.count == 0) && !complete);
         let cursor = key.encode(&Cursor {
-            identity: caller.identity.to_string(),
+            identity: identity_digest(&caller.identity),
             map_ref: canonical.clone(),
             map_id: meta.id,
             fingerprint: meta.fingerprint(),

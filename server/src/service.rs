@@ -137,7 +137,7 @@ impl MapServiceImpl {
             None
         } else {
             let c = self.key.decode(&req.cursor)?;
-            if c.identity != *caller.identity {
+            if c.identity != crate::cursor::identity_digest(&caller.identity) {
                 return Err(Error::CursorOtherIdentity {
                     identity: caller.identity.to_string(),
                 });
