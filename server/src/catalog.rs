@@ -74,14 +74,6 @@ impl Catalog {
         Self { roots, allow_by_id }
     }
 
-    pub fn roots(&self) -> &[PathBuf] {
-        &self.roots
-    }
-
-    pub fn allow_by_id(&self) -> bool {
-        self.allow_by_id
-    }
-
     /// Checks the shape of a relative path: non-empty, relative, no `..`.
     pub fn validate_path(path: &str) -> Result<(), Error> {
         let bad = |why: &str| {

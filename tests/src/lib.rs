@@ -192,6 +192,16 @@ impl Daemon {
     }
 }
 
+/// A daemon serving a private bpffs (with its own state directory), and a
+/// client connected to it.
+pub async fn setup() -> (BpfFs, TempDir, Daemon, Client) {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await;
+    (fs, state, daemon, client)
+}
+
 /// Dumps a whole map through the client library.
 pub async fn dump_all(client: &Client, map: &str, options: DumpOptions) -> Entries {
     let map: MapName = map.parse().unwrap();

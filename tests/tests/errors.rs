@@ -7,12 +7,11 @@ use bpfmap_client::{Client, DumpOptions, MapName, RetryPolicy, pb};
 use bpfmap_tests::*;
 use tonic::Code;
 
+/// A daemon on a private bpffs, and a client that does not resume (errors
+/// surface at once).
 async fn setup() -> (BpfFs, tempfile::TempDir, Daemon, Client) {
-    let fs = BpfFs::new();
-    let state = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(fs.path(), state.path()).await;
-    let client = daemon.client().await.with_retry(RetryPolicy::never());
-    (fs, state, daemon, client)
+    let (fs, state, daemon, client) = bpfmap_tests::setup().await;
+    (fs, state, daemon, client.with_retry(RetryPolicy::never()))
 }
 
 /// Dumps `map` from `cursor`; the error of the first chunk, if any.
@@ -160,9 +159,10 @@ async fn paths_that_escape_the_root_are_invalid_argument() {
             .await
             .unwrap_err();
         assert_eq!(code_of(&e), Code::InvalidArgument, "{bad:?}: {e}");
-        let e = dump_from(&client, if bad.is_empty() { "x" } else { bad }, "").await;
         if !bad.is_empty() {
-            assert_eq!(code_of(&e.unwrap_err()), Code::InvalidArgument, "{bad:?}");
+            // (The client refuses an empty name before sending it.)
+            let e = dump_from(&client, bad, "").await.unwrap_err();
+            assert_eq!(code_of(&e), Code::InvalidArgument, "{bad:?}: {e}");
         }
     }
     daemon.stop().await;

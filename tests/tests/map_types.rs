@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use bpfmap_client::{Client, DumpOptions, MapName, Value, pb};
+use bpfmap_client::{DumpOptions, MapName, Value, pb};
 use bpfmap_tests::*;
 use bpfmapd::kernel::{
     MapHandle, possible_cpus,
@@ -255,14 +255,6 @@ impl RawFd for OwnedFd {
         use std::os::fd::AsRawFd as _;
         self.as_raw_fd() as u32
     }
-}
-
-async fn setup() -> (BpfFs, tempfile::TempDir, Daemon, Client) {
-    let fs = BpfFs::new();
-    let state = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(fs.path(), state.path()).await;
-    let client = daemon.client().await;
-    (fs, state, daemon, client)
 }
 
 #[tokio::test]

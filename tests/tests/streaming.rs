@@ -9,16 +9,8 @@ use std::{
     time::Duration,
 };
 
-use bpfmap_client::{Client, DumpOptions, Entry, MapName, RetryPolicy};
+use bpfmap_client::{Client, DumpOptions, Entry, RetryPolicy};
 use bpfmap_tests::*;
-
-async fn setup() -> (BpfFs, tempfile::TempDir, Daemon, Client) {
-    let fs = BpfFs::new();
-    let state = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(fs.path(), state.path()).await;
-    let client = daemon.client().await;
-    (fs, state, daemon, client)
-}
 
 fn opts(chunk_size: u32, cursor: Option<String>) -> DumpOptions {
     DumpOptions {
@@ -259,6 +251,5 @@ async fn many_dumps_at_once_each_get_exactly_their_map() {
     for t in tasks {
         t.await.unwrap();
     }
-    let _: MapName = "a".parse().unwrap();
     daemon.stop().await;
 }

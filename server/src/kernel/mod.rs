@@ -134,10 +134,8 @@ pub fn method_for(map_type: u32) -> Method {
 /// them, or entries would repeat.
 pub fn restarts_on_missing_key(map_type: u32) -> bool {
     use map_type::*;
-    matches!(
-        map_type,
-        LPM_TRIE | DEVMAP_HASH | SOCKHASH | HASH | LRU_HASH | PERCPU_HASH | LRU_PERCPU_HASH
-    )
+    // Hash-family maps are walked by bucket index, not by key.
+    matches!(map_type, LPM_TRIE | DEVMAP_HASH | SOCKHASH)
 }
 
 /// Whether a map type stores one value per possible CPU.
@@ -343,26 +341,5 @@ impl MapOps for MapHandle {
 
     fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
         sys::lookup_elem(self.fd(), key, value)
-    }
-}
-
-impl<T: MapOps + ?Sized> MapOps for std::sync::Arc<T> {
-    fn lookup_batch(
-        &self,
-        in_batch: Option<&[u8]>,
-        out_batch: &mut [u8],
-        keys: &mut [u8],
-        values: &mut [u8],
-        count: &mut u32,
-    ) -> SysResult<()> {
-        (**self).lookup_batch(in_batch, out_batch, keys, values, count)
-    }
-
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
-        (**self).get_next_key(key, next)
-    }
-
-    fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
-        (**self).lookup(key, value)
     }
 }
