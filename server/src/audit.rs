@@ -1,27 +1,144 @@
 //! One structured log record per RPC (target `bpfmapd::audit`): who, what,
 //! on which map, how much, how it ended, how long it took.
+//!
+//! A call starts a [`Record`]; whoever ends the call finishes it: the handler
+//! for unary calls, the dump stream for DumpMap. A record dropped without
+//! being finished (the call's future was dropped because the client went
+//! away) is logged as CANCELLED.
+#![forbid(unsafe_code)]
 
-use std::time::Instant;
+use std::{fmt, time::Instant};
 
-use crate::auth::Caller;
+use bpfmap_proto::v1 as pb;
+use tonic::Code;
 
-pub fn record(
-    caller: &Caller,
-    method: &str,
-    map: &str,
-    entries: u64,
-    code: tonic::Code,
+use crate::{auth::Caller, catalog::MapRef};
+
+/// The audited methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// MapService/ListMaps.
+    ListMaps,
+    /// MapService/GetMap.
+    GetMap,
+    /// MapService/DumpMap.
+    DumpMap,
+    /// MapService/Lookup.
+    Lookup,
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::ListMaps => "ListMaps",
+            Self::GetMap => "GetMap",
+            Self::DumpMap => "DumpMap",
+            Self::Lookup => "Lookup",
+        })
+    }
+}
+
+/// Longest piece of a request quoted in a log line or an error message.
+pub const MAX_QUOTE: usize = 64;
+
+/// `s` as a quoted, escaped string of at most [`MAX_QUOTE`] characters
+/// (followed by "..." when cut).
+pub fn quote(s: &str) -> String {
+    match s.char_indices().nth(MAX_QUOTE) {
+        None => format!("{s:?}"),
+        Some((at, _)) => format!("{:?}...", &s[..at]),
+    }
+}
+
+/// The audit record of one call.
+#[derive(Debug)]
+pub struct Record {
+    caller: Caller,
+    method: Method,
+    map: String,
     started: Instant,
-) {
-    tracing::info!(
-        target: "bpfmapd::audit",
-        identity = %caller.identity,
-        peer = caller.peer.map(|p| p.to_string()).unwrap_or_default(),
-        method,
-        map,
-        entries,
-        code = ?code,
-        duration_ms = started.elapsed().as_secs_f64() * 1e3,
-        "rpc"
-    );
+    entries: u64,
+    finished: bool,
+}
+
+impl Record {
+    /// Starts the record of a call.
+    pub fn start(caller: &Caller, method: Method) -> Self {
+        Self {
+            caller: caller.clone(),
+            method,
+            map: String::new(),
+            started: Instant::now(),
+            entries: 0,
+            finished: false,
+        }
+    }
+
+    /// The map the request names: its one text form when the reference is
+    /// valid, else a bounded quote of what was sent.
+    pub fn request_map(&mut self, r: &Option<pb::MapRef>) {
+        self.map = match r.as_ref().and_then(|r| r.r#ref.as_ref()) {
+            Some(pb::map_ref::Ref::Path(p)) => match MapRef::parse(p) {
+                Ok(m) => m.to_string(),
+                Err(_) => quote(p),
+            },
+            Some(pb::map_ref::Ref::Id(id)) => MapRef::Id(*id).to_string(),
+            None => String::new(),
+        };
+    }
+
+    /// When the call started.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Counts entries the client was given.
+    pub fn add_entries(&mut self, n: u64) {
+        self.entries += n;
+    }
+
+    /// Ends the record with the call's status code.
+    pub fn finish(mut self, code: Code) {
+        self.log(code);
+        self.finished = true;
+    }
+
+    fn log(&self, code: Code) {
+        tracing::info!(
+            target: "bpfmapd::audit",
+            identity = %self.caller.identity,
+            peer = self.caller.peer.map(|p| p.to_string()).unwrap_or_default(),
+            method = %self.method,
+            map = %self.map,
+            entries = self.entries,
+            code = ?code,
+            duration_ms = self.started.elapsed().as_secs_f64() * 1e3,
+            "rpc"
+        );
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.log(Code::Cancelled);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_are_bounded_and_escaped() {
+        assert_eq!(quote("demo/flows"), "\"demo/flows\"");
+        assert_eq!(quote("a\nb"), "\"a\\nb\"");
+        let long = "x".repeat(10_000);
+        let q = quote(&long);
+        assert_eq!(q.len(), MAX_QUOTE + 2 + 3);
+        assert!(q.ends_with("\"..."));
+        let wide = "é".repeat(100);
+        assert!(quote(&wide).starts_with("\"éé"));
+    }
 }

@@ -4,6 +4,7 @@
 //! roots, or by kernel id when `allow_by_id` is set. Paths never leave a
 //! root: absolute paths and `..` are refused outright, and the resolved path
 //! (symlinks followed) must still lie inside the root.
+#![forbid(unsafe_code)]
 
 use std::{
     collections::BTreeMap,
@@ -16,36 +17,42 @@ use crate::{
     kernel::{MapHandle, MapMeta, OpenError},
 };
 
-/// A validated map reference.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A validated map reference: a path relative to an exposed root, or a
+/// kernel id. Its one text form (`Display`) is what policies match, what
+/// messages and the audit log show: `demo/flows`, or `id:12`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MapRef {
+    /// A normalized relative path ("demo/flows").
     Path(String),
+    /// A kernel map id.
     Id(u32),
 }
 
 impl MapRef {
-    /// The name policies match: "demo/flows" or "id:12".
-    pub fn policy_name(&self) -> String {
-        match self {
-            Self::Path(p) => p.clone(),
-            Self::Id(id) => format!("id:{id}"),
+    /// Validates a client's path and normalizes it ("./a//b" -> "a/b").
+    pub fn parse(path: &str) -> Result<Self, Error> {
+        Catalog::validate_path(path)?;
+        let parts: Vec<&str> = Path::new(path)
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(s) => s.to_str(),
+                _ => None,
+            })
+            .collect();
+        if parts.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "map path {path:?} names no map; give a path like \"demo/flows\""
+            )));
         }
-    }
-
-    /// The canonical form bound into cursors: "path:demo/flows" or "id:12".
-    pub fn canonical(&self) -> String {
-        match self {
-            Self::Path(p) => format!("path:{p}"),
-            Self::Id(id) => format!("id:{id}"),
-        }
+        Ok(Self::Path(parts.join("/")))
     }
 }
 
 impl std::fmt::Display for MapRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Path(p) => write!(f, "\"{p}\""),
-            Self::Id(id) => write!(f, "id {id}"),
+            Self::Path(p) => f.write_str(p),
+            Self::Id(id) => write!(f, "id:{id}"),
         }
     }
 }
@@ -53,14 +60,17 @@ impl std::fmt::Display for MapRef {
 /// A map found in the catalog.
 #[derive(Debug)]
 pub struct Resolved {
-    /// Path relative to its root, when the map was reached by path.
-    pub path: Option<String>,
-    /// The path after following symlinks, relative to the same root.
-    pub real_path: Option<String>,
+    /// The reference as requested.
+    pub map: MapRef,
+    /// The map a path resolves to after following symlinks (relative to the
+    /// same root), when that differs from the requested path.
+    pub target: Option<MapRef>,
+    /// The open map.
     pub handle: MapHandle,
 }
 
 #[derive(Debug, Clone)]
+/// The exposed bpffs roots, and whether maps may be named by id.
 pub struct Catalog {
     roots: Vec<PathBuf>,
     allow_by_id: bool,
@@ -70,6 +80,7 @@ pub struct Catalog {
 const MAX_PATH_LEN: usize = 1024;
 
 impl Catalog {
+    /// A catalog of the maps pinned under `roots`.
     pub fn new(roots: Vec<PathBuf>, allow_by_id: bool) -> Self {
         Self { roots, allow_by_id }
     }
@@ -100,24 +111,6 @@ impl Catalog {
         Ok(())
     }
 
-    /// Validates a client's path and returns it normalized ("./a//b" -> "a/b").
-    pub fn parse_path(path: &str) -> Result<MapRef, Error> {
-        Self::validate_path(path)?;
-        let parts: Vec<&str> = Path::new(path)
-            .components()
-            .filter_map(|c| match c {
-                Component::Normal(s) => s.to_str(),
-                _ => None,
-            })
-            .collect();
-        if parts.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "map path {path:?} names no map; give a path like \"demo/flows\""
-            )));
-        }
-        Ok(MapRef::Path(parts.join("/")))
-    }
-
     /// Opens the map a reference names.
     pub fn open(&self, r: &MapRef) -> Result<Resolved, Error> {
         match r {
@@ -125,17 +118,15 @@ impl Catalog {
                 if !self.allow_by_id {
                     return Err(Error::ByIdDisabled);
                 }
-                let handle =
-                    MapHandle::open_id(*id).map_err(|e| Error::from_open(&r.to_string(), e))?;
+                let handle = MapHandle::open_id(*id).map_err(|e| Error::from_open(r, e))?;
                 Ok(Resolved {
-                    path: None,
-                    real_path: None,
+                    map: r.clone(),
+                    target: None,
                     handle,
                 })
             }
             MapRef::Path(p) => {
                 Self::validate_path(p)?;
-                let name = r.to_string();
                 for root in &self.roots {
                     let joined = root.join(p);
                     let real = match fs::canonicalize(&joined) {
@@ -144,7 +135,7 @@ impl Catalog {
                         Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => continue,
                         Err(e) => {
                             return Err(Error::Internal {
-                                map: name,
+                                map: Some(r.clone()),
                                 message: format!("cannot resolve {}: {e}", joined.display()),
                             });
                         }
@@ -158,35 +149,36 @@ impl Catalog {
                     }
                     if real.is_dir() {
                         return Err(Error::NotAMap {
-                            map: name,
+                            map: r.clone(),
                             what: "a directory; list its maps with ListMaps",
                         });
                     }
-                    let real_path = real
+                    let target = real
                         .strip_prefix(&real_root)
                         .ok()
-                        .and_then(|r| r.to_str())
-                        .map(str::to_owned);
+                        .and_then(|t| t.to_str())
+                        .filter(|t| *t != p)
+                        .map(|t| MapRef::Path(t.to_owned()));
                     match MapHandle::open_pinned(&real) {
                         Ok(handle) => {
                             return Ok(Resolved {
-                                path: Some(p.clone()),
-                                real_path,
+                                map: r.clone(),
+                                target,
                                 handle,
                             });
                         }
                         Err(OpenError::NotFound) => continue,
-                        Err(e) => return Err(Error::from_open(&name, e)),
+                        Err(e) => return Err(Error::from_open(r, e)),
                     }
                 }
-                Err(Error::MapNotFound(name))
+                Err(Error::MapNotFound(r.clone()))
             }
         }
     }
 
     /// Every exposed map, sorted by path (then maps reachable only by id,
     /// sorted by id). Pins that cannot be opened are skipped and logged.
-    pub fn list(&self) -> Vec<(Option<String>, MapMeta)> {
+    pub fn list(&self) -> Vec<(MapRef, MapMeta)> {
         let mut by_path: BTreeMap<String, MapMeta> = BTreeMap::new();
         for root in &self.roots {
             let mut found = Vec::new();
@@ -204,25 +196,25 @@ impl Catalog {
                 }
             }
         }
-        let mut out: Vec<(Option<String>, MapMeta)> =
-            by_path.into_iter().map(|(p, m)| (Some(p), m)).collect();
+        let mut out: Vec<(MapRef, MapMeta)> = by_path
+            .into_iter()
+            .map(|(p, m)| (MapRef::Path(p), m))
+            .collect();
         if self.allow_by_id {
             let pinned: std::collections::HashSet<u32> = out.iter().map(|(_, m)| m.id).collect();
-            let mut id = 0;
-            loop {
-                match crate::kernel::sys::map_get_next_id(id) {
-                    Ok(Some(next)) => id = next,
-                    Ok(None) => break,
+            for id in crate::kernel::map_ids() {
+                let id = match id {
+                    Ok(id) => id,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot enumerate maps by id");
                         break;
                     }
-                }
+                };
                 if pinned.contains(&id) {
                     continue;
                 }
                 match MapHandle::open_id(id) {
-                    Ok(h) => out.push((None, h.meta().clone())),
+                    Ok(h) => out.push((MapRef::Id(id), h.meta().clone())),
                     Err(OpenError::NotFound) => {}
                     Err(e) => tracing::warn!(id, error = %e, "skipping map"),
                 }

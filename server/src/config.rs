@@ -1,5 +1,6 @@
 //! Configuration: a TOML file (optional) overridden by command-line flags.
 //! With neither, bpfmapd serves /sys/fs/bpf on 127.0.0.1:50051.
+#![forbid(unsafe_code)]
 
 use std::{
     net::SocketAddr,
@@ -126,7 +127,7 @@ pub struct Args {
     /// Do not mount bpffs on a root that is not one.
     #[arg(long)]
     pub no_mount: bool,
-    /// Create demo maps under <root>/demo and keep them changing.
+    /// Create demo maps under ROOT/demo (the first root) and keep them changing.
     #[arg(long)]
     pub demo: bool,
     /// Log format.
@@ -250,12 +251,16 @@ mod tests {
         assert_eq!(c.rules.len(), 2);
         assert_eq!(c.limits.max_dumps_per_identity, 4);
         let policy = crate::auth::Policy::new(&c.rules, true).unwrap();
-        use crate::auth::Operation::*;
-        let collector = "spiffe://example.org/ns/observability/sa/collector";
-        assert!(policy.allows(collector, Dump, "tc/globals/cilium_ct4_global"));
-        assert!(!policy.allows(collector, Lookup, "tc/globals/cilium_ct4_global"));
-        assert!(policy.allows("spiffe://example.org/ns/ops/alice", Lookup, "a/b/c"));
-        assert!(!policy.allows("spiffe://example.org/ns/ops/alice", Dump, "a/b/c"));
+        use crate::{auth::Identity, auth::Operation::*, catalog::MapRef};
+        let collector =
+            Identity::Spiffe("spiffe://example.org/ns/observability/sa/collector".into());
+        let alice = Identity::Spiffe("spiffe://example.org/ns/ops/alice".into());
+        let ct = MapRef::parse("tc/globals/cilium_ct4_global").unwrap();
+        let abc = MapRef::parse("a/b/c").unwrap();
+        assert!(policy.allows(&collector, Dump, &ct));
+        assert!(!policy.allows(&collector, Lookup, &ct));
+        assert!(policy.allows(&alice, Lookup, &abc));
+        assert!(!policy.allows(&alice, Dump, &abc));
     }
 
     #[test]

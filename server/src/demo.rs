@@ -10,9 +10,9 @@
 //!   FAILED_PRECONDITION).
 //!
 //! The pins are removed when the demo is dropped.
+#![forbid(unsafe_code)]
 
 use std::{
-    os::fd::{AsFd, OwnedFd},
     path::{Path, PathBuf},
     sync::{
         Arc,
@@ -23,9 +23,8 @@ use std::{
 };
 
 use anyhow::Context as _;
-use aya::maps::MapData;
 
-use crate::kernel::{map_type, possible_cpus, sys};
+use crate::kernel::{MapType, OwnedMap, possible_cpus};
 
 pub const FLOWS: usize = 100_000;
 
@@ -49,6 +48,7 @@ pub fn flow_value(i: u32) -> [u8; 16] {
     v
 }
 
+/// The running demo: its pins and the thread that keeps them changing.
 #[derive(Debug)]
 pub struct Demo {
     dir: PathBuf,
@@ -58,14 +58,14 @@ pub struct Demo {
 }
 
 fn create(
-    map_type: u32,
+    map_type: MapType,
     key_size: u32,
     value_size: u32,
     max_entries: u32,
     name: &str,
-) -> anyhow::Result<MapData> {
-    let obj = aya_obj::Map::new_from_params(map_type, key_size, value_size, max_entries, 0);
-    MapData::create(obj, name, None).with_context(|| format!("cannot create demo map {name}"))
+) -> anyhow::Result<OwnedMap> {
+    OwnedMap::new(map_type, key_size, value_size, max_entries, name)
+        .with_context(|| format!("cannot create demo map {name}"))
 }
 
 impl Demo {
@@ -81,25 +81,24 @@ impl Demo {
             writer: None,
         };
 
-        let flows = create(map_type::HASH, 16, 16, 131_072, "flows")?;
+        let flows = create(MapType::HASH, 16, 16, 131_072, "flows")?;
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for i in 0..FLOWS as u32 {
             keys.extend_from_slice(&flow_key(i));
             values.extend_from_slice(&flow_value(i));
         }
-        sys::update_batch(flows.fd().as_fd(), &keys, &values, FLOWS as u32)
+        flows
+            .update_batch(&keys, &values)
             .context("cannot fill demo/flows")?;
         demo.pin(&flows, "flows")?;
 
-        let counters = create(map_type::PERCPU_ARRAY, 4, 8, 8, "cpu_counters")?;
+        let counters = create(MapType::PERCPU_ARRAY, 4, 8, 8, "cpu_counters")?;
         demo.pin(&counters, "cpu_counters")?;
-        let recent = create(map_type::LRU_HASH, 4, 8, 1024, "recent")?;
+        let recent = create(MapType::LRU_HASH, 4, 8, 1024, "recent")?;
         demo.pin(&recent, "recent")?;
-        let events = create(map_type::QUEUE, 0, 8, 64, "events")?;
+        let events = create(MapType::QUEUE, 0, 8, 64, "events")?;
         demo.pin(&events, "events")?;
 
-        let counters = clone_fd(&counters)?;
-        let recent = clone_fd(&recent)?;
         let stop = demo.stop.clone();
         demo.writer = Some(
             thread::Builder::new()
@@ -110,7 +109,7 @@ impl Demo {
         Ok(demo)
     }
 
-    fn pin(&mut self, map: &MapData, name: &str) -> anyhow::Result<()> {
+    fn pin(&mut self, map: &OwnedMap, name: &str) -> anyhow::Result<()> {
         let path = self.dir.join(name);
         let _ = std::fs::remove_file(&path);
         map.pin(&path)
@@ -120,11 +119,7 @@ impl Demo {
     }
 }
 
-fn clone_fd(map: &MapData) -> anyhow::Result<OwnedFd> {
-    Ok(map.fd().as_fd().try_clone_to_owned()?)
-}
-
-fn write_loop(counters: &OwnedFd, recent: &OwnedFd, stop: &AtomicBool) {
+fn write_loop(counters: &OwnedMap, recent: &OwnedMap, stop: &AtomicBool) {
     let cpus = possible_cpus() as usize;
     let mut tick: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
@@ -135,13 +130,13 @@ fn write_loop(counters: &OwnedFd, recent: &OwnedFd, stop: &AtomicBool) {
             for cpu in 0..cpus as u64 {
                 value.extend_from_slice(&(tick * u64::from(idx + 1) + cpu).to_le_bytes());
             }
-            if let Err(e) = sys::update_elem(counters.as_fd(), &idx.to_le_bytes(), &value) {
+            if let Err(e) = counters.update(&idx.to_le_bytes(), &value) {
                 tracing::warn!(error = %e, "demo writer stopped");
                 return;
             }
         }
         let key = (tick as u32).to_le_bytes();
-        let _ = sys::update_elem(recent.as_fd(), &key, &tick.to_le_bytes());
+        let _ = recent.update(&key, &tick.to_le_bytes());
         thread::sleep(Duration::from_millis(100));
     }
 }

@@ -8,33 +8,35 @@
 //! read. A client that takes no chunk for the stall timeout, and every stream
 //! on shutdown, gets UNAVAILABLE after the chunks already queued, and resumes
 //! from its last cursor.
+#![forbid(unsafe_code)]
 
 use std::{
+    future::Future as _,
     pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    task::{Context, Poll},
+    time::Duration,
 };
 
 use bpfmap_proto::v1 as pb;
-use futures::{Stream, StreamExt as _};
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use futures::Stream;
+use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::{
     audit,
-    auth::Caller,
     catalog::MapRef,
-    cursor::{Cursor, CursorKey, identity_digest},
+    cursor::Sealer,
     error::Error,
     kernel::{
         MapHandle, MapMeta,
-        walk::{Chunk, Position, Walker},
+        walk::{Position, Walker},
     },
     limits::Slot,
+    proto::{ChunkMessage, IntoProto as _},
 };
 
 /// Messages buffered between the kernel reader and the client.
@@ -64,82 +66,120 @@ pub fn effective_chunk(hint: u32, meta: &MapMeta) -> u32 {
     want.min(MAX_CHUNK).min(by_bytes).max(1)
 }
 
-/// Everything a dump needs, validated by the service.
+/// What a request asks of a dump.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// How entries are laid out.
+    pub layout: pb::Layout,
+    /// Entries per chunk, a hint (0: the default).
+    pub chunk_hint: u32,
+    /// Stop after this many entries (0: no limit).
+    pub limit: u64,
+}
+
+/// A dump ready to run.
 #[derive(Debug)]
 pub struct DumpJob {
-    pub caller: Caller,
-    pub map_ref: MapRef,
-    pub walker: Walker<MapHandle>,
-    pub layout: pb::Layout,
-    pub chunk: u32,
-    pub limit: u64,
-    pub key: CursorKey,
-    /// The dump's slot, held until the producer ends.
-    pub slot: Slot,
-    pub started: Instant,
+    map: MapRef,
+    walker: Walker<MapHandle>,
+    layout: pb::Layout,
+    chunk: u32,
+    limit: u64,
+    sealer: Sealer,
+    slot: Option<Slot>,
+}
+
+impl DumpJob {
+    /// A dump of `handle` (named `map` in the request) from `position`.
+    pub fn new(
+        map: MapRef,
+        handle: MapHandle,
+        position: Position,
+        options: Options,
+        sealer: Sealer,
+    ) -> Result<Self, Error> {
+        let meta = handle.meta().clone();
+        let chunk = effective_chunk(options.chunk_hint, &meta);
+        let walker = Walker::new(handle, meta, position).map_err(|e| Error::from_walk(&map, e))?;
+        Ok(Self {
+            map,
+            walker,
+            layout: options.layout,
+            chunk,
+            limit: options.limit,
+            sealer,
+            slot: None,
+        })
+    }
+
+    /// Holds `slot` until the producer ends.
+    pub fn with_slot(self, slot: Slot) -> Self {
+        Self {
+            slot: Some(slot),
+            ..self
+        }
+    }
 }
 
 /// What every dump shares.
 #[derive(Debug, Clone)]
 pub struct DumpEnv {
+    /// Becomes true when the server stops.
     pub shutdown: watch::Receiver<bool>,
+    /// Shared counters.
     pub stats: Arc<DumpStats>,
     /// End the stream when the client takes no chunk for this long.
     pub stall_timeout: Duration,
 }
 
-pub type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::DumpMapResponse, Status>> + Send>>;
+type Item = Result<pb::DumpMapResponse, Status>;
 
 /// Starts the producer and returns the response stream: the chunks, then
-/// (when the dump ends in an error) the error status.
-pub fn spawn(job: DumpJob, env: DumpEnv) -> ChunkStream {
+/// (when the dump ends in an error) the error status. The stream finishes
+/// the call's audit record.
+pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
     let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-    let (tail_tx, tail_rx) = oneshot::channel::<Status>();
+    let (tail_tx, tail_rx) = tokio::sync::oneshot::channel::<Status>();
+    let started = audit.started();
     tokio::spawn(async move {
-        let (caller, map, started) = (job.caller.clone(), job.map_ref.policy_name(), job.started);
-        let (entries, result) = run(job, &tx, env).await;
-        let code = result
-            .as_ref()
-            .map_or_else(Error::code, |()| tonic::Code::Ok);
-        audit::record(&caller, "DumpMap", &map, entries, code, started);
-        if let Err(e) = result {
+        if let Err(e) = run(job, started, &tx, env).await {
             // Delivered after the chunks already queued, even when the
             // channel is full (a client that stopped reading).
             let _ = tail_tx.send(e.into());
         }
     });
-    let tail = futures::stream::once(tail_rx).filter_map(|r| std::future::ready(r.ok().map(Err)));
-    Box::pin(ReceiverStream::new(rx).chain(tail))
+    DumpStream {
+        rx,
+        tail: Some(tail_rx),
+        audit: Some(audit),
+        ended: None,
+    }
 }
 
 /// Runs a dump until the map ends, the limit is reached, the client leaves,
-/// stalls, or the server shuts down. Returns the entries sent and how it
-/// ended (a client that left is not an error).
+/// stalls, or the server shuts down. A client that left is not an error.
 async fn run(
     job: DumpJob,
-    tx: &mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
+    started: std::time::Instant,
+    tx: &mpsc::Sender<Item>,
     mut env: DumpEnv,
-) -> (u64, Result<(), Error>) {
+) -> Result<(), Error> {
     env.stats.active.fetch_add(1, Ordering::SeqCst);
     let _guard = ActiveGuard(env.stats.clone());
     let DumpJob {
-        caller,
-        map_ref,
+        map,
         mut walker,
         layout,
         chunk,
         limit,
-        key,
+        sealer,
         slot: _slot,
-        started,
     } = job;
-    let name = map_ref.to_string();
-    let canonical = map_ref.canonical();
     let meta = walker.meta().clone();
     let (mut sent, mut chunks) = (0u64, 0u64);
     loop {
         if *env.shutdown.borrow() {
-            return (sent, Err(Error::ShuttingDown));
+            return Err(Error::ShuttingDown);
         }
         let want = if limit == 0 {
             chunk
@@ -158,42 +198,31 @@ async fn run(
             (walker, res)
         })
         .await;
-        let (w, res) = match read {
-            Ok(r) => r,
-            Err(e) => {
-                let e = Error::Internal {
-                    map: name,
-                    message: format!("reader task failed: {e}"),
-                };
-                return (sent, Err(e));
-            }
-        };
+        let (w, res) = read.map_err(|e| Error::Internal {
+            map: Some(map.clone()),
+            message: format!("reader task failed: {e}"),
+        })?;
         walker = w;
         env.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
-        let chunk_read = match res {
-            Ok(c) => c,
-            Err(e) => return (sent, Err(Error::from_walk(&name, e))),
-        };
+        let chunk_read = res.map_err(|e| Error::from_walk(&map, e))?;
         let position = walker.position().clone();
         let complete = position == Position::End;
         // An empty chunk short of the end: the next bucket would overshoot.
         let limit_reached = limit != 0
             && (sent + chunk_read.as_ref().map_or(0, |c| c.count as u64) >= limit
                 || chunk_read.as_ref().is_some_and(|c| c.count == 0) && !complete);
-        let cursor = key.encode(&Cursor {
-            identity: identity_digest(&caller.identity),
-            map_ref: canonical.clone(),
-            map_id: meta.id,
-            fingerprint: meta.fingerprint(),
-            position,
-        });
+        let cursor = sealer.seal(&position);
         if let Some(c) = chunk_read.filter(|c| c.count > 0) {
             let count = c.count as u64;
-            let msg = chunk_message(&meta, c, layout, cursor.clone());
-            match send(tx, &mut env, msg).await {
-                Sent::Yes => {}
-                Sent::ClientGone => return (sent, Ok(())),
-                Sent::Failed(e) => return (sent, Err(e)),
+            let msg = ChunkMessage {
+                meta: &meta,
+                chunk: c,
+                layout,
+                cursor: cursor.clone(),
+            }
+            .into_proto();
+            if !send(tx, &mut env, msg).await? {
+                return Ok(());
             }
             sent += count;
             chunks += 1;
@@ -211,32 +240,25 @@ async fn run(
                 summary: Some(summary),
                 ..Default::default()
             };
-            return match send(tx, &mut env, last).await {
-                Sent::Yes | Sent::ClientGone => (sent, Ok(())),
-                Sent::Failed(e) => (sent, Err(e)),
-            };
+            send(tx, &mut env, last).await?;
+            return Ok(());
         }
     }
 }
 
-enum Sent {
-    Yes,
-    ClientGone,
-    Failed(Error),
-}
-
-/// Queues one message, waiting at most the stall timeout for room.
+/// Queues one message, waiting at most the stall timeout for room. `false`
+/// when the client went away.
 async fn send(
-    tx: &mpsc::Sender<Result<pb::DumpMapResponse, Status>>,
+    tx: &mpsc::Sender<Item>,
     env: &mut DumpEnv,
     msg: pb::DumpMapResponse,
-) -> Sent {
+) -> Result<bool, Error> {
     tokio::select! {
-        r = tx.send(Ok(msg)) => if r.is_ok() { Sent::Yes } else { Sent::ClientGone },
-        _ = tokio::time::sleep(env.stall_timeout) => Sent::Failed(Error::Stalled {
+        r = tx.send(Ok(msg)) => Ok(r.is_ok()),
+        _ = tokio::time::sleep(env.stall_timeout) => Err(Error::Stalled {
             secs: env.stall_timeout.as_secs(),
         }),
-        _ = env.shutdown.wait_for(|s| *s) => Sent::Failed(Error::ShuttingDown),
+        _ = env.shutdown.wait_for(|s| *s) => Err(Error::ShuttingDown),
     }
 }
 
@@ -248,70 +270,69 @@ impl Drop for ActiveGuard {
     }
 }
 
-/// Splits a kernel element value into the values of each possible CPU.
-pub fn per_cpu_values(meta: &MapMeta, value: &[u8]) -> Vec<Vec<u8>> {
-    let (stride, vs) = (meta.cpu_stride(), meta.value_size as usize);
-    value.chunks(stride).map(|v| v[..vs].to_vec()).collect()
+/// The response stream of a dump: the producer's chunks, then its error if
+/// it failed. It owns the call's audit record, counts the entries handed to
+/// the transport, and finishes the record when the stream ends or is dropped
+/// (a client that went away before the end is CANCELLED).
+#[derive(Debug)]
+pub struct DumpStream {
+    rx: mpsc::Receiver<Item>,
+    tail: Option<tokio::sync::oneshot::Receiver<Status>>,
+    audit: Option<audit::Record>,
+    /// How the stream ended, once it has.
+    ended: Option<tonic::Code>,
 }
 
-fn chunk_message(
-    meta: &MapMeta,
-    c: Chunk,
-    layout: pb::Layout,
-    cursor: String,
-) -> pb::DumpMapResponse {
-    let ks = meta.key_size as usize;
-    let kvs = meta.kernel_value_size();
-    let mut msg = pb::DumpMapResponse {
-        cursor,
-        ..Default::default()
-    };
-    match layout {
-        pb::Layout::Entries => {
-            msg.entries = (0..c.count)
-                .map(|i| {
-                    let key = c.keys[i * ks..(i + 1) * ks].to_vec();
-                    let value = &c.values[i * kvs..(i + 1) * kvs];
-                    if meta.per_cpu() {
-                        pb::Entry {
-                            key,
-                            value: Vec::new(),
-                            per_cpu_values: per_cpu_values(meta, value),
-                        }
-                    } else {
-                        pb::Entry {
-                            key,
-                            value: value.to_vec(),
-                            per_cpu_values: Vec::new(),
-                        }
-                    }
-                })
-                .collect();
+fn entries_in(msg: &pb::DumpMapResponse) -> u64 {
+    msg.packed
+        .as_ref()
+        .map_or(msg.entries.len() as u64, |p| u64::from(p.count))
+}
+
+impl Stream for DumpStream {
+    type Item = Item;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        let this = self.get_mut();
+        if this.ended.is_some() {
+            return Poll::Ready(None);
         }
-        pb::Layout::Packed => {
-            let values = if meta.per_cpu() {
-                let (stride, vs) = (meta.cpu_stride(), meta.value_size as usize);
-                let mut out = Vec::with_capacity(c.count * meta.wire_value_size());
-                for cpu_value in c.values.chunks(stride) {
-                    out.extend_from_slice(&cpu_value[..vs]);
+        if let Poll::Ready(item) = this.rx.poll_recv(cx) {
+            if let Some(item) = item {
+                if let (Ok(msg), Some(a)) = (&item, this.audit.as_mut()) {
+                    a.add_entries(entries_in(msg));
+                    if msg.done {
+                        this.ended = Some(tonic::Code::Ok);
+                    }
                 }
-                out
-            } else {
-                c.values
+                return Poll::Ready(Some(item));
+            }
+            // The producer is done: its error, if any, follows.
+            let Some(tail) = this.tail.as_mut() else {
+                return Poll::Ready(None);
             };
-            msg.packed = Some(pb::PackedEntries {
-                count: c.count as u32,
-                key_size: meta.key_size,
-                value_stride: meta.wire_value_size() as u32,
-                keys: c.keys,
-                values,
-                cpus: if meta.per_cpu() {
-                    meta.possible_cpus
-                } else {
-                    0
-                },
-            });
+            return match Pin::new(tail).poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(r) => {
+                    this.tail = None;
+                    match r {
+                        Ok(status) => {
+                            this.ended = Some(status.code());
+                            Poll::Ready(Some(Err(status)))
+                        }
+                        Err(_) => Poll::Ready(None),
+                    }
+                }
+            };
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for DumpStream {
+    fn drop(&mut self) {
+        if let Some(a) = self.audit.take() {
+            a.finish(self.ended.unwrap_or(tonic::Code::Cancelled));
         }
     }
-    msg
 }

@@ -2,91 +2,133 @@
 //!
 //! Every status carries a google.rpc.ErrorInfo with a stable `reason` (domain
 //! "bpfmapd") so that programs can branch on it without parsing messages.
+#![forbid(unsafe_code)]
 
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::{
+    auth::{Identity, Operation},
+    catalog::MapRef,
     cursor::CursorError,
-    kernel::{OpenError, SyscallError, walk::WalkError},
+    kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkError},
 };
 
+/// The ErrorInfo domain of every status.
 pub const DOMAIN: &str = "bpfmapd";
 
+/// Everything a call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A malformed request; the message says what to fix.
     #[error("{0}")]
     InvalidArgument(String),
+    /// Nothing at that path or id.
     #[error("map {0} not found")]
-    MapNotFound(String),
+    MapNotFound(MapRef),
+    /// A directory, or a pinned program, link or BTF object.
     #[error("{map} is not a BPF map ({what})")]
-    NotAMap { map: String, what: &'static str },
+    NotAMap {
+        /// The reference.
+        map: MapRef,
+        /// What it is instead.
+        what: &'static str,
+    },
+    /// The request names a map by id and the server does not allow it.
     #[error("access by map id is disabled on this server (enable `allow_by_id`)")]
     ByIdDisabled,
+    /// The map's type cannot be iterated from user space.
     #[error(
-        "map {map} cannot be dumped: maps of type {type_name} cannot be iterated from user space"
+        "map {map} cannot be dumped: maps of type {map_type} cannot be iterated from user space"
     )]
-    NotIterable { map: String, type_name: String },
-    #[error("map {map} does not support lookups from user space (type {type_name})")]
-    LookupUnsupported { map: String, type_name: String },
-    #[error("invalid cursor: {0}")]
-    BadCursor(#[from] CursorError),
-    #[error("cursor was issued for {cursor_ref}, not for {request_ref}")]
-    CursorForAnotherMap {
-        cursor_ref: String,
-        request_ref: String,
+    NotIterable {
+        /// The reference.
+        map: MapRef,
+        /// Its type.
+        map_type: MapType,
     },
+    /// The map's type has no lookup from user space.
+    #[error("map {map} does not support lookups from user space (type {map_type})")]
+    LookupUnsupported {
+        /// The reference.
+        map: MapRef,
+        /// Its type.
+        map_type: MapType,
+    },
+    /// A cursor that cannot be used (its variant says why).
+    #[error(transparent)]
+    Cursor(#[from] CursorError),
+    /// The key a key-walked dump resumes after was deleted.
     #[error(
-        "map {map} was replaced since the cursor was issued ({detail}); restart the dump without a cursor"
+        "map {0}: the last key delivered before this cursor was deleted; restart the dump without a cursor"
     )]
-    MapReplaced { map: String, detail: String },
-    #[error(
-        "map {map}: the last key delivered before this cursor was deleted; restart the dump without a cursor"
-    )]
-    ResumeKeyDeleted { map: String },
+    ResumeKeyDeleted(MapRef),
+    /// The server is stopping.
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,
+    /// The client took no chunk for the stall timeout.
     #[error(
         "the client took no chunk for {secs} s, so the stream was ended; resume from the last cursor received"
     )]
-    Stalled { secs: u64 },
+    Stalled {
+        /// The stall timeout.
+        secs: u64,
+    },
+    /// A limit was reached; the message names it.
     #[error("{0}")]
     ResourceExhausted(String),
-    #[error("{identity} may not {verb} {map}")]
+    /// The policy does not allow this.
+    #[error("{identity} may not {verb} {map}", verb = .operation.verb())]
     PermissionDenied {
-        identity: String,
-        verb: &'static str,
-        map: String,
+        /// The caller.
+        identity: Identity,
+        /// What it asked to do.
+        operation: Operation,
+        /// To which map (as requested).
+        map: MapRef,
     },
-    #[error("cursor was issued to another identity, not to {identity}")]
-    CursorOtherIdentity { identity: String },
+    /// An unexpected kernel error.
     #[error("map {map}: {source}")]
     Kernel {
-        map: String,
+        /// The reference.
+        map: MapRef,
+        /// The failed call.
         #[source]
         source: SyscallError,
     },
-    #[error("map {map}: {message}")]
-    Internal { map: String, message: String },
+    /// Anything else that should not happen.
+    #[error("{}{message}", map.as_ref().map(|m| format!("map {m}: ")).unwrap_or_default())]
+    Internal {
+        /// The map concerned, if any.
+        map: Option<MapRef>,
+        /// What happened.
+        message: String,
+    },
 }
 
 impl Error {
+    /// The gRPC code a client acts on.
     pub fn code(&self) -> Code {
         match self {
-            Self::InvalidArgument(_) | Self::BadCursor(_) | Self::CursorForAnotherMap { .. } => {
-                Code::InvalidArgument
-            }
+            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::Cursor(c) => match c {
+                CursorError::OtherIdentity(_) => Code::PermissionDenied,
+                CursorError::MapReplaced { .. } => Code::Aborted,
+                CursorError::Encoding
+                | CursorError::NotAuthentic
+                | CursorError::Malformed
+                | CursorError::TooLong
+                | CursorError::OtherMap { .. } => Code::InvalidArgument,
+            },
             Self::MapNotFound(_) => Code::NotFound,
             Self::NotAMap { .. }
             | Self::ByIdDisabled
             | Self::NotIterable { .. }
             | Self::LookupUnsupported { .. } => Code::FailedPrecondition,
-            Self::MapReplaced { .. } | Self::ResumeKeyDeleted { .. } => Code::Aborted,
+            Self::ResumeKeyDeleted(_) => Code::Aborted,
             Self::ShuttingDown | Self::Stalled { .. } => Code::Unavailable,
             Self::ResourceExhausted(_) => Code::ResourceExhausted,
-            Self::PermissionDenied { .. } | Self::CursorOtherIdentity { .. } => {
-                Code::PermissionDenied
-            }
+            Self::PermissionDenied { .. } => Code::PermissionDenied,
             Self::Kernel { source, .. } => match source.errno() {
                 Some(libc::EPERM) | Some(libc::EACCES) => Code::FailedPrecondition,
                 _ => Code::Internal,
@@ -104,53 +146,75 @@ impl Error {
             Self::ByIdDisabled => "BY_ID_DISABLED",
             Self::NotIterable { .. } => "MAP_NOT_ITERABLE",
             Self::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
-            Self::BadCursor(_) => "CURSOR_INVALID",
-            Self::CursorForAnotherMap { .. } => "CURSOR_OTHER_MAP",
-            Self::MapReplaced { .. } => "MAP_REPLACED",
-            Self::ResumeKeyDeleted { .. } => "RESUME_KEY_DELETED",
+            Self::Cursor(c) => match c {
+                CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
+                CursorError::OtherMap { .. } => "CURSOR_OTHER_MAP",
+                CursorError::MapReplaced { .. } => "MAP_REPLACED",
+                CursorError::Encoding
+                | CursorError::NotAuthentic
+                | CursorError::Malformed
+                | CursorError::TooLong => "CURSOR_INVALID",
+            },
+            Self::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
             Self::ShuttingDown => "SHUTTING_DOWN",
             Self::Stalled { .. } => "CLIENT_STALLED",
             Self::ResourceExhausted(_) => "LIMIT_REACHED",
             Self::PermissionDenied { .. } => "PERMISSION_DENIED",
-            Self::CursorOtherIdentity { .. } => "CURSOR_OTHER_IDENTITY",
             Self::Kernel { .. } => "KERNEL_ERROR",
             Self::Internal { .. } => "INTERNAL",
         }
     }
 
-    pub fn from_open(map: &str, e: OpenError) -> Self {
+    /// A map that could not be opened.
+    pub fn from_open(map: &MapRef, e: OpenError) -> Self {
         match e {
-            OpenError::NotFound => Self::MapNotFound(map.to_owned()),
+            OpenError::NotFound => Self::MapNotFound(map.clone()),
             OpenError::NotAMap => Self::NotAMap {
-                map: map.to_owned(),
+                map: map.clone(),
                 what: "a pinned program, link or BTF object",
             },
             OpenError::Syscall(source) => Self::Kernel {
-                map: map.to_owned(),
+                map: map.clone(),
                 source,
             },
         }
     }
 
-    pub fn from_walk(map: &str, e: WalkError) -> Self {
+    /// A walk that failed.
+    pub fn from_walk(map: &MapRef, e: WalkError) -> Self {
         match e {
-            WalkError::NotIterable { type_name } => Self::NotIterable {
-                map: map.to_owned(),
-                type_name,
+            WalkError::NotIterable(map_type) => Self::NotIterable {
+                map: map.clone(),
+                map_type,
             },
-            WalkError::ResumeKeyDeleted => Self::ResumeKeyDeleted {
-                map: map.to_owned(),
-            },
-            WalkError::BadToken => Self::MapReplaced {
-                map: map.to_owned(),
+            WalkError::ResumeKeyDeleted => Self::ResumeKeyDeleted(map.clone()),
+            WalkError::BadToken => Self::Cursor(CursorError::MapReplaced {
+                map: map.clone(),
                 detail: "the cursor's position no longer fits it".into(),
-            },
+            }),
             WalkError::BucketTooLarge { .. } => Self::Internal {
-                map: map.to_owned(),
+                map: Some(map.clone()),
                 message: e.to_string(),
             },
             WalkError::Syscall(source) => Self::Kernel {
-                map: map.to_owned(),
+                map: map.clone(),
+                source,
+            },
+        }
+    }
+
+    /// A lookup that failed.
+    pub fn from_lookup(map: &MapRef, e: LookupError) -> Self {
+        match e {
+            LookupError::Unsupported(map_type) => Self::LookupUnsupported {
+                map: map.clone(),
+                map_type,
+            },
+            LookupError::KeySize { expected, got } => Self::InvalidArgument(format!(
+                "a key is {got} bytes; map {map} has {expected}-byte keys"
+            )),
+            LookupError::Syscall(source) => Self::Kernel {
+                map: map.clone(),
                 source,
             },
         }

@@ -1,20 +1,32 @@
 //! bpfmapd: a privileged per-host daemon that streams eBPF maps to remote
 //! clients over gRPC, with batched kernel reads and resumable cursors.
+//!
+//! The binary is `bpfmapd`; this library is what it is made of, exposed for
+//! the end-to-end tests and the benchmark: the configuration and the server,
+//! and the [`kernel`] layer (reading maps, and creating the maps tests use).
+//! All unsafe code lives in `kernel` (the syscall seam and the two handle
+//! types that check buffers before calling it).
+#![deny(unsafe_code)]
 
-pub mod audit;
-pub mod auth;
-pub mod catalog;
-pub mod config;
-pub mod cursor;
-pub mod demo;
-pub mod dump;
-pub mod error;
+mod audit;
+mod auth;
+mod catalog;
+mod config;
+mod cursor;
+mod demo;
+mod dump;
+mod error;
 pub mod kernel;
-pub mod limits;
-pub mod privileges;
-pub mod server;
-pub mod service;
-pub mod tls;
+mod limits;
+mod privileges;
+mod proto;
+mod server;
+mod service;
+mod tls;
 
-pub use config::Config;
-pub use server::{Running, prepare_roots, start, start_on};
+pub use auth::{Operation, RuleConfig};
+pub use config::{Args, Config, Limits, LogFormat};
+pub use demo::{Demo, flow_key, flow_value};
+pub use dump::DumpStats;
+pub use server::{Running, SERVICE_NAME, check_privileges, prepare_roots, start, start_on};
+pub use tls::TlsFiles;

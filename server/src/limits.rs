@@ -3,6 +3,7 @@
 //! A slot is taken when DumpMap is accepted and held by the producer for the
 //! whole life of the stream (tonic's own limits only cover the response
 //! future, not the stream behind it).
+#![forbid(unsafe_code)]
 
 use std::{
     collections::HashMap,
@@ -11,14 +12,15 @@ use std::{
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::Error;
+use crate::{auth::Identity, error::Error};
 
+/// How many dumps run at once, in all and per identity.
 #[derive(Debug)]
 pub struct DumpSlots {
     global: Arc<Semaphore>,
     global_max: usize,
     per_identity_max: usize,
-    per_identity: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
+    per_identity: Mutex<HashMap<Identity, Arc<Semaphore>>>,
 }
 
 /// A running dump's claim on both limits; released on drop.
@@ -29,6 +31,7 @@ pub struct Slot {
 }
 
 impl DumpSlots {
+    /// Slots for `global_max` dumps, at most `per_identity_max` per identity.
     pub fn new(global_max: usize, per_identity_max: usize) -> Self {
         Self {
             global: Arc::new(Semaphore::new(global_max)),
@@ -39,7 +42,7 @@ impl DumpSlots {
     }
 
     /// Takes a slot, or RESOURCE_EXHAUSTED naming the limit that was hit.
-    pub fn try_acquire(&self, identity: &Arc<str>) -> Result<Slot, Error> {
+    pub fn try_acquire(&self, identity: &Identity) -> Result<Slot, Error> {
         let sem = {
             let mut map = self.per_identity.lock().expect("slots lock");
             // Forget identities with nothing running, so the map stays small.
@@ -77,7 +80,7 @@ mod tests {
     #[test]
     fn limits_per_identity_and_in_all() {
         let slots = DumpSlots::new(3, 2);
-        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let (a, b) = (Identity::Cn("a".into()), Identity::Cn("b".into()));
         let a1 = slots.try_acquire(&a).unwrap();
         let _a2 = slots.try_acquire(&a).unwrap();
         let e = slots.try_acquire(&a).unwrap_err();

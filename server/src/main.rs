@@ -1,9 +1,8 @@
+//! The bpfmapd daemon.
+#![forbid(unsafe_code)]
+
 use anyhow::Context as _;
-use bpfmapd::{
-    Config,
-    config::{Args, LogFormat},
-    demo::Demo,
-};
+use bpfmapd::{Args, Config, Demo, LogFormat};
 use clap::Parser as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
@@ -28,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args, config: Config) -> anyhow::Result<()> {
-    bpfmapd::server::check_privileges(&config)?;
+    bpfmapd::check_privileges(&config)?;
     bpfmapd::prepare_roots(&config)?;
     let demo = if config.demo {
         Some(Demo::start(&config.roots[0]).context("cannot start the demo")?)

@@ -9,6 +9,7 @@
 //! Reading a pin also needs read permission on the pin file (pins are
 //! usually root-owned and 0600: run as root with a reduced capability set,
 //! or grant CAP_DAC_READ_SEARCH).
+#![forbid(unsafe_code)]
 
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_BPF: u32 = 39;

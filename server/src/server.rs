@@ -1,11 +1,8 @@
 //! Assembles the gRPC server: MapService, health, reflection (v1 and
 //! v1alpha), mutual TLS, limits, reload, graceful shutdown.
+#![forbid(unsafe_code)]
 
-use std::{
-    net::SocketAddr,
-    sync::{Arc, RwLock},
-    time::Duration,
-};
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use bpfmap_proto::v1::map_service_server::MapServiceServer;
@@ -24,7 +21,7 @@ use crate::{
     config::Config,
     cursor::CursorKey,
     dump::{DumpEnv, DumpStats},
-    kernel::sys,
+    kernel,
     limits::DumpSlots,
     service::{MapServiceImpl, SharedPolicy},
     tls::{self, SharedTls},
@@ -76,9 +73,9 @@ impl Running {
             None => None,
         };
         if let (Some(shared), Some(new)) = (&self.tls, tls) {
-            *shared.write().expect("TLS lock") = new;
+            shared.store(new);
         }
-        *self.policy.write().expect("policy lock") = Arc::new(policy);
+        self.policy.store(Arc::new(policy));
         tracing::info!(
             rules = config.rules.len(),
             "reloaded certificates and policy"
@@ -115,7 +112,7 @@ pub fn check_privileges(config: &Config) -> anyhow::Result<()> {
         && config
             .roots
             .iter()
-            .any(|r| !r.exists() || !sys::is_bpffs(r).unwrap_or(false));
+            .any(|r| !r.exists() || !kernel::is_bpffs(r).unwrap_or(false));
     let effective = privileges::effective().context("cannot read the capability set")?;
     let missing = privileges::missing(
         effective,
@@ -136,7 +133,7 @@ pub fn check_privileges(config: &Config) -> anyhow::Result<()> {
 /// Makes sure every root is a mounted bpffs, mounting one if allowed.
 pub fn prepare_roots(config: &Config) -> anyhow::Result<()> {
     for root in &config.roots {
-        if root.exists() && sys::is_bpffs(root).unwrap_or(false) {
+        if root.exists() && kernel::is_bpffs(root).unwrap_or(false) {
             continue;
         }
         anyhow::ensure!(
@@ -146,7 +143,7 @@ pub fn prepare_roots(config: &Config) -> anyhow::Result<()> {
         );
         std::fs::create_dir_all(root)
             .with_context(|| format!("cannot create {}", root.display()))?;
-        sys::mount_bpffs(root).with_context(|| {
+        kernel::mount_bpffs(root).with_context(|| {
             format!(
                 "cannot mount bpffs on {} (needs CAP_SYS_ADMIN)",
                 root.display()
@@ -171,7 +168,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let key = CursorKey::load_or_create(&config.state_dir)?;
     let addr = listener.local_addr()?;
     let tls: Option<SharedTls> = match &config.tls {
-        Some(files) => Some(Arc::new(RwLock::new(tls::server_config(files)?))),
+        Some(files) => Some(Arc::new(arc_swap::ArcSwap::new(tls::server_config(files)?))),
         None => None,
     };
     let policy = Policy::new(&config.rules, tls.is_some())?;
@@ -186,7 +183,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     } else if config.rules.is_empty() {
         tracing::warn!("TLS is on but no [[rule]] is configured: every request will be denied");
     }
-    let policy: SharedPolicy = Arc::new(RwLock::new(Arc::new(policy)));
+    let policy: SharedPolicy = Arc::new(arc_swap::ArcSwap::from_pointee(policy));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let stats = Arc::new(DumpStats::default());
     let limits = &config.limits;

@@ -7,13 +7,14 @@
 //! service requires the identity (see `auth`). The identity of a connection
 //! is read once, from the leaf certificate: its SPIFFE URI SAN, else its
 //! first DNS SAN, else its subject CN.
+#![forbid(unsafe_code)]
 
 use std::{
     io,
     net::SocketAddr,
     path::{Path, PathBuf},
     pin::Pin,
-    sync::{Arc, RwLock},
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -30,6 +31,8 @@ use tokio::{
     sync::{mpsc, watch},
 };
 use tonic::transport::server::Connected;
+
+use crate::auth::Identity;
 
 /// Where the TLS material lives.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -121,7 +124,7 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
 
 /// The identity a client certificate (DER) names: SPIFFE URI SAN, else the
 /// first DNS SAN, else the subject CN.
-pub fn identity_of(der: &[u8]) -> Option<String> {
+pub fn identity_of(der: &[u8]) -> Option<Identity> {
     use x509_parser::prelude::*;
     let (_, cert) = X509Certificate::from_der(der).ok()?;
     let mut dns = None;
@@ -129,9 +132,9 @@ pub fn identity_of(der: &[u8]) -> Option<String> {
         for name in &san.value.general_names {
             match name {
                 GeneralName::URI(uri) if uri.starts_with("spiffe://") => {
-                    return Some((*uri).to_owned());
+                    return Some(Identity::Spiffe((*uri).into()));
                 }
-                GeneralName::DNSName(d) if dns.is_none() => dns = Some((*d).to_owned()),
+                GeneralName::DNSName(d) if dns.is_none() => dns = Some(Identity::Dns((*d).into())),
                 _ => {}
             }
         }
@@ -141,17 +144,31 @@ pub fn identity_of(der: &[u8]) -> Option<String> {
             .iter_common_name()
             .next()
             .and_then(|cn| cn.as_str().ok())
-            .map(str::to_owned)
+            .map(|cn| Identity::Cn(cn.into()))
     })
+}
+
+/// How a connection is secured.
+#[derive(Debug, Clone, Default)]
+pub enum Transport {
+    /// No TLS: every caller is anonymous.
+    #[default]
+    Plaintext,
+    /// TLS, with the verified identity of the client certificate (none when
+    /// the client presented no certificate).
+    Tls {
+        /// The client's identity.
+        identity: Option<Identity>,
+    },
 }
 
 /// What the service layer learns about a connection.
 #[derive(Debug, Clone, Default)]
 pub struct ConnInfo {
+    /// The peer's address.
     pub remote: Option<SocketAddr>,
-    /// The verified client identity, on TLS connections with a certificate.
-    pub identity: Option<Arc<str>>,
-    pub tls: bool,
+    /// Plaintext, or TLS with the client's identity.
+    pub transport: Transport,
 }
 
 enum Io {
@@ -238,7 +255,7 @@ impl AsyncWrite for Conn {
 }
 
 /// The TLS configuration in force; replaced on reload.
-pub type SharedTls = Arc<RwLock<Arc<ServerConfig>>>;
+pub type SharedTls = Arc<arc_swap::ArcSwap<ServerConfig>>;
 
 /// Accepts connections until shutdown, doing TLS handshakes concurrently
 /// (each bounded by `handshake_timeout`), and hands ready connections to
@@ -274,8 +291,7 @@ pub async fn accept_loop(
                 io: Io::Plain(tcp),
                 info: ConnInfo {
                     remote: Some(remote),
-                    identity: None,
-                    tls: false,
+                    transport: Transport::Plaintext,
                 },
             };
             if tx.send(Ok(conn)).await.is_err() {
@@ -283,7 +299,7 @@ pub async fn accept_loop(
             }
             continue;
         };
-        let config = tls.read().expect("TLS config lock").clone();
+        let config = tls.load_full();
         let tx = tx.clone();
         tokio::spawn(async move {
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -308,8 +324,7 @@ pub async fn accept_loop(
                 io: Io::Tls(Box::new(stream)),
                 info: ConnInfo {
                     remote: Some(remote),
-                    identity: identity.map(Into::into),
-                    tls: true,
+                    transport: Transport::Tls { identity },
                 },
             };
             let _ = tx.send(Ok(conn)).await;
@@ -339,17 +354,23 @@ mod tests {
         let spiffe = SanType::URI("spiffe://example.org/ops".try_into().unwrap());
         let other_uri = SanType::URI("https://example.org/x".try_into().unwrap());
         let dns = SanType::DnsName("ops.example.org".try_into().unwrap());
+        let text = |der: Vec<u8>| identity_of(&der).map(|i| i.to_string());
         assert_eq!(
-            identity_of(&cert(vec![dns.clone(), spiffe], Some("cn"))).as_deref(),
+            text(cert(vec![dns.clone(), spiffe], Some("cn"))).as_deref(),
             Some("spiffe://example.org/ops")
         );
         assert_eq!(
-            identity_of(&cert(vec![other_uri, dns], Some("cn"))).as_deref(),
-            Some("ops.example.org")
+            text(cert(vec![other_uri, dns], Some("cn"))).as_deref(),
+            Some("dns:ops.example.org")
         );
         assert_eq!(
-            identity_of(&cert(vec![], Some("alice"))).as_deref(),
-            Some("alice")
+            text(cert(vec![], Some("alice"))).as_deref(),
+            Some("cn:alice")
+        );
+        assert_eq!(
+            text(cert(vec![], Some("spiffe://example.org/ops"))).as_deref(),
+            Some("cn:spiffe://example.org/ops"),
+            "a CN is a CN whatever it says"
         );
         assert_eq!(identity_of(&cert(vec![], None)), None);
         assert_eq!(identity_of(b"not a certificate"), None);

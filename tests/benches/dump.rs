@@ -16,7 +16,7 @@ use std::{
 use bpfmap_client::{DumpOptions, MapName};
 use bpfmap_tests::{BpfFs, Daemon, u64_hash};
 use bpfmapd::kernel::{
-    MapHandle, sys,
+    MapHandle, MapOps as _,
     walk::{Position, Walker},
 };
 
@@ -53,10 +53,10 @@ fn key_by_key(handle: &MapHandle) -> u64 {
     let mut n = 0;
     loop {
         let prev = if first { None } else { Some(key.as_slice()) };
-        if sys::get_next_key(handle.fd(), prev, &mut next).is_err() {
+        if handle.get_next_key(prev, &mut next).is_err() {
             return n;
         }
-        if sys::lookup_elem(handle.fd(), &next, &mut value).is_ok() {
+        if handle.lookup(&next, &mut value).is_ok() {
             n += 1;
         }
         std::mem::swap(&mut key, &mut next);
@@ -168,10 +168,10 @@ fn main() {
             let pki = bpfmap_tests::pki::Pki::new();
             let tls_daemon = Daemon::start_with(bpfmapd::Config {
                 tls: Some(pki.server_files()),
-                rules: vec![bpfmapd::auth::RuleConfig {
+                rules: vec![bpfmapd::RuleConfig {
                     identities: vec!["bench".into()],
                     maps: vec!["**".into()],
-                    operations: vec![bpfmapd::auth::Operation::Dump],
+                    operations: vec![bpfmapd::Operation::Dump],
                 }],
                 ..Daemon::config(fs.path(), state.path())
             })

@@ -4,19 +4,18 @@
 
 use std::{
     collections::BTreeMap,
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::{Path, PathBuf},
 };
 
 use bpfmap_client::{Client, DumpOptions, Entry, MapName, Value};
 use bpfmapd::{
     Config, Running,
-    kernel::sys::{self, CreateMap},
+    kernel::{self, CreateMap},
 };
 use futures::TryStreamExt as _;
 use tempfile::TempDir;
 
-pub use bpfmapd::kernel::map_type;
+pub use bpfmapd::kernel::{MapType, OwnedMap};
 
 pub mod pki;
 
@@ -32,7 +31,7 @@ impl BpfFs {
             .prefix("bpfmapd-test-")
             .tempdir()
             .expect("cannot create a temporary directory");
-        if let Err(e) = sys::mount_bpffs(dir.path()) {
+        if let Err(e) = kernel::mount_bpffs(dir.path()) {
             panic!(
                 "these tests need root and BPF: cannot mount a private bpffs on {} ({e}); run them as root on a kernel with CONFIG_BPF_SYSCALL",
                 dir.path().display()
@@ -45,13 +44,14 @@ impl BpfFs {
         self.dir.path()
     }
 
-    /// Pins `fd` at `rel` (creating parent directories).
-    pub fn pin(&self, fd: BorrowedFd<'_>, rel: &str) -> PathBuf {
+    /// Pins `map` at `rel` (creating parent directories).
+    pub fn pin(&self, map: &OwnedMap, rel: &str) -> PathBuf {
         let path = self.path().join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).expect("mkdir in bpffs");
         }
-        sys::obj_pin(fd, &path).unwrap_or_else(|e| panic!("cannot pin {}: {e}", path.display()));
+        map.pin(&path)
+            .unwrap_or_else(|e| panic!("cannot pin {}: {e}", path.display()));
         path
     }
 }
@@ -64,14 +64,14 @@ impl Default for BpfFs {
 
 impl Drop for BpfFs {
     fn drop(&mut self) {
-        let _ = sys::umount(self.dir.path());
+        let _ = kernel::umount(self.dir.path());
     }
 }
 
 /// Creates a map (panics with the errno when the kernel refuses).
-pub fn create_map(map_type: u32, key_size: u32, value_size: u32, max_entries: u32) -> OwnedFd {
+pub fn create_map(map_type: MapType, key_size: u32, value_size: u32, max_entries: u32) -> OwnedMap {
     create_map_with(&CreateMap {
-        map_type,
+        map_type: map_type.0,
         key_size,
         value_size,
         max_entries,
@@ -80,32 +80,36 @@ pub fn create_map(map_type: u32, key_size: u32, value_size: u32, max_entries: u3
     })
 }
 
-pub fn create_map_with(params: &CreateMap<'_>) -> OwnedFd {
-    sys::create_map(params).unwrap_or_else(|e| {
+/// Creates a map with every parameter given.
+pub fn create_map_with(params: &CreateMap<'_>) -> OwnedMap {
+    OwnedMap::create(params).unwrap_or_else(|e| {
         panic!(
             "cannot create a {} map ({e}); these tests need root and BPF",
-            bpfmapd::kernel::type_name(params.map_type)
+            MapType(params.map_type)
         )
     })
 }
 
-pub fn update(fd: &OwnedFd, key: &[u8], value: &[u8]) {
-    sys::update_elem(fd.as_fd(), key, value).unwrap_or_else(|e| panic!("update: {e}"));
+/// Inserts or replaces one element.
+pub fn update(map: &OwnedMap, key: &[u8], value: &[u8]) {
+    map.update(key, value)
+        .unwrap_or_else(|e| panic!("update: {e}"));
 }
 
-pub fn delete(fd: &OwnedFd, key: &[u8]) {
-    sys::delete_elem(fd.as_fd(), key).unwrap_or_else(|e| panic!("delete: {e}"));
+/// Deletes one key.
+pub fn delete(map: &OwnedMap, key: &[u8]) {
+    map.delete(key).unwrap_or_else(|e| panic!("delete: {e}"));
 }
 
-/// Fills a map with `count` packed entries in one batch.
-pub fn update_batch(fd: &OwnedFd, keys: &[u8], values: &[u8], count: u32) {
-    sys::update_batch(fd.as_fd(), keys, values, count)
+/// Fills a map with packed entries in one batch.
+pub fn update_batch(map: &OwnedMap, keys: &[u8], values: &[u8]) {
+    map.update_batch(keys, values)
         .unwrap_or_else(|e| panic!("update_batch: {e}"));
 }
 
 /// A hash map of `n` entries, key i (u64 LE) -> value i*3 (u64 LE), pinned.
-pub fn u64_hash(fs: &BpfFs, rel: &str, n: u32, max_entries: u32) -> (OwnedFd, Entries) {
-    let fd = create_map(map_type::HASH, 8, 8, max_entries);
+pub fn u64_hash(fs: &BpfFs, rel: &str, n: u32, max_entries: u32) -> (OwnedMap, Entries) {
+    let fd = create_map(MapType::HASH, 8, 8, max_entries);
     let (mut keys, mut values, mut expected) = (Vec::new(), Vec::new(), Entries::new());
     for i in 0..u64::from(n) {
         keys.extend_from_slice(&i.to_le_bytes());
@@ -116,9 +120,9 @@ pub fn u64_hash(fs: &BpfFs, rel: &str, n: u32, max_entries: u32) -> (OwnedFd, En
         );
     }
     for (k, v) in keys.chunks(8 * 50_000).zip(values.chunks(8 * 50_000)) {
-        update_batch(&fd, k, v, (k.len() / 8) as u32);
+        update_batch(&fd, k, v);
     }
-    fs.pin(fd.as_fd(), rel);
+    fs.pin(&fd, rel);
     (fd, expected)
 }
 

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use bpfmap_client::ClientTls;
-use bpfmapd::tls::TlsFiles;
+use bpfmapd::TlsFiles;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose, SanType, date_time_ymd,
@@ -88,7 +88,7 @@ impl Pki {
         }
     }
 
-    /// A client certificate; files "<stem>.pem" and "<stem>.key".
+    /// A client certificate; files `<stem>.pem` and `<stem>.key`.
     pub fn client(&self, stem: &str, name: Name<'_>, validity: Validity) -> ClientTls {
         let mut p = CertificateParams::default();
         p.distinguished_name = DistinguishedName::new();

@@ -1,13 +1,12 @@
 //! Dumps of every map type against real kernel maps: the exact entries, in
 //! both layouts.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 
 use bpfmap_client::{DumpOptions, MapName, Value, pb};
 use bpfmap_tests::*;
 use bpfmapd::kernel::{
-    MapHandle, possible_cpus,
-    sys::{self, CreateMap},
+    CreateMap, MapHandle, possible_cpus,
     walk::{Position, Walker},
 };
 
@@ -30,21 +29,21 @@ fn per_cpu(value_size: usize, f: impl Fn(usize) -> Vec<u8>) -> (Vec<u8>, Value) 
     (raw, Value::PerCpu(list))
 }
 
-fn map_id(fd: &OwnedFd) -> u32 {
-    sys::map_info(fd.as_fd()).unwrap().id
+fn map_id(fd: &OwnedMap) -> u32 {
+    fd.id()
 }
 
 struct Case {
     name: &'static str,
-    fd: OwnedFd,
+    fd: OwnedMap,
     expected: Entries,
     type_name: &'static str,
     method: pb::DumpMethod,
     /// Inner maps that must stay alive while the outer map references them.
-    _keep: Vec<OwnedFd>,
+    _keep: Vec<OwnedMap>,
 }
 
-fn case(name: &'static str, fd: OwnedFd, expected: Entries, type_name: &'static str) -> Case {
+fn case(name: &'static str, fd: OwnedMap, expected: Entries, type_name: &'static str) -> Case {
     Case {
         name,
         fd,
@@ -55,7 +54,7 @@ fn case(name: &'static str, fd: OwnedFd, expected: Entries, type_name: &'static 
     }
 }
 
-fn hash_like(map_type: u32, max: u32, n: u32, name: &'static str, tn: &'static str) -> Case {
+fn hash_like(map_type: MapType, max: u32, n: u32, name: &'static str, tn: &'static str) -> Case {
     let fd = create_map(map_type, 8, 8, max);
     let mut expected = Entries::new();
     for i in 0..u64::from(n) {
@@ -67,7 +66,7 @@ fn hash_like(map_type: u32, max: u32, n: u32, name: &'static str, tn: &'static s
 }
 
 fn per_cpu_hash(
-    map_type: u32,
+    map_type: MapType,
     max: u32,
     n: u32,
     vs: usize,
@@ -87,15 +86,15 @@ fn per_cpu_hash(
     case(name, fd, expected, tn)
 }
 
-fn inner_template() -> OwnedFd {
-    create_map(map_type::ARRAY, 4, 4, 1)
+fn inner_template() -> OwnedMap {
+    create_map(MapType::ARRAY, 4, 4, 1)
 }
 
 /// A map of maps with inner maps at `keys`; its entries are their ids.
-fn map_of_maps(map_type: u32, max_entries: u32, keys: &[u32], name: &'static str) -> Case {
+fn map_of_maps(map_type: MapType, max_entries: u32, keys: &[u32], name: &'static str) -> Case {
     let template = inner_template();
     let outer = create_map_with(&CreateMap {
-        map_type,
+        map_type: map_type.0,
         key_size: 4,
         value_size: 4,
         max_entries,
@@ -122,10 +121,10 @@ fn map_of_maps(map_type: u32, max_entries: u32, keys: &[u32], name: &'static str
 
 fn cases() -> Vec<Case> {
     let mut cases = vec![
-        hash_like(map_type::HASH, 2048, 1000, "hash", "hash"),
-        hash_like(map_type::LRU_HASH, 4096, 500, "lru_hash", "lru_hash"),
+        hash_like(MapType::HASH, 2048, 1000, "hash", "hash"),
+        hash_like(MapType::LRU_HASH, 4096, 500, "lru_hash", "lru_hash"),
         per_cpu_hash(
-            map_type::PERCPU_HASH,
+            MapType::PERCPU_HASH,
             1024,
             300,
             8,
@@ -134,7 +133,7 @@ fn cases() -> Vec<Case> {
         ),
         // value_size 3: the kernel pads each CPU's value to 8 bytes.
         per_cpu_hash(
-            map_type::PERCPU_HASH,
+            MapType::PERCPU_HASH,
             64,
             40,
             3,
@@ -142,7 +141,7 @@ fn cases() -> Vec<Case> {
             "percpu_hash",
         ),
         per_cpu_hash(
-            map_type::LRU_PERCPU_HASH,
+            MapType::LRU_PERCPU_HASH,
             4096,
             300,
             8,
@@ -153,14 +152,14 @@ fn cases() -> Vec<Case> {
 
     // hash_of_maps: values come back as inner map ids.
     cases.push(map_of_maps(
-        map_type::HASH_OF_MAPS,
+        MapType::HASH_OF_MAPS,
         16,
         &[3, 9, 12],
         "hash_of_maps",
     ));
 
     // array: every index is an entry.
-    let fd = create_map(map_type::ARRAY, 4, 8, 100);
+    let fd = create_map(MapType::ARRAY, 4, 8, 100);
     let mut expected = Entries::new();
     for i in 0u32..100 {
         let v = (u64::from(i) * 7).to_le_bytes();
@@ -173,7 +172,7 @@ fn cases() -> Vec<Case> {
     }
     cases.push(case("array", fd, expected, "array"));
 
-    let fd = create_map(map_type::PERCPU_ARRAY, 4, 8, 16);
+    let fd = create_map(MapType::PERCPU_ARRAY, 4, 8, 16);
     let mut expected = Entries::new();
     for i in 0u32..16 {
         let (raw, value) = per_cpu(8, |cpu| {
@@ -186,7 +185,7 @@ fn cases() -> Vec<Case> {
 
     // array_of_maps with empty slots: only the set slots are entries.
     cases.push(map_of_maps(
-        map_type::ARRAY_OF_MAPS,
+        MapType::ARRAY_OF_MAPS,
         8,
         &[1, 4, 6],
         "array_of_maps",
@@ -194,7 +193,7 @@ fn cases() -> Vec<Case> {
 
     // lpm_trie: key = prefixlen (u32) + IPv4 address.
     let fd = create_map_with(&CreateMap {
-        map_type: map_type::LPM_TRIE,
+        map_type: MapType::LPM_TRIE.0,
         key_size: 8,
         value_size: 8,
         max_entries: 128,
@@ -217,7 +216,7 @@ fn cases() -> Vec<Case> {
     cases.push(case("lpm_trie", fd, expected, "lpm_trie"));
 
     // Types without batch support, walked key by key.
-    let fd = create_map(map_type::DEVMAP, 4, 4, 8);
+    let fd = create_map(MapType::DEVMAP, 4, 4, 8);
     let mut expected = Entries::new();
     for k in [0u32, 5] {
         update(&fd, &k.to_le_bytes(), &1u32.to_le_bytes()); // ifindex 1: lo
@@ -230,7 +229,7 @@ fn cases() -> Vec<Case> {
         method: pb::DumpMethod::KeyByKey,
         ..case("devmap", fd, expected, "devmap")
     });
-    let fd = create_map(map_type::DEVMAP_HASH, 4, 4, 8);
+    let fd = create_map(MapType::DEVMAP_HASH, 4, 4, 8);
     let mut expected = Entries::new();
     for k in [77u32, 1000, 3] {
         update(&fd, &k.to_le_bytes(), &1u32.to_le_bytes());
@@ -250,10 +249,10 @@ trait RawFd {
     fn as_fd_raw(&self) -> u32;
 }
 
-impl RawFd for OwnedFd {
+impl RawFd for OwnedMap {
     fn as_fd_raw(&self) -> u32 {
         use std::os::fd::AsRawFd as _;
-        self.as_raw_fd() as u32
+        self.as_fd().as_raw_fd() as u32
     }
 }
 
@@ -262,7 +261,7 @@ async fn every_map_type_dumps_exactly_its_entries_in_both_layouts() {
     let (fs, _state, daemon, client) = setup().await;
     let cases = cases();
     for c in &cases {
-        fs.pin(c.fd.as_fd(), &format!("types/{}", c.name));
+        fs.pin(&c.fd, &format!("types/{}", c.name));
     }
     for c in &cases {
         let path = format!("types/{}", c.name);
@@ -292,12 +291,12 @@ async fn empty_maps_give_no_entries_and_a_complete_summary() {
     let (fs, _state, daemon, client) = setup().await;
     let template = inner_template();
     let maps = [
-        ("hash", create_map(map_type::HASH, 8, 8, 16)),
-        ("percpu_hash", create_map(map_type::PERCPU_HASH, 8, 8, 16)),
+        ("hash", create_map(MapType::HASH, 8, 8, 16)),
+        ("percpu_hash", create_map(MapType::PERCPU_HASH, 8, 8, 16)),
         (
             "lpm",
             create_map_with(&CreateMap {
-                map_type: map_type::LPM_TRIE,
+                map_type: MapType::LPM_TRIE.0,
                 key_size: 8,
                 value_size: 8,
                 max_entries: 16,
@@ -309,7 +308,7 @@ async fn empty_maps_give_no_entries_and_a_complete_summary() {
         (
             "aom",
             create_map_with(&CreateMap {
-                map_type: map_type::ARRAY_OF_MAPS,
+                map_type: MapType::ARRAY_OF_MAPS.0,
                 key_size: 4,
                 value_size: 4,
                 max_entries: 4,
@@ -318,10 +317,10 @@ async fn empty_maps_give_no_entries_and_a_complete_summary() {
                 ..Default::default()
             }),
         ),
-        ("devmap_hash", create_map(map_type::DEVMAP_HASH, 4, 4, 8)),
+        ("devmap_hash", create_map(MapType::DEVMAP_HASH, 4, 4, 8)),
     ];
     for (name, fd) in &maps {
-        fs.pin(fd.as_fd(), &format!("empty/{name}"));
+        fs.pin(fd, &format!("empty/{name}"));
     }
     for (name, _) in &maps {
         let map: MapName = format!("empty/{name}").parse().unwrap();
@@ -397,8 +396,8 @@ async fn chunk_size_one_over_grpc_gives_every_entry_of_colliding_buckets() {
 async fn lookup_reports_present_and_absent_keys_in_order() {
     let (fs, _state, daemon, client) = setup().await;
     let (_fd, _) = u64_hash(&fs, "m", 100, 128);
-    let pc = per_cpu_hash(map_type::PERCPU_HASH, 16, 2, 8, "pc", "percpu_hash");
-    fs.pin(pc.fd.as_fd(), "pc");
+    let pc = per_cpu_hash(MapType::PERCPU_HASH, 16, 2, 8, "pc", "percpu_hash");
+    fs.pin(&pc.fd, "pc");
     let map: MapName = "m".parse().unwrap();
     let keys = vec![5u64.to_le_bytes().to_vec(), 500u64.to_le_bytes().to_vec()];
     let r = client.lookup(&map, keys.clone()).await.unwrap();

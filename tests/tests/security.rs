@@ -9,11 +9,7 @@ use bpfmap_tests::{
     pki::{Name, Pki, Validity},
     *,
 };
-use bpfmapd::{
-    Config,
-    auth::{Operation, RuleConfig},
-    config::Limits,
-};
+use bpfmapd::{Config, Limits, Operation, RuleConfig};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Code;
 
@@ -157,7 +153,11 @@ async fn without_a_client_certificate_only_health_answers() {
 
 #[tokio::test]
 async fn certificates_from_another_ca_expired_or_not_yet_valid_are_refused() {
-    let s = Secure::start(vec![rule(&["*"], &["**"], &all_ops())], Limits::default()).await;
+    let s = Secure::start(
+        vec![rule(&["spiffe://**"], &["**"], &all_ops())],
+        Limits::default(),
+    )
+    .await;
     let other = Pki::new();
     let foreign = other.client("foreign", Name::Spiffe(OPS), Validity::Now);
     // Trust our CA for the server, present the other CA's certificate.
@@ -196,8 +196,8 @@ async fn the_policy_decides_who_sees_and_reads_what() {
     let s = Secure::start(
         vec![
             rule(&["spiffe://example.org/ops/*"], &["demo/*"], &[List, Dump]),
-            rule(&["reader.example.org"], &["other/*"], &[Lookup]),
-            rule(&["dumper"], &["demo/a"], &[Dump]),
+            rule(&["dns:reader.example.org"], &["other/*"], &[Lookup]),
+            rule(&["cn:dumper"], &["demo/a"], &[Dump]),
         ],
         Limits::default(),
     )
@@ -268,6 +268,12 @@ async fn the_policy_decides_who_sees_and_reads_what() {
             .unwrap_err(),
     );
     denied(dump(&nobody, "demo/a").await.unwrap_err());
+    // A certificate whose only name is a CN that reads like an allowed SPIFFE
+    // ID is a CN identity: it gets nothing.
+    let impostor = s.client("impostor", Name::Cn(OPS)).await;
+    let e = denied(dump(&impostor, "demo/a").await.unwrap_err());
+    assert!(e.contains(&format!("cn:{OPS}")), "{e}");
+    assert!(impostor.list_maps().await.unwrap().is_empty());
     denied(
         nobody
             .get_map(&"demo/a".parse().unwrap())

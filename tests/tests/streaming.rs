@@ -1,7 +1,6 @@
 //! Resuming, cancelling, restarts, network cuts and concurrent writers.
 
 use std::{
-    os::fd::AsFd,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -36,7 +35,7 @@ async fn resuming_from_each_chunk_cursor_gives_exactly_the_rest() {
     let (fs, _state, daemon, client) = setup().await;
     let (_h, expected_hash) = u64_hash(&fs, "hash", 2000, 4096);
     // The generic (last-key) path: an array and a trie.
-    let arr = create_map(map_type::ARRAY, 4, 4, 300);
+    let arr = create_map(MapType::ARRAY, 4, 4, 300);
     let mut expected_arr = Entries::new();
     for i in 0u32..300 {
         update(&arr, &i.to_le_bytes(), &(i * 2).to_le_bytes());
@@ -45,7 +44,7 @@ async fn resuming_from_each_chunk_cursor_gives_exactly_the_rest() {
             bpfmap_client::Value::Single((i * 2).to_le_bytes().to_vec()),
         );
     }
-    fs.pin(arr.as_fd(), "array");
+    fs.pin(&arr, "array");
     for (map, expected, chunk) in [("hash", &expected_hash, 100), ("array", &expected_arr, 32)] {
         let all = chunks(&client, map, opts(chunk, None)).await;
         assert!(all.len() > 5, "{map}: {} chunks", all.len());
@@ -204,7 +203,7 @@ async fn a_hash_map_updated_during_a_dump_yields_no_duplicates() {
             let mut i = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let k = (i % 10_000).to_le_bytes();
-                let _ = bpfmapd::kernel::sys::delete_elem(fd.as_fd(), &k);
+                let _ = fd.delete(&k);
                 update(&fd, &k, &(i * 3).to_le_bytes());
                 i += 1;
             }

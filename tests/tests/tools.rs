@@ -1,10 +1,8 @@
 //! What a person at a terminal sees: grpcurl through server reflection, and
 //! bpfmapctl's JSON Lines.
 
-use std::os::fd::AsFd;
-
 use base64::Engine as _;
-use bpfmap_client::{Value, cli};
+use bpfmap_client::Value;
 use bpfmap_tests::*;
 use clap::Parser as _;
 use serde_json::Value as Json;
@@ -37,8 +35,8 @@ async fn grpcurl_lists_describes_and_dumps_through_reflection() {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let (_fd, expected) = u64_hash(&fs, "demo/flows", 300, 512);
-    let pc = create_map(map_type::PERCPU_ARRAY, 4, 8, 2);
-    fs.pin(pc.as_fd(), "demo/counters");
+    let pc = create_map(MapType::PERCPU_ARRAY, 4, 8, 2);
+    fs.pin(&pc, "demo/counters");
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let addr = daemon.running.local_addr().to_string();
 
@@ -153,9 +151,9 @@ async fn grpcurl_lists_describes_and_dumps_through_reflection() {
 async fn ctl(addr: &str, args: &[&str]) -> (anyhow::Result<()>, Vec<Json>, String) {
     let mut argv = vec!["bpfmapctl", "--addr", addr];
     argv.extend_from_slice(args);
-    let cli = cli::Cli::try_parse_from(argv).expect("valid command line");
+    let cli = bpfmapctl::Cli::try_parse_from(argv).expect("valid command line");
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let result = cli::run(cli, &mut out, &mut err).await;
+    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
     let lines = String::from_utf8(out)
         .unwrap()
         .lines()
@@ -217,7 +215,7 @@ async fn bpfmapctl_prints_json_lines() {
 
     let (r, _, _) = ctl(&addr, &["show", "missing"]).await;
     let e = r.unwrap_err().to_string();
-    assert!(e.starts_with("NOT_FOUND: map \"missing\" not found"), "{e}");
+    assert!(e.starts_with("NOT_FOUND: map missing not found"), "{e}");
     let (r, _, _) = ctl(&addr, &["lookup", "m", "zz"]).await;
     assert!(r.unwrap_err().to_string().contains("not a hex string"));
     daemon.stop().await;

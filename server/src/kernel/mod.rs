@@ -1,96 +1,23 @@
-//! Kernel maps: opening them read-only, describing them, walking them.
+//! Kernel maps: their types, opening them read-only, reading them.
 //!
-//! `sys` holds every syscall; `walk` turns batch and key-by-key reads into
-//! chunks through the [`MapOps`] seam, which unit tests replace to reach the
-//! error paths the kernel will not produce on demand.
+//! `sys` holds every syscall. [`MapHandle`] is a read-only map that knows its
+//! key and value sizes and checks every buffer against them, so no call made
+//! through it can let the kernel write past a buffer. [`Walker`](walk::Walker)
+//! turns batch and key-by-key reads into chunks through the [`MapOps`] seam,
+//! which unit tests replace to reach the error paths the kernel will not
+//! produce on demand. Creating and writing maps (the demo, the tests) goes
+//! through [`OwnedMap`], a separate type that the read path never sees.
 
-pub mod sys;
+mod handle;
+mod owned;
+mod sys;
 pub mod walk;
 
-use std::{
-    borrow::Cow,
-    os::fd::{AsFd, BorrowedFd, OwnedFd},
-    path::Path,
-    sync::OnceLock,
-};
+use std::{borrow::Cow, fmt, sync::OnceLock};
 
-pub use sys::{SysResult, SyscallError};
-
-/// Kernel map type numbers (enum bpf_map_type) used in this crate.
-pub mod map_type {
-    pub const HASH: u32 = 1;
-    pub const ARRAY: u32 = 2;
-    pub const PROG_ARRAY: u32 = 3;
-    pub const PERF_EVENT_ARRAY: u32 = 4;
-    pub const PERCPU_HASH: u32 = 5;
-    pub const PERCPU_ARRAY: u32 = 6;
-    pub const STACK_TRACE: u32 = 7;
-    pub const CGROUP_ARRAY: u32 = 8;
-    pub const LRU_HASH: u32 = 9;
-    pub const LRU_PERCPU_HASH: u32 = 10;
-    pub const LPM_TRIE: u32 = 11;
-    pub const ARRAY_OF_MAPS: u32 = 12;
-    pub const HASH_OF_MAPS: u32 = 13;
-    pub const DEVMAP: u32 = 14;
-    pub const SOCKMAP: u32 = 15;
-    pub const CPUMAP: u32 = 16;
-    pub const XSKMAP: u32 = 17;
-    pub const SOCKHASH: u32 = 18;
-    pub const CGROUP_STORAGE: u32 = 19;
-    pub const REUSEPORT_SOCKARRAY: u32 = 20;
-    pub const PERCPU_CGROUP_STORAGE: u32 = 21;
-    pub const QUEUE: u32 = 22;
-    pub const STACK: u32 = 23;
-    pub const DEVMAP_HASH: u32 = 25;
-    pub const STRUCT_OPS: u32 = 26;
-    pub const RINGBUF: u32 = 27;
-    pub const BLOOM_FILTER: u32 = 30;
-}
-
-const TYPE_NAMES: &[&str] = &[
-    "unspec",
-    "hash",
-    "array",
-    "prog_array",
-    "perf_event_array",
-    "percpu_hash",
-    "percpu_array",
-    "stack_trace",
-    "cgroup_array",
-    "lru_hash",
-    "lru_percpu_hash",
-    "lpm_trie",
-    "array_of_maps",
-    "hash_of_maps",
-    "devmap",
-    "sockmap",
-    "cpumap",
-    "xskmap",
-    "sockhash",
-    "cgroup_storage",
-    "reuseport_sockarray",
-    "percpu_cgroup_storage",
-    "queue",
-    "stack",
-    "sk_storage",
-    "devmap_hash",
-    "struct_ops",
-    "ringbuf",
-    "inode_storage",
-    "task_storage",
-    "bloom_filter",
-    "user_ringbuf",
-    "cgrp_storage",
-    "arena",
-];
-
-/// Readable name of a kernel map type ("hash", "percpu_array", ...).
-pub fn type_name(map_type: u32) -> Cow<'static, str> {
-    match TYPE_NAMES.get(map_type as usize) {
-        Some(name) => Cow::Borrowed(name),
-        None => Cow::Owned(format!("unknown({map_type})")),
-    }
-}
+pub use handle::MapHandle;
+pub use owned::OwnedMap;
+pub use sys::{CreateMap, ENOTSUPP, SysResult, SyscallError, is_bpffs, mount_bpffs, umount};
 
 /// How a map of a given type can be walked from user space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,46 +32,139 @@ pub enum Method {
     None,
 }
 
-/// Dump method for a map type (see the support table in the README).
-pub fn method_for(map_type: u32) -> Method {
-    use map_type::*;
-    match map_type {
-        HASH | LRU_HASH | PERCPU_HASH | LRU_PERCPU_HASH | HASH_OF_MAPS => Method::BatchBucket,
-        ARRAY | PERCPU_ARRAY | ARRAY_OF_MAPS | LPM_TRIE => Method::BatchKey,
-        PROG_ARRAY
-        | PERF_EVENT_ARRAY
-        | STACK_TRACE
-        | CGROUP_ARRAY
-        | DEVMAP
-        | SOCKMAP
-        | CPUMAP
-        | XSKMAP
-        | SOCKHASH
-        | CGROUP_STORAGE
-        | REUSEPORT_SOCKARRAY
-        | PERCPU_CGROUP_STORAGE
-        | DEVMAP_HASH
-        | STRUCT_OPS => Method::KeyByKey,
-        _ => Method::None,
+/// What the daemon knows about one kernel map type.
+struct TypeRow {
+    name: &'static str,
+    method: Method,
+    per_cpu: bool,
+    /// get_next_key silently restarts from the first key when given a key
+    /// that no longer exists.
+    restarts: bool,
+}
+
+const fn row(name: &'static str, method: Method, per_cpu: bool, restarts: bool) -> TypeRow {
+    TypeRow {
+        name,
+        method,
+        per_cpu,
+        restarts,
     }
 }
 
-/// Types whose get_next_key silently restarts from the first key when given a
-/// key that no longer exists. Resuming after a deleted key must be refused for
-/// them, or entries would repeat.
-pub fn restarts_on_missing_key(map_type: u32) -> bool {
-    use map_type::*;
-    // Hash-family maps are walked by bucket index, not by key.
-    matches!(map_type, LPM_TRIE | DEVMAP_HASH | SOCKHASH)
+use Method::{BatchBucket as BUCKET, BatchKey as BKEY, KeyByKey as KBK, None as NONE};
+
+/// Every map type, indexed by its number in the kernel's enum bpf_map_type
+/// (see the support table in the README).
+const TYPES: [TypeRow; 34] = [
+    row("unspec", NONE, false, false),
+    row("hash", BUCKET, false, false),
+    row("array", BKEY, false, false),
+    row("prog_array", KBK, false, false),
+    row("perf_event_array", KBK, false, false),
+    row("percpu_hash", BUCKET, true, false),
+    row("percpu_array", BKEY, true, false),
+    row("stack_trace", KBK, false, false),
+    row("cgroup_array", KBK, false, false),
+    row("lru_hash", BUCKET, false, false),
+    row("lru_percpu_hash", BUCKET, true, false),
+    row("lpm_trie", BKEY, false, true),
+    row("array_of_maps", BKEY, false, false),
+    row("hash_of_maps", BUCKET, false, false),
+    row("devmap", KBK, false, false),
+    row("sockmap", KBK, false, false),
+    row("cpumap", KBK, false, false),
+    row("xskmap", KBK, false, false),
+    row("sockhash", KBK, false, true),
+    row("cgroup_storage", KBK, false, false),
+    row("reuseport_sockarray", KBK, false, false),
+    row("percpu_cgroup_storage", KBK, true, false),
+    row("queue", NONE, false, false),
+    row("stack", NONE, false, false),
+    row("sk_storage", NONE, false, false),
+    row("devmap_hash", KBK, false, true),
+    row("struct_ops", KBK, false, false),
+    row("ringbuf", NONE, false, false),
+    row("inode_storage", NONE, false, false),
+    row("task_storage", NONE, false, false),
+    row("bloom_filter", NONE, false, false),
+    row("user_ringbuf", NONE, false, false),
+    row("cgrp_storage", NONE, false, false),
+    row("arena", NONE, false, false),
+];
+
+/// A kernel map type (its number in enum bpf_map_type).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MapType(pub u32);
+
+#[allow(missing_docs, reason = "the kernel's names")]
+impl MapType {
+    pub const HASH: Self = Self(1);
+    pub const ARRAY: Self = Self(2);
+    pub const PROG_ARRAY: Self = Self(3);
+    pub const PERF_EVENT_ARRAY: Self = Self(4);
+    pub const PERCPU_HASH: Self = Self(5);
+    pub const PERCPU_ARRAY: Self = Self(6);
+    pub const STACK_TRACE: Self = Self(7);
+    pub const CGROUP_ARRAY: Self = Self(8);
+    pub const LRU_HASH: Self = Self(9);
+    pub const LRU_PERCPU_HASH: Self = Self(10);
+    pub const LPM_TRIE: Self = Self(11);
+    pub const ARRAY_OF_MAPS: Self = Self(12);
+    pub const HASH_OF_MAPS: Self = Self(13);
+    pub const DEVMAP: Self = Self(14);
+    pub const SOCKMAP: Self = Self(15);
+    pub const CPUMAP: Self = Self(16);
+    pub const XSKMAP: Self = Self(17);
+    pub const SOCKHASH: Self = Self(18);
+    pub const QUEUE: Self = Self(22);
+    pub const STACK: Self = Self(23);
+    pub const DEVMAP_HASH: Self = Self(25);
+    pub const RINGBUF: Self = Self(27);
+    pub const BLOOM_FILTER: Self = Self(30);
 }
 
-/// Whether a map type stores one value per possible CPU.
-pub fn is_per_cpu(map_type: u32) -> bool {
-    use map_type::*;
-    matches!(
-        map_type,
-        PERCPU_HASH | PERCPU_ARRAY | LRU_PERCPU_HASH | PERCPU_CGROUP_STORAGE
-    )
+impl MapType {
+    fn row(self) -> Option<&'static TypeRow> {
+        TYPES.get(self.0 as usize)
+    }
+
+    /// Readable name ("hash", "percpu_array", ...); "unknown(N)" for a type
+    /// newer than this daemon.
+    pub fn name(self) -> Cow<'static, str> {
+        match self.row() {
+            Some(r) => Cow::Borrowed(r.name),
+            None => Cow::Owned(format!("unknown({})", self.0)),
+        }
+    }
+
+    /// How maps of this type are walked.
+    pub fn method(self) -> Method {
+        self.row().map_or(Method::None, |r| r.method)
+    }
+
+    /// Whether the type stores one value per possible CPU.
+    pub fn is_per_cpu(self) -> bool {
+        self.row().is_some_and(|r| r.per_cpu)
+    }
+
+    /// Whether get_next_key silently restarts from the first key when given
+    /// a key that no longer exists. Resuming after a deleted key must be
+    /// detected for these types, or entries would repeat.
+    pub fn restarts_on_missing_key(self) -> bool {
+        self.row().is_some_and(|r| r.restarts)
+    }
+}
+
+impl fmt::Display for MapType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl fmt::Debug for MapType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.name(), self.0)
+    }
 }
 
 /// Number of possible CPUs (`/sys/devices/system/cpu/possible`), the length
@@ -154,29 +174,55 @@ pub fn possible_cpus() -> u32 {
     *CPUS.get_or_init(|| aya::util::nr_cpus().map_or(1, |n| n as u32))
 }
 
+/// Whether an errno from `BPF_MAP_LOOKUP_BATCH` means "this map type has no
+/// batch lookup" rather than a failure.
+pub fn batch_unsupported(errno: Option<i32>) -> bool {
+    matches!(errno, Some(libc::EOPNOTSUPP) | Some(ENOTSUPP))
+}
+
+/// Whether an errno from get_next_key or an element lookup means "this map
+/// type does not support the operation from user space" (some types answer
+/// EINVAL rather than ENOTSUPP).
+pub fn elem_unsupported(errno: Option<i32>) -> bool {
+    batch_unsupported(errno) || errno == Some(libc::EINVAL)
+}
+
 /// What the kernel says about a map (`BPF_OBJ_GET_INFO_BY_FD`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapMeta {
+    /// Kernel map id.
     pub id: u32,
+    /// Kernel name (at most 15 bytes).
     pub name: String,
-    pub map_type: u32,
+    /// The map's type.
+    pub map_type: MapType,
+    /// Key size in bytes.
     pub key_size: u32,
+    /// Value size in bytes (one CPU's value for per-CPU maps).
     pub value_size: u32,
+    /// Capacity.
     pub max_entries: u32,
+    /// `map_flags` as given at creation.
     pub flags: u32,
+    /// BTF object id, 0 when the map has none.
     pub btf_id: u32,
+    /// Key type id inside the BTF object.
     pub btf_key_type_id: u32,
+    /// Value type id inside the BTF object.
     pub btf_value_type_id: u32,
+    /// Possible CPUs on this host.
     pub possible_cpus: u32,
 }
 
 impl MapMeta {
+    /// Whether entries carry one value per possible CPU.
     pub fn per_cpu(&self) -> bool {
-        is_per_cpu(self.map_type)
+        self.map_type.is_per_cpu()
     }
 
+    /// How the map is walked.
     pub fn method(&self) -> Method {
-        method_for(self.map_type)
+        self.map_type.method()
     }
 
     /// Bytes of one CPU's value inside kernel buffers (8-byte aligned).
@@ -203,13 +249,40 @@ impl MapMeta {
         }
     }
 
+    /// Bytes of the batch position token (a u32 bucket index for hash-family
+    /// maps, the last key otherwise).
+    pub fn token_size(&self) -> usize {
+        match self.method() {
+            Method::BatchBucket => 4,
+            _ => self.key_size as usize,
+        }
+    }
+
+    /// Appends kernel-layout values (per-CPU values padded to 8 bytes) to
+    /// `out` in the wire layout (padding removed).
+    pub fn append_wire_values(&self, kernel_values: &[u8], out: &mut Vec<u8>) {
+        if self.per_cpu() {
+            let (stride, vs) = (self.cpu_stride(), self.value_size as usize);
+            for cpu_value in kernel_values.chunks(stride) {
+                out.extend_from_slice(&cpu_value[..vs]);
+            }
+        } else {
+            out.extend_from_slice(kernel_values);
+        }
+    }
+
+    /// A wire-layout per-CPU value split into the values of each CPU.
+    pub fn split_cpus<'a>(&self, wire_value: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+        wire_value.chunks((self.value_size as usize).max(1))
+    }
+
     /// A digest of what makes a map "the same map" apart from its id: type,
     /// sizes, flags and name. A cursor carries it so that a map replaced under
     /// the same path (or a recycled id) is detected.
     pub fn fingerprint(&self) -> [u8; 8] {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         for v in [
-            self.map_type,
+            self.map_type.0,
             self.key_size,
             self.value_size,
             self.max_entries,
@@ -234,7 +307,7 @@ impl MapMeta {
         Self {
             id: info.id,
             name: String::from_utf8_lossy(&name_bytes).into_owned(),
-            map_type: info.type_,
+            map_type: MapType(info.type_),
             key_size: info.key_size,
             value_size: info.value_size,
             max_entries: info.max_entries,
@@ -247,20 +320,16 @@ impl MapMeta {
     }
 }
 
-/// An open, read-only map.
-#[derive(Debug)]
-pub struct MapHandle {
-    fd: OwnedFd,
-    meta: MapMeta,
-}
-
 /// Why a map could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// Nothing at that path or id.
     #[error("no such map")]
     NotFound,
+    /// The object is a program, link or BTF object.
     #[error("the object is not a BPF map")]
     NotAMap,
+    /// Any other kernel error.
     #[error(transparent)]
     Syscall(#[from] SyscallError),
 }
@@ -274,43 +343,30 @@ impl OpenError {
     }
 }
 
-impl MapHandle {
-    /// Opens the map pinned at `path`, read-only.
-    pub fn open_pinned(path: &Path) -> Result<Self, OpenError> {
-        let fd = sys::obj_get_rdonly(path).map_err(OpenError::from_sys)?;
-        Self::from_fd(fd)
-    }
-
-    /// Opens a map by kernel id, read-only.
-    pub fn open_id(id: u32) -> Result<Self, OpenError> {
-        let fd = sys::map_get_fd_by_id_rdonly(id).map_err(OpenError::from_sys)?;
-        Self::from_fd(fd)
-    }
-
-    /// Wraps an fd (which must refer to a map).
-    pub fn from_fd(fd: OwnedFd) -> Result<Self, OpenError> {
-        if !sys::is_map_fd(fd.as_fd()) {
-            return Err(OpenError::NotAMap);
-        }
-        let info = sys::map_info(fd.as_fd())?;
-        Ok(Self {
-            fd,
-            meta: MapMeta::from_info(&info),
-        })
-    }
-
-    pub fn meta(&self) -> &MapMeta {
-        &self.meta
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
+/// Why a lookup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The map type has no lookup from user space.
+    #[error("maps of type {0} do not support lookups from user space")]
+    Unsupported(MapType),
+    /// A key whose length is not the map's key size.
+    #[error("the key is {got} bytes; the map has {expected}-byte keys")]
+    KeySize {
+        /// The map's key size.
+        expected: usize,
+        /// The key's length.
+        got: usize,
+    },
+    /// Any other kernel error.
+    #[error(transparent)]
+    Syscall(#[from] SyscallError),
 }
 
-/// The operations a walk needs. The daemon uses [`MapHandle`]; unit tests
-/// replace it with a scripted fake.
+/// The operations a walk needs, with buffers the implementation checks
+/// against the map's sizes. The daemon uses [`MapHandle`]; unit tests replace
+/// it with a scripted fake.
 pub trait MapOps {
+    /// `BPF_MAP_LOOKUP_BATCH`; see [`Walker`](walk::Walker) for the contract.
     fn lookup_batch(
         &self,
         in_batch: Option<&[u8]>,
@@ -319,27 +375,34 @@ pub trait MapOps {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()>;
+    /// The key after `key` (the first key for `None`), into `next`.
     fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()>;
+    /// The value of `key`, in the kernel's layout, into `value`.
     fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()>;
 }
 
-impl MapOps for MapHandle {
-    fn lookup_batch(
-        &self,
-        in_batch: Option<&[u8]>,
-        out_batch: &mut [u8],
-        keys: &mut [u8],
-        values: &mut [u8],
-        count: &mut u32,
-    ) -> SysResult<()> {
-        sys::lookup_batch(self.fd(), in_batch, out_batch, keys, values, count)
-    }
-
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
-        sys::get_next_key(self.fd(), key, next)
-    }
-
-    fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
-        sys::lookup_elem(self.fd(), key, value)
-    }
+/// The maps the kernel knows, by id (`BPF_MAP_GET_NEXT_ID`; needs
+/// CAP_SYS_ADMIN). Stops at the first error, which it yields.
+pub fn map_ids() -> impl Iterator<Item = SysResult<u32>> {
+    let mut id = 0;
+    let mut done = false;
+    std::iter::from_fn(move || {
+        if done {
+            return None;
+        }
+        match sys::map_get_next_id(id) {
+            Ok(Some(next)) => {
+                id = next;
+                Some(Ok(next))
+            }
+            Ok(None) => {
+                done = true;
+                None
+            }
+            Err(e) => {
+                done = true;
+                Some(Err(e))
+            }
+        }
+    })
 }

@@ -1,12 +1,18 @@
-//! The only place that talks to `bpf(2)` and `mount(2)`. Every unsafe block of
-//! the daemon lives here, each with its SAFETY note. Everything above this
-//! module speaks in slices, file descriptors and [`SyscallError`]s.
+//! The only place that talks to `bpf(2)`, `mount(2)` and `statfs(2)`. Every
+//! unsafe block of the daemon lives here, each with its SAFETY note.
+//!
+//! Functions whose soundness depends on their arguments (buffers the kernel
+//! writes into, sized by the map behind an fd) are `unsafe fn` and visible
+//! only to the `kernel` module: [`super::MapHandle`] and [`super::OwnedMap`]
+//! check every buffer against the map's sizes before calling them. Everything
+//! else here is safe whatever it is given.
+#![allow(unsafe_code, reason = "the syscall seam")]
 
 use std::{
     ffi::{CStr, CString},
     io,
     mem::{self, MaybeUninit},
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
     path::Path,
 };
 
@@ -16,16 +22,27 @@ use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_cmd, bpf_map_info};
 #[derive(Debug, thiserror::Error)]
 #[error("{call} failed: {io_error}")]
 pub struct SyscallError {
+    /// The command, e.g. "BPF_MAP_LOOKUP_BATCH".
     pub call: &'static str,
+    /// The error the kernel returned.
     pub io_error: io::Error,
 }
 
 impl SyscallError {
+    /// The errno, when the error came from the kernel.
     pub fn errno(&self) -> Option<i32> {
         self.io_error.raw_os_error()
     }
+
+    pub(super) fn invalid_input(call: &'static str, message: String) -> Self {
+        Self {
+            call,
+            io_error: io::Error::new(io::ErrorKind::InvalidInput, message),
+        }
+    }
 }
 
+/// The result of a syscall wrapper.
 pub type SysResult<T> = Result<T, SyscallError>;
 
 /// `ENOTSUPP` (524): the kernel-internal "operation not supported" that the
@@ -40,10 +57,15 @@ fn zeroed_attr() -> bpf_attr {
     unsafe { mem::zeroed() }
 }
 
-fn bpf(call: &'static str, cmd: bpf_cmd, attr: &mut bpf_attr) -> SysResult<i64> {
-    // SAFETY: `attr` is a valid, fully initialised bpf_attr that outlives the
-    // call; every pointer stored in it by our callers refers to a live buffer
-    // of the size the kernel will write for this command.
+/// Issues `bpf(cmd, attr)`.
+///
+/// # Safety
+/// Every pointer stored in `attr` must refer to a live buffer at least as
+/// large as what the kernel reads or writes through it for `cmd`, given the
+/// other fields of `attr` and the object behind any fd in it.
+unsafe fn bpf(call: &'static str, cmd: bpf_cmd, attr: &mut bpf_attr) -> SysResult<i64> {
+    // SAFETY: `attr` is a valid bpf_attr that outlives the call; the caller
+    // guarantees that the buffers it points to fit the command.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -62,18 +84,19 @@ fn bpf(call: &'static str, cmd: bpf_cmd, attr: &mut bpf_attr) -> SysResult<i64> 
     }
 }
 
-fn owned_fd(ret: i64) -> OwnedFd {
-    // SAFETY: the bpf commands that create an fd return a new descriptor that
-    // nothing else owns.
+/// Takes ownership of a descriptor a bpf command just created.
+///
+/// # Safety
+/// `ret` must be a new file descriptor that nothing else owns.
+unsafe fn owned_fd(ret: i64) -> OwnedFd {
+    // SAFETY: guaranteed by the caller.
     unsafe { OwnedFd::from_raw_fd(ret as RawFd) }
 }
 
 fn cstring(path: &Path, call: &'static str) -> SysResult<CString> {
     use std::os::unix::ffi::OsStrExt as _;
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| SyscallError {
-        call,
-        io_error: io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"),
-    })
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| SyscallError::invalid_input(call, "path contains a NUL byte".into()))
 }
 
 fn ptr<T>(p: *const T) -> u64 {
@@ -81,36 +104,46 @@ fn ptr<T>(p: *const T) -> u64 {
 }
 
 /// Opens a pinned object read-only (`BPF_OBJ_GET` with `BPF_F_RDONLY`).
-pub fn obj_get_rdonly(path: &Path) -> SysResult<OwnedFd> {
+pub(super) fn obj_get_rdonly(path: &Path) -> SysResult<OwnedFd> {
     let c = cstring(path, "BPF_OBJ_GET")?;
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_4.pathname = ptr(c.as_ptr());
     attr.__bindgen_anon_4.file_flags = BPF_F_RDONLY;
-    bpf("BPF_OBJ_GET", bpf_cmd::BPF_OBJ_GET, &mut attr).map(owned_fd)
+    // SAFETY: the only pointer is the NUL-terminated path, alive for the call.
+    let ret = unsafe { bpf("BPF_OBJ_GET", bpf_cmd::BPF_OBJ_GET, &mut attr) }?;
+    // SAFETY: BPF_OBJ_GET returns a new descriptor.
+    Ok(unsafe { owned_fd(ret) })
 }
 
 /// Opens a map by kernel id, read-only. Needs CAP_SYS_ADMIN.
-pub fn map_get_fd_by_id_rdonly(id: u32) -> SysResult<OwnedFd> {
+pub(super) fn map_get_fd_by_id_rdonly(id: u32) -> SysResult<OwnedFd> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_6.__bindgen_anon_1.map_id = id;
     attr.__bindgen_anon_6.open_flags = BPF_F_RDONLY;
-    bpf(
-        "BPF_MAP_GET_FD_BY_ID",
-        bpf_cmd::BPF_MAP_GET_FD_BY_ID,
-        &mut attr,
-    )
-    .map(owned_fd)
+    // SAFETY: no pointers in the attribute.
+    let ret = unsafe {
+        bpf(
+            "BPF_MAP_GET_FD_BY_ID",
+            bpf_cmd::BPF_MAP_GET_FD_BY_ID,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: BPF_MAP_GET_FD_BY_ID returns a new descriptor.
+    Ok(unsafe { owned_fd(ret) })
 }
 
 /// The next map id after `start` (`BPF_MAP_GET_NEXT_ID`); `None` at the end.
-pub fn map_get_next_id(start: u32) -> SysResult<Option<u32>> {
+pub(super) fn map_get_next_id(start: u32) -> SysResult<Option<u32>> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_6.__bindgen_anon_1.start_id = start;
-    match bpf(
-        "BPF_MAP_GET_NEXT_ID",
-        bpf_cmd::BPF_MAP_GET_NEXT_ID,
-        &mut attr,
-    ) {
+    // SAFETY: no pointers in the attribute.
+    match unsafe {
+        bpf(
+            "BPF_MAP_GET_NEXT_ID",
+            bpf_cmd::BPF_MAP_GET_NEXT_ID,
+            &mut attr,
+        )
+    } {
         // SAFETY: reading a u32 field of the union the kernel just wrote.
         Ok(_) => Ok(Some(unsafe { attr.__bindgen_anon_6.next_id })),
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
@@ -119,24 +152,27 @@ pub fn map_get_next_id(start: u32) -> SysResult<Option<u32>> {
 }
 
 /// Whether `fd` refers to a BPF map (and not a program, link or BTF object).
-pub fn is_map_fd(fd: BorrowedFd<'_>) -> bool {
+pub(super) fn is_map_fd(fd: BorrowedFd<'_>) -> bool {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .map(|target| target.as_os_str() == "anon_inode:bpf-map")
         .unwrap_or(false)
 }
 
 /// `BPF_OBJ_GET_INFO_BY_FD` for a map.
-pub fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
+pub(super) fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
     let mut info = MaybeUninit::<bpf_map_info>::zeroed();
     let mut attr = zeroed_attr();
     attr.info.bpf_fd = fd.as_raw_fd() as u32;
     attr.info.info_len = mem::size_of::<bpf_map_info>() as u32;
     attr.info.info = ptr(info.as_mut_ptr());
-    bpf(
-        "BPF_OBJ_GET_INFO_BY_FD",
-        bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
-        &mut attr,
-    )?;
+    // SAFETY: `info` is a writable bpf_map_info of exactly info_len bytes.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
     // SAFETY: the buffer was zero-initialised (a valid bpf_map_info) and the
     // kernel wrote at most info_len bytes of it.
     Ok(unsafe { info.assume_init() })
@@ -145,7 +181,13 @@ pub fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
 /// `BPF_MAP_LOOKUP_BATCH`. `count` holds the capacity on entry and the number
 /// of entries copied on return, also when the call fails with ENOENT (the end
 /// of the map).
-pub fn lookup_batch(
+///
+/// # Safety
+/// `fd` must be a map whose batch token is at most `out_batch.len()` bytes
+/// (4 for hash-family maps, the key size otherwise), and `keys` and `values`
+/// must hold `*count` keys and `*count` kernel-sized values of that map.
+/// `in_batch`, when given, must be as large as the token.
+pub(super) unsafe fn lookup_batch(
     fd: BorrowedFd<'_>,
     in_batch: Option<&[u8]>,
     out_batch: &mut [u8],
@@ -160,103 +202,156 @@ pub fn lookup_batch(
     attr.batch.keys = ptr(keys.as_mut_ptr());
     attr.batch.values = ptr(values.as_mut_ptr());
     attr.batch.count = *count;
-    let ret = bpf(
-        "BPF_MAP_LOOKUP_BATCH",
-        bpf_cmd::BPF_MAP_LOOKUP_BATCH,
-        &mut attr,
-    );
+    // SAFETY: the caller guarantees the buffers fit `count` elements of the map.
+    let ret = unsafe {
+        bpf(
+            "BPF_MAP_LOOKUP_BATCH",
+            bpf_cmd::BPF_MAP_LOOKUP_BATCH,
+            &mut attr,
+        )
+    };
     // SAFETY: the kernel writes `count` back in both success and failure.
     *count = unsafe { attr.batch.count };
     ret.map(drop)
 }
 
 /// `BPF_MAP_GET_NEXT_KEY`: `key = None` asks for the first key.
-pub fn get_next_key(fd: BorrowedFd<'_>, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
+///
+/// # Safety
+/// `fd` must be a map whose keys are `next.len()` bytes (and `key.len()`).
+pub(super) unsafe fn get_next_key(
+    fd: BorrowedFd<'_>,
+    key: Option<&[u8]>,
+    next: &mut [u8],
+) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = key.map_or(0, |k| ptr(k.as_ptr()));
     attr.__bindgen_anon_2.__bindgen_anon_1.next_key = ptr(next.as_mut_ptr());
-    bpf(
-        "BPF_MAP_GET_NEXT_KEY",
-        bpf_cmd::BPF_MAP_GET_NEXT_KEY,
-        &mut attr,
-    )
+    // SAFETY: the caller guarantees both buffers are one key of the map.
+    unsafe {
+        bpf(
+            "BPF_MAP_GET_NEXT_KEY",
+            bpf_cmd::BPF_MAP_GET_NEXT_KEY,
+            &mut attr,
+        )
+    }
     .map(drop)
 }
 
-/// `BPF_MAP_LOOKUP_ELEM`. `value` must hold the kernel's element size (for
-/// per-CPU maps: round_up(value_size, 8) * possible CPUs).
-pub fn lookup_elem(fd: BorrowedFd<'_>, key: &[u8], value: &mut [u8]) -> SysResult<()> {
+/// `BPF_MAP_LOOKUP_ELEM`.
+///
+/// # Safety
+/// `fd` must be a map whose keys are `key.len()` bytes and whose elements are
+/// `value.len()` bytes in the kernel's layout (for per-CPU maps:
+/// round_up(value_size, 8) * possible CPUs).
+pub(super) unsafe fn lookup_elem(
+    fd: BorrowedFd<'_>,
+    key: &[u8],
+    value: &mut [u8],
+) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = ptr(key.as_ptr());
     attr.__bindgen_anon_2.__bindgen_anon_1.value = ptr(value.as_mut_ptr());
-    bpf(
-        "BPF_MAP_LOOKUP_ELEM",
-        bpf_cmd::BPF_MAP_LOOKUP_ELEM,
-        &mut attr,
-    )
+    // SAFETY: the caller guarantees the buffers fit the map.
+    unsafe {
+        bpf(
+            "BPF_MAP_LOOKUP_ELEM",
+            bpf_cmd::BPF_MAP_LOOKUP_ELEM,
+            &mut attr,
+        )
+    }
     .map(drop)
 }
 
-/// `BPF_MAP_UPDATE_ELEM` with `BPF_ANY`. Used by the demo and by tests; the
-/// read path never writes (its fds are read-only).
-pub fn update_elem(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> SysResult<()> {
+/// `BPF_MAP_UPDATE_ELEM` with `BPF_ANY`.
+///
+/// # Safety
+/// As [`lookup_elem`]: the buffers must be one key and one element of the map.
+pub(super) unsafe fn update_elem(fd: BorrowedFd<'_>, key: &[u8], value: &[u8]) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = ptr(key.as_ptr());
     attr.__bindgen_anon_2.__bindgen_anon_1.value = ptr(value.as_ptr());
-    bpf(
-        "BPF_MAP_UPDATE_ELEM",
-        bpf_cmd::BPF_MAP_UPDATE_ELEM,
-        &mut attr,
-    )
+    // SAFETY: the caller guarantees the buffers fit the map.
+    unsafe {
+        bpf(
+            "BPF_MAP_UPDATE_ELEM",
+            bpf_cmd::BPF_MAP_UPDATE_ELEM,
+            &mut attr,
+        )
+    }
     .map(drop)
 }
 
 /// `BPF_MAP_UPDATE_BATCH`: `keys` and `values` hold `count` packed elements.
-pub fn update_batch(fd: BorrowedFd<'_>, keys: &[u8], values: &[u8], count: u32) -> SysResult<()> {
+///
+/// # Safety
+/// `keys` and `values` must hold `count` keys and `count` kernel-sized
+/// elements of the map behind `fd`.
+pub(super) unsafe fn update_batch(
+    fd: BorrowedFd<'_>,
+    keys: &[u8],
+    values: &[u8],
+    count: u32,
+) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.batch.map_fd = fd.as_raw_fd() as u32;
     attr.batch.keys = ptr(keys.as_ptr());
     attr.batch.values = ptr(values.as_ptr());
     attr.batch.count = count;
-    bpf(
-        "BPF_MAP_UPDATE_BATCH",
-        bpf_cmd::BPF_MAP_UPDATE_BATCH,
-        &mut attr,
-    )
+    // SAFETY: the caller guarantees the buffers hold `count` elements.
+    unsafe {
+        bpf(
+            "BPF_MAP_UPDATE_BATCH",
+            bpf_cmd::BPF_MAP_UPDATE_BATCH,
+            &mut attr,
+        )
+    }
     .map(drop)
 }
 
-/// `BPF_MAP_DELETE_ELEM`. Used by tests and the demo.
-pub fn delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> SysResult<()> {
+/// `BPF_MAP_DELETE_ELEM`.
+///
+/// # Safety
+/// `key` must be one key of the map behind `fd`.
+pub(super) unsafe fn delete_elem(fd: BorrowedFd<'_>, key: &[u8]) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_2.map_fd = fd.as_raw_fd() as u32;
     attr.__bindgen_anon_2.key = ptr(key.as_ptr());
-    bpf(
-        "BPF_MAP_DELETE_ELEM",
-        bpf_cmd::BPF_MAP_DELETE_ELEM,
-        &mut attr,
-    )
+    // SAFETY: the caller guarantees the key fits the map.
+    unsafe {
+        bpf(
+            "BPF_MAP_DELETE_ELEM",
+            bpf_cmd::BPF_MAP_DELETE_ELEM,
+            &mut attr,
+        )
+    }
     .map(drop)
 }
 
 /// Parameters of `BPF_MAP_CREATE`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CreateMap<'a> {
+    /// Kernel map type number.
     pub map_type: u32,
+    /// Key size in bytes.
     pub key_size: u32,
+    /// Value size in bytes (one CPU's value for per-CPU maps).
     pub value_size: u32,
+    /// Capacity.
     pub max_entries: u32,
+    /// `map_flags` (BPF_F_NO_PREALLOC, ...).
     pub flags: u32,
+    /// Kernel name (at most 15 bytes are kept).
     pub name: &'a str,
     /// The template inner map, for array_of_maps and hash_of_maps.
     pub inner_map: Option<BorrowedFd<'a>>,
 }
 
-/// `BPF_MAP_CREATE`. Used by the demo and by tests.
-pub fn create_map(params: &CreateMap<'_>) -> SysResult<OwnedFd> {
+/// `BPF_MAP_CREATE`.
+pub(super) fn create_map(params: &CreateMap<'_>) -> SysResult<OwnedFd> {
     let mut attr = zeroed_attr();
     let mut create = aya_obj::generated::bpf_attr__bindgen_ty_1 {
         map_type: params.map_type,
@@ -280,16 +375,20 @@ pub fn create_map(params: &CreateMap<'_>) -> SysResult<OwnedFd> {
         *dst = src as libc::c_char;
     }
     attr.__bindgen_anon_1 = create;
-    bpf("BPF_MAP_CREATE", bpf_cmd::BPF_MAP_CREATE, &mut attr).map(owned_fd)
+    // SAFETY: no pointers in the attribute (the name is inline).
+    let ret = unsafe { bpf("BPF_MAP_CREATE", bpf_cmd::BPF_MAP_CREATE, &mut attr) }?;
+    // SAFETY: BPF_MAP_CREATE returns a new descriptor.
+    Ok(unsafe { owned_fd(ret) })
 }
 
 /// `BPF_OBJ_PIN`: pins `fd` at `path` (inside a bpffs).
-pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> SysResult<()> {
+pub(super) fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> SysResult<()> {
     let c = cstring(path, "BPF_OBJ_PIN")?;
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_4.pathname = ptr(c.as_ptr());
-    attr.__bindgen_anon_4.bpf_fd = fd.as_fd().as_raw_fd() as u32;
-    bpf("BPF_OBJ_PIN", bpf_cmd::BPF_OBJ_PIN, &mut attr).map(drop)
+    attr.__bindgen_anon_4.bpf_fd = fd.as_raw_fd() as u32;
+    // SAFETY: the only pointer is the NUL-terminated path, alive for the call.
+    unsafe { bpf("BPF_OBJ_PIN", bpf_cmd::BPF_OBJ_PIN, &mut attr) }.map(drop)
 }
 
 /// Whether `path` is the root of (or inside) a mounted bpffs.

@@ -7,7 +7,7 @@
 
 use std::{thread, time::Duration};
 
-use super::{MapMeta, MapOps, Method, SyscallError, restarts_on_missing_key, sys::ENOTSUPP};
+use super::{MapMeta, MapOps, MapType, Method, SyscallError, batch_unsupported, elem_unsupported};
 
 /// Where a walk stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +35,8 @@ pub struct Chunk {
 pub enum WalkError {
     /// The type cannot be iterated, or the kernel refused the operation for
     /// this type.
-    #[error("maps of type {type_name} cannot be iterated from user space")]
-    NotIterable { type_name: String },
+    #[error("maps of type {0} cannot be iterated from user space")]
+    NotIterable(MapType),
     /// The key a resumed walk continues after was deleted; the kernel would
     /// silently restart from the first key.
     #[error("the last key delivered before this cursor was deleted from the map; restart the dump")]
@@ -88,9 +88,7 @@ impl<O: MapOps> Walker<O> {
     pub fn new(ops: O, meta: MapMeta, pos: Position) -> Result<Self, WalkError> {
         let method = meta.method();
         if method == Method::None {
-            return Err(WalkError::NotIterable {
-                type_name: super::type_name(meta.map_type).into_owned(),
-            });
+            return Err(WalkError::NotIterable(meta.map_type));
         }
         if let Position::After(token) = &pos {
             let expected = match method {
@@ -167,7 +165,7 @@ impl<O: MapOps> Walker<O> {
         let Position::After(last) = &self.pos else {
             return Ok(());
         };
-        if !self.key_token() || !restarts_on_missing_key(self.meta.map_type) {
+        if !self.key_token() || !self.meta.map_type.restarts_on_missing_key() {
             return Ok(());
         }
         let ks = self.meta.key_size as usize;
@@ -240,10 +238,8 @@ impl<O: MapOps> Walker<O> {
                         backoff(retries);
                         continue;
                     }
-                    Some(libc::EOPNOTSUPP) | Some(ENOTSUPP) => {
-                        return Err(WalkError::NotIterable {
-                            type_name: super::type_name(self.meta.map_type).into_owned(),
-                        });
+                    errno if batch_unsupported(errno) => {
+                        return Err(WalkError::NotIterable(self.meta.map_type));
                     }
                     _ => return Err(e.into()),
                 },
@@ -315,13 +311,10 @@ impl<O: MapOps> Walker<O> {
     }
 
     fn not_iterable_or(&self, e: SyscallError) -> WalkError {
-        match e.errno() {
-            Some(libc::EOPNOTSUPP) | Some(ENOTSUPP) | Some(libc::EINVAL) => {
-                WalkError::NotIterable {
-                    type_name: super::type_name(self.meta.map_type).into_owned(),
-                }
-            }
-            _ => e.into(),
+        if elem_unsupported(e.errno()) {
+            WalkError::NotIterable(self.meta.map_type)
+        } else {
+            e.into()
         }
     }
 }
@@ -358,7 +351,7 @@ mod tests {
     use std::{cell::RefCell, collections::VecDeque, io};
 
     use super::*;
-    use crate::kernel::{SysResult, map_type};
+    use crate::kernel::{ENOTSUPP, SysResult};
 
     fn err(errno: i32) -> SyscallError {
         SyscallError {
@@ -435,7 +428,7 @@ mod tests {
         MapMeta {
             id: 7,
             name: "t".into(),
-            map_type: map_type::HASH,
+            map_type: MapType::HASH,
             key_size: 4,
             value_size: 4,
             max_entries: 64,
@@ -558,7 +551,7 @@ mod tests {
         let mut w = Walker::new(&fake, hash_meta(), Position::Start).unwrap();
         assert!(matches!(
             w.next_chunk(8).unwrap_err(),
-            WalkError::NotIterable { type_name } if type_name == "hash"
+            WalkError::NotIterable(MapType::HASH)
         ));
     }
 
@@ -566,10 +559,10 @@ mod tests {
     fn non_iterable_types_and_bad_tokens_are_refused_up_front() {
         let fake = Fake::default();
         let mut meta = hash_meta();
-        meta.map_type = map_type::QUEUE;
+        meta.map_type = MapType::QUEUE;
         assert!(matches!(
             Walker::new(&fake, meta, Position::Start),
-            Err(WalkError::NotIterable { type_name }) if type_name == "queue"
+            Err(WalkError::NotIterable(MapType::QUEUE))
         ));
         assert!(matches!(
             Walker::new(&fake, hash_meta(), Position::After(vec![1, 2])),

@@ -1,18 +1,4 @@
 //! Resuming dump streams.
-//!
-//! Retry is a decision per status code ([`RetryPolicy::should_resume`]):
-//!
-//! | code | what the dump does |
-//! |---|---|
-//! | UNAVAILABLE | resume from the last cursor, after a backoff |
-//! | UNKNOWN, INTERNAL, CANCELLED raised by the transport (reset connection, broken HTTP/2 stream) | resume from the last cursor, after a backoff |
-//! | ABORTED | stop: the map was replaced, the caller restarts the dump |
-//! | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...) | stop |
-//!
-//! A status sent by the server arrives in trailers and carries no source
-//! error; one made by the local transport does. That is how a server's
-//! INTERNAL (a kernel error: retrying would repeat it) is told apart from a
-//! connection that broke.
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -23,11 +9,26 @@ use tonic::{Code, Status, Streaming, transport::Channel};
 use crate::{Error, MapName, pb, pb::map_service_client::MapServiceClient};
 
 /// How a dump resumes after a broken stream.
+///
+/// Retry is a decision per status code ([`RetryPolicy::should_resume`]):
+///
+/// | code | what the dump does |
+/// |---|---|
+/// | UNAVAILABLE | resume from the last cursor, after a backoff |
+/// | UNKNOWN, INTERNAL, CANCELLED raised by the transport (reset connection, broken HTTP/2 stream) | resume from the last cursor, after a backoff |
+/// | ABORTED | stop: the map was replaced, the caller restarts the dump |
+/// | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...) | stop |
+///
+/// A status sent by the server arrives in trailers and carries no source
+/// error; one made by the local transport does. That is how a server's
+/// INTERNAL (a kernel error: retrying would repeat it) is told apart from a
+/// connection that broke.
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
     /// Consecutive failed attempts (without receiving a chunk in between)
     /// before the dump gives up.
     pub max_attempts: usize,
+    /// First delay.
     pub min_delay: Duration,
     /// Cap on one delay (jitter included).
     pub max_delay: Duration,
@@ -104,14 +105,18 @@ impl Default for DumpOptions {
 /// A map value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
+    /// The value of a map that is not per-CPU.
     Single(Vec<u8>),
     /// One value per possible CPU, in CPU order.
     PerCpu(Vec<Vec<u8>>),
 }
 
+/// One entry of a map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
+    /// The key, `key_size` bytes.
     pub key: Vec<u8>,
+    /// The value.
     pub value: Value,
 }
 

@@ -16,10 +16,11 @@
 //!
 //! A dump resumes by itself from the last cursor it received when the stream
 //! breaks (UNAVAILABLE, or a transport error such as a reset connection), with
-//! exponential backoff; see [`resume::RetryPolicy`].
+//! exponential backoff; see [`RetryPolicy`] for the decision per status code.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
-pub mod cli;
-pub mod resume;
+mod resume;
 
 use std::{fmt, str::FromStr, time::Duration};
 
@@ -31,22 +32,31 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 /// Errors of the client library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The address is not a valid URI, or the TLS material is unusable.
     #[error("invalid address {addr:?}: {source}")]
     Address {
+        /// The address as given.
         addr: String,
+        /// Why it cannot be used.
         #[source]
         source: tonic::transport::Error,
     },
+    /// The connection (TCP or TLS handshake) failed.
     #[error("cannot connect to {addr}: {source}")]
     Connect {
+        /// The address.
         addr: String,
+        /// The transport error.
         #[source]
         source: tonic::transport::Error,
     },
+    /// The server (or the transport) answered with a gRPC status.
     #[error("{}: {}", code_name(.0.code()), .0.message())]
     Status(tonic::Status),
+    /// A map name that is neither a path nor `id:N`.
     #[error("invalid map name {0:?}: give a path like \"demo/flows\" or \"id:12\"")]
     MapName(String),
+    /// The server sent a chunk that does not add up.
     #[error("server sent a malformed chunk: {0}")]
     Protocol(String),
 }
@@ -94,7 +104,9 @@ impl Error {
 /// A map, by pin path (relative to the server's root) or by kernel id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MapName {
+    /// A path relative to the server's bpffs root ("demo/flows").
     Path(String),
+    /// A kernel map id (the server must allow access by id).
     Id(u32),
 }
 
@@ -140,8 +152,9 @@ impl From<&MapName> for pb::MapRef {
 pub struct ClientTls {
     /// CA bundle that the server's certificate must chain to.
     pub ca: Vec<u8>,
-    /// This client's certificate chain and key.
+    /// This client's certificate chain.
     pub cert: Vec<u8>,
+    /// This client's private key.
     pub key: Vec<u8>,
     /// Name to verify the server certificate against (default: the host of
     /// the address).
@@ -234,6 +247,7 @@ impl Client {
             .keep_alive_timeout(Duration::from_secs(10)))
     }
 
+    /// A client over an existing channel.
     pub fn from_channel(channel: Channel) -> Self {
         Self {
             inner: MapServiceClient::new(channel).max_decoding_message_size(MAX_DECODE),
@@ -247,11 +261,13 @@ impl Client {
         self
     }
 
+    /// The maps the server exposes to this client.
     pub async fn list_maps(&self) -> Result<Vec<pb::MapInfo>, Error> {
         let resp = self.inner.clone().list_maps(pb::ListMapsRequest {}).await?;
         Ok(resp.into_inner().maps)
     }
 
+    /// One map's description.
     pub async fn get_map(&self, map: &MapName) -> Result<pb::MapInfo, Error> {
         let req = pb::GetMapRequest {
             map: Some(map.into()),

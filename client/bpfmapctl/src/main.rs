@@ -1,8 +1,9 @@
 //! bpfmapctl: read eBPF maps from a bpfmapd, as JSON Lines.
+#![forbid(unsafe_code)]
 
 use std::io::{self, Write as _};
 
-use bpfmap_client::cli::{Cli, run};
+use bpfmapctl::{Cli, run};
 use clap::Parser as _;
 
 #[tokio::main(flavor = "current_thread")]

@@ -1,8 +1,11 @@
 //! The `bpfmapctl` command line: read eBPF maps from a bpfmapd, as JSON Lines.
+//! A library so that the tests can run it in-process; `main.rs` is the
+//! binary.
+#![forbid(unsafe_code)]
 
 use std::io;
 
-use crate::{Client, DumpOptions, Entry, MapName, RetryPolicy, Value, pb};
+use bpfmap_client::{Client, ClientTls, DumpOptions, Entry, MapName, RetryPolicy, Value, pb};
 use clap::{Parser, Subcommand};
 use serde_json::{Value as Json, json};
 
@@ -126,9 +129,9 @@ fn print(out: &mut dyn io::Write, v: &Json) -> io::Result<()> {
 /// Runs one command, writing results to `out` and the dump summary to `err`.
 pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> anyhow::Result<()> {
     let tls = match (&cli.ca, &cli.cert, &cli.key) {
-        (Some(ca), Some(cert), Some(key)) => Some(crate::ClientTls {
+        (Some(ca), Some(cert), Some(key)) => Some(ClientTls {
             server_name: cli.server_name.clone(),
-            ..crate::ClientTls::from_files(ca, cert, key)?
+            ..ClientTls::from_files(ca, cert, key)?
         }),
         _ => None,
     };

@@ -1,0 +1,125 @@
+//! Maps this process creates and writes: the demo maps, and the maps the
+//! tests build. The daemon's read path never holds one of these: it only
+//! ever opens maps read-only through [`MapHandle`](super::MapHandle).
+#![allow(
+    unsafe_code,
+    reason = "calls the syscall wrappers after checking their buffers"
+)]
+
+use std::{
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
+    path::Path,
+};
+
+use super::{MapMeta, MapType, SysResult, SyscallError, sys};
+
+/// A map created by this process, writable, with its sizes checked on every
+/// write.
+#[derive(Debug)]
+pub struct OwnedMap {
+    fd: OwnedFd,
+    meta: MapMeta,
+}
+
+impl OwnedMap {
+    /// `BPF_MAP_CREATE`.
+    pub fn create(params: &sys::CreateMap<'_>) -> SysResult<Self> {
+        let fd = sys::create_map(params)?;
+        let info = sys::map_info(fd.as_fd())?;
+        Ok(Self {
+            fd,
+            meta: MapMeta::from_info(&info),
+        })
+    }
+
+    /// A map of `map_type` with no flags and no inner map.
+    pub fn new(
+        map_type: MapType,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        name: &str,
+    ) -> SysResult<Self> {
+        Self::create(&sys::CreateMap {
+            map_type: map_type.0,
+            key_size,
+            value_size,
+            max_entries,
+            name,
+            ..Default::default()
+        })
+    }
+
+    /// What the kernel says about the map.
+    pub fn meta(&self) -> &MapMeta {
+        &self.meta
+    }
+
+    /// Kernel map id.
+    pub fn id(&self) -> u32 {
+        self.meta.id
+    }
+
+    fn check(&self, call: &'static str, keys: &[u8], values: &[u8], count: usize) -> SysResult<()> {
+        let (ks, vs) = (self.meta.key_size as usize, self.meta.kernel_value_size());
+        if keys.len() != ks * count || values.len() != vs * count {
+            return Err(SyscallError::invalid_input(
+                call,
+                format!(
+                    "{count} elements need {} key and {} value bytes (kernel layout); got {} and {}",
+                    ks * count,
+                    vs * count,
+                    keys.len(),
+                    values.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Inserts or replaces one element (`value` in the kernel's layout: for
+    /// per-CPU maps, one 8-byte-aligned value per possible CPU).
+    pub fn update(&self, key: &[u8], value: &[u8]) -> SysResult<()> {
+        self.check("BPF_MAP_UPDATE_ELEM", key, value, 1)?;
+        // SAFETY: the buffers are exactly one key and one element of this map.
+        unsafe { sys::update_elem(self.fd.as_fd(), key, value) }
+    }
+
+    /// Inserts or replaces `keys.len() / key_size` packed elements.
+    pub fn update_batch(&self, keys: &[u8], values: &[u8]) -> SysResult<()> {
+        let count = keys.len() / (self.meta.key_size as usize).max(1);
+        self.check("BPF_MAP_UPDATE_BATCH", keys, values, count)?;
+        let n = u32::try_from(count).map_err(|_| {
+            SyscallError::invalid_input("BPF_MAP_UPDATE_BATCH", "too many elements".into())
+        })?;
+        // SAFETY: the buffers hold exactly `count` keys and elements of this map.
+        unsafe { sys::update_batch(self.fd.as_fd(), keys, values, n) }
+    }
+
+    /// Deletes one key.
+    pub fn delete(&self, key: &[u8]) -> SysResult<()> {
+        if key.len() != self.meta.key_size as usize {
+            return Err(SyscallError::invalid_input(
+                "BPF_MAP_DELETE_ELEM",
+                format!(
+                    "key is {} bytes; the map has {}-byte keys",
+                    key.len(),
+                    self.meta.key_size
+                ),
+            ));
+        }
+        // SAFETY: the key is exactly one key of this map.
+        unsafe { sys::delete_elem(self.fd.as_fd(), key) }
+    }
+
+    /// Pins the map at `path` (inside a bpffs).
+    pub fn pin(&self, path: &Path) -> SysResult<()> {
+        sys::obj_pin(self.fd.as_fd(), path)
+    }
+}
+
+impl AsFd for OwnedMap {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

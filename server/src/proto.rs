@@ -1,0 +1,173 @@
+//! Conversions between domain types and `bpfmap.v1` messages, in one place:
+//! handlers never build a message field by field.
+#![forbid(unsafe_code)]
+
+use bpfmap_proto::v1 as pb;
+
+use crate::{
+    catalog::MapRef,
+    error::Error,
+    kernel::{MapMeta, Method, walk::Chunk},
+};
+
+/// Turns a domain value into its proto message.
+pub(crate) trait IntoProto {
+    type Output;
+    fn into_proto(self) -> Self::Output;
+}
+
+/// The map reference of a request, validated.
+pub(crate) fn map_ref(r: Option<pb::MapRef>) -> Result<MapRef, Error> {
+    match r.and_then(|r| r.r#ref) {
+        Some(pb::map_ref::Ref::Path(p)) => MapRef::parse(&p),
+        Some(pb::map_ref::Ref::Id(id)) => Ok(MapRef::Id(id)),
+        None => Err(Error::InvalidArgument(
+            "the request names no map: set map.path (e.g. {\"map\":{\"path\":\"demo/flows\"}}) or map.id".into(),
+        )),
+    }
+}
+
+/// A map as listed: how it is named, and what the kernel says of it.
+impl IntoProto for (&MapRef, &MapMeta) {
+    type Output = pb::MapInfo;
+
+    fn into_proto(self) -> pb::MapInfo {
+        let (map, m) = self;
+        let dump_method = match m.method() {
+            Method::BatchBucket | Method::BatchKey => pb::DumpMethod::Batch,
+            Method::KeyByKey => pb::DumpMethod::KeyByKey,
+            Method::None => pb::DumpMethod::None,
+        };
+        pb::MapInfo {
+            path: match map {
+                MapRef::Path(p) => p.clone(),
+                MapRef::Id(_) => String::new(),
+            },
+            id: m.id,
+            name: m.name.clone(),
+            r#type: m.map_type.0 as i32,
+            type_name: m.map_type.name().into_owned(),
+            key_size: m.key_size,
+            value_size: m.value_size,
+            max_entries: m.max_entries,
+            flags: m.flags,
+            per_cpu: m.per_cpu(),
+            possible_cpus: m.possible_cpus,
+            btf_id: m.btf_id,
+            btf_key_type_id: m.btf_key_type_id,
+            btf_value_type_id: m.btf_value_type_id,
+            dump_method: dump_method as i32,
+        }
+    }
+}
+
+/// The outcome of looking one key up: the value in the wire layout, or
+/// `None` when the key is absent.
+pub(crate) struct LookupOutcome<'a> {
+    pub meta: &'a MapMeta,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+}
+
+impl IntoProto for LookupOutcome<'_> {
+    type Output = pb::LookupResult;
+
+    fn into_proto(self) -> pb::LookupResult {
+        let Some(value) = self.value else {
+            return pb::LookupResult {
+                key: self.key,
+                found: false,
+                ..Default::default()
+            };
+        };
+        let (value, per_cpu_values) = if self.meta.per_cpu() {
+            let cpus = self.meta.split_cpus(&value).map(<[u8]>::to_vec).collect();
+            (Vec::new(), cpus)
+        } else {
+            (value, Vec::new())
+        };
+        pb::LookupResult {
+            key: self.key,
+            found: true,
+            value,
+            per_cpu_values,
+        }
+    }
+}
+
+/// A chunk read from the kernel, with the cursor that resumes after it.
+pub(crate) struct ChunkMessage<'a> {
+    pub meta: &'a MapMeta,
+    pub chunk: Chunk,
+    pub layout: pb::Layout,
+    pub cursor: String,
+}
+
+impl IntoProto for ChunkMessage<'_> {
+    type Output = pb::DumpMapResponse;
+
+    fn into_proto(self) -> pb::DumpMapResponse {
+        let Self {
+            meta,
+            chunk: c,
+            layout,
+            cursor,
+        } = self;
+        let ks = meta.key_size as usize;
+        let kvs = meta.kernel_value_size();
+        let mut msg = pb::DumpMapResponse {
+            cursor,
+            ..Default::default()
+        };
+        match layout {
+            pb::Layout::Entries => {
+                msg.entries = (0..c.count)
+                    .map(|i| {
+                        let key = c.keys[i * ks..(i + 1) * ks].to_vec();
+                        let kernel_value = &c.values[i * kvs..(i + 1) * kvs];
+                        if meta.per_cpu() {
+                            let mut wire = Vec::with_capacity(meta.wire_value_size());
+                            meta.append_wire_values(kernel_value, &mut wire);
+                            pb::Entry {
+                                key,
+                                value: Vec::new(),
+                                per_cpu_values: meta
+                                    .split_cpus(&wire)
+                                    .map(<[u8]>::to_vec)
+                                    .collect(),
+                            }
+                        } else {
+                            pb::Entry {
+                                key,
+                                value: kernel_value.to_vec(),
+                                per_cpu_values: Vec::new(),
+                            }
+                        }
+                    })
+                    .collect();
+            }
+            pb::Layout::Packed => {
+                let values = if meta.per_cpu() {
+                    let mut out = Vec::with_capacity(c.count * meta.wire_value_size());
+                    meta.append_wire_values(&c.values, &mut out);
+                    out
+                } else {
+                    c.values
+                };
+                msg.packed = Some(pb::PackedEntries {
+                    count: c.count as u32,
+                    key_size: meta.key_size,
+                    value_stride: meta.wire_value_size() as u32,
+                    keys: c.keys,
+                    values,
+                    cpus: if meta.per_cpu() {
+                        meta.possible_cpus
+                    } else {
+                        0
+                    },
+                });
+            }
+        }
+        msg
+    }
+}
