@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("bpfmap_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
+        .codec_path("crate::codec::StrictCodec")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

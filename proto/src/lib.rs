@@ -1,4 +1,7 @@
 //! Generated types and gRPC stubs for the `bpfmap.v1` protocol.
+#![forbid(unsafe_code)]
+
+pub mod codec;
 
 /// Package `bpfmap.v1`.
 pub mod v1 {

@@ -23,7 +23,7 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 use tonic::{Request, Status};
 
-use crate::{catalog::MapRef, tls::ConnInfo};
+use crate::{catalog::MapRef, conn::ConnInfo};
 
 /// A verified caller identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -13,7 +13,7 @@ use std::{
 };
 
 use crate::{
-    error::Error,
+    error::{Error, quote},
     kernel::{MapHandle, MapMeta, OpenError},
 };
 
@@ -41,7 +41,8 @@ impl MapRef {
             .collect();
         if parts.is_empty() {
             return Err(Error::InvalidArgument(format!(
-                "map path {path:?} names no map; give a path like \"demo/flows\""
+                "map path {} names no map; give a path like \"demo/flows\"",
+                quote(path)
             )));
         }
         Ok(Self::Path(parts.join("/")))
@@ -78,6 +79,8 @@ pub struct Catalog {
 
 /// Longest relative path accepted.
 const MAX_PATH_LEN: usize = 1024;
+/// Longest path component a file system accepts (NAME_MAX).
+const MAX_NAME_LEN: usize = 255;
 
 impl Catalog {
     /// A catalog of the maps pinned under `roots`.
@@ -89,20 +92,24 @@ impl Catalog {
     pub fn validate_path(path: &str) -> Result<(), Error> {
         let bad = |why: &str| {
             Err(Error::InvalidArgument(format!(
-                "map path {path:?} {why}; give a path relative to the exposed bpffs root, like \"demo/flows\""
+                "map path {} {why}; give a path relative to the exposed bpffs root, like \"demo/flows\"",
+                quote(path)
             )))
         };
         if path.is_empty() {
             return bad("is empty");
         }
         if path.len() > MAX_PATH_LEN {
-            return bad("is too long");
+            return bad(&format!("is longer than {MAX_PATH_LEN} bytes"));
         }
         if path.contains('\0') {
             return bad("contains a NUL byte");
         }
         for c in Path::new(path).components() {
             match c {
+                Component::Normal(name) if name.len() > MAX_NAME_LEN => {
+                    return bad(&format!("has a component longer than {MAX_NAME_LEN} bytes"));
+                }
                 Component::Normal(_) | Component::CurDir => {}
                 Component::ParentDir => return bad("contains \"..\""),
                 Component::RootDir | Component::Prefix(_) => return bad("is absolute"),
@@ -129,22 +136,38 @@ impl Catalog {
                 Self::validate_path(p)?;
                 for root in &self.roots {
                     let joined = root.join(p);
+                    // Messages name the map as requested, never a host path.
                     let real = match fs::canonicalize(&joined) {
                         Ok(real) => real,
                         Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                         Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => continue,
                         Err(e) => {
-                            return Err(Error::Internal {
-                                map: Some(r.clone()),
-                                message: format!("cannot resolve {}: {e}", joined.display()),
-                            });
+                            let why = match e.raw_os_error() {
+                                Some(libc::ELOOP) => {
+                                    "leads through too many symbolic links (a loop?)"
+                                }
+                                Some(libc::ENAMETOOLONG) => {
+                                    "is too long once its symbolic links are followed"
+                                }
+                                _ => {
+                                    tracing::warn!(path = %joined.display(), error = %e, "cannot resolve a map path");
+                                    return Err(Error::Internal {
+                                        map: Some(r.clone()),
+                                        message: format!("cannot resolve the path: {e}"),
+                                    });
+                                }
+                            };
+                            return Err(Error::InvalidArgument(format!(
+                                "map path {} {why}",
+                                quote(p)
+                            )));
                         }
                     };
                     let real_root = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
                     if !real.starts_with(&real_root) {
                         return Err(Error::InvalidArgument(format!(
-                            "map path {p:?} leads outside the exposed root {} (through a symlink)",
-                            root.display()
+                            "map path {} leads outside the exposed root (through a symlink)",
+                            quote(p)
                         )));
                     }
                     if real.is_dir() {

@@ -52,17 +52,38 @@ pub struct Config {
 pub struct Limits {
     /// Dumps running at once, in all.
     pub max_dumps: usize,
-    /// Dumps running at once for one identity.
+    /// Dumps running at once for one identity (for plaintext callers, one
+    /// peer address).
     pub max_dumps_per_identity: usize,
+    /// A dump that has held its slot this long while other dumps were
+    /// refused one ends with UNAVAILABLE (the client resumes from its
+    /// cursor), so that slow clients cannot keep everyone else out.
+    pub max_slot_hold_secs: u64,
     /// HTTP/2 streams (calls) open at once on one connection.
     pub max_streams_per_connection: u32,
+    /// Connections open at once; further ones are closed at once.
+    pub max_connections: usize,
     /// A dump whose client has not taken a chunk for this long is ended
     /// (UNAVAILABLE; the client resumes from its last cursor).
     pub stall_timeout_secs: u64,
-    /// Time allowed for a TLS handshake.
+    /// Time allowed for a connection's TLS handshake and HTTP/2 preface.
     pub handshake_timeout_secs: u64,
+    /// A connection with no call open for this long is closed.
+    pub idle_timeout_secs: u64,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
+    /// Memory for chunks queued to clients and lookup responses being
+    /// built, in all; chunks shrink when it is tight.
+    pub max_queued_bytes: usize,
+    /// Largest message sent. Chunks and lookup responses stay below 3 MiB
+    /// (grpcurl's default limit is 4 MiB) unless one entry is larger; such
+    /// an entry travels alone, up to this size.
+    pub max_message_bytes: usize,
+    /// Lookups running at once.
+    pub max_lookups: usize,
+    /// On shutdown, dumps in flight get this long to finish before they end
+    /// with UNAVAILABLE.
+    pub shutdown_grace_secs: u64,
 }
 
 impl Default for Limits {
@@ -70,10 +91,17 @@ impl Default for Limits {
         Self {
             max_dumps: 64,
             max_dumps_per_identity: 8,
+            max_slot_hold_secs: 60,
             max_streams_per_connection: 64,
+            max_connections: 1024,
             stall_timeout_secs: 30,
             handshake_timeout_secs: 10,
+            idle_timeout_secs: 120,
             max_request_bytes: 4 << 20,
+            max_queued_bytes: 32 << 20,
+            max_message_bytes: 64 << 20,
+            max_lookups: 16,
+            shutdown_grace_secs: 2,
         }
     }
 }
@@ -216,12 +244,27 @@ impl Config {
         );
         let l = &self.limits;
         anyhow::ensure!(
-            l.max_dumps > 0 && l.max_dumps_per_identity > 0 && l.max_streams_per_connection > 0,
-            "limits.max_dumps, max_dumps_per_identity and max_streams_per_connection must be at least 1"
+            l.max_dumps > 0
+                && l.max_dumps_per_identity > 0
+                && l.max_streams_per_connection > 0
+                && l.max_connections > 0
+                && l.max_lookups > 0,
+            "limits.max_dumps, max_dumps_per_identity, max_streams_per_connection, max_connections and max_lookups must be at least 1"
         );
         anyhow::ensure!(
-            l.stall_timeout_secs > 0 && l.handshake_timeout_secs > 0,
-            "limits.stall_timeout_secs and handshake_timeout_secs must be at least 1"
+            l.stall_timeout_secs > 0
+                && l.handshake_timeout_secs > 0
+                && l.idle_timeout_secs > 0
+                && l.max_slot_hold_secs > 0,
+            "limits.stall_timeout_secs, handshake_timeout_secs, idle_timeout_secs and max_slot_hold_secs must be at least 1"
+        );
+        anyhow::ensure!(
+            l.max_queued_bytes >= 1 << 20 && l.max_queued_bytes <= u32::MAX as usize,
+            "limits.max_queued_bytes must be between 1 MiB and 4 GiB"
+        );
+        anyhow::ensure!(
+            l.max_message_bytes >= 4 << 20,
+            "limits.max_message_bytes must be at least 4 MiB"
         );
         crate::auth::Policy::new(&self.rules, self.tls.is_some())?;
         Ok(())

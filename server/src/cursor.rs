@@ -4,8 +4,9 @@
 //! and fingerprint (type, sizes, flags, name) and the walk position. It is
 //! sealed with ChaCha20-Poly1305 under a key kept in the state directory, so
 //! it survives daemon restarts, and a client can neither read, forge nor
-//! alter one. The encoding is URL-safe base64 of a random nonce and the
-//! sealed, versioned binary record; the format is private to the server.
+//! alter one. The encoding is the letter "c" then URL-safe base64 of a random
+//! nonce and the sealed, versioned binary record; the format is private to
+//! the server.
 #![forbid(unsafe_code)]
 
 use std::{
@@ -36,6 +37,10 @@ const KEY_FILE: &str = "cursor.key";
 const KEY_LEN: usize = 32;
 /// Longest cursor accepted (a cursor holds at most one map key).
 pub const MAX_CURSOR_LEN: usize = 4096;
+/// The first character of every cursor: a letter, so that a cursor never
+/// starts with "-" (which command lines take for an option). Cursors issued
+/// without it are still read.
+const PREFIX: char = 'c';
 
 /// What a cursor is bound to: who it was issued to, for which map
 /// reference, and which kernel map that reference named then.
@@ -279,7 +284,7 @@ impl CursorKey {
             .expect("sealing a short buffer");
         let mut out = nonce.to_vec();
         out.extend_from_slice(&buf);
-        URL_SAFE_NO_PAD.encode(out)
+        format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(out))
     }
 
     /// Opens a cursor presented by `identity` with a request for `map`: it
@@ -307,6 +312,17 @@ impl CursorKey {
         if s.len() > MAX_CURSOR_LEN {
             return Err(CursorError::TooLong);
         }
+        match s.strip_prefix(PREFIX) {
+            Some(rest) => self.unseal_raw(rest).or_else(|e| {
+                // An unprefixed cursor from before the prefix that happens
+                // to start with the prefix letter.
+                self.unseal_raw(s).map_err(|_| e)
+            }),
+            None => self.unseal_raw(s),
+        }
+    }
+
+    fn unseal_raw(&self, s: &str) -> Result<([u8; 16], Opened), CursorError> {
         let raw = URL_SAFE_NO_PAD
             .decode(s)
             .map_err(|_| CursorError::Encoding)?;
@@ -451,6 +467,33 @@ mod tests {
         key.open(s, &alice(), &flows())?.resume(&meta())
     }
 
+    /// The sealed bytes of a cursor.
+    fn raw(s: &str) -> Vec<u8> {
+        URL_SAFE_NO_PAD
+            .decode(s.strip_prefix(PREFIX).unwrap())
+            .unwrap()
+    }
+
+    /// A cursor made of sealed bytes.
+    fn token(raw: &[u8]) -> String {
+        format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(raw))
+    }
+
+    #[test]
+    fn no_cursor_starts_with_a_dash_and_unprefixed_cursors_are_read() {
+        let key = CursorKey::from_bytes(b"k");
+        for _ in 0..500 {
+            let s = sample(&key);
+            assert!(s.starts_with(PREFIX), "{s}");
+            // The same sealed bytes without the prefix (as issued before).
+            let bare = URL_SAFE_NO_PAD.encode(raw(&s));
+            assert_eq!(
+                open(&key, &bare).unwrap(),
+                Position::After(vec![9, 0, 0, 0])
+            );
+        }
+    }
+
     #[test]
     fn round_trip() {
         let key = CursorKey::from_bytes(b"k");
@@ -523,12 +566,16 @@ mod tests {
         raw.extend_from_slice(&body);
         let s = URL_SAFE_NO_PAD.encode(raw);
         assert_eq!(open(&key, &s).unwrap(), Position::After(vec![7, 0, 0, 0]));
+        assert_eq!(
+            open(&key, &token(&URL_SAFE_NO_PAD.decode(&s).unwrap())).unwrap(),
+            Position::After(vec![7, 0, 0, 0])
+        );
     }
 
     #[test]
     fn cursor_does_not_reveal_its_contents() {
         let key = CursorKey::from_bytes(b"k");
-        let raw = URL_SAFE_NO_PAD.decode(sample(&key)).unwrap();
+        let raw = raw(&sample(&key));
         let needle = b"demo/flows";
         assert!(!raw.windows(needle.len()).any(|w| w == needle));
         // Two cursors for the same position differ (random nonce).
@@ -538,12 +585,12 @@ mod tests {
     #[test]
     fn every_flipped_bit_is_rejected() {
         let key = CursorKey::from_bytes(b"k");
-        let raw = URL_SAFE_NO_PAD.decode(sample(&key)).unwrap();
+        let raw = raw(&sample(&key));
         for i in 0..raw.len() {
             for bit in 0..8 {
                 let mut bad = raw.clone();
                 bad[i] ^= 1 << bit;
-                let s = URL_SAFE_NO_PAD.encode(&bad);
+                let s = token(&bad);
                 assert_eq!(
                     open(&key, &s),
                     Err(CursorError::NotAuthentic),
@@ -597,14 +644,14 @@ mod tests {
             op in 0u8..3,
         ) {
             let key = CursorKey::from_bytes(b"k");
-            let mut raw = URL_SAFE_NO_PAD.decode(sample(&key)).unwrap();
+            let mut raw = raw(&sample(&key));
             let i = at.index(raw.len());
             match op {
                 0 => raw[i] ^= byte,       // change a byte
                 1 => { raw.remove(i); }     // drop a byte
                 _ => raw.insert(i, byte),   // add a byte
             }
-            let s = URL_SAFE_NO_PAD.encode(&raw);
+            let s = token(&raw);
             proptest::prop_assert!(open(&key, &s).is_err());
         }
     }

@@ -1,16 +1,24 @@
-//! One DumpMap stream: kernel reads off the async runtime, a bounded channel
-//! to the client, a cursor on every chunk.
+//! One DumpMap stream: kernel reads off the async runtime, a bounded queue to
+//! the client, a cursor on every chunk.
 //!
-//! The producer reads one chunk at a time on the blocking pool and hands it to
-//! a channel of [`CHANNEL_DEPTH`] messages, so a stream holds at most a few
-//! chunks in memory while the next kernel read overlaps with sending. When
-//! the client goes away, `send` fails and the producer stops before its next
-//! read. A client that takes no chunk for the stall timeout, and every stream
-//! on shutdown, gets UNAVAILABLE after the chunks already queued, and resumes
-//! from its last cursor.
+//! Memory is bounded in bytes, not messages. Before each kernel read the
+//! producer reserves the chunk's size from the daemon-wide [`Budget`]; the
+//! reservation travels with the message and is given back only once the
+//! transport has taken the message after it (by then the transport holds at
+//! most its own send buffer of this message). When the budget is tight,
+//! chunks shrink; when it is empty, producers wait. A stream therefore holds
+//! at most [`CHANNEL_DEPTH`] + [`IN_TRANSPORT`] chunks, and all streams
+//! together at most the budget.
+//!
+//! When the client goes away, `send` fails and the producer stops before its
+//! next read. A client that takes no chunk for the stall timeout, a dump that
+//! held its slot too long while others waited, and every stream once the
+//! shutdown grace is over get UNAVAILABLE after the chunks already queued,
+//! and resume from their last cursor.
 #![forbid(unsafe_code)]
 
 use std::{
+    collections::VecDeque,
     future::Future as _,
     pin::Pin,
     sync::{
@@ -18,12 +26,12 @@ use std::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bpfmap_proto::v1 as pb;
 use futures::Stream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
 use crate::{
@@ -35,17 +43,21 @@ use crate::{
         MapHandle, MapMeta,
         walk::{Position, Walker},
     },
-    limits::Slot,
-    proto::{ChunkMessage, IntoProto as _},
+    limits::{Budget, DumpSlots, Reservation, Slot},
+    proto::{self, ChunkMessage, IntoProto as _},
 };
 
-/// Messages buffered between the kernel reader and the client.
-pub const CHANNEL_DEPTH: usize = 4;
+/// Messages queued between the kernel reader and the transport.
+pub const CHANNEL_DEPTH: usize = 2;
+/// Messages the transport has taken whose memory is still counted (it may
+/// still be writing them).
+pub const IN_TRANSPORT: usize = 2;
 /// Entries per chunk when the request does not say.
 pub const DEFAULT_CHUNK: u32 = 1024;
 /// Upper bound on entries per chunk.
 pub const MAX_CHUNK: u32 = 65_536;
-/// Upper bound on a chunk's encoded size, well below grpcurl's 4 MiB default.
+/// Upper bound on a chunk's encoded size, well below grpcurl's 4 MiB default,
+/// unless a single entry is larger.
 pub const MAX_CHUNK_BYTES: usize = 3 << 20;
 
 /// Counters shared by all dumps, for tests and operators.
@@ -55,13 +67,14 @@ pub struct DumpStats {
     pub active: AtomicUsize,
     /// Kernel chunk reads since start.
     pub chunks_read: AtomicU64,
+    /// Dumps ended because they held their slot too long while others waited.
+    pub slots_expired: AtomicU64,
 }
 
 /// The chunk size actually used: the hint, defaulted and clamped so that a
-/// chunk stays below [`MAX_CHUNK_BYTES`].
-pub fn effective_chunk(hint: u32, meta: &MapMeta) -> u32 {
-    let per_entry = meta.key_size as usize + meta.wire_value_size() + 16;
-    let by_bytes = (MAX_CHUNK_BYTES / per_entry).max(1) as u32;
+/// chunk stays below [`MAX_CHUNK_BYTES`] (at least one entry).
+pub fn effective_chunk(hint: u32, meta: &MapMeta, layout: pb::Layout) -> u32 {
+    let by_bytes = (MAX_CHUNK_BYTES / proto::entry_bytes(meta, layout)).max(1) as u32;
     let want = if hint == 0 { DEFAULT_CHUNK } else { hint };
     want.min(MAX_CHUNK).min(by_bytes).max(1)
 }
@@ -91,15 +104,26 @@ pub struct DumpJob {
 
 impl DumpJob {
     /// A dump of `handle` (named `map` in the request) from `position`.
+    /// FAILED_PRECONDITION when one entry is larger than the largest message
+    /// the server sends.
     pub fn new(
         map: MapRef,
         handle: MapHandle,
         position: Position,
         options: Options,
         sealer: Sealer,
+        max_message_bytes: usize,
     ) -> Result<Self, Error> {
         let meta = handle.meta().clone();
-        let chunk = effective_chunk(options.chunk_hint, &meta);
+        let entry = proto::entry_bytes(&meta, options.layout);
+        if entry > max_message_bytes {
+            return Err(Error::EntryTooLarge {
+                map,
+                bytes: entry,
+                max: max_message_bytes,
+            });
+        }
+        let chunk = effective_chunk(options.chunk_hint, &meta, options.layout);
         let walker = Walker::new(handle, meta, position).map_err(|e| Error::from_walk(&map, e))?;
         Ok(Self {
             map,
@@ -124,22 +148,29 @@ impl DumpJob {
 /// What every dump shares.
 #[derive(Debug, Clone)]
 pub struct DumpEnv {
-    /// Becomes true when the server stops.
-    pub shutdown: watch::Receiver<bool>,
+    /// Becomes true when dumps in flight must end (after the shutdown grace).
+    pub stop: watch::Receiver<bool>,
     /// Shared counters.
     pub stats: Arc<DumpStats>,
     /// End the stream when the client takes no chunk for this long.
     pub stall_timeout: Duration,
+    /// Memory for queued chunks, shared with lookups.
+    pub budget: Budget,
+    /// The dump slots (to know when a slot is wanted by others).
+    pub slots: Arc<DumpSlots>,
+    /// How long a dump may hold its slot while others wait.
+    pub max_slot_hold: Duration,
 }
 
 type Item = Result<pb::DumpMapResponse, Status>;
+type Queued = (Item, Option<Reservation>);
 
 /// Starts the producer and returns the response stream: the chunks, then
 /// (when the dump ends in an error) the error status. The stream finishes
 /// the call's audit record.
 pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
     let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-    let (tail_tx, tail_rx) = tokio::sync::oneshot::channel::<Status>();
+    let (tail_tx, tail_rx) = oneshot::channel::<Status>();
     let started = audit.started();
     tokio::spawn(async move {
         if let Err(e) = run(job, started, &tx, env).await {
@@ -153,15 +184,17 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
         tail: Some(tail_rx),
         audit: Some(audit),
         ended: None,
+        held: VecDeque::new(),
     }
 }
 
 /// Runs a dump until the map ends, the limit is reached, the client leaves,
-/// stalls, or the server shuts down. A client that left is not an error.
+/// stalls, the slot expires, or the server stops. A client that left is not
+/// an error.
 async fn run(
     job: DumpJob,
-    started: std::time::Instant,
-    tx: &mpsc::Sender<Item>,
+    started: Instant,
+    tx: &mpsc::Sender<Queued>,
     mut env: DumpEnv,
 ) -> Result<(), Error> {
     env.stats.active.fetch_add(1, Ordering::SeqCst);
@@ -173,27 +206,41 @@ async fn run(
         chunk,
         limit,
         sealer,
-        slot: _slot,
+        slot,
     } = job;
     let meta = walker.meta().clone();
+    let per_entry =
+        proto::entry_bytes(&meta, layout).max(meta.key_size as usize + meta.kernel_value_size());
     let (mut sent, mut chunks) = (0u64, 0u64);
     loop {
-        if *env.shutdown.borrow() {
+        if *env.stop.borrow() {
             return Err(Error::ShuttingDown);
         }
-        let want = if limit == 0 {
-            chunk
-        } else {
-            (limit - sent).min(u64::from(chunk)) as u32
+        if let Some(slot) = &slot
+            && slot.held() >= env.max_slot_hold
+            && env.slots.contended(slot, env.max_slot_hold)
+        {
+            env.stats.slots_expired.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::SlotExpired {
+                secs: env.max_slot_hold.as_secs(),
+            });
+        }
+        let remaining = (limit != 0).then(|| limit - sent);
+        let mut want = remaining.map_or(chunk, |r| r.min(u64::from(chunk)) as u32);
+        let mut reservation = tokio::select! {
+            r = env.budget.reserve(want as usize * per_entry, per_entry) => r,
+            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
         };
+        want = want.min((reservation.bytes() / per_entry).max(1) as u32);
         // Past the first chunk of a limited call, stop short of a hash
         // bucket that would overshoot the limit: the next call gets it whole.
-        let strict = limit != 0 && sent > 0;
+        let cap = remaining
+            .filter(|_| sent > 0)
+            .map(|r| r.min(u64::from(u32::MAX)) as u32);
         let read = tokio::task::spawn_blocking(move || {
-            let res = if strict {
-                walker.next_chunk_at_most(want)
-            } else {
-                walker.next_chunk(want)
+            let res = match cap {
+                Some(cap) => walker.next_chunk_capped(want, cap),
+                None => walker.next_chunk(want),
             };
             (walker, res)
         })
@@ -214,6 +261,9 @@ async fn run(
         let cursor = sealer.seal(&position);
         if let Some(c) = chunk_read.filter(|c| c.count > 0) {
             let count = c.count as u64;
+            // A hash bucket larger than asked for: count it too, if it fits.
+            let extra = (c.count * per_entry).saturating_sub(reservation.bytes());
+            env.budget.try_grow(&mut reservation, extra);
             let msg = ChunkMessage {
                 meta: &meta,
                 chunk: c,
@@ -221,7 +271,7 @@ async fn run(
                 cursor: cursor.clone(),
             }
             .into_proto();
-            if !send(tx, &mut env, msg).await? {
+            if !send(tx, &mut env, msg, Some(reservation)).await? {
                 return Ok(());
             }
             sent += count;
@@ -240,7 +290,7 @@ async fn run(
                 summary: Some(summary),
                 ..Default::default()
             };
-            send(tx, &mut env, last).await?;
+            send(tx, &mut env, last, None).await?;
             return Ok(());
         }
     }
@@ -249,16 +299,17 @@ async fn run(
 /// Queues one message, waiting at most the stall timeout for room. `false`
 /// when the client went away.
 async fn send(
-    tx: &mpsc::Sender<Item>,
+    tx: &mpsc::Sender<Queued>,
     env: &mut DumpEnv,
     msg: pb::DumpMapResponse,
+    reservation: Option<Reservation>,
 ) -> Result<bool, Error> {
     tokio::select! {
-        r = tx.send(Ok(msg)) => Ok(r.is_ok()),
+        r = tx.send((Ok(msg), reservation)) => Ok(r.is_ok()),
         _ = tokio::time::sleep(env.stall_timeout) => Err(Error::Stalled {
             secs: env.stall_timeout.as_secs(),
         }),
-        _ = env.shutdown.wait_for(|s| *s) => Err(Error::ShuttingDown),
+        _ = env.stop.wait_for(|s| *s) => Err(Error::ShuttingDown),
     }
 }
 
@@ -273,14 +324,16 @@ impl Drop for ActiveGuard {
 /// The response stream of a dump: the producer's chunks, then its error if
 /// it failed. It owns the call's audit record, counts the entries handed to
 /// the transport, and finishes the record when the stream ends or is dropped
-/// (a client that went away before the end is CANCELLED).
+/// (a client that went away before the end is CANCELLED). It keeps the
+/// budget reservations of the last [`IN_TRANSPORT`] messages it handed over.
 #[derive(Debug)]
 pub struct DumpStream {
-    rx: mpsc::Receiver<Item>,
-    tail: Option<tokio::sync::oneshot::Receiver<Status>>,
+    rx: mpsc::Receiver<Queued>,
+    tail: Option<oneshot::Receiver<Status>>,
     audit: Option<audit::Record>,
     /// How the stream ended, once it has.
     ended: Option<tonic::Code>,
+    held: VecDeque<Reservation>,
 }
 
 fn entries_in(msg: &pb::DumpMapResponse) -> u64 {
@@ -295,37 +348,46 @@ impl Stream for DumpStream {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         let this = self.get_mut();
         if this.ended.is_some() {
+            this.held.clear();
             return Poll::Ready(None);
         }
-        if let Poll::Ready(item) = this.rx.poll_recv(cx) {
-            if let Some(item) = item {
+        match this.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some((item, reservation))) => {
+                if let Some(r) = reservation {
+                    this.held.push_back(r);
+                    while this.held.len() > IN_TRANSPORT {
+                        this.held.pop_front();
+                    }
+                }
                 if let (Ok(msg), Some(a)) = (&item, this.audit.as_mut()) {
                     a.add_entries(entries_in(msg));
                     if msg.done {
                         this.ended = Some(tonic::Code::Ok);
                     }
                 }
-                return Poll::Ready(Some(item));
+                Poll::Ready(Some(item))
             }
             // The producer is done: its error, if any, follows.
-            let Some(tail) = this.tail.as_mut() else {
-                return Poll::Ready(None);
-            };
-            return match Pin::new(tail).poll(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(r) => {
-                    this.tail = None;
-                    match r {
-                        Ok(status) => {
-                            this.ended = Some(status.code());
-                            Poll::Ready(Some(Err(status)))
+            Poll::Ready(None) => {
+                let Some(tail) = this.tail.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                match Pin::new(tail).poll(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(r) => {
+                        this.tail = None;
+                        match r {
+                            Ok(status) => {
+                                this.ended = Some(status.code());
+                                Poll::Ready(Some(Err(status)))
+                            }
+                            Err(_) => Poll::Ready(None),
                         }
-                        Err(_) => Poll::Ready(None),
                     }
                 }
-            };
+            }
         }
-        Poll::Pending
     }
 }
 

@@ -14,6 +14,18 @@ use crate::{
     kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkError},
 };
 
+/// Longest piece of a request quoted in a log line or an error message.
+pub const MAX_QUOTE: usize = 64;
+
+/// `s` as a quoted, escaped string of at most [`MAX_QUOTE`] characters
+/// (followed by "..." when cut).
+pub fn quote(s: &str) -> String {
+    match s.char_indices().nth(MAX_QUOTE) {
+        None => format!("{s:?}"),
+        Some((at, _)) => format!("{:?}...", &s[..at]),
+    }
+}
+
 /// The ErrorInfo domain of every status.
 pub const DOMAIN: &str = "bpfmapd";
 
@@ -77,6 +89,40 @@ pub enum Error {
     /// A limit was reached; the message names it.
     #[error("{0}")]
     ResourceExhausted(String),
+    /// The dump held its slot for the hold time while other dumps waited.
+    #[error(
+        "this dump held its slot for {secs} s while other dumps were waiting for one, so the stream was ended; resume from the last cursor received"
+    )]
+    SlotExpired {
+        /// limits.max_slot_hold_secs.
+        secs: u64,
+    },
+    /// One entry is larger than the largest message the server sends.
+    #[error(
+        "an entry of map {map} takes {bytes} bytes, more than the largest message this server sends ({max} bytes, limits.max_message_bytes); raise that limit to read this map"
+    )]
+    EntryTooLarge {
+        /// The reference.
+        map: MapRef,
+        /// Bytes of one entry in a message.
+        bytes: usize,
+        /// limits.max_message_bytes.
+        max: usize,
+    },
+    /// The response to a Lookup would be too large.
+    #[error(
+        "the values of {keys} keys of map {map} would make a response of about {bytes} bytes; at most {fit} keys of this map fit in one Lookup, split the request"
+    )]
+    ResponseTooLarge {
+        /// The reference.
+        map: MapRef,
+        /// Keys asked for.
+        keys: usize,
+        /// Estimated response size.
+        bytes: usize,
+        /// Keys that fit.
+        fit: usize,
+    },
     /// The policy does not allow this.
     #[error("{identity} may not {verb} {map}", verb = .operation.verb())]
     PermissionDenied {
@@ -110,7 +156,9 @@ impl Error {
     /// The gRPC code a client acts on.
     pub fn code(&self) -> Code {
         match self {
-            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::InvalidArgument(_) | Self::ResponseTooLarge { .. } => Code::InvalidArgument,
+            Self::SlotExpired { .. } => Code::Unavailable,
+            Self::EntryTooLarge { .. } => Code::FailedPrecondition,
             Self::Cursor(c) => match c {
                 CursorError::OtherIdentity(_) => Code::PermissionDenied,
                 CursorError::MapReplaced { .. } => Code::Aborted,
@@ -141,6 +189,9 @@ impl Error {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::InvalidArgument(_) => "INVALID_REQUEST",
+            Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
+            Self::SlotExpired { .. } => "SLOT_EXPIRED",
+            Self::EntryTooLarge { .. } => "ENTRY_TOO_LARGE",
             Self::MapNotFound(_) => "MAP_NOT_FOUND",
             Self::NotAMap { .. } => "NOT_A_MAP",
             Self::ByIdDisabled => "BY_ID_DISABLED",
@@ -232,5 +283,22 @@ impl From<Error> for Status {
             e.to_string(),
             ErrorDetails::with_error_info(e.reason(), DOMAIN, []),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotes_are_bounded_and_escaped() {
+        assert_eq!(quote("demo/flows"), "\"demo/flows\"");
+        assert_eq!(quote("a\nb"), "\"a\\nb\"");
+        let long = "x".repeat(10_000);
+        let q = quote(&long);
+        assert_eq!(q.len(), MAX_QUOTE + 2 + 3);
+        assert!(q.ends_with("\"..."));
+        let wide = "é".repeat(100);
+        assert!(quote(&wide).starts_with("\"éé"));
     }
 }

@@ -12,6 +12,7 @@ mod audit;
 mod auth;
 mod catalog;
 mod config;
+mod conn;
 mod cursor;
 mod demo;
 mod dump;

@@ -1,66 +1,136 @@
-//! Dump slots: how many dumps may run at once, in all and per identity.
+//! Bounds on what callers can make the daemon hold: dump slots (how many
+//! dumps run at once, in all and per caller), the memory budget for queued
+//! chunks and lookup responses, and lookups in flight.
 //!
 //! A slot is taken when DumpMap is accepted and held by the producer for the
 //! whole life of the stream (tonic's own limits only cover the response
-//! future, not the stream behind it).
+//! future, not the stream behind it). A slot held longer than the hold time
+//! while other dumps were refused is given back: the stream ends with
+//! UNAVAILABLE and the client resumes from its cursor.
 #![forbid(unsafe_code)]
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    net::IpAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use crate::{auth::Identity, error::Error};
+use crate::{
+    auth::{Caller, Identity},
+    error::Error,
+};
 
-/// How many dumps run at once, in all and per identity.
+/// Whose dumps count against the per-caller limit: the identity, or for
+/// plaintext callers (all `anonymous`) the peer's address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SlotKey {
+    /// An authenticated identity.
+    Identity(Identity),
+    /// An anonymous caller, by address.
+    Peer(Option<IpAddr>),
+}
+
+impl SlotKey {
+    /// The key of a caller.
+    pub fn of(caller: &Caller) -> Self {
+        match &caller.identity {
+            Identity::Anonymous => Self::Peer(caller.peer.map(|p| p.ip())),
+            id => Self::Identity(id.clone()),
+        }
+    }
+}
+
+impl std::fmt::Display for SlotKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Identity(id) => write!(f, "{id}"),
+            Self::Peer(Some(ip)) => write!(f, "anonymous caller {ip}"),
+            Self::Peer(None) => f.write_str("anonymous caller"),
+        }
+    }
+}
+
+/// How many dumps run at once, in all and per caller.
 #[derive(Debug)]
 pub struct DumpSlots {
     global: Arc<Semaphore>,
     global_max: usize,
-    per_identity_max: usize,
-    per_identity: Mutex<HashMap<Identity, Arc<Semaphore>>>,
+    per_key_max: usize,
+    per_key: Mutex<HashMap<SlotKey, Arc<Semaphore>>>,
+    epoch: Instant,
+    /// When a dump was last refused a global slot (ms since `epoch`, 0: never).
+    refused_global: AtomicU64,
+    /// When each key was last refused a slot of its own.
+    refused_key: Mutex<HashMap<SlotKey, Instant>>,
 }
 
 /// A running dump's claim on both limits; released on drop.
 #[derive(Debug)]
 pub struct Slot {
     _global: OwnedSemaphorePermit,
-    _identity: OwnedSemaphorePermit,
+    _key: OwnedSemaphorePermit,
+    key: SlotKey,
+    taken: Instant,
+}
+
+impl Slot {
+    /// How long the slot has been held.
+    pub fn held(&self) -> Duration {
+        self.taken.elapsed()
+    }
 }
 
 impl DumpSlots {
-    /// Slots for `global_max` dumps, at most `per_identity_max` per identity.
-    pub fn new(global_max: usize, per_identity_max: usize) -> Self {
+    /// Slots for `global_max` dumps, at most `per_key_max` per caller.
+    pub fn new(global_max: usize, per_key_max: usize) -> Self {
         Self {
             global: Arc::new(Semaphore::new(global_max)),
             global_max,
-            per_identity_max,
-            per_identity: Mutex::new(HashMap::new()),
+            per_key_max,
+            per_key: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
+            refused_global: AtomicU64::new(0),
+            refused_key: Mutex::new(HashMap::new()),
         }
     }
 
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
     /// Takes a slot, or RESOURCE_EXHAUSTED naming the limit that was hit.
-    pub fn try_acquire(&self, identity: &Identity) -> Result<Slot, Error> {
+    pub fn try_acquire(&self, caller: &Caller) -> Result<Slot, Error> {
+        let key = SlotKey::of(caller);
         let sem = {
-            let mut map = self.per_identity.lock().expect("slots lock");
-            // Forget identities with nothing running, so the map stays small.
+            let mut map = self.per_key.lock().expect("slots lock");
+            // Forget callers with nothing running, so the map stays small.
             if map.len() > 1024 {
-                let max = self.per_identity_max;
+                let max = self.per_key_max;
                 map.retain(|_, s| s.available_permits() < max);
             }
-            map.entry(identity.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_identity_max)))
+            map.entry(key.clone())
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_key_max)))
                 .clone()
         };
-        let identity_permit = sem.try_acquire_owned().map_err(|_| {
+        let key_permit = sem.try_acquire_owned().map_err(|_| {
+            let mut refused = self.refused_key.lock().expect("slots lock");
+            if refused.len() > 1024 {
+                refused.retain(|_, t| t.elapsed() < Duration::from_secs(600));
+            }
+            refused.insert(key.clone(), Instant::now());
             Error::ResourceExhausted(format!(
-                "{identity} already runs {} dumps (limits.max_dumps_per_identity); wait for one to finish",
-                self.per_identity_max
+                "{key} already runs {} dumps (limits.max_dumps_per_identity); retry when one has finished",
+                self.per_key_max
             ))
         })?;
         let global = self.global.clone().try_acquire_owned().map_err(|_| {
+            self.refused_global.store(self.now_ms(), Ordering::Relaxed);
             Error::ResourceExhausted(format!(
                 "the server already runs {} dumps (limits.max_dumps); retry later",
                 self.global_max
@@ -68,7 +138,147 @@ impl DumpSlots {
         })?;
         Ok(Slot {
             _global: global,
-            _identity: identity_permit,
+            _key: key_permit,
+            key,
+            taken: Instant::now(),
+        })
+    }
+
+    /// Whether a dump that would share `slot`'s limits was refused within
+    /// the last `window`: the slot is wanted by someone else.
+    pub fn contended(&self, slot: &Slot, window: Duration) -> bool {
+        let last = self.refused_global.load(Ordering::Relaxed);
+        if last != 0 && self.now_ms().saturating_sub(last) <= window.as_millis() as u64 {
+            return true;
+        }
+        self.refused_key
+            .lock()
+            .expect("slots lock")
+            .get(&slot.key)
+            .is_some_and(|t| t.elapsed() <= window)
+    }
+}
+
+/// The memory budget, in bytes, for what callers make the daemon hold:
+/// chunks queued for dump streams (from the kernel read until the transport
+/// has taken them) and lookup responses being built.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    sem: Arc<Semaphore>,
+    total: u32,
+}
+
+/// Bytes taken from the budget; given back on drop.
+#[derive(Debug)]
+pub struct Reservation {
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Reservation {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.permit.as_ref().map_or(0, |p| p.num_permits())
+    }
+}
+
+impl Budget {
+    /// A budget of `total` bytes (at most 4 GiB).
+    pub fn new(total: usize) -> Self {
+        let total = u32::try_from(total).unwrap_or(u32::MAX).max(1);
+        Self {
+            sem: Arc::new(Semaphore::new(total as usize)),
+            total,
+        }
+    }
+
+    /// Bytes reserved now.
+    pub fn in_use(&self) -> usize {
+        self.total as usize - self.sem.available_permits()
+    }
+
+    fn clamp(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes)
+            .unwrap_or(u32::MAX)
+            .clamp(1, self.total)
+    }
+
+    /// Takes `bytes` (capped at the whole budget) if they are free now.
+    pub fn try_reserve(&self, bytes: usize) -> Option<Reservation> {
+        match self.sem.clone().try_acquire_many_owned(self.clamp(bytes)) {
+            Ok(p) => Some(Reservation { permit: Some(p) }),
+            Err(TryAcquireError::NoPermits) | Err(TryAcquireError::Closed) => None,
+        }
+    }
+
+    /// Takes up to `want` bytes and at least `floor`: all of `want` when it
+    /// is free; when the budget is tight, half of what is free (so that
+    /// others get the rest), as long as that is at least `floor`; otherwise
+    /// waits for `floor` bytes. Both are capped at the whole budget.
+    pub async fn reserve(&self, want: usize, floor: usize) -> Reservation {
+        let floor = self.clamp(floor);
+        let want = self.clamp(want).max(floor);
+        if let Some(r) = self.try_reserve(want as usize) {
+            return r;
+        }
+        let half = (self.sem.available_permits() / 2) as u32;
+        if half >= floor
+            && let Ok(p) = self.sem.clone().try_acquire_many_owned(half.min(want))
+        {
+            return Reservation { permit: Some(p) };
+        }
+        let permit = self
+            .sem
+            .clone()
+            .acquire_many_owned(floor)
+            .await
+            .expect("the budget is never closed");
+        Reservation {
+            permit: Some(permit),
+        }
+    }
+
+    /// Adds up to `bytes` to a reservation if they are free now; `false`
+    /// when they are not (the caller goes on slightly over budget).
+    pub fn try_grow(&self, r: &mut Reservation, bytes: usize) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        match self.sem.clone().try_acquire_many_owned(self.clamp(bytes)) {
+            Ok(more) => {
+                match r.permit.as_mut() {
+                    Some(p) => p.merge(more),
+                    None => r.permit = Some(more),
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// Lookups in flight.
+#[derive(Debug)]
+pub struct LookupSlots {
+    sem: Arc<Semaphore>,
+    max: usize,
+}
+
+impl LookupSlots {
+    /// At most `max` lookups at once.
+    pub fn new(max: usize) -> Self {
+        Self {
+            sem: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// A slot, or RESOURCE_EXHAUSTED.
+    pub fn try_acquire(&self) -> Result<OwnedSemaphorePermit, Error> {
+        self.sem.clone().try_acquire_owned().map_err(|_| {
+            Error::ResourceExhausted(format!(
+                "the server already runs {} lookups (limits.max_lookups); retry later",
+                self.max
+            ))
         })
     }
 }
@@ -77,20 +287,80 @@ impl DumpSlots {
 mod tests {
     use super::*;
 
+    fn caller(identity: Identity, peer: &str) -> Caller {
+        Caller {
+            identity,
+            peer: Some(peer.parse().unwrap()),
+        }
+    }
+
     #[test]
     fn limits_per_identity_and_in_all() {
         let slots = DumpSlots::new(3, 2);
-        let (a, b) = (Identity::Cn("a".into()), Identity::Cn("b".into()));
+        let a = caller(Identity::Cn("a".into()), "10.0.0.1:1");
+        let b = caller(Identity::Cn("b".into()), "10.0.0.1:2");
         let a1 = slots.try_acquire(&a).unwrap();
         let _a2 = slots.try_acquire(&a).unwrap();
+        assert!(!slots.contended(&a1, Duration::from_secs(60)));
         let e = slots.try_acquire(&a).unwrap_err();
         assert!(e.to_string().contains("max_dumps_per_identity"), "{e}");
-        let _b1 = slots.try_acquire(&b).unwrap();
+        assert!(
+            slots.contended(&a1, Duration::from_secs(60)),
+            "a was refused"
+        );
+        let b1 = slots.try_acquire(&b).unwrap();
+        assert!(!slots.contended(&b1, Duration::from_secs(60)), "b was not");
         let e = slots.try_acquire(&b).unwrap_err();
         assert!(e.to_string().contains("limits.max_dumps)"), "{e}");
+        assert!(
+            slots.contended(&b1, Duration::from_secs(60)),
+            "global refusal"
+        );
         drop(a1);
         slots
             .try_acquire(&b)
             .expect("a released slot is free again");
+    }
+
+    #[test]
+    fn anonymous_callers_are_limited_per_address() {
+        let slots = DumpSlots::new(10, 1);
+        let one = caller(Identity::Anonymous, "127.0.0.1:1000");
+        let same_host = caller(Identity::Anonymous, "127.0.0.1:2000");
+        let other_host = caller(Identity::Anonymous, "127.0.0.2:1000");
+        let _s = slots.try_acquire(&one).unwrap();
+        let e = slots.try_acquire(&same_host).unwrap_err();
+        assert!(e.to_string().contains("anonymous caller 127.0.0.1"), "{e}");
+        slots
+            .try_acquire(&other_host)
+            .expect("another address has its own slots");
+    }
+
+    #[tokio::test]
+    async fn the_budget_shrinks_reservations_when_tight_and_waits_when_empty() {
+        let budget = Budget::new(1000);
+        let a = budget.reserve(600, 10).await;
+        assert_eq!(a.bytes(), 600);
+        // 400 free: a request for 600 gets half of what is free.
+        let b = budget.reserve(600, 10).await;
+        assert_eq!(b.bytes(), 200);
+        assert_eq!(budget.in_use(), 800);
+        // 200 free, floor 300: waits until enough is given back.
+        let waiting = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.reserve(300, 300).await.bytes() }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        drop(a);
+        assert_eq!(waiting.await.unwrap(), 300);
+        // Larger than the whole budget: capped at it.
+        drop(b);
+        assert_eq!(budget.reserve(5000, 5000).await.bytes(), 1000);
+        assert_eq!(budget.in_use(), 0);
+        let mut r = budget.try_reserve(100).unwrap();
+        assert!(budget.try_grow(&mut r, 50));
+        assert_eq!(r.bytes(), 150);
+        assert!(!budget.try_grow(&mut r, 5000));
     }
 }

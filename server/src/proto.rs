@@ -16,6 +16,17 @@ pub(crate) trait IntoProto {
     fn into_proto(self) -> Self::Output;
 }
 
+/// About how many bytes one entry takes in a message of `layout` (the
+/// fields' tags and lengths included), for sizing chunks and responses.
+pub(crate) fn entry_bytes(meta: &MapMeta, layout: pb::Layout) -> usize {
+    let data = meta.key_size as usize + meta.wire_value_size();
+    match layout {
+        pb::Layout::Packed => data.max(1),
+        pb::Layout::Entries if meta.per_cpu() => data + 8 + 4 * meta.possible_cpus as usize,
+        pb::Layout::Entries => data + 12,
+    }
+}
+
 /// The map reference of a request, validated.
 pub(crate) fn map_ref(r: Option<pb::MapRef>) -> Result<MapRef, Error> {
     match r.and_then(|r| r.r#ref) {

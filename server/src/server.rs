@@ -2,7 +2,11 @@
 //! v1alpha), mutual TLS, limits, reload, graceful shutdown.
 #![forbid(unsafe_code)]
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context as _;
 use bpfmap_proto::v1::map_service_server::MapServiceServer;
@@ -19,18 +23,20 @@ use crate::{
     auth::{self, Policy},
     catalog::Catalog,
     config::Config,
+    conn::{self, AcceptConfig, CountCalls, Registry},
     cursor::CursorKey,
     dump::{DumpEnv, DumpStats},
     kernel,
-    limits::DumpSlots,
-    service::{MapServiceImpl, SharedPolicy},
+    limits::{Budget, DumpSlots, LookupSlots},
+    service::{MapServiceImpl, ServiceLimits, SharedPolicy},
     tls::{self, SharedTls},
 };
 
 /// Name of the service in the health protocol.
 pub const SERVICE_NAME: &str = "bpfmap.v1.MapService";
-/// Largest message the server sends; chunks stay below 3 MiB.
-const MAX_RESPONSE_BYTES: usize = 4 << 20;
+/// After the shutdown grace, how long connections get to deliver the last
+/// statuses and close before they are closed by force.
+const DRAIN: Duration = Duration::from_millis(500);
 
 /// A running server.
 #[derive(Debug)]
@@ -40,11 +46,18 @@ pub struct Running {
     stats: Arc<DumpStats>,
     policy: SharedPolicy,
     tls: Option<SharedTls>,
-    shutdown: watch::Sender<bool>,
+    registry: Registry,
+    budget: Budget,
+    grace: Duration,
+    /// Set when the server stops taking calls (health NOT_SERVING, GOAWAY).
+    draining: watch::Sender<bool>,
+    /// Set when dumps in flight must end.
+    stop_dumps: watch::Sender<bool>,
     tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
 }
 
 impl Running {
+    /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
@@ -54,8 +67,19 @@ impl Running {
         self.health_addr
     }
 
+    /// Counters of the dumps.
     pub fn stats(&self) -> &Arc<DumpStats> {
         &self.stats
+    }
+
+    /// Connections open now (on the main listener).
+    pub fn open_connections(&self) -> usize {
+        self.registry.len()
+    }
+
+    /// Bytes of the memory budget in use now.
+    pub fn budget_in_use(&self) -> usize {
+        self.budget.in_use()
     }
 
     /// Applies a new configuration's certificates, client CA and policy
@@ -83,24 +107,43 @@ impl Running {
         Ok(())
     }
 
-    /// Ends open dumps with UNAVAILABLE (clients resume elsewhere or later),
-    /// reports NOT_SERVING, and waits for connections to close.
+    /// Stops: health turns NOT_SERVING and new calls get UNAVAILABLE at
+    /// once (connections are sent GOAWAY); dumps in flight get the shutdown
+    /// grace to finish, then end with UNAVAILABLE (clients resume from their
+    /// cursor); connections still open shortly after are closed.
     pub async fn stop(self) -> anyhow::Result<()> {
-        self.shutdown.send_replace(true);
-        let all = futures::future::join_all(self.tasks);
-        match tokio::time::timeout(Duration::from_secs(10), all).await {
-            Ok(results) => {
-                for r in results {
-                    r.context("server task panicked")?
-                        .context("server failed")?;
-                }
-                Ok(())
-            }
-            Err(_) => {
-                tracing::warn!("connections still open after 10 s; stopping anyway");
-                Ok(())
-            }
+        let started = Instant::now();
+        self.draining.send_replace(true);
+        while self.stats.active.load(Ordering::SeqCst) > 0 && started.elapsed() < self.grace {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let cut = self.stats.active.load(Ordering::SeqCst);
+        self.stop_dumps.send_replace(true);
+        let mut all = futures::future::join_all(self.tasks);
+        let results = match tokio::time::timeout(DRAIN, &mut all).await {
+            Ok(results) => results,
+            Err(_) => {
+                let closed = self.registry.kill_all();
+                tracing::info!(closed, "closed connections still open after the drain");
+                match tokio::time::timeout(DRAIN, all).await {
+                    Ok(results) => results,
+                    Err(_) => {
+                        tracing::warn!("the server did not stop in time; stopping anyway");
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        tracing::info!(
+            dumps_cut = cut,
+            took_ms = started.elapsed().as_millis() as u64,
+            "server stopped"
+        );
+        for r in results {
+            r.context("server task panicked")?
+                .context("server failed")?;
+        }
+        Ok(())
     }
 }
 
@@ -184,26 +227,39 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         tracing::warn!("TLS is on but no [[rule]] is configured: every request will be denied");
     }
     let policy: SharedPolicy = Arc::new(arc_swap::ArcSwap::from_pointee(policy));
-    let (shutdown, shutdown_rx) = watch::channel(false);
+    let (draining, draining_rx) = watch::channel(false);
+    let (stop_dumps, stop_dumps_rx) = watch::channel(false);
     let stats = Arc::new(DumpStats::default());
     let limits = &config.limits;
+    raise_fd_limit(limits.max_connections);
+    let slots = Arc::new(DumpSlots::new(
+        limits.max_dumps,
+        limits.max_dumps_per_identity,
+    ));
+    let budget = Budget::new(limits.max_queued_bytes);
     let service = MapServiceImpl::new(
         Catalog::new(config.roots.clone(), config.allow_by_id),
         key,
         policy.clone(),
-        Arc::new(DumpSlots::new(
-            limits.max_dumps,
-            limits.max_dumps_per_identity,
-        )),
+        ServiceLimits {
+            slots: slots.clone(),
+            lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
+            budget: budget.clone(),
+            max_message_bytes: limits.max_message_bytes,
+        },
         DumpEnv {
-            shutdown: shutdown_rx.clone(),
+            stop: stop_dumps_rx,
             stats: stats.clone(),
             stall_timeout: Duration::from_secs(limits.stall_timeout_secs),
+            budget: budget.clone(),
+            slots,
+            max_slot_hold: Duration::from_secs(limits.max_slot_hold_secs),
         },
+        draining_rx.clone(),
     );
     let map_service = MapServiceServer::new(service)
         .max_decoding_message_size(limits.max_request_bytes)
-        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+        .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
 
     let (health_reporter, health) = tonic_health::server::health_reporter();
     for name in [SERVICE_NAME, ""] {
@@ -228,7 +284,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             .await
             .with_context(|| format!("cannot listen on {health_listen} (health_listen)"))?;
         health_addr = Some(health_listener.local_addr()?);
-        let mut rx = shutdown_rx.clone();
+        let mut rx = draining_rx.clone();
         let incoming =
             tonic::transport::server::TcpIncoming::from(health_listener).with_nodelay(Some(true));
         // Reflection of the health schema only, so grpcurl works here too.
@@ -245,7 +301,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         ));
     }
 
-    let mut rx = shutdown_rx.clone();
+    let mut rx = draining_rx.clone();
     let signal = async move {
         let _ = rx.wait_for(|s| *s).await;
         for name in [SERVICE_NAME, ""] {
@@ -255,7 +311,9 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         }
     };
     let router = tonic::transport::Server::builder()
+        .layer(CountCalls)
         .max_concurrent_streams(Some(limits.max_streams_per_connection))
+        .http2_max_local_error_reset_streams(Some(1024))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(InterceptedService::new(map_service, auth::authenticate))
@@ -266,12 +324,18 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             auth::authenticate,
         ));
     let (conn_tx, conn_rx) = mpsc::channel(64);
-    tokio::spawn(tls::accept_loop(
+    let registry = Registry::default();
+    tokio::spawn(conn::accept_loop(
         listener,
-        tls.clone(),
-        Duration::from_secs(limits.handshake_timeout_secs),
+        AcceptConfig {
+            tls: tls.clone(),
+            handshake_timeout: Duration::from_secs(limits.handshake_timeout_secs),
+            idle_timeout: Duration::from_secs(limits.idle_timeout_secs),
+            max_connections: limits.max_connections,
+        },
+        registry.clone(),
         conn_tx,
-        shutdown_rx,
+        draining_rx,
     ));
     tasks.push(tokio::spawn(router.serve_with_incoming_shutdown(
         ReceiverStream::new(conn_rx),
@@ -290,7 +354,25 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         stats,
         policy,
         tls,
-        shutdown,
+        registry,
+        budget,
+        grace: Duration::from_secs(limits.shutdown_grace_secs),
+        draining,
+        stop_dumps,
         tasks,
     })
+}
+
+/// Raises the open-file limit to its maximum, and warns when it stays too
+/// low for `max_connections` (every connection is a descriptor).
+fn raise_fd_limit(max_connections: usize) {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < max_connections as u64 + 64 => tracing::warn!(
+            limit,
+            max_connections,
+            "the open-file limit is below limits.max_connections + 64: new connections will fail before the connection limit is reached"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
 }

@@ -3,7 +3,7 @@
 //! maps.
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use arc_swap::ArcSwap;
 use bpfmap_proto::v1::{self as pb, map_service_server::MapService};
@@ -17,15 +17,33 @@ use crate::{
     dump::{self, DumpEnv, DumpJob, DumpStream},
     error::Error,
     kernel::walk::Position,
-    limits::DumpSlots,
+    limits::{Budget, DumpSlots, LookupSlots},
     proto::{self, IntoProto as _, LookupOutcome},
 };
 
 /// Most keys accepted in one Lookup call.
 pub const MAX_LOOKUP_KEYS: usize = 4096;
+/// Upper bound on a Lookup response, as for a dump chunk (below grpcurl's
+/// 4 MiB default), unless one entry alone is larger.
+pub const MAX_LOOKUP_RESPONSE: usize = crate::dump::MAX_CHUNK_BYTES;
+/// How long a Lookup waits for room in the memory budget.
+const LOOKUP_BUDGET_WAIT: Duration = Duration::from_secs(2);
 
 /// The authorization policy in force; replaced on reload.
 pub type SharedPolicy = Arc<ArcSwap<Policy>>;
+
+/// What the service bounds.
+#[derive(Debug, Clone)]
+pub struct ServiceLimits {
+    /// Dumps at once.
+    pub slots: Arc<DumpSlots>,
+    /// Lookups at once.
+    pub lookups: Arc<LookupSlots>,
+    /// Memory for lookup responses (shared with dumps).
+    pub budget: Budget,
+    /// Largest message sent.
+    pub max_message_bytes: usize,
+}
 
 /// `bpfmap.v1.MapService`.
 #[derive(Debug, Clone)]
@@ -33,8 +51,10 @@ pub struct MapServiceImpl {
     catalog: Arc<Catalog>,
     key: CursorKey,
     policy: SharedPolicy,
-    slots: Arc<DumpSlots>,
+    limits: ServiceLimits,
     env: DumpEnv,
+    /// True once the server is shutting down: new calls get UNAVAILABLE.
+    draining: tokio::sync::watch::Receiver<bool>,
 }
 
 impl MapServiceImpl {
@@ -43,15 +63,25 @@ impl MapServiceImpl {
         catalog: Catalog,
         key: CursorKey,
         policy: SharedPolicy,
-        slots: Arc<DumpSlots>,
+        limits: ServiceLimits,
         env: DumpEnv,
+        draining: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         Self {
             catalog: Arc::new(catalog),
             key,
             policy,
-            slots,
+            limits,
             env,
+            draining,
+        }
+    }
+
+    fn accepting(&self) -> Result<(), Error> {
+        if *self.draining.borrow() {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
         }
     }
 
@@ -94,6 +124,7 @@ impl MapServiceImpl {
     }
 
     async fn list(&self, caller: &Caller) -> Result<Vec<pb::MapInfo>, Error> {
+        self.accepting()?;
         let catalog = self.catalog.clone();
         let maps = blocking(move || Ok(catalog.list())).await?;
         let policy = self.policy.load();
@@ -105,12 +136,14 @@ impl MapServiceImpl {
     }
 
     async fn get(&self, caller: &Caller, map: Option<pb::MapRef>) -> Result<pb::MapInfo, Error> {
+        self.accepting()?;
         let map = proto::map_ref(map)?;
         let resolved = self.open_for(caller, Operation::List, &map).await?;
         Ok((&resolved.map, resolved.handle.meta()).into_proto())
     }
 
     async fn dump(&self, caller: &Caller, req: pb::DumpMapRequest) -> Result<DumpJob, Error> {
+        self.accepting()?;
         let map = proto::map_ref(req.map)?;
         let layout = pb::Layout::try_from(req.layout).map_err(|_| {
             Error::InvalidArgument(format!(
@@ -144,9 +177,16 @@ impl MapServiceImpl {
             chunk_hint: req.chunk_size,
             limit: req.limit,
         };
-        let job = DumpJob::new(map, resolved.handle, position, options, sealer)?;
+        let job = DumpJob::new(
+            map,
+            resolved.handle,
+            position,
+            options,
+            sealer,
+            self.limits.max_message_bytes,
+        )?;
         // Last: a slot is only taken by a dump that will run.
-        let slot = self.slots.try_acquire(&caller.identity)?;
+        let slot = self.limits.slots.try_acquire(caller)?;
         Ok(job.with_slot(slot))
     }
 
@@ -155,6 +195,7 @@ impl MapServiceImpl {
         caller: &Caller,
         req: pb::LookupRequest,
     ) -> Result<Vec<pb::LookupResult>, Error> {
+        self.accepting()?;
         let map = proto::map_ref(req.map)?;
         if req.keys.is_empty() {
             return Err(Error::InvalidArgument(
@@ -167,6 +208,7 @@ impl MapServiceImpl {
                 req.keys.len()
             )));
         }
+        let _running = self.limits.lookups.try_acquire()?;
         let resolved = self.open_for(caller, Operation::Lookup, &map).await?;
         let handle = resolved.handle;
         let meta = handle.meta();
@@ -182,6 +224,36 @@ impl MapServiceImpl {
                 meta.key_size
             )));
         }
+        // The response is bounded before anything is read: every value has
+        // the map's fixed size.
+        let per_key = proto::entry_bytes(meta, pb::Layout::Entries);
+        if per_key > self.limits.max_message_bytes {
+            return Err(Error::EntryTooLarge {
+                map,
+                bytes: per_key,
+                max: self.limits.max_message_bytes,
+            });
+        }
+        let fit = (MAX_LOOKUP_RESPONSE / per_key).max(1);
+        let bytes = req.keys.len() * per_key;
+        if req.keys.len() > fit {
+            return Err(Error::ResponseTooLarge {
+                map,
+                keys: req.keys.len(),
+                bytes,
+                fit,
+            });
+        }
+        let _reserved = tokio::time::timeout(
+            LOOKUP_BUDGET_WAIT,
+            self.limits.budget.reserve(bytes, bytes),
+        )
+        .await
+        .map_err(|_| {
+            Error::ResourceExhausted(
+                "the server's memory budget for responses is in use (limits.max_queued_bytes); retry later".into(),
+            )
+        })?;
         blocking(move || {
             let meta = handle.meta();
             req.keys

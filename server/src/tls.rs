@@ -1,5 +1,4 @@
-//! TLS (rustls with the ring provider), client identities, and the accept
-//! loop that feeds connections to tonic.
+//! TLS (rustls with the ring provider) and client identities.
 //!
 //! Client certificates are optional at the handshake, so the health service
 //! stays reachable without one; a certificate that is presented must chain
@@ -10,29 +9,17 @@
 #![forbid(unsafe_code)]
 
 use std::{
-    io,
-    net::SocketAddr,
     path::{Path, PathBuf},
-    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
-    time::Duration,
 };
 
+use crate::auth::Identity;
 use rustls::{
     RootCertStore, ServerConfig,
     crypto::CryptoProvider,
     pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
     server::WebPkiClientVerifier,
 };
-use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{TcpListener, TcpStream},
-    sync::{mpsc, watch},
-};
-use tonic::transport::server::Connected;
-
-use crate::auth::Identity;
 
 /// Where the TLS material lives.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -162,175 +149,8 @@ pub enum Transport {
     },
 }
 
-/// What the service layer learns about a connection.
-#[derive(Debug, Clone, Default)]
-pub struct ConnInfo {
-    /// The peer's address.
-    pub remote: Option<SocketAddr>,
-    /// Plaintext, or TLS with the client's identity.
-    pub transport: Transport,
-}
-
-enum Io {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-/// An accepted connection, plaintext or TLS.
-pub struct Conn {
-    io: Io,
-    info: ConnInfo,
-}
-
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").field("info", &self.info).finish()
-    }
-}
-
-impl Connected for Conn {
-    type ConnectInfo = ConnInfo;
-
-    fn connect_info(&self) -> ConnInfo {
-        self.info.clone()
-    }
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().io {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match &self.io {
-            Io::Plain(s) => s.is_write_vectored(),
-            Io::Tls(s) => s.is_write_vectored(),
-        }
-    }
-}
-
 /// The TLS configuration in force; replaced on reload.
 pub type SharedTls = Arc<arc_swap::ArcSwap<ServerConfig>>;
-
-/// Accepts connections until shutdown, doing TLS handshakes concurrently
-/// (each bounded by `handshake_timeout`), and hands ready connections to
-/// `tx`.
-pub async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<SharedTls>,
-    handshake_timeout: Duration,
-    tx: mpsc::Sender<io::Result<Conn>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = shutdown.wait_for(|s| *s) => return,
-        };
-        let (tcp, remote) = match accepted {
-            Ok(x) => x,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        let keepalive = socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(60))
-            .with_interval(Duration::from_secs(10));
-        let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
-        let Some(tls) = &tls else {
-            let conn = Conn {
-                io: Io::Plain(tcp),
-                info: ConnInfo {
-                    remote: Some(remote),
-                    transport: Transport::Plaintext,
-                },
-            };
-            if tx.send(Ok(conn)).await.is_err() {
-                return;
-            }
-            continue;
-        };
-        let config = tls.load_full();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let acceptor = tokio_rustls::TlsAcceptor::from(config);
-            let stream = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::info!(%remote, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::info!(%remote, timeout = ?handshake_timeout, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let identity = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|leaf| identity_of(leaf));
-            let conn = Conn {
-                io: Io::Tls(Box::new(stream)),
-                info: ConnInfo {
-                    remote: Some(remote),
-                    transport: Transport::Tls { identity },
-                },
-            };
-            let _ = tx.send(Ok(conn)).await;
-        });
-    }
-}
 
 #[cfg(test)]
 mod tests {

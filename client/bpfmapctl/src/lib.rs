@@ -60,7 +60,7 @@ pub enum Command {
         #[arg(long, default_value_t = 0)]
         limit: u64,
         /// Resume after this cursor (from an earlier dump's summary).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         cursor: Option<String>,
         /// Do not resume automatically when the stream breaks.
         #[arg(long)]
@@ -121,6 +121,27 @@ fn entry_json(e: &Entry) -> Json {
     }
 }
 
+/// The dump was stopped by SIGINT or SIGTERM (the summary says where to
+/// resume).
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by {0}")]
+pub struct Interrupted(pub &'static str);
+
+/// Resolves when the process gets SIGINT or SIGTERM, with the signal's name.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        _ => std::future::pending().await,
+    }
+}
+
 fn print(out: &mut dyn io::Write, v: &Json) -> io::Result<()> {
     serde_json::to_writer(&mut *out, v)?;
     out.write_all(b"\n")
@@ -166,26 +187,42 @@ pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> 
                 packed: true,
             };
             let mut dump = client.dump(map, options);
+            // What is on stdout, chunk by chunk: the summary's cursor resumes
+            // right after the last line written, whatever ends the dump.
+            let mut written = 0u64;
+            let mut cursor = dump.cursor().to_owned();
             let result = async {
-                while let Some(chunk) = dump.next_chunk().await? {
+                let mut stop = std::pin::pin!(interrupted());
+                loop {
+                    let chunk = tokio::select! {
+                        chunk = dump.next_chunk() => chunk?,
+                        signal = &mut stop => return Err(anyhow::Error::new(Interrupted(signal))),
+                    };
+                    let Some(chunk) = chunk else { break };
                     for e in &chunk {
                         print(out, &entry_json(e))?;
                     }
+                    written += chunk.len() as u64;
+                    cursor = dump.cursor().to_owned();
                 }
-                out.flush()?;
                 anyhow::Ok(())
             }
             .await;
+            let flushed = out.flush();
+            if result.is_ok() {
+                cursor = dump.cursor().to_owned();
+            }
             let summary = json!({
-                "entries": dump.received(),
-                "complete": dump.complete(),
+                "entries": written,
+                "complete": result.is_ok() && dump.complete(),
                 "resumes": dump.resumes(),
-                "cursor": dump.cursor(),
+                "cursor": cursor,
             });
-            if result.is_ok() || dump.received() > 0 {
+            if result.is_ok() || written > 0 || !cursor.is_empty() {
                 writeln!(err, "{summary}")?;
             }
             result?;
+            flushed?;
         }
         Command::Lookup { map, keys } => {
             let map: MapName = map.parse()?;

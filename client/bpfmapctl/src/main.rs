@@ -12,7 +12,9 @@ async fn main() {
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let result = run(cli, &mut out, &mut io::stderr()).await;
-    let result = result.and_then(|()| out.flush().map_err(Into::into));
+    // Whatever happened, what was printed reaches stdout before exiting.
+    let flushed = out.flush();
+    let result = result.and_then(|()| flushed.map_err(Into::into));
     if let Err(e) = result {
         // A closed pipe (`| head`) is not an error.
         if let Some(io) = e.downcast_ref::<io::Error>()
@@ -21,6 +23,11 @@ async fn main() {
             return;
         }
         eprintln!("bpfmapctl: {e:#}");
-        std::process::exit(1);
+        let code = if e.is::<bpfmapctl::Interrupted>() {
+            130
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
 }

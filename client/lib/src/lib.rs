@@ -197,7 +197,9 @@ pub struct Client {
 }
 
 /// Largest message the client accepts (the server keeps chunks below 4 MiB).
-const MAX_DECODE: usize = 16 << 20;
+/// Largest message the client accepts: the server's default largest
+/// message (chunks stay below 3 MiB unless one entry is larger).
+const MAX_DECODE: usize = (64 << 20) + (64 << 10);
 
 impl Client {
     /// Connects to `addr` ("http://host:port"), plaintext.
@@ -255,16 +257,40 @@ impl Client {
         }
     }
 
-    /// Sets how dumps resume after a broken stream.
+    /// Sets how calls are retried and dumps resumed (see [`RetryPolicy`]).
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = retry;
         self
     }
 
+    /// Runs a unary call, retrying it as [`RetryPolicy::should_retry_call`]
+    /// says.
+    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, Error>
+    where
+        F: FnMut(MapServiceClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut delays = self.retry.delays();
+        loop {
+            match f(self.inner.clone()).await {
+                Ok(resp) => return Ok(resp.into_inner()),
+                Err(status) => match delays.next() {
+                    Some(delay) if RetryPolicy::should_retry_call(&status) => {
+                        tracing::debug!(code = ?status.code(), message = status.message(), ?delay, "call failed; retrying");
+                        tokio::time::sleep(delay).await;
+                    }
+                    _ => return Err(status.into()),
+                },
+            }
+        }
+    }
+
     /// The maps the server exposes to this client.
     pub async fn list_maps(&self) -> Result<Vec<pb::MapInfo>, Error> {
-        let resp = self.inner.clone().list_maps(pb::ListMapsRequest {}).await?;
-        Ok(resp.into_inner().maps)
+        let resp = self
+            .call(|mut c| async move { c.list_maps(pb::ListMapsRequest {}).await })
+            .await?;
+        Ok(resp.maps)
     }
 
     /// One map's description.
@@ -272,7 +298,11 @@ impl Client {
         let req = pb::GetMapRequest {
             map: Some(map.into()),
         };
-        Ok(self.inner.clone().get_map(req).await?.into_inner())
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.get_map(req).await }
+        })
+        .await
     }
 
     /// Looks up keys; absent keys come back with `found == false`.
@@ -285,7 +315,13 @@ impl Client {
             map: Some(map.into()),
             keys,
         };
-        Ok(self.inner.clone().lookup(req).await?.into_inner().results)
+        let resp = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.lookup(req).await }
+            })
+            .await?;
+        Ok(resp.results)
     }
 
     /// Dumps a map; see [`Dump`].

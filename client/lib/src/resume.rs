@@ -8,16 +8,21 @@ use tonic::{Code, Status, Streaming, transport::Channel};
 
 use crate::{Error, MapName, pb, pb::map_service_client::MapServiceClient};
 
-/// How a dump resumes after a broken stream.
+/// How calls are retried and dumps resumed.
 ///
-/// Retry is a decision per status code ([`RetryPolicy::should_resume`]):
+/// Retry is a decision per status code ([`RetryPolicy::should_retry`]):
 ///
-/// | code | what the dump does |
-/// |---|---|
-/// | UNAVAILABLE | resume from the last cursor, after a backoff |
-/// | UNKNOWN, INTERNAL, CANCELLED raised by the transport (reset connection, broken HTTP/2 stream) | resume from the last cursor, after a backoff |
-/// | ABORTED | stop: the map was replaced, the caller restarts the dump |
-/// | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, ...) | stop |
+/// | code | what a dump does | what a unary call does |
+/// |---|---|---|
+/// | UNAVAILABLE sent by the daemon (it is stopping, the stream stalled, the slot expired) | resume from the last cursor, after a backoff | retry, after a backoff |
+/// | RESOURCE_EXHAUSTED (the daemon runs its maximum of dumps or lookups) | retry from the last cursor, after a backoff | retry, after a backoff |
+/// | UNAVAILABLE, UNKNOWN, INTERNAL, CANCELLED raised by the transport (refused or reset connection, broken HTTP/2 stream, failed TLS handshake) | resume from the last cursor, after a backoff | stop |
+/// | ABORTED | stop: the map was replaced, the caller restarts the dump | stop |
+/// | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, INTERNAL from the server, ...) | stop | stop |
+///
+/// Backoff is exponential with jitter, from `min_delay` up to `max_delay`,
+/// for at most `max_attempts` consecutive failures (a dump that receives a
+/// chunk starts counting again).
 ///
 /// A status sent by the server arrives in trailers and carries no source
 /// error; one made by the local transport does. That is how a server's
@@ -53,11 +58,23 @@ impl RetryPolicy {
         }
     }
 
-    /// Whether a dump that failed with `status` should resume from its last
-    /// cursor.
-    pub fn should_resume(status: &Status) -> bool {
+    /// Whether a unary call that failed with `status` should be tried again
+    /// after a backoff: only when the daemon itself said so (a transport
+    /// failure is reported at once).
+    pub fn should_retry_call(status: &Status) -> bool {
+        let from_server = std::error::Error::source(status).is_none();
         match status.code() {
-            Code::Unavailable => true,
+            Code::ResourceExhausted => true,
+            Code::Unavailable => from_server,
+            _ => false,
+        }
+    }
+
+    /// Whether a dump that failed with `status` should be tried again from
+    /// its last cursor after a backoff.
+    pub fn should_retry(status: &Status) -> bool {
+        match status.code() {
+            Code::Unavailable | Code::ResourceExhausted => true,
             Code::Unknown | Code::Internal | Code::Cancelled => {
                 std::error::Error::source(status).is_some()
             }
@@ -65,7 +82,7 @@ impl RetryPolicy {
         }
     }
 
-    fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
+    pub(crate) fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
         let max = self.max_delay;
         ExponentialBuilder::default()
             .with_min_delay(self.min_delay)
@@ -239,7 +256,7 @@ impl Dump {
                 Err(status) => status,
             };
             self.stream = None;
-            if !RetryPolicy::should_resume(&status) {
+            if !RetryPolicy::should_retry(&status) {
                 return Err(status.into());
             }
             match delays.next() {
@@ -328,31 +345,46 @@ mod tests {
 
     #[test]
     fn resume_decision_per_code() {
-        assert!(RetryPolicy::should_resume(&Status::unavailable("x")));
+        assert!(RetryPolicy::should_retry(&Status::unavailable("x")));
+        assert!(RetryPolicy::should_retry(&Status::resource_exhausted("x")));
         for code in [
             Code::Aborted,
             Code::InvalidArgument,
             Code::NotFound,
             Code::FailedPrecondition,
             Code::PermissionDenied,
-            Code::ResourceExhausted,
+            Code::OutOfRange,
             Code::Unauthenticated,
         ] {
             assert!(
-                !RetryPolicy::should_resume(&Status::new(code, "x")),
+                !RetryPolicy::should_retry(&Status::new(code, "x")),
                 "{code:?}"
             );
         }
         // From the server (no source): not retried.
-        assert!(!RetryPolicy::should_resume(&Status::internal(
+        assert!(!RetryPolicy::should_retry(&Status::internal(
             "kernel said EFAULT"
         )));
-        assert!(!RetryPolicy::should_resume(&Status::unknown("x")));
+        assert!(!RetryPolicy::should_retry(&Status::unknown("x")));
         // From the transport (with a source): retried.
         let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
         let mut s = Status::unknown("h2 protocol error");
         s.set_source(std::sync::Arc::new(io));
-        assert!(RetryPolicy::should_resume(&s));
+        assert!(RetryPolicy::should_retry(&s));
+        // Unary calls: only what the server says.
+        assert!(!RetryPolicy::should_retry_call(&s));
+        let mut refused = Status::unavailable("connection refused");
+        refused.set_source(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(!RetryPolicy::should_retry_call(&refused));
+        assert!(RetryPolicy::should_retry_call(&Status::unavailable(
+            "stopping"
+        )));
+        assert!(RetryPolicy::should_retry_call(&Status::resource_exhausted(
+            "busy"
+        )));
+        assert!(!RetryPolicy::should_retry_call(&Status::not_found("x")));
     }
 
     #[test]
