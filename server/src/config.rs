@@ -72,8 +72,11 @@ pub struct Limits {
     pub idle_timeout_secs: u64,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
-    /// Memory for chunks queued to clients and lookup responses being
-    /// built, in all; chunks shrink when it is tight.
+    /// Memory for what is queued to clients, in all. Three quarters are
+    /// shared out equally among the dump slots (each dump's queued chunks
+    /// stay within max_queued_bytes * 3/4 / max_dumps, and chunks are sized
+    /// to fit); one quarter serves lookup responses and entries larger than
+    /// a dump's share.
     pub max_queued_bytes: usize,
     /// Largest message sent. Chunks and lookup responses stay below 3 MiB
     /// (grpcurl's default limit is 4 MiB) unless one entry is larger; such
@@ -98,7 +101,7 @@ impl Default for Limits {
             handshake_timeout_secs: 10,
             idle_timeout_secs: 120,
             max_request_bytes: 4 << 20,
-            max_queued_bytes: 32 << 20,
+            max_queued_bytes: 48 << 20,
             max_message_bytes: 64 << 20,
             max_lookups: 16,
             shutdown_grace_secs: 2,
@@ -259,8 +262,8 @@ impl Config {
             "limits.stall_timeout_secs, handshake_timeout_secs, idle_timeout_secs and max_slot_hold_secs must be at least 1"
         );
         anyhow::ensure!(
-            l.max_queued_bytes >= 1 << 20 && l.max_queued_bytes <= u32::MAX as usize,
-            "limits.max_queued_bytes must be between 1 MiB and 4 GiB"
+            l.max_queued_bytes >= 4 << 20 && l.max_queued_bytes <= u32::MAX as usize,
+            "limits.max_queued_bytes must be between 4 MiB and 4 GiB"
         );
         anyhow::ensure!(
             l.max_message_bytes >= 4 << 20,

@@ -442,20 +442,16 @@ pub async fn accept_loop(
 /// Closes a connection that sends nothing within `preface`, or that has no
 /// call open for `idle`. Ends when the connection is gone.
 async fn watch_conn(state: Weak<ConnState>, remote: SocketAddr, preface: Duration, idle: Duration) {
-    tokio::time::sleep(preface).await;
-    match state.upgrade() {
-        None => return,
-        Some(s) if !s.heard.load(Ordering::Relaxed) => {
-            tracing::info!(%remote, timeout = ?preface, "closing a connection that sent nothing");
-            s.kill();
-            return;
-        }
-        Some(_) => {}
-    }
-    let check = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let check = (preface.min(idle) / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let started = Instant::now();
     loop {
         tokio::time::sleep(check).await;
         let Some(s) = state.upgrade() else { return };
+        if !s.heard.load(Ordering::Relaxed) && started.elapsed() >= preface {
+            tracing::debug!(%remote, timeout = ?preface, "closing a connection that sent nothing");
+            s.kill();
+            return;
+        }
         if s.idle_for().is_some_and(|d| d >= idle) {
             tracing::debug!(%remote, ?idle, "closing an idle connection");
             s.kill();

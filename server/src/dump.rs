@@ -1,14 +1,16 @@
 //! One DumpMap stream: kernel reads off the async runtime, a bounded queue to
 //! the client, a cursor on every chunk.
 //!
-//! Memory is bounded in bytes, not messages. Before each kernel read the
-//! producer reserves the chunk's size from the daemon-wide [`Budget`]; the
+//! Memory is bounded in bytes, not messages. Every dump has a [`Share`] of
+//! the daemon's memory for queued chunks, which nobody else can use. Before
+//! each kernel read the producer reserves the chunk's size from it; the
 //! reservation travels with the message and is given back only once the
 //! transport has taken the message after it (by then the transport holds at
-//! most its own send buffer of this message). When the budget is tight,
-//! chunks shrink; when it is empty, producers wait. A stream therefore holds
-//! at most [`CHANNEL_DEPTH`] + [`IN_TRANSPORT`] chunks, and all streams
-//! together at most the budget.
+//! most its own send buffer of this message). Chunks are sized so that a
+//! share holds a full pipeline ([`PIPELINE`] chunks); when it is full, the
+//! producer waits for its client, and a client that takes nothing for the
+//! stall timeout is cut off. An entry too large for a share travels alone,
+//! its memory taken from the daemon's pool.
 //!
 //! When the client goes away, `send` fails and the producer stops before its
 //! next read. A client that takes no chunk for the stall timeout, a dump that
@@ -43,7 +45,7 @@ use crate::{
         MapHandle, MapMeta,
         walk::{Position, Walker},
     },
-    limits::{Budget, DumpSlots, Reservation, Slot},
+    limits::{Budget, DumpSlots, Reservation, Share, Slot},
     proto::{self, ChunkMessage, IntoProto as _},
 };
 
@@ -52,6 +54,9 @@ pub const CHANNEL_DEPTH: usize = 2;
 /// Messages the transport has taken whose memory is still counted (it may
 /// still be writing them).
 pub const IN_TRANSPORT: usize = 2;
+/// Chunks a dump can have in memory at once: queued, in the transport, and
+/// the one being read.
+pub const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
 /// Entries per chunk when the request does not say.
 pub const DEFAULT_CHUNK: u32 = 1024;
 /// Upper bound on entries per chunk.
@@ -72,11 +77,19 @@ pub struct DumpStats {
 }
 
 /// The chunk size actually used: the hint, defaulted and clamped so that a
-/// chunk stays below [`MAX_CHUNK_BYTES`] (at least one entry).
-pub fn effective_chunk(hint: u32, meta: &MapMeta, layout: pb::Layout) -> u32 {
-    let by_bytes = (MAX_CHUNK_BYTES / proto::entry_bytes(meta, layout)).max(1) as u32;
+/// chunk stays below [`MAX_CHUNK_BYTES`] and a dump's share holds
+/// [`PIPELINE`] chunks (at least one entry).
+pub fn effective_chunk(hint: u32, meta: &MapMeta, layout: pb::Layout, share: usize) -> u32 {
+    let max_bytes = MAX_CHUNK_BYTES.min(share / PIPELINE);
+    let by_bytes = (max_bytes / per_entry(meta, layout)).max(1) as u32;
     let want = if hint == 0 { DEFAULT_CHUNK } else { hint };
     want.min(MAX_CHUNK).min(by_bytes).max(1)
+}
+
+/// Bytes one entry takes while queued: in the message, or in the kernel's
+/// layout while it is read, whichever is larger.
+fn per_entry(meta: &MapMeta, layout: pb::Layout) -> usize {
+    proto::entry_bytes(meta, layout).max(meta.key_size as usize + meta.kernel_value_size())
 }
 
 /// What a request asks of a dump.
@@ -112,18 +125,18 @@ impl DumpJob {
         position: Position,
         options: Options,
         sealer: Sealer,
-        max_message_bytes: usize,
+        limits: &DumpLimits,
     ) -> Result<Self, Error> {
         let meta = handle.meta().clone();
         let entry = proto::entry_bytes(&meta, options.layout);
-        if entry > max_message_bytes {
+        if entry > limits.max_message_bytes {
             return Err(Error::EntryTooLarge {
                 map,
                 bytes: entry,
-                max: max_message_bytes,
+                max: limits.max_message_bytes,
             });
         }
-        let chunk = effective_chunk(options.chunk_hint, &meta, options.layout);
+        let chunk = effective_chunk(options.chunk_hint, &meta, options.layout, limits.share);
         let walker = Walker::new(handle, meta, position).map_err(|e| Error::from_walk(&map, e))?;
         Ok(Self {
             map,
@@ -145,6 +158,15 @@ impl DumpJob {
     }
 }
 
+/// Sizes every dump works within.
+#[derive(Debug, Clone, Copy)]
+pub struct DumpLimits {
+    /// Each dump's share of memory for queued chunks.
+    pub share: usize,
+    /// Largest message sent.
+    pub max_message_bytes: usize,
+}
+
 /// What every dump shares.
 #[derive(Debug, Clone)]
 pub struct DumpEnv {
@@ -154,8 +176,10 @@ pub struct DumpEnv {
     pub stats: Arc<DumpStats>,
     /// End the stream when the client takes no chunk for this long.
     pub stall_timeout: Duration,
-    /// Memory for queued chunks, shared with lookups.
-    pub budget: Budget,
+    /// Each dump's share of memory, and the largest message.
+    pub limits: DumpLimits,
+    /// The pool for entries larger than a share (shared with lookups).
+    pub pool: Budget,
     /// The dump slots (to know when a slot is wanted by others).
     pub slots: Arc<DumpSlots>,
     /// How long a dump may hold its slot while others wait.
@@ -209,8 +233,10 @@ async fn run(
         slot,
     } = job;
     let meta = walker.meta().clone();
-    let per_entry =
-        proto::entry_bytes(&meta, layout).max(meta.key_size as usize + meta.kernel_value_size());
+    let per_entry = per_entry(&meta, layout);
+    let share = Share::new(env.limits.share);
+    // Entries too large for a share travel alone, from the pool.
+    let alone = per_entry * PIPELINE > share.cap();
     let (mut sent, mut chunks) = (0u64, 0u64);
     loop {
         if *env.stop.borrow() {
@@ -227,9 +253,14 @@ async fn run(
         }
         let remaining = (limit != 0).then(|| limit - sent);
         let mut want = remaining.map_or(chunk, |r| r.min(u64::from(chunk)) as u32);
-        let mut reservation = tokio::select! {
-            r = env.budget.reserve(want as usize * per_entry, per_entry) => r,
-            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+        let mut reservation = if alone {
+            want = 1;
+            tokio::select! {
+                r = env.pool.reserve(per_entry, per_entry) => r,
+                _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+            }
+        } else {
+            reserve(&share, want as usize * per_entry, per_entry, tx, &mut env).await?
         };
         want = want.min((reservation.bytes() / per_entry).max(1) as u32);
         // Past the first chunk of a limited call, stop short of a hash
@@ -261,9 +292,9 @@ async fn run(
         let cursor = sealer.seal(&position);
         if let Some(c) = chunk_read.filter(|c| c.count > 0) {
             let count = c.count as u64;
-            // A hash bucket larger than asked for: count it too, if it fits.
+            // A hash bucket larger than asked for: count it too.
             let extra = (c.count * per_entry).saturating_sub(reservation.bytes());
-            env.budget.try_grow(&mut reservation, extra);
+            share.grow(&mut reservation, extra);
             let msg = ChunkMessage {
                 meta: &meta,
                 chunk: c,
@@ -292,6 +323,35 @@ async fn run(
             };
             send(tx, &mut env, last, None).await?;
             return Ok(());
+        }
+    }
+}
+
+/// Reserves a chunk's memory from the dump's share, waiting for the client
+/// to take queued chunks when the share is full (at most the stall
+/// timeout). When nothing is queued, what the share holds is in the
+/// transport: the producer goes on rather than wait on it.
+async fn reserve(
+    share: &Arc<Share>,
+    want: usize,
+    floor: usize,
+    tx: &mpsc::Sender<Queued>,
+    env: &mut DumpEnv,
+) -> Result<Reservation, Error> {
+    let deadline = tokio::time::Instant::now() + env.stall_timeout;
+    loop {
+        if let Some(r) = share.try_reserve(want, floor) {
+            return Ok(r);
+        }
+        if tx.capacity() == tx.max_capacity() {
+            return Ok(share.force(floor));
+        }
+        tokio::select! {
+            _ = share.released() => {}
+            _ = tokio::time::sleep_until(deadline) => return Err(Error::Stalled {
+                secs: env.stall_timeout.as_secs(),
+            }),
+            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
         }
     }
 }

@@ -111,7 +111,8 @@ pub enum Error {
     },
     /// The response to a Lookup would be too large.
     #[error(
-        "the values of {keys} keys of map {map} would make a response of about {bytes} bytes; at most {fit} keys of this map fit in one Lookup, split the request"
+        "the values of {keys} keys of map {map} would make a response of about {bytes} bytes; {}, split the request",
+        if *fit == 1 { "only one key of this map fits in one Lookup".to_owned() } else { format!("at most {fit} keys of this map fit in one Lookup") }
     )]
     ResponseTooLarge {
         /// The reference.

@@ -14,6 +14,7 @@ mod catalog;
 mod config;
 mod conn;
 mod cursor;
+pub mod daemon;
 mod demo;
 mod dump;
 mod error;

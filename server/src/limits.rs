@@ -1,6 +1,12 @@
 //! Bounds on what callers can make the daemon hold: dump slots (how many
-//! dumps run at once, in all and per caller), the memory budget for queued
-//! chunks and lookup responses, and lookups in flight.
+//! dumps run at once, in all and per caller), memory for what is queued to
+//! clients, and lookups in flight.
+//!
+//! Memory (`limits.max_queued_bytes`) is split so that no client can take
+//! another's: three quarters are shared out equally among the dump slots (a
+//! dump's [`Share`]: its queued chunks never exceed it, and nobody else can
+//! use it, so a new dump always has room), and one quarter is the [`Budget`]
+//! pool for lookup responses and for entries larger than a dump's share.
 //!
 //! A slot is taken when DumpMap is accepted and held by the producer for the
 //! whole life of the stream (tonic's own limits only cover the response
@@ -14,12 +20,12 @@ use std::{
     net::IpAddr,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::{
     auth::{Caller, Identity},
@@ -159,25 +165,113 @@ impl DumpSlots {
     }
 }
 
-/// The memory budget, in bytes, for what callers make the daemon hold:
-/// chunks queued for dump streams (from the kernel read until the transport
-/// has taken them) and lookup responses being built.
+/// How `limits.max_queued_bytes` is split: each dump's share, and the pool.
+pub fn split_memory(max_queued_bytes: usize, max_dumps: usize) -> (usize, usize) {
+    let dumps = max_queued_bytes / 4 * 3;
+    let share = dumps / max_dumps.max(1);
+    (share.max(64 << 10), max_queued_bytes - dumps)
+}
+
+/// A pool of bytes for lookup responses being built and for entries larger
+/// than a dump's share.
 #[derive(Debug, Clone)]
 pub struct Budget {
     sem: Arc<Semaphore>,
     total: u32,
 }
 
-/// Bytes taken from the budget; given back on drop.
+/// Memory that one dump may hold queued: its chunks from the kernel read
+/// until the transport has taken them.
+#[derive(Debug)]
+pub struct Share {
+    cap: usize,
+    held: AtomicUsize,
+    freed: Notify,
+}
+
+/// Bytes taken from a [`Budget`] or a [`Share`]; given back on drop.
 #[derive(Debug)]
 pub struct Reservation {
-    permit: Option<OwnedSemaphorePermit>,
+    kind: Kind,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Pool(Option<OwnedSemaphorePermit>),
+    Share(usize, Arc<Share>),
 }
 
 impl Reservation {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.permit.as_ref().map_or(0, |p| p.num_permits())
+        match &self.kind {
+            Kind::Pool(p) => p.as_ref().map_or(0, |p| p.num_permits()),
+            Kind::Share(n, _) => *n,
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Kind::Share(n, share) = &self.kind {
+            share.held.fetch_sub(*n, Ordering::SeqCst);
+            share.freed.notify_one();
+        }
+    }
+}
+
+impl Share {
+    /// A share of `cap` bytes.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cap,
+            held: AtomicUsize::new(0),
+            freed: Notify::new(),
+        })
+    }
+
+    /// The share's size.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Takes up to `want` bytes and at least `floor` (at most the share)
+    /// of what is free of the share; `None` when less than `floor` is free.
+    pub fn try_reserve(self: &Arc<Self>, want: usize, floor: usize) -> Option<Reservation> {
+        let floor = floor.clamp(1, self.cap);
+        let free = self.cap.saturating_sub(self.held.load(Ordering::SeqCst));
+        (free >= floor).then(|| self.force(want.clamp(floor, free)))
+    }
+
+    /// Takes `bytes`, over the share if need be (a hash bucket larger than
+    /// asked for, or a dump whose queue is empty while the transport still
+    /// holds its chunks).
+    pub fn force(self: &Arc<Self>, bytes: usize) -> Reservation {
+        self.held.fetch_add(bytes, Ordering::SeqCst);
+        Reservation {
+            kind: Kind::Share(bytes, self.clone()),
+        }
+    }
+
+    /// Adds `bytes` to a reservation of this share, over the share if need
+    /// be.
+    pub fn grow(self: &Arc<Self>, r: &mut Reservation, bytes: usize) {
+        if let Kind::Share(n, _) = &mut r.kind {
+            *n += bytes;
+            self.held.fetch_add(bytes, Ordering::SeqCst);
+        }
+    }
+
+    /// Resolves once some of the share was given back since the last call
+    /// (at once if that already happened: no release is missed).
+    pub async fn released(&self) {
+        self.freed.notified().await;
+    }
+
+    /// Bytes held now.
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
     }
 }
 
@@ -205,7 +299,9 @@ impl Budget {
     /// Takes `bytes` (capped at the whole budget) if they are free now.
     pub fn try_reserve(&self, bytes: usize) -> Option<Reservation> {
         match self.sem.clone().try_acquire_many_owned(self.clamp(bytes)) {
-            Ok(p) => Some(Reservation { permit: Some(p) }),
+            Ok(p) => Some(Reservation {
+                kind: Kind::Pool(Some(p)),
+            }),
             Err(TryAcquireError::NoPermits) | Err(TryAcquireError::Closed) => None,
         }
     }
@@ -224,7 +320,9 @@ impl Budget {
         if half >= floor
             && let Ok(p) = self.sem.clone().try_acquire_many_owned(half.min(want))
         {
-            return Reservation { permit: Some(p) };
+            return Reservation {
+                kind: Kind::Pool(Some(p)),
+            };
         }
         let permit = self
             .sem
@@ -233,25 +331,7 @@ impl Budget {
             .await
             .expect("the budget is never closed");
         Reservation {
-            permit: Some(permit),
-        }
-    }
-
-    /// Adds up to `bytes` to a reservation if they are free now; `false`
-    /// when they are not (the caller goes on slightly over budget).
-    pub fn try_grow(&self, r: &mut Reservation, bytes: usize) -> bool {
-        if bytes == 0 {
-            return true;
-        }
-        match self.sem.clone().try_acquire_many_owned(self.clamp(bytes)) {
-            Ok(more) => {
-                match r.permit.as_mut() {
-                    Some(p) => p.merge(more),
-                    None => r.permit = Some(more),
-                }
-                true
-            }
-            Err(_) => false,
+            kind: Kind::Pool(Some(permit)),
         }
     }
 }
@@ -358,9 +438,41 @@ mod tests {
         drop(b);
         assert_eq!(budget.reserve(5000, 5000).await.bytes(), 1000);
         assert_eq!(budget.in_use(), 0);
-        let mut r = budget.try_reserve(100).unwrap();
-        assert!(budget.try_grow(&mut r, 50));
-        assert_eq!(r.bytes(), 150);
-        assert!(!budget.try_grow(&mut r, 5000));
+    }
+
+    #[tokio::test]
+    async fn a_share_gives_what_is_free_and_says_when_more_is() {
+        let share = Share::new(1000);
+        let a = share.try_reserve(700, 100).unwrap();
+        assert_eq!(a.bytes(), 700);
+        // 300 free: a request for 700 with a floor of 100 gets the 300.
+        let mut b = share.try_reserve(700, 100).unwrap();
+        assert_eq!(b.bytes(), 300);
+        share.grow(&mut b, 50);
+        assert_eq!(
+            share.held(),
+            1050,
+            "a larger bucket is counted, over the share"
+        );
+        assert!(share.try_reserve(500, 200).is_none(), "nothing free");
+        let waiting = tokio::spawn({
+            let share = share.clone();
+            async move { share.released().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "nothing released yet");
+        drop(a);
+        waiting.await.unwrap();
+        assert_eq!(share.try_reserve(500, 200).unwrap().bytes(), 500);
+        drop(b);
+        assert_eq!(share.held(), 0);
+        assert_eq!(share.force(3000).bytes(), 3000, "forced over the share");
+        assert_eq!(share.held(), 0);
+    }
+
+    #[test]
+    fn memory_is_split_between_the_dumps_and_the_pool() {
+        assert_eq!(split_memory(48 << 20, 64), (576 << 10, 12 << 20));
+        assert_eq!(split_memory(1 << 20, 1000), (64 << 10, 256 << 10));
     }
 }

@@ -25,9 +25,9 @@ use crate::{
     config::Config,
     conn::{self, AcceptConfig, CountCalls, Registry},
     cursor::CursorKey,
-    dump::{DumpEnv, DumpStats},
+    dump::{DumpEnv, DumpLimits, DumpStats},
     kernel,
-    limits::{Budget, DumpSlots, LookupSlots},
+    limits::{Budget, DumpSlots, LookupSlots, split_memory},
     service::{MapServiceImpl, ServiceLimits, SharedPolicy},
     tls::{self, SharedTls},
 };
@@ -77,8 +77,8 @@ impl Running {
         self.registry.len()
     }
 
-    /// Bytes of the memory budget in use now.
-    pub fn budget_in_use(&self) -> usize {
+    /// Bytes of the memory pool (lookups, oversized entries) in use now.
+    pub fn pool_in_use(&self) -> usize {
         self.budget.in_use()
     }
 
@@ -236,7 +236,12 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         limits.max_dumps,
         limits.max_dumps_per_identity,
     ));
-    let budget = Budget::new(limits.max_queued_bytes);
+    let (share, pool_bytes) = split_memory(limits.max_queued_bytes, limits.max_dumps);
+    let budget = Budget::new(pool_bytes);
+    let dump_limits = DumpLimits {
+        share,
+        max_message_bytes: limits.max_message_bytes,
+    };
     let service = MapServiceImpl::new(
         Catalog::new(config.roots.clone(), config.allow_by_id),
         key,
@@ -244,14 +249,15 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         ServiceLimits {
             slots: slots.clone(),
             lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
-            budget: budget.clone(),
-            max_message_bytes: limits.max_message_bytes,
+            pool: budget.clone(),
+            dumps: dump_limits,
         },
         DumpEnv {
             stop: stop_dumps_rx,
             stats: stats.clone(),
             stall_timeout: Duration::from_secs(limits.stall_timeout_secs),
-            budget: budget.clone(),
+            limits: dump_limits,
+            pool: budget.clone(),
             slots,
             max_slot_hold: Duration::from_secs(limits.max_slot_hold_secs),
         },

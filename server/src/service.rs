@@ -14,7 +14,7 @@ use crate::{
     auth::{Caller, Operation, Policy},
     catalog::{Catalog, MapRef, Resolved},
     cursor::{CursorKey, Sealer},
-    dump::{self, DumpEnv, DumpJob, DumpStream},
+    dump::{self, DumpEnv, DumpJob, DumpLimits, DumpStream},
     error::Error,
     kernel::walk::Position,
     limits::{Budget, DumpSlots, LookupSlots},
@@ -39,10 +39,11 @@ pub struct ServiceLimits {
     pub slots: Arc<DumpSlots>,
     /// Lookups at once.
     pub lookups: Arc<LookupSlots>,
-    /// Memory for lookup responses (shared with dumps).
-    pub budget: Budget,
-    /// Largest message sent.
-    pub max_message_bytes: usize,
+    /// The memory pool for lookup responses (shared with entries too large
+    /// for a dump's share).
+    pub pool: Budget,
+    /// Each dump's share of memory, and the largest message.
+    pub dumps: DumpLimits,
 }
 
 /// `bpfmap.v1.MapService`.
@@ -183,7 +184,7 @@ impl MapServiceImpl {
             position,
             options,
             sealer,
-            self.limits.max_message_bytes,
+            &self.limits.dumps,
         )?;
         // Last: a slot is only taken by a dump that will run.
         let slot = self.limits.slots.try_acquire(caller)?;
@@ -227,11 +228,11 @@ impl MapServiceImpl {
         // The response is bounded before anything is read: every value has
         // the map's fixed size.
         let per_key = proto::entry_bytes(meta, pb::Layout::Entries);
-        if per_key > self.limits.max_message_bytes {
+        if per_key > self.limits.dumps.max_message_bytes {
             return Err(Error::EntryTooLarge {
                 map,
                 bytes: per_key,
-                max: self.limits.max_message_bytes,
+                max: self.limits.dumps.max_message_bytes,
             });
         }
         let fit = (MAX_LOOKUP_RESPONSE / per_key).max(1);
@@ -246,12 +247,12 @@ impl MapServiceImpl {
         }
         let _reserved = tokio::time::timeout(
             LOOKUP_BUDGET_WAIT,
-            self.limits.budget.reserve(bytes, bytes),
+            self.limits.pool.reserve(bytes, bytes),
         )
         .await
         .map_err(|_| {
             Error::ResourceExhausted(
-                "the server's memory budget for responses is in use (limits.max_queued_bytes); retry later".into(),
+                "the server's memory for responses is in use (limits.max_queued_bytes); retry later".into(),
             )
         })?;
         blocking(move || {

@@ -1,6 +1,7 @@
 //! Test support: private bpffs mounts, real kernel maps, an in-process
 //! daemon. Everything here needs root and a kernel with BPF; when either is
 //! missing the test fails with a message saying so, never passes silently.
+#![deny(unsafe_code)]
 
 use std::{
     collections::BTreeMap,
@@ -18,6 +19,7 @@ use tempfile::TempDir;
 pub use bpfmapd::kernel::{MapType, OwnedMap};
 
 pub mod pki;
+pub mod process;
 
 /// A private bpffs mounted on a temporary directory; unmounted on drop.
 #[derive(Debug)]
@@ -204,6 +206,22 @@ pub async fn setup() -> (BpfFs, TempDir, Daemon, Client) {
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let client = daemon.client().await;
     (fs, state, daemon, client)
+}
+
+/// A channel whose connection comes from `source` (a loopback address such
+/// as "127.0.0.5"), so that the daemon sees another peer.
+pub async fn channel_from(addr: &str, source: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .expect("a valid address")
+        .local_address(Some(source.parse().expect("an IP address")))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {addr} from {source}: {e}"))
+}
+
+/// A client library handle whose connection comes from `source`.
+pub async fn client_from(addr: &str, source: &str) -> Client {
+    Client::from_channel(channel_from(addr, source).await)
 }
 
 /// Dumps a whole map through the client library.

@@ -121,6 +121,47 @@ fn entry_json(e: &Entry) -> Json {
     }
 }
 
+/// Runs bpfmapctl as the `bpfmapctl` binary does: exit code 0 on success,
+/// 1 on an error, 2 on a usage error, 130 when a dump was interrupted.
+pub fn main() -> std::process::ExitCode {
+    use std::io::Write as _;
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bpfmapctl: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let result = runtime.block_on(run(cli, &mut out, &mut io::stderr()));
+    // Whatever happened, what was printed reaches stdout before exiting.
+    let flushed = out.flush();
+    let result = result.and_then(|()| flushed.map_err(Into::into));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // A closed pipe (`| head`) is not an error.
+        Err(e)
+            if e.downcast_ref::<io::Error>()
+                .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe) =>
+        {
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bpfmapctl: {e:#}");
+            if e.is::<Interrupted>() {
+                std::process::ExitCode::from(130)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}
+
 /// The dump was stopped by SIGINT or SIGTERM (the summary says where to
 /// resume).
 #[derive(Debug, thiserror::Error)]

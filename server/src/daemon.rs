@@ -1,0 +1,83 @@
+//! The daemon's entry point: parse the command line, start logging, serve
+//! until SIGTERM or SIGINT, reload on SIGHUP.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+use crate::{Args, Config, Demo, LogFormat};
+
+/// Runs bpfmapd as the `bpfmapd` binary does.
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match Config::from_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("bpfmapd: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Logs go to stderr (journald and kubectl logs collect it).
+    match config.log_format {
+        LogFormat::Text => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args, config: Config) -> anyhow::Result<()> {
+    crate::check_privileges(&config)?;
+    crate::prepare_roots(&config)?;
+    let demo = if config.demo {
+        Some(Demo::start(&config.roots[0]).context("cannot start the demo")?)
+    } else {
+        None
+    };
+    let running = crate::start(&config).await?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }
+            _ = int.recv() => { tracing::info!("SIGINT: shutting down"); break; }
+            _ = hup.recv() => {
+                // Re-read the config file and the files it names; a bad one
+                // is logged and the old configuration stays in force.
+                match Config::from_args(&args).and_then(|c| running.reload(&c)) {
+                    Ok(()) => {}
+                    Err(e) => tracing::error!("SIGHUP: reload rejected, keeping the old configuration: {e:#}"),
+                }
+            }
+        }
+    }
+    running.stop().await?;
+    drop(demo);
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! bpfmapd and bpfmapctl as processes of their own, for what only a process
+//! shows: its memory, its exit on SIGTERM, a `kill -9`, what it left on
+//! stdout. The binaries are this package's `test-bpfmapd` and
+//! `test-bpfmapctl` (the real entry points); name them with [`daemon_bin!`]
+//! and [`ctl_bin!`](crate::ctl_bin) from an integration test.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+/// The path of the daemon binary (expands in the calling test crate).
+#[macro_export]
+macro_rules! daemon_bin {
+    () => {
+        std::path::Path::new(env!("CARGO_BIN_EXE_test-bpfmapd"))
+    };
+}
+
+/// The path of the bpfmapctl binary (expands in the calling test crate).
+#[macro_export]
+macro_rules! ctl_bin {
+    () => {
+        std::path::Path::new(env!("CARGO_BIN_EXE_test-bpfmapctl"))
+    };
+}
+
+/// A free TCP port on `ip` (bound, then released).
+pub fn free_addr(ip: &str) -> SocketAddr {
+    TcpListener::bind((ip, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+}
+
+/// A running bpfmapd process with a config file written for it; its log
+/// (JSON lines on stderr) is collected. Killed on drop.
+#[derive(Debug)]
+pub struct DaemonProcess {
+    child: Option<Child>,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+    bin: PathBuf,
+    config: PathBuf,
+}
+
+impl DaemonProcess {
+    /// Starts `bin` serving `root` on `addr`, with `state` as its state
+    /// directory and `extra` appended to the config file (TOML, e.g. a
+    /// `[limits]` table). Waits until it accepts connections.
+    pub fn start(bin: &Path, root: &Path, state: &Path, addr: SocketAddr, extra: &str) -> Self {
+        let config = state.join("bpfmapd-test.toml");
+        let text = format!(
+            "listen = \"{addr}\"\nroots = [\"{}\"]\nstate_dir = \"{}\"\nmount_bpffs = false\nlog_format = \"json\"\n{extra}\n",
+            root.display(),
+            state.display()
+        );
+        std::fs::write(&config, text).expect("write the daemon's config");
+        let mut d = Self {
+            child: None,
+            addr,
+            log: Arc::new(Mutex::new(Vec::new())),
+            bin: bin.to_owned(),
+            config,
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(&self.bin)
+            .arg("--config")
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        });
+        let started = Instant::now();
+        while TcpStream::connect(self.addr).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "the daemon exited ({status}) before listening:\n{}",
+                    self.log().join("\n")
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the daemon did not listen on {} within 20 s",
+                self.addr
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = Some(child);
+    }
+
+    /// Starts the daemon again after it exited (same config, same address).
+    pub fn restart(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.spawn();
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// "http://ADDR".
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The log lines so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Resident memory now and at its peak, in KiB (VmRSS, VmHWM).
+    pub fn rss_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the daemon's /proc status");
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in /proc status"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Sends `signal` (e.g. libc::SIGTERM).
+    pub fn signal(&self, signal: i32) {
+        send_signal(self.pid(), signal);
+    }
+
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit; its exit status and how
+    /// long it took, or `None` if it is still running.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<(std::process::ExitStatus, Duration)> {
+        let started = Instant::now();
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some((status, started.elapsed()));
+            }
+            if started.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Sends a signal to a process.
+#[allow(unsafe_code, reason = "kill(2) has no safe wrapper in std")]
+pub fn send_signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    let ret = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(ret, 0, "kill({pid}, {signal}) failed");
+}
