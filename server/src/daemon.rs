@@ -34,6 +34,7 @@ pub fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .init(),
     }
+    crate::kernel::return_large_buffers_to_the_system();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

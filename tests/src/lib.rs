@@ -224,6 +224,72 @@ pub async fn client_from(addr: &str, source: &str) -> Client {
     Client::from_channel(channel_from(addr, source).await)
 }
 
+/// Sends `body` as the request message of a unary call to `path` (e.g.
+/// "/bpfmap.v1.MapService/GetMap"), bytes as they are: for requests no
+/// well-behaved client would send.
+pub async fn raw_call(addr: &str, path: &str, body: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .expect("a valid address")
+        .connect()
+        .await
+        .expect("connects");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let path = http::uri::PathAndQuery::try_from(path).expect("a valid path");
+    grpc.unary(tonic::Request::new(body), path, RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A codec that sends and receives message bytes as they are.
+#[derive(Debug, Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut as _;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf as _;
+        let mut out = vec![0; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
 /// Dumps a whole map through the client library.
 pub async fn dump_all(client: &Client, map: &str, options: DumpOptions) -> Entries {
     let map: MapName = map.parse().unwrap();

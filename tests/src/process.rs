@@ -1,7 +1,7 @@
 //! bpfmapd and bpfmapctl as processes of their own, for what only a process
 //! shows: its memory, its exit on SIGTERM, a `kill -9`, what it left on
 //! stdout. The binaries are this package's `test-bpfmapd` and
-//! `test-bpfmapctl` (the real entry points); name them with [`daemon_bin!`]
+//! `test-bpfmapctl` (the real entry points); name them with [`daemon_bin!`](crate::daemon_bin)
 //! and [`ctl_bin!`](crate::ctl_bin) from an integration test.
 
 use std::{

@@ -3,6 +3,8 @@
 use base64::Engine as _;
 use bpfmap_client::{Client, DumpOptions, MapName, RetryPolicy, Value, pb};
 use bpfmap_tests::*;
+use std::time::{Duration, Instant};
+
 use tonic::Code;
 
 /// A daemon on a private bpffs, and a client that does not resume (errors
@@ -178,6 +180,64 @@ async fn paths_that_escape_the_root_are_invalid_argument() {
             // (The client refuses an empty name before sending it.)
             let e = dump_from(&client, bad, "").await.unwrap_err();
             assert_eq!(code_of(&e), Code::InvalidArgument, "{bad:?}: {e}");
+        }
+    }
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn hostile_paths_and_bodies_are_invalid_argument_with_a_bounded_message() {
+    let (fs, _state, daemon, client) = setup().await;
+    std::os::unix::fs::symlink("loop", fs.path().join("loop")).unwrap();
+    let root = fs.path().to_str().unwrap().to_owned();
+    let long_component = "a".repeat(300);
+    let huge = "x/".repeat(5000);
+    for (what, path) in [
+        ("a 300-character component", long_component.as_str()),
+        ("a symlink loop", "loop/m"),
+        ("a 10 KB path", huge.as_str()),
+    ] {
+        let t = Instant::now();
+        let e = client
+            .get_map(&MapName::Path(path.into()))
+            .await
+            .unwrap_err();
+        assert_eq!(code_of(&e), Code::InvalidArgument, "{what}: {e}");
+        let message = e.status().unwrap().message().to_owned();
+        assert!(
+            message.len() < 250,
+            "{what}: a {}-byte message",
+            message.len()
+        );
+        assert!(
+            !message.contains(&root),
+            "{what}: the message shows the host path: {message}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "{what}: answered at once"
+        );
+        let e = dump_from(&client, path, "").await.unwrap_err();
+        assert_eq!(code_of(&e), Code::InvalidArgument, "{what}: {e}");
+    }
+    // Not-found and permission messages name the map, not the host path.
+    let e = client
+        .get_map(&"no/such".parse().unwrap())
+        .await
+        .unwrap_err();
+    assert!(!e.to_string().contains(&root), "{e}");
+
+    // Bodies no well-behaved client sends: a map path that is not UTF-8,
+    // and bytes that are not a protobuf message at all.
+    let not_utf8 = vec![0x0a, 0x04, 0x0a, 0x02, 0xff, 0xfe];
+    let garbage = vec![0xff; 16];
+    for (what, body) in [("a non-UTF-8 path", not_utf8), ("garbage", garbage)] {
+        for method in ["GetMap", "DumpMap", "Lookup"] {
+            let path = format!("/bpfmap.v1.MapService/{method}");
+            let e = raw_call(&daemon.addr(), &path, body.clone())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{what} to {method}: {e:?}");
         }
     }
     daemon.stop().await;

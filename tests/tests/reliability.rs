@@ -138,7 +138,7 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
         (hwm - base) / MIB
     );
     assert!(
-        after_streams < base + 48 * MIB,
+        after_streams < base + 20 * MIB,
         "{} MiB were kept after the streams left",
         (after_streams.saturating_sub(base)) / MIB
     );

@@ -216,6 +216,11 @@ async fn bpfmapctl_prints_json_lines() {
     let (r, _, _) = ctl(&addr, &["show", "missing"]).await;
     let e = r.unwrap_err().to_string();
     assert!(e.starts_with("NOT_FOUND: map missing not found"), "{e}");
+    // A cursor that starts with "-" is a value, not an option: the server
+    // judges it (this one is not a cursor it issued).
+    let (r, _, _) = ctl(&addr, &["dump", "m", "--cursor", "-AAAA"]).await;
+    let e = r.unwrap_err().to_string();
+    assert!(e.starts_with("INVALID_ARGUMENT: cursor"), "{e}");
     let (r, _, _) = ctl(&addr, &["lookup", "m", "zz"]).await;
     assert!(r.unwrap_err().to_string().contains("not a hex string"));
     daemon.stop().await;

@@ -17,7 +17,10 @@ use std::{borrow::Cow, fmt, sync::OnceLock};
 
 pub use handle::MapHandle;
 pub use owned::OwnedMap;
-pub use sys::{CreateMap, ENOTSUPP, SysResult, SyscallError, is_bpffs, mount_bpffs, umount};
+pub use sys::{
+    CreateMap, ENOTSUPP, SysResult, SyscallError, is_bpffs, mount_bpffs,
+    return_large_buffers_to_the_system, umount,
+};
 
 /// How a map of a given type can be walked from user space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
