@@ -1,20 +1,39 @@
-//! The `bpfmapctl` command line: read eBPF maps from a bpfmapd, as JSON Lines.
-//! A library so that the tests can run it in-process; `main.rs` is the
+//! The `bpfmapctl` command line: read eBPF maps from one bpfmapd or a whole
+//! fleet. A library so that the tests can run it in-process; `main.rs` is the
 //! binary.
 #![forbid(unsafe_code)]
 
-use std::io;
+mod output;
 
-use bpfmap_client::{Client, ClientTls, DumpOptions, Entry, MapName, RetryPolicy, Value, pb};
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{self, IsTerminal as _},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+use bpfmap_client::{
+    ClientTls, ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, MapName, Resolver,
+    RetryPolicy, Target, TargetReport, TargetSpec, code_name,
+};
 use clap::{Parser, Subcommand};
-use serde_json::{Value as Json, json};
+use futures::StreamExt as _;
+use serde_json::json;
 
-/// Read eBPF maps from a bpfmapd. Output is JSON Lines; keys and values are
-/// hex strings.
+use crate::output::{Format, PerCpu, Printer};
+
+/// Read eBPF maps from bpfmapd daemons: one (--addr) or many (--target,
+/// --targets-file, DNS). Output lines carry their target.
+///
+/// Exit codes: 0 every target answered OK; 1 some targets failed (a summary
+/// on stderr names each and its error); 2 a usage or configuration error;
+/// 130 a dump stopped by SIGINT or SIGTERM (its summary says where to
+/// resume).
 #[derive(Debug, Parser)]
 #[command(name = "bpfmapctl", version)]
 pub struct Cli {
-    /// Address of the daemon.
+    /// The daemon, when no --target is given.
     #[arg(
         long,
         short = 'a',
@@ -22,33 +41,62 @@ pub struct Cli {
         default_value = "http://127.0.0.1:50051"
     )]
     pub addr: String,
-    /// CA bundle (PEM) for the server's certificate; enables mutual TLS
-    /// (use an https:// address) together with --cert and --key.
+    /// A daemon (repeatable): HOST:PORT, dns:NAME:PORT (every A and AAAA
+    /// record of NAME) or srv:NAME (its SRV records).
+    #[arg(long = "target", short = 't', value_name = "SPEC")]
+    pub targets: Vec<String>,
+    /// A file of targets, one spec per line (# starts a comment).
+    #[arg(long, value_name = "FILE")]
+    pub targets_file: Option<PathBuf>,
+    /// The name server for dns: and srv: targets (default: the system's).
+    #[arg(long, value_name = "ADDR")]
+    pub dns_server: Option<std::net::SocketAddr>,
+    /// CA bundle (PEM) for the servers' certificates; enables mutual TLS
+    /// together with --cert and --key.
     #[arg(long, env = "BPFMAP_CA", requires_all = ["cert", "key"])]
-    pub ca: Option<std::path::PathBuf>,
+    pub ca: Option<PathBuf>,
     /// This client's certificate (PEM).
     #[arg(long, env = "BPFMAP_CERT", requires = "ca")]
-    pub cert: Option<std::path::PathBuf>,
+    pub cert: Option<PathBuf>,
     /// This client's private key (PEM).
     #[arg(long, env = "BPFMAP_KEY", requires = "ca")]
-    pub key: Option<std::path::PathBuf>,
-    /// Name the server certificate must carry (default: the address's host).
+    pub key: Option<PathBuf>,
+    /// Name every server certificate must carry (default: the target's
+    /// host).
     #[arg(long)]
     pub server_name: Option<String>,
+    /// Targets in flight at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub concurrency: u32,
+    /// Seconds for a target to connect and give its first answer.
+    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    pub connect_timeout: f64,
+    /// Seconds for the whole run; targets still going then fail.
+    #[arg(long, value_name = "SECS")]
+    pub deadline: Option<f64>,
+    /// Output format [default: table on a terminal, json otherwise].
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// Per-CPU values: one per CPU, or summed (integers of 1, 2, 4 or 8
+    /// bytes, little-endian, printed in decimal).
+    #[arg(long, value_enum, default_value_t = PerCpu::List)]
+    pub per_cpu: PerCpu,
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the maps the daemon exposes, one JSON object per line.
+    /// List the maps each daemon exposes.
     List,
-    /// Describe one map.
+    /// Describe one map on each daemon (NOT_FOUND where it is absent).
     Show {
         /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
         map: String,
     },
-    /// Dump a map's entries, one per line. A summary (with the cursor to
+    /// Dump a map's entries. A summary per target (with the cursor to
     /// resume from) goes to stderr.
     Dump {
         /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
@@ -56,17 +104,28 @@ pub enum Command {
         /// Entries per chunk (server default when 0).
         #[arg(long, default_value_t = 0)]
         chunk_size: u32,
-        /// Stop after this many entries (0 = all).
+        /// Stop after this many entries per target (0 = all).
         #[arg(long, default_value_t = 0)]
         limit: u64,
-        /// Resume after this cursor (from an earlier dump's summary).
+        /// Resume after this cursor (one target only; from an earlier
+        /// summary).
         #[arg(long, allow_hyphen_values = true)]
         cursor: Option<String>,
-        /// Do not resume automatically when the stream breaks.
+        /// Do not resume automatically when a stream breaks.
         #[arg(long)]
         no_resume: bool,
+        /// Write every target's cursor (and whether it finished) to FILE at
+        /// the end, also when stopped or failing.
+        #[arg(long, value_name = "FILE")]
+        save_cursor: Option<PathBuf>,
+        /// Continue from a file written by --save-cursor: each target from
+        /// its own cursor; targets that finished are skipped. Without
+        /// --target, the file's targets.
+        #[arg(long, value_name = "FILE")]
+        resume: Option<PathBuf>,
     },
-    /// Look up keys (hex) in a map; absent keys print "found": false.
+    /// Look keys (hex) up in a map on each daemon; absent keys print
+    /// "found": false.
     Lookup {
         /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
         map: String,
@@ -76,55 +135,43 @@ pub enum Command {
     },
 }
 
-fn hex(b: &[u8]) -> String {
-    hex::encode(b)
+/// Whether stdout and stderr are terminals (the output format and the
+/// progress display follow).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Terminals {
+    /// stdout is a terminal.
+    pub stdout: bool,
+    /// stderr is a terminal.
+    pub stderr: bool,
 }
 
-fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
-    let digits = s.strip_prefix("0x").unwrap_or(s);
-    hex::decode(digits).map_err(|e| {
-        anyhow::anyhow!("key {s:?} is not a hex string (two hex digits per byte): {e}")
-    })
-}
+/// Some targets failed; the summary on stderr names them.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", describe(.0, *.1))]
+pub struct TargetsFailed(pub Vec<TargetReport>, pub usize);
 
-fn map_json(m: &pb::MapInfo) -> Json {
-    json!({
-        "path": m.path,
-        "id": m.id,
-        "name": m.name,
-        "type": m.type_name,
-        "key_size": m.key_size,
-        "value_size": m.value_size,
-        "max_entries": m.max_entries,
-        "flags": m.flags,
-        "per_cpu": m.per_cpu,
-        "possible_cpus": m.possible_cpus,
-        "btf_id": m.btf_id,
-        "btf_key_type_id": m.btf_key_type_id,
-        "btf_value_type_id": m.btf_value_type_id,
-        "dump_method": match pb::DumpMethod::try_from(m.dump_method) {
-            Ok(pb::DumpMethod::Batch) => "batch",
-            Ok(pb::DumpMethod::KeyByKey) => "key_by_key",
-            Ok(pb::DumpMethod::None) => "none",
-            _ => "unknown",
-        },
-    })
-}
-
-fn entry_json(e: &Entry) -> Json {
-    match &e.value {
-        Value::Single(v) => json!({"key": hex(&e.key), "value": hex(v)}),
-        Value::PerCpu(vs) => json!({
-            "key": hex(&e.key),
-            "per_cpu_values": vs.iter().map(|v| hex(v)).collect::<Vec<_>>(),
-        }),
+fn describe(failed: &[TargetReport], total: usize) -> String {
+    match failed {
+        [one] if total == 1 => format!("{}: {}", code_name(one.code), one.message),
+        _ => format!("{} of {total} targets failed", failed.len()),
     }
 }
 
-/// Runs bpfmapctl as the `bpfmapctl` binary does: exit code 0 on success,
-/// 1 on an error, 2 on a usage error, 130 when a dump was interrupted.
+/// A usage or configuration error (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// The dump was stopped by SIGINT or SIGTERM (the summary says where to
+/// resume).
+#[derive(Debug, thiserror::Error)]
+#[error("stopped by {0}")]
+pub struct Interrupted(pub &'static str);
+
+/// Runs bpfmapctl as the `bpfmapctl` binary does; see [`Cli`] for the exit
+/// codes.
 pub fn main() -> std::process::ExitCode {
-    use std::io::Write as _;
+    use std::{io::Write as _, process::ExitCode};
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -133,40 +180,45 @@ pub fn main() -> std::process::ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("bpfmapctl: cannot start the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
+    };
+    let terminals = Terminals {
+        stdout: io::stdout().is_terminal(),
+        stderr: io::stderr().is_terminal(),
     };
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
-    let result = runtime.block_on(run(cli, &mut out, &mut io::stderr()));
+    let result = runtime.block_on(run_with(cli, &mut out, &mut io::stderr(), terminals));
     // Whatever happened, what was printed reaches stdout before exiting.
     let flushed = out.flush();
     let result = result.and_then(|()| flushed.map_err(Into::into));
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         // A closed pipe (`| head`) is not an error.
         Err(e)
             if e.downcast_ref::<io::Error>()
                 .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe) =>
         {
-            std::process::ExitCode::SUCCESS
+            ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("bpfmapctl: {e:#}");
             if e.is::<Interrupted>() {
-                std::process::ExitCode::from(130)
+                ExitCode::from(130)
+            } else if e.is::<Usage>() {
+                ExitCode::from(2)
             } else {
-                std::process::ExitCode::FAILURE
+                ExitCode::FAILURE
             }
         }
     }
 }
 
-/// The dump was stopped by SIGINT or SIGTERM (the summary says where to
-/// resume).
-#[derive(Debug, thiserror::Error)]
-#[error("stopped by {0}")]
-pub struct Interrupted(pub &'static str);
+/// Runs one command as if neither stdout nor stderr were a terminal.
+pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> anyhow::Result<()> {
+    run_with(cli, out, err, Terminals::default()).await
+}
 
 /// Resolves when the process gets SIGINT or SIGTERM, with the signal's name.
 async fn interrupted() -> &'static str {
@@ -183,30 +235,199 @@ async fn interrupted() -> &'static str {
     }
 }
 
-fn print(out: &mut dyn io::Write, v: &Json) -> io::Result<()> {
-    serde_json::to_writer(&mut *out, v)?;
-    out.write_all(b"\n")
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    Usage(message.into()).into()
 }
 
-/// Runs one command, writing results to `out` and the dump summary to `err`.
-pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> anyhow::Result<()> {
+/// What --save-cursor writes and --resume reads.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct CursorFile {
+    map: String,
+    targets: BTreeMap<String, SavedTarget>,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+struct SavedTarget {
+    cursor: String,
+    done: bool,
+}
+
+fn read_specs(cli: &Cli) -> anyhow::Result<Vec<TargetSpec>> {
+    let mut lines: Vec<String> = cli.targets.clone();
+    if let Some(file) = &cli.targets_file {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| usage(format!("cannot read {}: {e}", file.display())))?;
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if !line.is_empty() {
+                lines.push(line.to_owned());
+            }
+        }
+    }
+    lines
+        .iter()
+        .map(|s| s.parse::<TargetSpec>().map_err(|e| usage(e.to_string())))
+        .collect()
+}
+
+async fn resolve(cli: &Cli, specs: &[TargetSpec]) -> anyhow::Result<Vec<Target>> {
+    let needs_dns = specs.iter().any(|s| !matches!(s, TargetSpec::Addr(_)));
+    if !needs_dns {
+        return Ok(specs
+            .iter()
+            .filter_map(|s| match s {
+                TargetSpec::Addr(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect());
+    }
+    let resolver = match cli.dns_server {
+        Some(addr) => Resolver::with_name_server(addr),
+        None => Resolver::system(),
+    }
+    .map_err(|e| usage(e.to_string()))?;
+    resolver
+        .resolve(specs)
+        .await
+        .map_err(|e| usage(format!("cannot find the targets: {e}")))
+}
+
+fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            usage(format!(
+                "{what} must be a positive number of seconds, not {s}"
+            ))
+        })
+}
+
+/// Runs one command, writing results to `out` and summaries to `err`.
+pub async fn run_with(
+    cli: Cli,
+    out: &mut dyn io::Write,
+    err: &mut dyn io::Write,
+    terminals: Terminals,
+) -> anyhow::Result<()> {
     let tls = match (&cli.ca, &cli.cert, &cli.key) {
         (Some(ca), Some(cert), Some(key)) => Some(ClientTls {
             server_name: cli.server_name.clone(),
-            ..ClientTls::from_files(ca, cert, key)?
+            ..ClientTls::from_files(ca, cert, key).map_err(|e| usage(e.to_string()))?
         }),
         _ => None,
     };
-    let client = Client::connect_with(&cli.addr, tls.as_ref()).await?;
-    match cli.command {
+    let mut resume_file = None;
+    if let Command::Dump {
+        resume: Some(path), ..
+    } = &cli.command
+    {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))?;
+        let file: CursorFile = serde_json::from_str(&text)
+            .map_err(|e| usage(format!("{} is not a cursor file: {e}", path.display())))?;
+        resume_file = Some(file);
+    }
+    let specs = read_specs(&cli)?;
+    let targets = if !specs.is_empty() {
+        resolve(&cli, &specs).await?
+    } else if let Some(file) = &resume_file {
+        file.targets
+            .keys()
+            .map(|t| {
+                t.parse()
+                    .map_err(|e: bpfmap_client::Error| usage(e.to_string()))
+            })
+            .collect::<anyhow::Result<_>>()?
+    } else {
+        vec![
+            cli.addr
+                .parse()
+                .map_err(|e: bpfmap_client::Error| usage(e.to_string()))?,
+        ]
+    };
+    if targets.is_empty() {
+        return Err(usage("no targets"));
+    }
+    let connect = ConnectOptions {
+        tls,
+        connect_timeout: seconds("--connect-timeout", cli.connect_timeout)?,
+    };
+    let mut options = FleetOptions {
+        concurrency: cli.concurrency as usize,
+        connect_timeout: connect.connect_timeout,
+        deadline: cli.deadline.map(|d| seconds("--deadline", d)).transpose()?,
+        ..FleetOptions::default()
+    };
+    let format = cli.format.unwrap_or(if terminals.stdout {
+        Format::Table
+    } else {
+        Format::Json
+    });
+    let width = targets.iter().map(|t| t.as_str().len()).max().unwrap_or(0);
+    let mut printer = Printer::new(format, cli.per_cpu, width);
+    let total = targets.len();
+    let progress = output::Progress::new(terminals.stderr, total);
+    let map_name = |m: &str| m.parse::<MapName>().map_err(|e| usage(e.to_string()));
+    let reports = match cli.command {
         Command::List => {
-            for m in client.list_maps().await? {
-                print(out, &map_json(&m))?;
+            let fleet = Fleet::new(targets, connect).with_options(options);
+            let mut run = fleet.list_maps();
+            let mut reports = Vec::new();
+            while let Some(event) = run.next().await {
+                match event {
+                    FleetEvent::Answer { target, answer } => {
+                        printer.maps(out, &target, &answer)?;
+                    }
+                    FleetEvent::Done(r) => {
+                        progress.done(&r);
+                        reports.push(r);
+                    }
+                }
             }
+            reports
         }
         Command::Show { map } => {
-            let map: MapName = map.parse()?;
-            print(out, &map_json(&client.get_map(&map).await?))?;
+            let map = map_name(&map)?;
+            let fleet = Fleet::new(targets, connect).with_options(options);
+            let mut run = fleet.get_map(&map);
+            let mut reports = Vec::new();
+            while let Some(event) = run.next().await {
+                match event {
+                    FleetEvent::Answer { target, answer } => {
+                        printer.maps(out, &target, std::slice::from_ref(&answer))?;
+                    }
+                    FleetEvent::Done(r) => {
+                        progress.done(&r);
+                        reports.push(r);
+                    }
+                }
+            }
+            reports
+        }
+        Command::Lookup { map, keys } => {
+            let map = map_name(&map)?;
+            let keys = keys
+                .iter()
+                .map(|k| output::unhex(k).map_err(|e| usage(e.to_string())))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let fleet = Fleet::new(targets, connect).with_options(options);
+            let mut run = fleet.lookup(&map, keys);
+            let mut reports = Vec::new();
+            while let Some(event) = run.next().await {
+                match event {
+                    FleetEvent::Answer { target, answer } => {
+                        for r in &answer {
+                            printer.lookup(out, &target, r)?;
+                        }
+                    }
+                    FleetEvent::Done(r) => {
+                        progress.done(&r);
+                        reports.push(r);
+                    }
+                }
+            }
+            reports
         }
         Command::Dump {
             map,
@@ -214,79 +435,238 @@ pub async fn run(cli: Cli, out: &mut dyn io::Write, err: &mut dyn io::Write) -> 
             limit,
             cursor,
             no_resume,
+            save_cursor,
+            resume: _,
         } => {
-            let map: MapName = map.parse()?;
-            let client = if no_resume {
-                client.with_retry(RetryPolicy::never())
-            } else {
-                client
-            };
-            let options = DumpOptions {
+            if cursor.is_some() && targets.len() > 1 {
+                return Err(usage(
+                    "--cursor resumes one target; for a fleet use --save-cursor and --resume",
+                ));
+            }
+            if let Some(file) = &resume_file
+                && file.map != map
+            {
+                return Err(usage(format!(
+                    "the cursor file is for map {:?}, not {map:?}",
+                    file.map
+                )));
+            }
+            let map_ref = map_name(&map)?;
+            if no_resume {
+                options.retry = RetryPolicy::never();
+            }
+            let saved: HashMap<Target, SavedTarget> = resume_file
+                .map(|f| {
+                    f.targets
+                        .into_iter()
+                        .filter_map(|(t, s)| t.parse().ok().map(|t| (t, s)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            // Targets that finished before are not read again.
+            let (finished, targets): (Vec<Target>, Vec<Target>) = targets
+                .into_iter()
+                .partition(|t| saved.get(t).is_some_and(|s| s.done));
+            let cursors: HashMap<Target, String> = saved
+                .iter()
+                .filter(|(_, s)| !s.done && !s.cursor.is_empty())
+                .map(|(t, s)| (t.clone(), s.cursor.clone()))
+                .collect();
+            let fleet = Fleet::new(targets.clone(), connect).with_options(options);
+            let dump_options = DumpOptions {
                 chunk_size,
                 limit,
                 cursor,
                 packed: true,
             };
-            let mut dump = client.dump(map, options);
-            // What is on stdout, chunk by chunk: the summary's cursor resumes
-            // right after the last line written, whatever ends the dump.
-            let mut written = 0u64;
-            let mut cursor = dump.cursor().to_owned();
-            let result = async {
-                let mut stop = std::pin::pin!(interrupted());
-                loop {
-                    let chunk = tokio::select! {
-                        chunk = dump.next_chunk() => chunk?,
-                        signal = &mut stop => return Err(anyhow::Error::new(Interrupted(signal))),
-                    };
-                    let Some(chunk) = chunk else { break };
-                    for e in &chunk {
-                        print(out, &entry_json(e))?;
-                    }
-                    written += chunk.len() as u64;
-                    cursor = dump.cursor().to_owned();
-                }
-                anyhow::Ok(())
-            }
-            .await;
-            let flushed = out.flush();
-            if result.is_ok() {
-                cursor = dump.cursor().to_owned();
-            }
-            let summary = json!({
-                "entries": written,
-                "complete": result.is_ok() && dump.complete(),
-                "resumes": dump.resumes(),
-                "cursor": cursor,
-            });
-            if result.is_ok() || written > 0 || !cursor.is_empty() {
-                writeln!(err, "{summary}")?;
-            }
-            result?;
-            flushed?;
-        }
-        Command::Lookup { map, keys } => {
-            let map: MapName = map.parse()?;
-            let keys = keys
+            // Each target's state as far as stdout goes: the summary and the
+            // cursor file resume right after the last line written.
+            let mut written: HashMap<Target, (u64, String)> = targets
                 .iter()
-                .map(|k| unhex(k))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            for r in client.lookup(&map, keys).await? {
-                let mut v = json!({"key": hex(&r.key), "found": r.found});
-                if r.found {
-                    if r.per_cpu_values.is_empty() {
-                        v["value"] = json!(hex(&r.value));
-                    } else {
-                        v["per_cpu_values"] =
-                            json!(r.per_cpu_values.iter().map(|x| hex(x)).collect::<Vec<_>>());
+                .map(|t| {
+                    let c = cursors
+                        .get(t)
+                        .cloned()
+                        .or_else(|| dump_options.cursor.clone())
+                        .unwrap_or_default();
+                    (t.clone(), (0, c))
+                })
+                .collect();
+            let mut reports = Vec::new();
+            let mut stop = std::pin::pin!(interrupted());
+            let mut run = fleet.dump_from(&map_ref, dump_options, cursors);
+            let mut stopped = None;
+            loop {
+                let event = tokio::select! {
+                    e = run.next() => e,
+                    signal = &mut stop => { stopped = Some(signal); break; }
+                };
+                let Some(event) = event else { break };
+                match event {
+                    FleetEvent::Answer { target, answer } => {
+                        let mut result = Ok(());
+                        for e in &answer.entries {
+                            result = printer.entry(out, &target, e);
+                            if result.is_err() {
+                                break;
+                            }
+                        }
+                        if let Err(e) = result {
+                            // Nothing more reaches stdout: what was written
+                            // is what the summaries say.
+                            drop(run);
+                            let _ = out.flush();
+                            finish_dump(
+                                err,
+                                &map,
+                                &written,
+                                &reports,
+                                &finished,
+                                save_cursor.as_ref(),
+                                total,
+                            )?;
+                            return Err(e.into());
+                        }
+                        let w = written.entry(target).or_default();
+                        w.0 += answer.entries.len() as u64;
+                        w.1 = answer.cursor;
+                        progress.entries(answer.entries.len() as u64);
+                    }
+                    FleetEvent::Done(r) => {
+                        progress.done(&r);
+                        reports.push(r);
                     }
                 }
-                print(out, &v)?;
             }
+            drop(run);
+            out.flush()?;
+            progress.finish();
+            let failed = finish_dump(
+                err,
+                &map,
+                &written,
+                &reports,
+                &finished,
+                save_cursor.as_ref(),
+                total,
+            )?;
+            if let Some(signal) = stopped {
+                return Err(Interrupted(signal).into());
+            }
+            if !failed.is_empty() {
+                return Err(TargetsFailed(failed, total).into());
+            }
+            return Ok(());
+        }
+    };
+    progress.finish();
+    out.flush()?;
+    let failed: Vec<TargetReport> = reports.iter().filter(|r| !r.is_ok()).cloned().collect();
+    if total > 1 || !failed.is_empty() {
+        for r in &failed {
+            writeln!(
+                err,
+                "{}",
+                json!({"target": r.target.as_str(), "code": code_name(r.code), "error": r.message})
+            )?;
+        }
+        if total > 1 {
+            writeln!(
+                err,
+                "{}",
+                json!({"targets": total, "ok": total - failed.len(), "failed": failed.len()})
+            )?;
         }
     }
-    out.flush()?;
-    Ok(())
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(TargetsFailed(failed, total).into())
+    }
+}
+
+/// Writes a dump's summaries (one line per target, then totals for a fleet)
+/// and the cursor file; returns the targets that failed.
+fn finish_dump(
+    err: &mut dyn io::Write,
+    map: &str,
+    written: &HashMap<Target, (u64, String)>,
+    reports: &[TargetReport],
+    finished: &[Target],
+    save_cursor: Option<&PathBuf>,
+    total: usize,
+) -> anyhow::Result<Vec<TargetReport>> {
+    let by_target: HashMap<&Target, &TargetReport> =
+        reports.iter().map(|r| (&r.target, r)).collect();
+    let mut file = CursorFile {
+        map: map.to_owned(),
+        ..CursorFile::default()
+    };
+    let mut targets: Vec<&Target> = written.keys().collect();
+    targets.sort();
+    let (mut failed, mut entries) = (Vec::new(), 0);
+    for t in targets {
+        let (n, cursor) = &written[t];
+        entries += n;
+        let report = by_target.get(t);
+        let done = report.is_some_and(|r| r.is_ok() && r.complete);
+        let mut line = json!({
+            "target": t.as_str(),
+            "entries": n,
+            "complete": done,
+            "resumes": report.map_or(0, |r| r.resumes),
+            "cursor": cursor,
+        });
+        match report {
+            Some(r) if r.is_ok() => line["code"] = json!("OK"),
+            Some(r) => {
+                line["code"] = json!(code_name(r.code));
+                line["error"] = json!(r.message);
+                failed.push((*r).clone());
+            }
+            None => line["code"] = json!("CANCELLED"),
+        }
+        if let Some(r) = report {
+            line["elapsed_ms"] = json!(r.elapsed.as_millis() as u64);
+        }
+        writeln!(err, "{line}")?;
+        file.targets.insert(
+            t.to_string(),
+            SavedTarget {
+                cursor: cursor.clone(),
+                done,
+            },
+        );
+    }
+    for t in finished {
+        file.targets.insert(
+            t.to_string(),
+            SavedTarget {
+                cursor: String::new(),
+                done: true,
+            },
+        );
+    }
+    if total > 1 {
+        writeln!(
+            err,
+            "{}",
+            json!({
+                "targets": total,
+                "ok": reports.iter().filter(|r| r.is_ok()).count(),
+                "failed": failed.len(),
+                "skipped": finished.len(),
+                "entries": entries,
+            })
+        )?;
+    }
+    if let Some(path) = save_cursor {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&file)?)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(failed)
 }
 
 #[cfg(test)]
@@ -294,20 +674,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hex_round_trip_and_errors() {
-        assert_eq!(unhex("0a0B").unwrap(), [10, 11]);
-        assert_eq!(unhex("0x0a").unwrap(), [10]);
-        assert_eq!(hex(&[0, 255]), "00ff");
-        assert!(unhex("abc").is_err());
-        assert!(unhex("zz").is_err());
+    fn help_lists_the_commands_and_the_exit_codes() {
+        use clap::CommandFactory as _;
+        let help = Cli::command().render_long_help().to_string();
+        for word in [
+            "list",
+            "show",
+            "dump",
+            "lookup",
+            "--target",
+            "Exit codes",
+            "130",
+        ] {
+            assert!(help.contains(word), "{word}: {help}");
+        }
     }
 
     #[test]
-    fn help_lists_the_commands() {
-        use clap::CommandFactory as _;
-        let help = Cli::command().render_help().to_string();
-        for cmd in ["list", "show", "dump", "lookup"] {
-            assert!(help.contains(cmd), "{help}");
-        }
+    fn failures_are_described_by_target() {
+        let report = |t: &str, code| TargetReport {
+            target: t.parse().unwrap(),
+            code,
+            message: "gone".into(),
+            entries: 0,
+            complete: false,
+            resumes: 0,
+            cursor: String::new(),
+            elapsed: Duration::ZERO,
+        };
+        let one = TargetsFailed(vec![report("a:1", tonic_code::NotFound)], 1);
+        assert_eq!(one.to_string(), "NOT_FOUND: gone");
+        let some = TargetsFailed(
+            vec![
+                report("a:1", tonic_code::NotFound),
+                report("b:1", tonic_code::Unavailable),
+            ],
+            5,
+        );
+        assert_eq!(some.to_string(), "2 of 5 targets failed");
     }
+
+    use bpfmap_client::Code as tonic_code;
 }

@@ -20,14 +20,21 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "discovery")]
+mod discovery;
+mod fleet;
 mod resume;
 
 use std::{fmt, str::FromStr, time::Duration};
 
 pub use bpfmap_proto::v1 as pb;
+#[cfg(feature = "discovery")]
+pub use discovery::{DiscoveryError, Resolver, TargetSpec};
+pub use fleet::{DumpChunk, Fleet, FleetEvent, FleetOptions, FleetRun, Target, TargetReport};
 use pb::map_service_client::MapServiceClient;
 pub use resume::{Dump, DumpOptions, Entry, RetryPolicy, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+pub use tonic::{Code, Status};
 
 /// Errors of the client library.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +63,9 @@ pub enum Error {
     /// A map name that is neither a path nor `id:N`.
     #[error("invalid map name {0:?}: give a path like \"demo/flows\" or \"id:12\"")]
     MapName(String),
+    /// A target that is not `host:port`.
+    #[error("invalid target {0:?}: give host:port, [IPv6]:port or a URL like http://host:port")]
+    Target(String),
     /// The server sent a chunk that does not add up.
     #[error("server sent a malformed chunk: {0}")]
     Protocol(String),
@@ -148,7 +158,7 @@ impl From<&MapName> for pb::MapRef {
 }
 
 /// Mutual TLS material, PEM-encoded.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ClientTls {
     /// CA bundle that the server's certificate must chain to.
     pub ca: Vec<u8>,
@@ -189,6 +199,24 @@ impl ClientTls {
     }
 }
 
+/// How a client reaches a daemon.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Mutual TLS (use "https://" addresses); plaintext when `None`.
+    pub tls: Option<ClientTls>,
+    /// Time allowed to establish a connection (TCP and TLS). Default 5 s.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            tls: None,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// A connection to one bpfmapd. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -209,44 +237,54 @@ impl Client {
 
     /// Connects to `addr` ("https://host:port" with TLS).
     pub async fn connect_with(addr: &str, tls: Option<&ClientTls>) -> Result<Self, Error> {
-        let mut endpoint = Self::endpoint(addr)?;
-        if let Some(tls) = tls {
+        let options = ConnectOptions {
+            tls: tls.cloned(),
+            ..ConnectOptions::default()
+        };
+        let channel = Self::endpoint(addr, &options)?
+            .connect()
+            .await
+            .map_err(|source| Error::Connect {
+                addr: addr.into(),
+                source,
+            })?;
+        Ok(Self::from_channel(channel))
+    }
+
+    /// A client that connects on first use (and reconnects after failures).
+    pub fn connect_lazy(addr: &str) -> Result<Self, Error> {
+        Self::connect_lazy_with(addr, &ConnectOptions::default())
+    }
+
+    /// A client that connects on first use, with TLS and timeouts as given.
+    pub fn connect_lazy_with(addr: &str, options: &ConnectOptions) -> Result<Self, Error> {
+        Ok(Self::from_channel(
+            Self::endpoint(addr, options)?.connect_lazy(),
+        ))
+    }
+
+    fn endpoint(addr: &str, options: &ConnectOptions) -> Result<Endpoint, Error> {
+        let bad = |source| Error::Address {
+            addr: addr.into(),
+            source,
+        };
+        let mut endpoint = Endpoint::from_shared(addr.to_owned())
+            .map_err(bad)?
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_adaptive_window(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10));
+        if let Some(tls) = &options.tls {
             let mut config = ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&tls.ca))
                 .identity(Identity::from_pem(&tls.cert, &tls.key));
             if let Some(name) = &tls.server_name {
                 config = config.domain_name(name.clone());
             }
-            endpoint = endpoint
-                .tls_config(config)
-                .map_err(|source| Error::Address {
-                    addr: addr.into(),
-                    source,
-                })?;
+            endpoint = endpoint.tls_config(config).map_err(bad)?;
         }
-        let channel = endpoint.connect().await.map_err(|source| Error::Connect {
-            addr: addr.into(),
-            source,
-        })?;
-        Ok(Self::from_channel(channel))
-    }
-
-    /// A client that connects on first use (and reconnects after failures).
-    pub fn connect_lazy(addr: &str) -> Result<Self, Error> {
-        Ok(Self::from_channel(Self::endpoint(addr)?.connect_lazy()))
-    }
-
-    fn endpoint(addr: &str) -> Result<Endpoint, Error> {
-        let endpoint = Endpoint::from_shared(addr.to_owned()).map_err(|source| Error::Address {
-            addr: addr.into(),
-            source,
-        })?;
-        Ok(endpoint
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .http2_adaptive_window(true)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(10)))
+        Ok(endpoint)
     }
 
     /// A client over an existing channel.
