@@ -45,6 +45,12 @@ impl MapRef {
                 quote(path)
             )));
         }
+        if parts[0].starts_with("id:") {
+            return Err(Error::InvalidArgument(format!(
+                "map path {} starts with \"id:\", which names maps by kernel id; name it {{\"id\": N}}",
+                quote(path)
+            )));
+        }
         Ok(Self::Path(parts.join("/")))
     }
 }
@@ -210,6 +216,11 @@ impl Catalog {
                 if by_path.contains_key(&rel) {
                     continue; // an earlier root wins
                 }
+                if rel.starts_with("id:") {
+                    // Its name would read as a map id.
+                    tracing::warn!(path = %abs.display(), "skipping a pin whose path starts with \"id:\"");
+                    continue;
+                }
                 match MapHandle::open_pinned(&abs) {
                     Ok(h) => {
                         by_path.insert(rel, h.meta().clone());
@@ -282,5 +293,10 @@ mod tests {
             let e = Catalog::validate_path(bad).unwrap_err();
             assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
         }
+        for bad in ["id:7", "./id:7/x"] {
+            let e = MapRef::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("by kernel id"), "{e}");
+        }
+        assert_eq!(MapRef::parse("a/id:7").unwrap().to_string(), "a/id:7");
     }
 }

@@ -269,6 +269,13 @@ impl Config {
             l.max_message_bytes >= 4 << 20,
             "limits.max_message_bytes must be at least 4 MiB"
         );
+        anyhow::ensure!(
+            l.max_queued_bytes / 4 * 3 / l.max_dumps >= 64 << 10,
+            "limits.max_queued_bytes ({}) leaves each of the {} dump slots less than 64 KiB (three quarters of it are shared out among them); raise max_queued_bytes to at least {} or lower max_dumps",
+            l.max_queued_bytes,
+            l.max_dumps,
+            (64usize << 10) * l.max_dumps * 4 / 3 + 4
+        );
         crate::auth::Policy::new(&self.rules, self.tls.is_some())?;
         Ok(())
     }

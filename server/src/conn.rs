@@ -6,6 +6,10 @@
 //! - it must send its first bytes (the HTTP/2 preface) within the handshake
 //!   timeout, after its TLS handshake if any;
 //! - it is closed once no call has been open on it for the idle timeout;
+//! - it is closed when a response has had data ready for twice the stall
+//!   timeout (at least the stall timeout and 5 s) without the client taking
+//!   any: a client that stops reading cannot keep what the daemon queued for
+//!   it;
 //! - beyond `max_connections`, new connections are closed at once, with a
 //!   log line at most every few seconds;
 //! - at shutdown, connections still open after the drain are closed.
@@ -61,7 +65,18 @@ pub struct ConnState {
     calls: AtomicUsize,
     /// When the last call ended (ms since `epoch`).
     idle_since: AtomicU64,
+    /// The open calls' response bodies, to notice one the client stopped
+    /// taking.
+    bodies: Mutex<Vec<Weak<BodyProgress>>>,
     epoch: Instant,
+}
+
+/// Whether a response body is waiting for the client: since when it has had
+/// data handed over without the transport asking for more (ms since the
+/// connection's epoch, plus one; 0: not waiting).
+#[derive(Debug, Default)]
+pub(crate) struct BodyProgress {
+    waiting_since: AtomicU64,
 }
 
 impl ConnState {
@@ -73,6 +88,7 @@ impl ConnState {
             heard: AtomicBool::new(false),
             calls: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
+            bodies: Mutex::new(Vec::new()),
             epoch: Instant::now(),
         }
     }
@@ -100,6 +116,30 @@ impl ConnState {
     pub(crate) fn call(self: &Arc<Self>) -> CallGuard {
         self.calls.fetch_add(1, Ordering::SeqCst);
         CallGuard(self.clone())
+    }
+
+    /// Watches a response body for a client that stopped taking it.
+    fn watch_body(&self) -> Arc<BodyProgress> {
+        let progress = Arc::new(BodyProgress::default());
+        let mut bodies = self.bodies.lock().expect("bodies lock");
+        bodies.retain(|b| b.strong_count() > 0);
+        bodies.push(Arc::downgrade(&progress));
+        progress
+    }
+
+    /// How long the longest-waiting response body has waited for the client.
+    fn longest_wait(&self) -> Duration {
+        let now = self.now_ms() + 1;
+        self.bodies
+            .lock()
+            .expect("bodies lock")
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|b| b.waiting_since.load(Ordering::SeqCst))
+            .filter(|&since| since != 0)
+            .map(|since| Duration::from_millis(now.saturating_sub(since)))
+            .max()
+            .unwrap_or_default()
     }
 }
 
@@ -331,6 +371,9 @@ impl Throttle {
 /// Connection settings.
 #[derive(Debug, Clone)]
 pub struct AcceptConfig {
+    /// Close a connection whose client has taken nothing of a response that
+    /// had data ready for this long.
+    pub stall_timeout: Duration,
     /// TLS, when configured.
     pub tls: Option<SharedTls>,
     /// Time for the TLS handshake, and then for the first bytes.
@@ -423,6 +466,7 @@ pub async fn accept_loop(
                 remote,
                 config.handshake_timeout,
                 config.idle_timeout,
+                config.stall_timeout,
             ));
             let conn = Conn {
                 io,
@@ -439,10 +483,18 @@ pub async fn accept_loop(
     }
 }
 
-/// Closes a connection that sends nothing within `preface`, or that has no
-/// call open for `idle`. Ends when the connection is gone.
-async fn watch_conn(state: Weak<ConnState>, remote: SocketAddr, preface: Duration, idle: Duration) {
-    let check = (preface.min(idle) / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+/// Closes a connection that sends nothing within `preface`, that has no call
+/// open for `idle`, or whose client has taken nothing of a ready response
+/// for `stall`. Ends when the connection is gone.
+async fn watch_conn(
+    state: Weak<ConnState>,
+    remote: SocketAddr,
+    preface: Duration,
+    idle: Duration,
+    stall: Duration,
+) {
+    let check = (preface.min(idle).min(stall) / 4)
+        .clamp(Duration::from_millis(100), Duration::from_secs(5));
     let started = Instant::now();
     loop {
         tokio::time::sleep(check).await;
@@ -454,6 +506,15 @@ async fn watch_conn(state: Weak<ConnState>, remote: SocketAddr, preface: Duratio
         }
         if s.idle_for().is_some_and(|d| d >= idle) {
             tracing::debug!(%remote, ?idle, "closing an idle connection");
+            s.kill();
+            return;
+        }
+        // The stream's producer gives up after `stall` and queues its
+        // status; the connection goes after as long again (5 s at least) if
+        // the client still takes nothing.
+        let waited = s.longest_wait();
+        if waited >= stall + stall.max(Duration::from_secs(5)) {
+            tracing::info!(%remote, ?waited, "closing the connection of a client that stopped reading");
             s.kill();
             return;
         }
@@ -495,31 +556,84 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let guard = req
+        let state = req
             .extensions()
             .get::<ConnInfo>()
-            .and_then(|i| i.state.as_ref())
-            .map(ConnState::call);
+            .and_then(|i| i.state.clone());
+        let guard = state.as_ref().map(ConnState::call);
         let fut = self.0.call(req);
         Box::pin(async move {
-            let resp = fut.await?;
-            Ok(match guard {
-                None => resp,
-                Some(guard) => resp.map(|body| {
+            let mut resp = fut.await?;
+            let held = resp.extensions_mut().remove::<Held>();
+            Ok(match (guard, state) {
+                (Some(guard), Some(state)) => resp.map(|body| {
                     tonic::body::Body::new(GuardedBody {
                         inner: body,
+                        pending: bytes::Bytes::new(),
+                        progress: state.watch_body(),
+                        state,
+                        _held: held,
                         _guard: guard,
                     })
                 }),
+                _ => resp,
             })
         })
     }
 }
 
-/// A response body that holds its call open until it is done or dropped.
+/// What a response keeps until its body is done or dropped (a handler puts
+/// it in the response's extensions): memory counted against a limit, a
+/// slot. So a response that waits in the transport for a slow client still
+/// counts.
+#[derive(Clone, Default)]
+pub struct Held(Arc<Mutex<Vec<Box<dyn std::any::Any + Send>>>>);
+
+impl Held {
+    /// Keeps `thing` with the response.
+    pub fn keep(&self, thing: impl std::any::Any + Send) {
+        self.0.lock().expect("held lock").push(Box::new(thing));
+    }
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Held(..)")
+    }
+}
+
+/// Largest data frame handed to the transport at once. The transport takes
+/// a whole frame whatever the client's flow-control window, and asks for the
+/// next one only once its buffer has room: cutting a large message (a whole
+/// Lookup response is one frame) keeps what it holds for a slow client small,
+/// and keeps the body, with what it holds, alive until the message is
+/// nearly written.
+const MAX_FRAME: usize = 128 << 10;
+
+/// A response body that holds its call open until it is done or dropped,
+/// with what it keeps, hands its data over in frames of at most
+/// [`MAX_FRAME`], and says when it waits for the client.
 struct GuardedBody {
     inner: tonic::body::Body,
+    /// The rest of a frame larger than [`MAX_FRAME`].
+    pending: bytes::Bytes,
+    progress: Arc<BodyProgress>,
+    state: Arc<ConnState>,
+    _held: Option<Held>,
     _guard: CallGuard,
+}
+
+impl GuardedBody {
+    /// The next piece of `data`, the rest kept for later.
+    fn piece(&mut self, mut data: bytes::Bytes) -> http_body::Frame<bytes::Bytes> {
+        if data.len() > MAX_FRAME {
+            self.pending = data.split_off(MAX_FRAME);
+        }
+        let now = self.state.now_ms() + 1;
+        // Until the transport asks again, the client has to take it.
+        self.progress.waiting_since.store(now, Ordering::SeqCst);
+        http_body::Frame::data(data)
+    }
 }
 
 impl http_body::Body for GuardedBody {
@@ -530,15 +644,31 @@ impl http_body::Body for GuardedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        // The transport asks for more: it is not waiting for the client.
+        self.progress.waiting_since.store(0, Ordering::SeqCst);
+        if !self.pending.is_empty() {
+            let rest = std::mem::take(&mut self.pending);
+            return Poll::Ready(Some(Ok(self.piece(rest))));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) if f.is_data() => {
+                let data = f.into_data().unwrap_or_default();
+                Poll::Ready(Some(Ok(self.piece(data))))
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.pending.is_empty() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        if self.pending.is_empty() {
+            self.inner.size_hint()
+        } else {
+            http_body::SizeHint::default()
+        }
     }
 }
 

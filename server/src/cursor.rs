@@ -295,8 +295,14 @@ impl CursorKey {
         identity: &Identity,
         map: &MapRef,
     ) -> Result<Opened, CursorError> {
-        let (digest, opened) = self.unseal(token)?;
-        if digest != identity_digest(identity) {
+        let (digest, version, opened) = self.unseal(token)?;
+        // Version 2 bound the identity's name without its kind ("alice",
+        // not "cn:alice").
+        let expected = match version {
+            VERSION_2 => legacy_identity_digest(identity),
+            _ => identity_digest(identity),
+        };
+        if digest != expected {
             return Err(CursorError::OtherIdentity(identity.clone()));
         }
         if opened.map != *map {
@@ -308,7 +314,7 @@ impl CursorKey {
         Ok(opened)
     }
 
-    fn unseal(&self, s: &str) -> Result<([u8; 16], Opened), CursorError> {
+    fn unseal(&self, s: &str) -> Result<([u8; 16], u8, Opened), CursorError> {
         if s.len() > MAX_CURSOR_LEN {
             return Err(CursorError::TooLong);
         }
@@ -322,7 +328,7 @@ impl CursorKey {
         }
     }
 
-    fn unseal_raw(&self, s: &str) -> Result<([u8; 16], Opened), CursorError> {
+    fn unseal_raw(&self, s: &str) -> Result<([u8; 16], u8, Opened), CursorError> {
         let raw = URL_SAFE_NO_PAD
             .decode(s)
             .map_err(|_| CursorError::Encoding)?;
@@ -361,6 +367,7 @@ impl CursorKey {
         let map_id = r.u32()?;
         let fingerprint = r.take(8)?.try_into().expect("8 bytes");
         let position = match r.u8()? {
+            0 => Position::Start,
             1 => Position::After(r.bytes()?.to_vec()),
             2 => Position::End,
             _ => return Err(CursorError::Malformed),
@@ -370,6 +377,7 @@ impl CursorKey {
         }
         Ok((
             identity,
+            version,
             Opened {
                 map,
                 map_id,
@@ -382,7 +390,20 @@ impl CursorKey {
 
 /// The digest of an identity that a cursor binds.
 fn identity_digest(identity: &Identity) -> [u8; 16] {
-    let d = ring::digest::digest(&ring::digest::SHA256, identity.to_string().as_bytes());
+    digest16(identity.to_string().as_bytes())
+}
+
+/// The digest version-2 cursors bound: the name alone.
+fn legacy_identity_digest(identity: &Identity) -> [u8; 16] {
+    let name = match identity {
+        Identity::Anonymous => "anonymous",
+        Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => n,
+    };
+    digest16(name.as_bytes())
+}
+
+fn digest16(bytes: &[u8]) -> [u8; 16] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
     let mut out = [0; 16];
     out.copy_from_slice(&d.as_ref()[..16]);
     out
@@ -552,7 +573,7 @@ mod tests {
     fn version_2_cursors_are_still_read() {
         let key = CursorKey::from_bytes(b"k");
         let mut body = vec![VERSION_2];
-        body.extend_from_slice(&identity_digest(&alice()));
+        body.extend_from_slice(&legacy_identity_digest(&alice()));
         put_bytes(&mut body, b"path:demo/flows");
         body.extend_from_slice(&42u32.to_le_bytes());
         body.extend_from_slice(&meta().fingerprint());

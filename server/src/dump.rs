@@ -57,6 +57,9 @@ pub const IN_TRANSPORT: usize = 2;
 /// Chunks a dump can have in memory at once: queued, in the transport, and
 /// the one being read.
 pub const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
+/// Messages a dump of large entries has in memory at once: it reads the next
+/// entry only once nothing is queued.
+pub const LARGE_PIPELINE: usize = 1 + 1 + IN_TRANSPORT;
 /// Entries per chunk when the request does not say.
 pub const DEFAULT_CHUNK: u32 = 1024;
 /// Upper bound on entries per chunk.
@@ -74,6 +77,9 @@ pub struct DumpStats {
     pub chunks_read: AtomicU64,
     /// Dumps ended because they held their slot too long while others waited.
     pub slots_expired: AtomicU64,
+    /// Times a walk found that the kernel had restarted it from the first
+    /// key (and skipped what it had delivered).
+    pub walk_restarts: AtomicU64,
 }
 
 /// The chunk size actually used: the hint, defaulted and clamped so that a
@@ -113,6 +119,10 @@ pub struct DumpJob {
     limit: u64,
     sealer: Sealer,
     slot: Option<Slot>,
+    /// For entries too large for a dump's share: their memory, from the
+    /// pool, for the whole dump.
+    large: Option<usize>,
+    large_memory: Option<Reservation>,
 }
 
 impl DumpJob {
@@ -133,10 +143,33 @@ impl DumpJob {
             return Err(Error::EntryTooLarge {
                 map,
                 bytes: entry,
-                max: limits.max_message_bytes,
+                why: format!(
+                    "more than the largest message this server sends ({} bytes, limits.max_message_bytes)",
+                    limits.max_message_bytes
+                ),
             });
         }
-        let chunk = effective_chunk(options.chunk_hint, &meta, options.layout, limits.share);
+        let per_entry = per_entry(&meta, options.layout);
+        // Entries too large for a share travel one per message, with the
+        // memory of LARGE_PIPELINE of them taken from the pool.
+        let large = (per_entry * PIPELINE > limits.share).then_some(per_entry * LARGE_PIPELINE);
+        if let Some(need) = large
+            && need > limits.pool
+        {
+            return Err(Error::EntryTooLarge {
+                map,
+                bytes: entry,
+                why: format!(
+                    "a dump of such entries holds up to {LARGE_PIPELINE} of them ({need} bytes) and the server keeps {} bytes for large entries (a quarter of limits.max_queued_bytes); raise limits.max_queued_bytes to at least {}",
+                    limits.pool,
+                    need * 4
+                ),
+            });
+        }
+        let chunk = match large {
+            Some(_) => 1,
+            None => effective_chunk(options.chunk_hint, &meta, options.layout, limits.share),
+        };
         let walker = Walker::new(handle, meta, position).map_err(|e| Error::from_walk(&map, e))?;
         Ok(Self {
             map,
@@ -146,7 +179,27 @@ impl DumpJob {
             limit: options.limit,
             sealer,
             slot: None,
+            large,
+            large_memory: None,
         })
+    }
+
+    /// For a dump of entries too large for a share: takes their memory from
+    /// the pool, waiting at most `wait` (RESOURCE_EXHAUSTED after that).
+    pub async fn reserve_memory(&mut self, pool: &Budget, wait: Duration) -> Result<(), Error> {
+        let Some(need) = self.large else {
+            return Ok(());
+        };
+        let r = tokio::time::timeout(wait, pool.reserve(need, need))
+            .await
+            .map_err(|_| {
+                Error::ResourceExhausted(format!(
+                    "map {}'s entries are large, and the server's memory for large entries is in use (limits.max_queued_bytes); retry later",
+                    self.map
+                ))
+            })?;
+        self.large_memory = Some(r);
+        Ok(())
     }
 
     /// Holds `slot` until the producer ends.
@@ -163,6 +216,9 @@ impl DumpJob {
 pub struct DumpLimits {
     /// Each dump's share of memory for queued chunks.
     pub share: usize,
+    /// The pool's size (lookups, and dumps of entries too large for a
+    /// share).
+    pub pool: usize,
     /// Largest message sent.
     pub max_message_bytes: usize,
 }
@@ -178,8 +234,6 @@ pub struct DumpEnv {
     pub stall_timeout: Duration,
     /// Each dump's share of memory, and the largest message.
     pub limits: DumpLimits,
-    /// The pool for entries larger than a share (shared with lookups).
-    pub pool: Budget,
     /// The dump slots (to know when a slot is wanted by others).
     pub slots: Arc<DumpSlots>,
     /// How long a dump may hold its slot while others wait.
@@ -196,8 +250,10 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
     let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
     let (tail_tx, tail_rx) = oneshot::channel::<Status>();
     let started = audit.started();
+    let share = Share::new(env.limits.share);
+    let producer_share = share.clone();
     tokio::spawn(async move {
-        if let Err(e) = run(job, started, &tx, env).await {
+        if let Err(e) = run(job, started, &tx, &producer_share, env).await {
             // Delivered after the chunks already queued, even when the
             // channel is full (a client that stopped reading).
             let _ = tail_tx.send(e.into());
@@ -209,6 +265,7 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
         audit: Some(audit),
         ended: None,
         held: VecDeque::new(),
+        share,
     }
 }
 
@@ -219,6 +276,7 @@ async fn run(
     job: DumpJob,
     started: Instant,
     tx: &mpsc::Sender<Queued>,
+    share: &Arc<Share>,
     mut env: DumpEnv,
 ) -> Result<(), Error> {
     env.stats.active.fetch_add(1, Ordering::SeqCst);
@@ -231,13 +289,12 @@ async fn run(
         limit,
         sealer,
         slot,
+        large,
+        large_memory: _large_memory,
     } = job;
     let meta = walker.meta().clone();
     let per_entry = per_entry(&meta, layout);
-    let share = Share::new(env.limits.share);
-    // Entries too large for a share travel alone, from the pool.
-    let alone = per_entry * PIPELINE > share.cap();
-    let (mut sent, mut chunks) = (0u64, 0u64);
+    let (mut sent, mut chunks, mut restarts_seen) = (0u64, 0u64, 0u64);
     loop {
         if *env.stop.borrow() {
             return Err(Error::ShuttingDown);
@@ -253,16 +310,18 @@ async fn run(
         }
         let remaining = (limit != 0).then(|| limit - sent);
         let mut want = remaining.map_or(chunk, |r| r.min(u64::from(chunk)) as u32);
-        let mut reservation = if alone {
-            want = 1;
-            tokio::select! {
-                r = env.pool.reserve(per_entry, per_entry) => r,
-                _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+        let mut reservation = match large {
+            // Memory taken for the whole dump: one entry at a time, read
+            // once nothing is queued.
+            Some(_) => {
+                wait_until_drained(share, tx, &mut env).await?;
+                None
             }
-        } else {
-            reserve(&share, want as usize * per_entry, per_entry, tx, &mut env).await?
+            None => Some(reserve(share, want as usize * per_entry, per_entry, tx, &mut env).await?),
         };
-        want = want.min((reservation.bytes() / per_entry).max(1) as u32);
+        if let Some(r) = &reservation {
+            want = want.min((r.bytes() / per_entry).max(1) as u32);
+        }
         // Past the first chunk of a limited call, stop short of a hash
         // bucket that would overshoot the limit: the next call gets it whole.
         let cap = remaining
@@ -282,6 +341,11 @@ async fn run(
         })?;
         walker = w;
         env.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
+        let restarts = walker.stats().restarts;
+        env.stats
+            .walk_restarts
+            .fetch_add(restarts - restarts_seen, Ordering::Relaxed);
+        restarts_seen = restarts;
         let chunk_read = res.map_err(|e| Error::from_walk(&map, e))?;
         let position = walker.position().clone();
         let complete = position == Position::End;
@@ -292,9 +356,21 @@ async fn run(
         let cursor = sealer.seal(&position);
         if let Some(c) = chunk_read.filter(|c| c.count > 0) {
             let count = c.count as u64;
-            // A hash bucket larger than asked for: count it too.
-            let extra = (c.count * per_entry).saturating_sub(reservation.bytes());
-            share.grow(&mut reservation, extra);
+            // A hash bucket is never split: it may hold more than asked for.
+            let bytes = c.count * per_entry;
+            if bytes > env.limits.max_message_bytes {
+                return Err(Error::EntryTooLarge {
+                    map,
+                    bytes,
+                    why: format!(
+                        "a hash bucket holds {} entries, more than the largest message this server sends ({} bytes, limits.max_message_bytes)",
+                        c.count, env.limits.max_message_bytes
+                    ),
+                });
+            }
+            if let Some(r) = reservation.as_mut() {
+                share.grow(r, bytes.saturating_sub(r.bytes()));
+            }
             let msg = ChunkMessage {
                 meta: &meta,
                 chunk: c,
@@ -302,7 +378,7 @@ async fn run(
                 cursor: cursor.clone(),
             }
             .into_proto();
-            if !send(tx, &mut env, msg, Some(reservation)).await? {
+            if !send(tx, &mut env, msg, reservation).await? {
                 return Ok(());
             }
             sent += count;
@@ -356,6 +432,26 @@ async fn reserve(
     }
 }
 
+/// Waits (at most the stall timeout) until nothing this dump produced is
+/// queued any more.
+async fn wait_until_drained(
+    share: &Arc<Share>,
+    tx: &mpsc::Sender<Queued>,
+    env: &mut DumpEnv,
+) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + env.stall_timeout;
+    while tx.capacity() < tx.max_capacity() {
+        tokio::select! {
+            _ = share.released() => {}
+            _ = tokio::time::sleep_until(deadline) => return Err(Error::Stalled {
+                secs: env.stall_timeout.as_secs(),
+            }),
+            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+        }
+    }
+    Ok(())
+}
+
 /// Queues one message, waiting at most the stall timeout for room. `false`
 /// when the client went away.
 async fn send(
@@ -394,6 +490,9 @@ pub struct DumpStream {
     /// How the stream ended, once it has.
     ended: Option<tonic::Code>,
     held: VecDeque<Reservation>,
+    /// The producer's share: told of every message taken, so that a
+    /// producer waiting for room (or for an empty queue) looks again.
+    share: Arc<Share>,
 }
 
 fn entries_in(msg: &pb::DumpMapResponse) -> u64 {
@@ -414,6 +513,7 @@ impl Stream for DumpStream {
         match this.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some((item, reservation))) => {
+                this.share.wake();
                 if let Some(r) = reservation {
                     this.held.push_back(r);
                     while this.held.len() > IN_TRANSPORT {

@@ -59,6 +59,14 @@ pub enum Error {
         /// Its type.
         map_type: MapType,
     },
+    /// The daemon cannot size the map's values.
+    #[error("map {map} cannot be read: {reason}")]
+    Unsized {
+        /// The reference.
+        map: MapRef,
+        /// Why.
+        reason: String,
+    },
     /// The map's type has no lookup from user space.
     #[error("map {map} does not support lookups from user space (type {map_type})")]
     LookupUnsupported {
@@ -97,17 +105,15 @@ pub enum Error {
         /// limits.max_slot_hold_secs.
         secs: u64,
     },
-    /// One entry is larger than the largest message the server sends.
-    #[error(
-        "an entry of map {map} takes {bytes} bytes, more than the largest message this server sends ({max} bytes, limits.max_message_bytes); raise that limit to read this map"
-    )]
+    /// An entry (or a hash bucket) too large for this server's limits.
+    #[error("an entry of map {map} takes {bytes} bytes: {why}")]
     EntryTooLarge {
         /// The reference.
         map: MapRef,
-        /// Bytes of one entry in a message.
+        /// Bytes of one entry (or bucket) in a message.
         bytes: usize,
-        /// limits.max_message_bytes.
-        max: usize,
+        /// Which limit, and what to raise.
+        why: String,
     },
     /// The response to a Lookup would be too large.
     #[error(
@@ -173,6 +179,7 @@ impl Error {
             Self::NotAMap { .. }
             | Self::ByIdDisabled
             | Self::NotIterable { .. }
+            | Self::Unsized { .. }
             | Self::LookupUnsupported { .. } => Code::FailedPrecondition,
             Self::ResumeKeyDeleted(_) => Code::Aborted,
             Self::ShuttingDown | Self::Stalled { .. } => Code::Unavailable,
@@ -197,6 +204,7 @@ impl Error {
             Self::NotAMap { .. } => "NOT_A_MAP",
             Self::ByIdDisabled => "BY_ID_DISABLED",
             Self::NotIterable { .. } => "MAP_NOT_ITERABLE",
+            Self::Unsized { .. } => "MAP_NOT_SIZED",
             Self::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
             Self::Cursor(c) => match c {
                 CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
@@ -240,6 +248,10 @@ impl Error {
                 map_type,
             },
             WalkError::ResumeKeyDeleted => Self::ResumeKeyDeleted(map.clone()),
+            WalkError::Unsized(reason) => Self::Unsized {
+                map: map.clone(),
+                reason,
+            },
             WalkError::BadToken => Self::Cursor(CursorError::MapReplaced {
                 map: map.clone(),
                 detail: "the cursor's position no longer fits it".into(),
@@ -261,6 +273,10 @@ impl Error {
             LookupError::Unsupported(map_type) => Self::LookupUnsupported {
                 map: map.clone(),
                 map_type,
+            },
+            LookupError::Unsized(reason) => Self::Unsized {
+                map: map.clone(),
+                reason,
             },
             LookupError::KeySize { expected, got } => Self::InvalidArgument(format!(
                 "a key is {got} bytes; map {map} has {expected}-byte keys"

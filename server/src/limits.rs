@@ -113,9 +113,11 @@ impl DumpSlots {
     /// Takes a slot, or RESOURCE_EXHAUSTED naming the limit that was hit.
     pub fn try_acquire(&self, caller: &Caller) -> Result<Slot, Error> {
         let key = SlotKey::of(caller);
-        let sem = {
+        let key_permit = {
             let mut map = self.per_key.lock().expect("slots lock");
             // Forget callers with nothing running, so the map stays small.
+            // (Under the lock, as is the acquisition below: a semaphore is
+            // never dropped while a permit of it is being taken.)
             if map.len() > 1024 {
                 let max = self.per_key_max;
                 map.retain(|_, s| s.available_permits() < max);
@@ -123,8 +125,9 @@ impl DumpSlots {
             map.entry(key.clone())
                 .or_insert_with(|| Arc::new(Semaphore::new(self.per_key_max)))
                 .clone()
+                .try_acquire_owned()
         };
-        let key_permit = sem.try_acquire_owned().map_err(|_| {
+        let key_permit = key_permit.map_err(|_| {
             let mut refused = self.refused_key.lock().expect("slots lock");
             if refused.len() > 1024 {
                 refused.retain(|_, t| t.elapsed() < Duration::from_secs(600));
@@ -230,11 +233,6 @@ impl Share {
         })
     }
 
-    /// The share's size.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     /// Takes up to `want` bytes and at least `floor` (at most the share)
     /// of what is free of the share; `None` when less than `floor` is free.
     pub fn try_reserve(self: &Arc<Self>, want: usize, floor: usize) -> Option<Reservation> {
@@ -262,10 +260,16 @@ impl Share {
         }
     }
 
-    /// Resolves once some of the share was given back since the last call
-    /// (at once if that already happened: no release is missed).
+    /// Resolves once some of the share was given back, or [`Share::wake`]
+    /// was called, since the last call (at once if that already happened: no
+    /// wake-up is missed).
     pub async fn released(&self) {
         self.freed.notified().await;
+    }
+
+    /// Wakes the producer waiting in [`Share::released`].
+    pub fn wake(&self) {
+        self.freed.notify_one();
     }
 
     /// Bytes held now.

@@ -240,6 +240,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let budget = Budget::new(pool_bytes);
     let dump_limits = DumpLimits {
         share,
+        pool: pool_bytes,
         max_message_bytes: limits.max_message_bytes,
     };
     let service = MapServiceImpl::new(
@@ -253,11 +254,10 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             dumps: dump_limits,
         },
         DumpEnv {
-            stop: stop_dumps_rx,
+            stop: stop_dumps_rx.clone(),
             stats: stats.clone(),
             stall_timeout: Duration::from_secs(limits.stall_timeout_secs),
             limits: dump_limits,
-            pool: budget.clone(),
             slots,
             max_slot_hold: Duration::from_secs(limits.max_slot_hold_secs),
         },
@@ -290,7 +290,8 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             .await
             .with_context(|| format!("cannot listen on {health_listen} (health_listen)"))?;
         health_addr = Some(health_listener.local_addr()?);
-        let mut rx = draining_rx.clone();
+        // The probe port answers (NOT_SERVING) until the dumps are cut.
+        let mut rx = stop_dumps_rx.clone();
         let incoming =
             tonic::transport::server::TcpIncoming::from(health_listener).with_nodelay(Some(true));
         // Reflection of the health schema only, so grpcurl works here too.
@@ -334,6 +335,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     tokio::spawn(conn::accept_loop(
         listener,
         AcceptConfig {
+            stall_timeout: Duration::from_secs(limits.stall_timeout_secs),
             tls: tls.clone(),
             handshake_timeout: Duration::from_secs(limits.handshake_timeout_secs),
             idle_timeout: Duration::from_secs(limits.idle_timeout_secs),

@@ -13,6 +13,7 @@ use crate::{
     audit::{self, Method},
     auth::{Caller, Operation, Policy},
     catalog::{Catalog, MapRef, Resolved},
+    conn::Held,
     cursor::{CursorKey, Sealer},
     dump::{self, DumpEnv, DumpJob, DumpLimits, DumpStream},
     error::Error,
@@ -26,8 +27,8 @@ pub const MAX_LOOKUP_KEYS: usize = 4096;
 /// Upper bound on a Lookup response, as for a dump chunk (below grpcurl's
 /// 4 MiB default), unless one entry alone is larger.
 pub const MAX_LOOKUP_RESPONSE: usize = crate::dump::MAX_CHUNK_BYTES;
-/// How long a Lookup waits for room in the memory budget.
-const LOOKUP_BUDGET_WAIT: Duration = Duration::from_secs(2);
+/// How long a call waits for room in the memory pool.
+const POOL_WAIT: Duration = Duration::from_secs(2);
 
 /// The authorization policy in force; replaced on reload.
 pub type SharedPolicy = Arc<ArcSwap<Policy>>;
@@ -178,7 +179,7 @@ impl MapServiceImpl {
             chunk_hint: req.chunk_size,
             limit: req.limit,
         };
-        let job = DumpJob::new(
+        let mut job = DumpJob::new(
             map,
             resolved.handle,
             position,
@@ -188,14 +189,17 @@ impl MapServiceImpl {
         )?;
         // Last: a slot is only taken by a dump that will run.
         let slot = self.limits.slots.try_acquire(caller)?;
+        job.reserve_memory(&self.limits.pool, POOL_WAIT).await?;
         Ok(job.with_slot(slot))
     }
 
+    /// The results, and what the response keeps until it is sent: its
+    /// memory and its lookup slot.
     async fn lookup(
         &self,
         caller: &Caller,
         req: pb::LookupRequest,
-    ) -> Result<Vec<pb::LookupResult>, Error> {
+    ) -> Result<(Vec<pb::LookupResult>, Held), Error> {
         self.accepting()?;
         let map = proto::map_ref(req.map)?;
         if req.keys.is_empty() {
@@ -209,7 +213,8 @@ impl MapServiceImpl {
                 req.keys.len()
             )));
         }
-        let _running = self.limits.lookups.try_acquire()?;
+        let held = Held::default();
+        held.keep(self.limits.lookups.try_acquire()?);
         let resolved = self.open_for(caller, Operation::Lookup, &map).await?;
         let handle = resolved.handle;
         let meta = handle.meta();
@@ -228,11 +233,18 @@ impl MapServiceImpl {
         // The response is bounded before anything is read: every value has
         // the map's fixed size.
         let per_key = proto::entry_bytes(meta, pb::Layout::Entries);
-        if per_key > self.limits.dumps.max_message_bytes {
+        let max = self
+            .limits
+            .dumps
+            .max_message_bytes
+            .min(self.limits.dumps.pool);
+        if per_key > max {
             return Err(Error::EntryTooLarge {
                 map,
                 bytes: per_key,
-                max: self.limits.dumps.max_message_bytes,
+                why: format!(
+                    "more than the largest Lookup response this server builds ({max} bytes: limits.max_message_bytes, and a quarter of limits.max_queued_bytes)"
+                ),
             });
         }
         let fit = (MAX_LOOKUP_RESPONSE / per_key).max(1);
@@ -245,17 +257,15 @@ impl MapServiceImpl {
                 fit,
             });
         }
-        let _reserved = tokio::time::timeout(
-            LOOKUP_BUDGET_WAIT,
-            self.limits.pool.reserve(bytes, bytes),
-        )
-        .await
-        .map_err(|_| {
-            Error::ResourceExhausted(
-                "the server's memory for responses is in use (limits.max_queued_bytes); retry later".into(),
-            )
-        })?;
-        blocking(move || {
+        let reserved = tokio::time::timeout(POOL_WAIT, self.limits.pool.reserve(bytes, bytes))
+            .await
+            .map_err(|_| {
+                Error::ResourceExhausted(
+                    "the server's memory for responses is in use (limits.max_queued_bytes); retry later".into(),
+                )
+            })?;
+        held.keep(reserved);
+        let results = blocking(move || {
             let meta = handle.meta();
             req.keys
                 .into_iter()
@@ -267,7 +277,8 @@ impl MapServiceImpl {
                 })
                 .collect()
         })
-        .await
+        .await?;
+        Ok((results, held))
     }
 }
 
@@ -346,9 +357,12 @@ impl MapService for MapServiceImpl {
         audit.add_entries(
             result
                 .as_ref()
-                .map_or(0, |r| r.iter().filter(|x| x.found).count() as u64),
+                .map_or(0, |(r, _)| r.iter().filter(|x| x.found).count() as u64),
         );
         audit.finish(code_of(&result));
-        Ok(Response::new(pb::LookupResponse { results: result? }))
+        let (results, held) = result?;
+        let mut response = Response::new(pb::LookupResponse { results });
+        response.extensions_mut().insert(held);
+        Ok(response)
     }
 }

@@ -18,6 +18,7 @@ use tempfile::TempDir;
 
 pub use bpfmapd::kernel::{MapType, OwnedMap};
 
+pub mod dns;
 pub mod pki;
 pub mod process;
 

@@ -157,6 +157,35 @@ async fn a_trie_resumed_after_its_last_key_was_deleted_gives_exactly_the_rest() 
 }
 
 #[tokio::test]
+async fn a_devmap_hash_resumed_after_its_last_key_was_deleted_is_aborted() {
+    let (fs, _state, daemon, client) = setup().await;
+    let map = create_map(MapType::DEVMAP_HASH, 4, 4, 64);
+    for k in 0u32..20 {
+        // Every entry redirects to the loopback device (ifindex 1).
+        update(&map, &k.to_le_bytes(), &1u32.to_le_bytes());
+    }
+    fs.pin(&map, "devs");
+    let mut dump = client.dump(
+        "devs".parse().unwrap(),
+        DumpOptions {
+            chunk_size: 5,
+            ..Default::default()
+        },
+    );
+    let first = dump.next_chunk().await.unwrap().unwrap();
+    assert_eq!(first.len(), 5);
+    let cursor = dump.cursor().to_owned();
+    drop(dump);
+    // The walk continues after the last key it delivered; that key is gone,
+    // and devmap_hash would silently start again from its first key.
+    delete(&map, &first.last().unwrap().key);
+    let e = dump_from(&client, "devs", &cursor).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::Aborted, "{e}");
+    assert_eq!(reason_of(&e), "RESUME_KEY_DELETED");
+    daemon.stop().await;
+}
+
+#[tokio::test]
 async fn paths_that_escape_the_root_are_invalid_argument() {
     let (fs, _state, daemon, client) = setup().await;
     // A map outside the root, reachable through a symlink inside it.

@@ -53,7 +53,7 @@ fn big_array(fs: &BpfFs, rel: &str, n: u32, value_size: u32) -> OwnedMap {
 async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
-    // 512 values of 64 KiB: chunks of about 46 entries, 3 MiB each.
+    // 512 values of 64 KiB: a chunk holds one (a dump's share is 576 KiB).
     let _big = big_array(&fs, "big", 512, 64 << 10);
     let daemon = DaemonProcess::start(
         daemon_bin!(),
@@ -83,6 +83,44 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         assert!(e.message().contains("at most 47 keys"), "{}", e.message());
     }
+    // 48 Lookups at once that are allowed: 47 keys each, responses of 3 MiB.
+    // They share the pool (12 MiB) and 16 lookup slots: the others wait or
+    // are told to retry.
+    let mut calls = Vec::new();
+    for i in 0..48u32 {
+        let channel = channel_from(&daemon.url(), "127.0.0.1").await;
+        calls.push(tokio::spawn(async move {
+            let mut raw = pb::map_service_client::MapServiceClient::new(channel);
+            raw.lookup(pb::LookupRequest {
+                map: map_ref("big"),
+                keys: (0..47u32)
+                    .map(|k| ((k + i) % 512).to_le_bytes().to_vec())
+                    .collect(),
+            })
+            .await
+        }));
+    }
+    let (mut served, mut busy) = (0, 0);
+    for c in calls {
+        match c.await.unwrap() {
+            Ok(r) => {
+                let r = r.into_inner();
+                assert_eq!(r.results.len(), 47);
+                assert!(
+                    r.results
+                        .iter()
+                        .all(|x| x.found && x.value.len() == 64 << 10)
+                );
+                served += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                busy += 1;
+            }
+        }
+    }
+    eprintln!("48 Lookups of 3 MiB at once: {served} served, {busy} told to retry");
+    assert!(served >= 16, "{served} served");
     let (after_lookups, peak_lookups) = daemon.rss_kib();
 
     // 64 streams (the default max_dumps) from 8 addresses (8 per address,
@@ -117,7 +155,7 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (after_streams, _) = daemon.rss_kib();
     eprintln!(
-        "daemon RSS: start {} MiB; 4 hostile lookups: {} MiB (peak {} MiB); 64 slow streams of 64 KiB values: peak {} MiB (high-water {} MiB); 2 s after they left: {} MiB",
+        "daemon RSS: start {} MiB; after the Lookups: {} MiB (peak {} MiB); 64 slow streams of 64 KiB values: peak {} MiB (high-water {} MiB); 2 s after they left: {} MiB",
         base / MIB,
         after_lookups / MIB,
         peak_lookups / MIB,
@@ -125,13 +163,14 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
         hwm / MIB,
         after_streams / MIB,
     );
+    // The pool is 12 MiB; allow as much again for encoding and the transport.
     assert!(
-        peak_lookups < base + 16 * MIB,
+        peak_lookups < base + 32 * MIB,
         "lookups grew the daemon by {} MiB",
         (peak_lookups - base) / MIB
     );
-    // The budget is 32 MiB; allow as much again for the transport's own
-    // buffers and the allocator.
+    // The dumps' shares are 36 MiB in all; allow as much again for the
+    // transport's own buffers and the allocator.
     assert!(
         hwm < base + 96 * MIB,
         "64 slow streams grew the daemon by {} MiB",
@@ -661,10 +700,42 @@ async fn bpfmapctl_cut_off_by_a_failing_daemon_keeps_every_line_and_resumes_exac
 
 #[tokio::test]
 async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
-    let (fs, _state, daemon, client) = setup().await;
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
     // 3.5 MB values: more than a chunk, less than the largest message.
     let value_size = 3_500_000u32;
     let _big = big_array(&fs, "big", 3, value_size);
+    // With the default memory (a 12 MiB pool), a dump of such entries, which
+    // holds up to four of them, is refused, saying what to raise.
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await.with_retry(RetryPolicy::never());
+    let mut dump = client.dump("big".parse().unwrap(), DumpOptions::default());
+    let e = dump.next_chunk().await.unwrap_err();
+    assert_eq!(code_of(&e), Code::FailedPrecondition, "{e}");
+    assert_eq!(reason_of(&e), "ENTRY_TOO_LARGE");
+    assert!(
+        e.to_string().contains("raise limits.max_queued_bytes"),
+        "{e}"
+    );
+    // One at a time, a Lookup can still read one.
+    let map = "big".parse().unwrap();
+    let one = client
+        .lookup(&map, vec![1u32.to_le_bytes().to_vec()])
+        .await
+        .unwrap();
+    assert_eq!(one[0].value, vec![1u8; value_size as usize]);
+    daemon.stop().await;
+
+    // With more memory they are served, one per message.
+    let daemon = Daemon::start_with(Config {
+        limits: Limits {
+            max_queued_bytes: 64 << 20,
+            ..Limits::default()
+        },
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
     let mut dump = client.dump("big".parse().unwrap(), DumpOptions::default());
     let mut seen = 0;
     while let Some(chunk) = dump.next_chunk().await.unwrap() {
@@ -677,7 +748,6 @@ async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
         seen += 1;
     }
     assert_eq!(seen, 3);
-    let map = "big".parse().unwrap();
     let keys: Vec<Vec<u8>> = (0u32..3).map(|i| i.to_le_bytes().to_vec()).collect();
     let e = client.lookup(&map, keys.clone()).await.unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");

@@ -34,7 +34,7 @@ async fn chunks(client: &Client, map: &str, options: DumpOptions) -> Vec<(Vec<En
 async fn resuming_from_each_chunk_cursor_gives_exactly_the_rest() {
     let (fs, _state, daemon, client) = setup().await;
     let (_h, expected_hash) = u64_hash(&fs, "hash", 2000, 4096);
-    // The generic (last-key) path: an array and a trie.
+    // The generic (last-key) path: an array.
     let arr = create_map(MapType::ARRAY, 4, 4, 300);
     let mut expected_arr = Entries::new();
     for i in 0u32..300 {

@@ -224,7 +224,6 @@ pub struct Client {
     retry: RetryPolicy,
 }
 
-/// Largest message the client accepts (the server keeps chunks below 4 MiB).
 /// Largest message the client accepts: the server's default largest
 /// message (chunks stay below 3 MiB unless one entry is larger).
 const MAX_DECODE: usize = (64 << 20) + (64 << 10);
@@ -309,11 +308,13 @@ impl Client {
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut delays = self.retry.delays();
+        let mut attempt = 0;
         loop {
             match f(self.inner.clone()).await {
                 Ok(resp) => return Ok(resp.into_inner()),
                 Err(status) => match delays.next() {
-                    Some(delay) if RetryPolicy::should_retry_call(&status) => {
+                    Some(delay) if RetryPolicy::should_retry_call(&status, attempt) => {
+                        attempt += 1;
                         tracing::debug!(code = ?status.code(), message = status.message(), ?delay, "call failed; retrying");
                         tokio::time::sleep(delay).await;
                     }

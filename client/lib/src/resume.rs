@@ -16,7 +16,7 @@ use crate::{Error, MapName, pb, pb::map_service_client::MapServiceClient};
 /// |---|---|---|
 /// | UNAVAILABLE sent by the daemon (it is stopping, the stream stalled, the slot expired) | resume from the last cursor, after a backoff | retry, after a backoff |
 /// | RESOURCE_EXHAUSTED (the daemon runs its maximum of dumps or lookups) | retry from the last cursor, after a backoff | retry, after a backoff |
-/// | UNAVAILABLE, UNKNOWN, INTERNAL, CANCELLED raised by the transport (refused or reset connection, broken HTTP/2 stream, failed TLS handshake) | resume from the last cursor, after a backoff | stop |
+/// | UNAVAILABLE, UNKNOWN, INTERNAL, CANCELLED raised by the transport (refused or reset connection, broken HTTP/2 stream, failed TLS handshake) | resume from the last cursor, after a backoff | retry once, then stop |
 /// | ABORTED | stop: the map was replaced, the caller restarts the dump | stop |
 /// | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, INTERNAL from the server, ...) | stop | stop |
 ///
@@ -58,14 +58,19 @@ impl RetryPolicy {
         }
     }
 
-    /// Whether a unary call that failed with `status` should be tried again
-    /// after a backoff: only when the daemon itself said so (a transport
-    /// failure is reported at once).
-    pub fn should_retry_call(status: &Status) -> bool {
-        let from_server = std::error::Error::source(status).is_none();
+    /// Whether a unary call that failed with `status` on attempt `attempt`
+    /// (from 0) should be tried again after a backoff: when the daemon itself
+    /// said so, and once after a transport failure (a connection the daemon
+    /// closed as idle just as the call went out); a daemon that cannot be
+    /// reached is reported after that one retry.
+    pub fn should_retry_call(status: &Status, attempt: usize) -> bool {
+        let from_transport = std::error::Error::source(status).is_some();
         match status.code() {
             Code::ResourceExhausted => true,
-            Code::Unavailable => from_server,
+            Code::Unavailable if !from_transport => true,
+            Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled => {
+                from_transport && attempt == 0
+            }
             _ => false,
         }
     }
@@ -203,7 +208,7 @@ impl Dump {
     async fn open(&mut self) -> Result<Streaming<pb::DumpMapResponse>, Status> {
         let limit = match self.options.limit {
             0 => 0,
-            l => l.saturating_sub(self.received).max(1),
+            l => l - self.received,
         };
         let layout = if self.options.packed {
             pb::Layout::Packed
@@ -229,6 +234,12 @@ impl Dump {
             }
             let result = match self.stream.as_mut() {
                 Some(stream) => stream.message().await,
+                // The stream broke after the last entry the limit allowed
+                // but before the end was said: nothing is left to ask for.
+                None if self.options.limit != 0 && self.received >= self.options.limit => {
+                    self.finished = true;
+                    return Ok(None);
+                }
                 None => match self.open().await {
                     Ok(stream) => {
                         self.stream = Some(stream);
@@ -371,20 +382,24 @@ mod tests {
         let mut s = Status::unknown("h2 protocol error");
         s.set_source(std::sync::Arc::new(io));
         assert!(RetryPolicy::should_retry(&s));
-        // Unary calls: only what the server says.
-        assert!(!RetryPolicy::should_retry_call(&s));
+        // Unary calls: what the server says; a transport failure once.
+        assert!(RetryPolicy::should_retry_call(&s, 0));
+        assert!(!RetryPolicy::should_retry_call(&s, 1));
         let mut refused = Status::unavailable("connection refused");
         refused.set_source(std::sync::Arc::new(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
-        assert!(!RetryPolicy::should_retry_call(&refused));
-        assert!(RetryPolicy::should_retry_call(&Status::unavailable(
-            "stopping"
-        )));
-        assert!(RetryPolicy::should_retry_call(&Status::resource_exhausted(
-            "busy"
-        )));
-        assert!(!RetryPolicy::should_retry_call(&Status::not_found("x")));
+        assert!(RetryPolicy::should_retry_call(&refused, 0));
+        assert!(!RetryPolicy::should_retry_call(&refused, 1));
+        let stopping = Status::unavailable("stopping");
+        assert!(RetryPolicy::should_retry_call(&stopping, 3));
+        let busy = Status::resource_exhausted("busy");
+        assert!(RetryPolicy::should_retry_call(&busy, 3));
+        assert!(!RetryPolicy::should_retry_call(&Status::not_found("x"), 0));
+        assert!(!RetryPolicy::should_retry_call(
+            &Status::internal("EFAULT"),
+            0
+        ));
     }
 
     #[test]

@@ -22,6 +22,14 @@ pub struct MapHandle {
     meta: MapMeta,
 }
 
+/// Refuses any call on a map whose element sizes the daemon cannot know.
+fn sized(call: &'static str, meta: &MapMeta) -> SysResult<()> {
+    match meta.unsized_reason() {
+        None => Ok(()),
+        Some(reason) => Err(SyscallError::invalid_input(call, reason)),
+    }
+}
+
 fn check_len(call: &'static str, what: &str, got: usize, expected: usize) -> SysResult<()> {
     if got == expected {
         Ok(())
@@ -77,6 +85,9 @@ impl MapHandle {
     /// in the wire layout (per-CPU values back to back, padding removed).
     pub fn lookup_value(&self, key: &[u8]) -> Result<Option<Vec<u8>>, LookupError> {
         let m = &self.meta;
+        if let Some(reason) = m.unsized_reason() {
+            return Err(LookupError::Unsized(reason));
+        }
         if m.key_size == 0 {
             return Err(LookupError::Unsupported(m.map_type));
         }
@@ -115,6 +126,7 @@ impl MapOps for MapHandle {
     ) -> SysResult<()> {
         const CALL: &str = "BPF_MAP_LOOKUP_BATCH";
         let m = &self.meta;
+        sized(CALL, m)?;
         let token = m.token_size().max(4);
         if let Some(b) = in_batch {
             check_at_least(CALL, "in_batch", b.len(), token)?;
@@ -129,6 +141,7 @@ impl MapOps for MapHandle {
 
     fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
         const CALL: &str = "BPF_MAP_GET_NEXT_KEY";
+        sized(CALL, &self.meta)?;
         let ks = self.meta.key_size as usize;
         if let Some(k) = key {
             check_len(CALL, "key", k.len(), ks)?;
@@ -140,6 +153,7 @@ impl MapOps for MapHandle {
 
     fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
         const CALL: &str = "BPF_MAP_LOOKUP_ELEM";
+        sized(CALL, &self.meta)?;
         check_len(CALL, "key", key.len(), self.meta.key_size as usize)?;
         check_len(CALL, "value", value.len(), self.meta.kernel_value_size())?;
         // SAFETY: the buffers are exactly one key and one element of this map.

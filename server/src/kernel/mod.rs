@@ -35,64 +35,87 @@ pub enum Method {
     None,
 }
 
+/// What get_next_key does, for a map type walked by key, when the key it is
+/// given no longer exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyWalk {
+    /// Keys never go away (arrays: every index exists), or the type is
+    /// walked by bucket.
+    Stable,
+    /// It restarts from the first key; the walk's order is the trie's
+    /// postorder ([`walk::trie_order`]), so a restart can be detected and
+    /// skipped.
+    RestartsInTrieOrder,
+    /// It restarts from the first key; keys come in ascending u32 order
+    /// (stack_trace ids), so a restart can be detected and skipped.
+    RestartsInIdOrder,
+    /// It restarts from the first key, in an order user space cannot
+    /// compute (hash buckets): a restart can be detected but not skipped.
+    RestartsUnordered,
+    /// It answers ENOENT, as at the end of the map (cgroup_storage).
+    EndsEarly,
+}
+
 /// What the daemon knows about one kernel map type.
 struct TypeRow {
     name: &'static str,
     method: Method,
     per_cpu: bool,
-    /// get_next_key silently restarts from the first key when given a key
-    /// that no longer exists.
-    restarts: bool,
+    walk: KeyWalk,
 }
 
-const fn row(name: &'static str, method: Method, per_cpu: bool, restarts: bool) -> TypeRow {
+const fn row(name: &'static str, method: Method, per_cpu: bool, walk: KeyWalk) -> TypeRow {
     TypeRow {
         name,
         method,
         per_cpu,
-        restarts,
+        walk,
     }
 }
 
+use KeyWalk::{
+    EndsEarly as ENDS, RestartsInIdOrder as IDS, RestartsInTrieOrder as TRIE,
+    RestartsUnordered as UNORD, Stable as STABLE,
+};
 use Method::{BatchBucket as BUCKET, BatchKey as BKEY, KeyByKey as KBK, None as NONE};
 
 /// Every map type, indexed by its number in the kernel's enum bpf_map_type
 /// (see the support table in the README).
 const TYPES: [TypeRow; 34] = [
-    row("unspec", NONE, false, false),
-    row("hash", BUCKET, false, false),
-    row("array", BKEY, false, false),
-    row("prog_array", KBK, false, false),
-    row("perf_event_array", KBK, false, false),
-    row("percpu_hash", BUCKET, true, false),
-    row("percpu_array", BKEY, true, false),
-    row("stack_trace", KBK, false, false),
-    row("cgroup_array", KBK, false, false),
-    row("lru_hash", BUCKET, false, false),
-    row("lru_percpu_hash", BUCKET, true, false),
-    row("lpm_trie", BKEY, false, true),
-    row("array_of_maps", BKEY, false, false),
-    row("hash_of_maps", BUCKET, false, false),
-    row("devmap", KBK, false, false),
-    row("sockmap", KBK, false, false),
-    row("cpumap", KBK, false, false),
-    row("xskmap", KBK, false, false),
-    row("sockhash", KBK, false, true),
-    row("cgroup_storage", KBK, false, false),
-    row("reuseport_sockarray", KBK, false, false),
-    row("percpu_cgroup_storage", KBK, true, false),
-    row("queue", NONE, false, false),
-    row("stack", NONE, false, false),
-    row("sk_storage", NONE, false, false),
-    row("devmap_hash", KBK, false, true),
-    row("struct_ops", KBK, false, false),
-    row("ringbuf", NONE, false, false),
-    row("inode_storage", NONE, false, false),
-    row("task_storage", NONE, false, false),
-    row("bloom_filter", NONE, false, false),
-    row("user_ringbuf", NONE, false, false),
-    row("cgrp_storage", NONE, false, false),
-    row("arena", NONE, false, false),
+    row("unspec", NONE, false, STABLE),
+    row("hash", BUCKET, false, STABLE),
+    row("array", BKEY, false, STABLE),
+    row("prog_array", KBK, false, STABLE),
+    row("perf_event_array", KBK, false, STABLE),
+    row("percpu_hash", BUCKET, true, STABLE),
+    row("percpu_array", BKEY, true, STABLE),
+    row("stack_trace", KBK, false, IDS),
+    row("cgroup_array", KBK, false, STABLE),
+    row("lru_hash", BUCKET, false, STABLE),
+    row("lru_percpu_hash", BUCKET, true, STABLE),
+    row("lpm_trie", BKEY, false, TRIE),
+    row("array_of_maps", BKEY, false, STABLE),
+    row("hash_of_maps", BUCKET, false, STABLE),
+    row("devmap", KBK, false, STABLE),
+    row("sockmap", KBK, false, STABLE),
+    row("cpumap", KBK, false, STABLE),
+    row("xskmap", KBK, false, STABLE),
+    row("sockhash", KBK, false, UNORD),
+    row("cgroup_storage", KBK, false, ENDS),
+    row("reuseport_sockarray", KBK, false, STABLE),
+    row("percpu_cgroup_storage", KBK, true, ENDS),
+    row("queue", NONE, false, STABLE),
+    row("stack", NONE, false, STABLE),
+    row("sk_storage", NONE, false, STABLE),
+    row("devmap_hash", KBK, false, UNORD),
+    row("struct_ops", KBK, false, STABLE),
+    row("ringbuf", NONE, false, STABLE),
+    row("inode_storage", NONE, false, STABLE),
+    row("task_storage", NONE, false, STABLE),
+    row("bloom_filter", NONE, false, STABLE),
+    row("user_ringbuf", NONE, false, STABLE),
+    row("cgrp_storage", NONE, false, STABLE),
+    row("arena", NONE, false, STABLE),
 ];
 
 /// A kernel map type (its number in enum bpf_map_type).
@@ -121,6 +144,7 @@ impl MapType {
     pub const SOCKHASH: Self = Self(18);
     pub const QUEUE: Self = Self(22);
     pub const STACK: Self = Self(23);
+    pub const CGROUP_STORAGE: Self = Self(19);
     pub const DEVMAP_HASH: Self = Self(25);
     pub const RINGBUF: Self = Self(27);
     pub const BLOOM_FILTER: Self = Self(30);
@@ -129,6 +153,11 @@ impl MapType {
 impl MapType {
     fn row(self) -> Option<&'static TypeRow> {
         TYPES.get(self.0 as usize)
+    }
+
+    /// Whether this daemon knows the type (and so the size of its values).
+    pub fn is_known(self) -> bool {
+        self.row().is_some()
     }
 
     /// Readable name ("hash", "percpu_array", ...); "unknown(N)" for a type
@@ -150,11 +179,9 @@ impl MapType {
         self.row().is_some_and(|r| r.per_cpu)
     }
 
-    /// Whether get_next_key silently restarts from the first key when given
-    /// a key that no longer exists. Resuming after a deleted key must be
-    /// detected for these types, or entries would repeat.
-    pub fn restarts_on_missing_key(self) -> bool {
-        self.row().is_some_and(|r| r.restarts)
+    /// What get_next_key does after a key that no longer exists.
+    pub fn key_walk(self) -> KeyWalk {
+        self.row().map_or(KeyWalk::Stable, |r| r.walk)
     }
 }
 
@@ -171,10 +198,18 @@ impl fmt::Debug for MapType {
 }
 
 /// Number of possible CPUs (`/sys/devices/system/cpu/possible`), the length
-/// of per-CPU value lists.
+/// of per-CPU value lists; 0 when it cannot be read. Never guessed: per-CPU
+/// values are sized by it, and a wrong size would let the kernel write past
+/// a buffer. With 0, per-CPU maps are refused.
 pub fn possible_cpus() -> u32 {
     static CPUS: OnceLock<u32> = OnceLock::new();
-    *CPUS.get_or_init(|| aya::util::nr_cpus().map_or(1, |n| n as u32))
+    *CPUS.get_or_init(|| match aya::util::nr_cpus() {
+        Ok(n) => n as u32,
+        Err((path, e)) => {
+            tracing::error!(path, error = %e, "cannot read the number of possible CPUs: per-CPU maps cannot be read");
+            0
+        }
+    })
 }
 
 /// Whether an errno from `BPF_MAP_LOOKUP_BATCH` means "this map type has no
@@ -231,6 +266,21 @@ impl MapMeta {
     /// Bytes of one CPU's value inside kernel buffers (8-byte aligned).
     pub fn cpu_stride(&self) -> usize {
         (self.value_size as usize).div_ceil(8) * 8
+    }
+
+    /// Why the daemon cannot size buffers for this map's elements: a type
+    /// newer than this daemon, or per-CPU values with an unknown CPU count.
+    pub fn unsized_reason(&self) -> Option<String> {
+        if !self.map_type.is_known() {
+            Some(format!(
+                "map type {} is newer than this daemon: the size of its values is unknown",
+                self.map_type.0
+            ))
+        } else if self.per_cpu() && self.possible_cpus == 0 {
+            Some("the number of possible CPUs is unknown (/sys/devices/system/cpu/possible cannot be read), so per-CPU values cannot be sized".into())
+        } else {
+            None
+        }
     }
 
     /// Bytes of one element's value in kernel buffers.
@@ -352,6 +402,9 @@ pub enum LookupError {
     /// The map type has no lookup from user space.
     #[error("maps of type {0} do not support lookups from user space")]
     Unsupported(MapType),
+    /// The daemon cannot size this map's values.
+    #[error("{0}")]
+    Unsized(String),
     /// A key whose length is not the map's key size.
     #[error("the key is {got} bytes; the map has {expected}-byte keys")]
     KeySize {

@@ -61,6 +61,9 @@ impl OwnedMap {
     }
 
     fn check(&self, call: &'static str, keys: &[u8], values: &[u8], count: usize) -> SysResult<()> {
+        if let Some(reason) = self.meta.unsized_reason() {
+            return Err(SyscallError::invalid_input(call, reason));
+        }
         let (ks, vs) = (self.meta.key_size as usize, self.meta.kernel_value_size());
         if keys.len() != ks * count || values.len() != vs * count {
             return Err(SyscallError::invalid_input(
@@ -98,6 +101,9 @@ impl OwnedMap {
 
     /// Deletes one key.
     pub fn delete(&self, key: &[u8]) -> SysResult<()> {
+        if let Some(reason) = self.meta.unsized_reason() {
+            return Err(SyscallError::invalid_input("BPF_MAP_DELETE_ELEM", reason));
+        }
         if key.len() != self.meta.key_size as usize {
             return Err(SyscallError::invalid_input(
                 "BPF_MAP_DELETE_ELEM",

@@ -5,21 +5,26 @@
 //! next hash bucket does not fit and is retried with a larger batch from the
 //! same token, EINTR and EBUSY are retried.
 //!
-//! Maps walked by key (lpm_trie, devmap_hash, sockhash) have a trap: given a
-//! key that no longer exists, get_next_key silently starts again from the
-//! first key, inside one batch call as well as between calls. For an
-//! lpm_trie the order of the walk is known ([`trie_order`]: the kernel walks
-//! the trie in postorder), so a restart shows as a key that does not come
-//! after the one before it; the walker then skips every key up to the last
-//! one it delivered, and continues from the most recent delivered key that
-//! still exists. For devmap_hash and sockhash the order is the kernel's
-//! bucket order, which user space cannot compute: a restart is detected by
-//! comparing with the first key, and ends the walk with
-//! [`WalkError::ResumeKeyDeleted`] rather than repeating entries.
+//! Maps walked by key (the generic batch path of lpm_trie, and
+//! get_next_key for stack_trace, devmap_hash, sockhash) have a trap: given a
+//! key that no longer exists, the kernel silently starts again from the
+//! first key, inside one batch call as well as between calls. Where the
+//! order of the walk is known ([`trie_order`]: an lpm_trie is walked in
+//! postorder; [`id_order`]: stack ids ascend), a restart shows as a key that
+//! does not come after the one before it; the walker then skips every key up
+//! to the last one it delivered, and continues from the most recent
+//! delivered key that still exists. For devmap_hash and sockhash the order
+//! is the kernel's bucket order, which user space cannot compute: a restart
+//! is detected by comparing with the first key, and ends the walk with
+//! [`WalkError::ResumeKeyDeleted`] rather than repeating entries; so does a
+//! cgroup_storage walk whose key went away (the kernel then answers as if
+//! the map had ended). See [`KeyWalk`].
 
 use std::{cmp::Ordering, collections::VecDeque, thread, time::Duration};
 
-use super::{MapMeta, MapOps, MapType, Method, SyscallError, batch_unsupported, elem_unsupported};
+use super::{
+    KeyWalk, MapMeta, MapOps, MapType, Method, SyscallError, batch_unsupported, elem_unsupported,
+};
 
 /// Where a walk stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +65,9 @@ pub enum WalkError {
     /// A cursor token that does not fit this map.
     #[error("cursor position does not fit this map")]
     BadToken,
+    /// The daemon cannot size this map's values.
+    #[error("{0}")]
+    Unsized(String),
     /// A hash bucket larger than the map could ever hold.
     #[error("the kernel kept answering ENOSPC up to a batch of {tried} entries")]
     BucketTooLarge {
@@ -110,6 +118,28 @@ pub fn trie_order(a: &[u8], b: &[u8]) -> Ordering {
     pb.cmp(&pa)
 }
 
+/// An order of keys (`Less`: comes first in the kernel's walk).
+type KeyOrder = fn(&[u8], &[u8]) -> Ordering;
+
+/// The ascending order of u32 ids (stack_trace).
+pub fn id_order(a: &[u8], b: &[u8]) -> Ordering {
+    let id = |k: &[u8]| {
+        k.get(..4)
+            .and_then(|k| k.try_into().ok())
+            .map(u32::from_ne_bytes)
+    };
+    id(a).cmp(&id(b))
+}
+
+/// The walk order of a map whose kernel walk restarts in a computable order.
+fn order_of(meta: &MapMeta) -> Option<KeyOrder> {
+    match meta.map_type.key_walk() {
+        KeyWalk::RestartsInTrieOrder => Some(trie_order),
+        KeyWalk::RestartsInIdOrder => Some(id_order),
+        _ => None,
+    }
+}
+
 /// A walk of one map.
 #[derive(Debug)]
 pub struct Walker<O> {
@@ -150,13 +180,16 @@ impl<O: MapOps> Walker<O> {
         if method == Method::None {
             return Err(WalkError::NotIterable(meta.map_type));
         }
+        if let Some(reason) = meta.unsized_reason() {
+            return Err(WalkError::Unsized(reason));
+        }
         if let Position::After(token) = &pos
             && token.len() != meta.token_size()
         {
             return Err(WalkError::BadToken);
         }
         let from = match &pos {
-            Position::After(k) if meta.map_type == MapType::LPM_TRIE => Some(k.clone()),
+            Position::After(k) if order_of(&meta).is_some() => Some(k.clone()),
             _ => None,
         };
         Ok(Self {
@@ -220,8 +253,10 @@ impl<O: MapOps> Walker<O> {
         }
     }
 
-    fn trie(&self) -> bool {
-        self.meta.map_type == MapType::LPM_TRIE
+    /// The order of the walk, for types whose kernel walk restarts but in
+    /// an order that can be computed.
+    fn order(&self) -> Option<KeyOrder> {
+        order_of(&self.meta)
     }
 
     fn delivered(&self) -> Option<&[u8]> {
@@ -233,7 +268,7 @@ impl<O: MapOps> Walker<O> {
 
     /// The token the kernel continues after.
     fn continue_after(&self) -> Option<&[u8]> {
-        if self.trie() {
+        if self.order().is_some() {
             self.from.as_deref()
         } else {
             self.delivered()
@@ -246,7 +281,7 @@ impl<O: MapOps> Walker<O> {
         let Some(last) = self.delivered() else {
             return Ok(());
         };
-        if !self.meta.map_type.restarts_on_missing_key() {
+        if self.meta.map_type.key_walk() != KeyWalk::RestartsUnordered {
             return Ok(());
         }
         let ks = self.meta.key_size as usize;
@@ -263,29 +298,35 @@ impl<O: MapOps> Walker<O> {
         }
     }
 
-    /// Keeps the keys of a trie walk's raw chunk that come after the last
-    /// key delivered; notices a restart (a key that does not come after the
-    /// one before it) and picks where the kernel goes on from.
-    fn accept_trie(&mut self, raw: Chunk, after: Option<Vec<u8>>) -> Chunk {
+    /// Keeps the keys of an ordered walk's raw chunk that come after the
+    /// last key delivered; notices a restart (a key that does not come after
+    /// the one before it) and picks where the kernel goes on from:
+    /// `examined` (the last key it returned) without a restart, else the
+    /// newest delivered key that still leads forward.
+    fn accept_ordered(
+        &mut self,
+        order: KeyOrder,
+        raw: Chunk,
+        after: Option<Vec<u8>>,
+        examined: Option<Vec<u8>>,
+    ) -> Chunk {
         let ks = self.meta.key_size as usize;
         let vs = self.meta.kernel_value_size();
         let mut out = Chunk::default();
         let mut prev = after;
         let mut restarted = false;
-        let mut last_returned = None;
         for i in 0..raw.count {
             let key = &raw.keys[i * ks..(i + 1) * ks];
             if prev
                 .as_deref()
-                .is_some_and(|p| trie_order(key, p) != Ordering::Greater)
+                .is_some_and(|p| order(key, p) != Ordering::Greater)
             {
                 restarted = true;
             }
             prev = Some(key.to_vec());
-            last_returned = Some(key.to_vec());
             let fresh = self
                 .delivered()
-                .is_none_or(|d| trie_order(key, d) == Ordering::Greater);
+                .is_none_or(|d| order(key, d) == Ordering::Greater);
             if !fresh {
                 self.stats.skipped += 1;
                 continue;
@@ -300,18 +341,25 @@ impl<O: MapOps> Walker<O> {
                 self.recent.pop_front();
             }
         }
-        if let Some(last) = last_returned {
-            self.from = Some(last);
+        // A key examined after the last one copied that does not come after
+        // it is a restart too.
+        if let (Some(p), Some(e)) = (prev.as_deref(), examined.as_deref())
+            && order(e, p) == Ordering::Less
+        {
+            restarted = true;
+        }
+        if examined.is_some() {
+            self.from = examined;
         }
         if restarted {
             self.stats.restarts += 1;
             // Go on from the newest delivered key that still leads forward,
             // unless the kernel's restarted walk is already past it.
-            if let Some(anchor) = self.usable_anchor()
+            if let Some(anchor) = self.usable_anchor(order)
                 && self
                     .from
                     .as_deref()
-                    .is_none_or(|f| trie_order(&anchor, f) == Ordering::Greater)
+                    .is_none_or(|f| order(&anchor, f) == Ordering::Greater)
             {
                 self.from = Some(anchor);
             }
@@ -321,12 +369,12 @@ impl<O: MapOps> Walker<O> {
 
     /// The newest recently delivered key whose successor comes after it
     /// (it still exists, or nothing that precedes it does).
-    fn usable_anchor(&mut self) -> Option<Vec<u8>> {
+    fn usable_anchor(&mut self, order: KeyOrder) -> Option<Vec<u8>> {
         let ks = self.meta.key_size as usize;
         let mut next = vec![0u8; ks];
         while let Some(candidate) = self.recent.pop_back() {
             match retry(|| self.ops.get_next_key(Some(&candidate), &mut next)) {
-                Ok(()) if trie_order(&next, &candidate) == Ordering::Greater => {
+                Ok(()) if order(&next, &candidate) == Ordering::Greater => {
                     self.recent.push_back(candidate.clone());
                     return Some(candidate);
                 }
@@ -435,8 +483,9 @@ impl<O: MapOps> Walker<O> {
                 // The generic path reports success only with entries.
                 return Err(WalkError::BadToken);
             }
-            let chunk = if self.trie() {
-                self.accept_trie(raw, after)
+            let chunk = if let Some(order) = self.order() {
+                let last = (count > 0).then(|| raw.keys[ks * (count - 1)..].to_vec());
+                self.accept_ordered(order, raw, after, last)
             } else {
                 if count > 0 {
                     self.pos = Position::After(raw.keys[ks * (count - 1)..].to_vec());
@@ -452,7 +501,8 @@ impl<O: MapOps> Walker<O> {
 
     fn key_by_key(&mut self, max: u32) -> Result<Chunk, WalkError> {
         self.check_resume_key()?;
-        let restarts = self.meta.map_type.restarts_on_missing_key() && !self.trie();
+        let walk = self.meta.map_type.key_walk();
+        let order = self.order();
         let ks = self.meta.key_size as usize;
         let vs = self.meta.kernel_value_size();
         let start = self.continue_after().map(<[u8]>::to_vec);
@@ -467,12 +517,21 @@ impl<O: MapOps> Walker<O> {
             match retry(|| self.ops.get_next_key(prev.as_deref(), &mut next)) {
                 Ok(()) => {}
                 Err(e) if e.errno() == Some(libc::ENOENT) => {
+                    // cgroup_storage answers ENOENT after a key that went
+                    // away, as at the end: tell the two apart.
+                    if walk == KeyWalk::EndsEarly
+                        && let Some(p) = prev.as_deref()
+                        && let Err(e) = retry(|| self.ops.lookup(p, &mut value))
+                        && e.errno() == Some(libc::ENOENT)
+                    {
+                        return Err(WalkError::ResumeKeyDeleted);
+                    }
                     end = true;
                     break;
                 }
                 Err(e) => return Err(self.not_iterable_or(e)),
             }
-            if restarts && prev.is_some() {
+            if walk == KeyWalk::RestartsUnordered && prev.is_some() {
                 // A successor is never the first key: if it is, the key we
                 // stood on was deleted and the kernel started over.
                 match retry(|| self.ops.get_next_key(None, &mut head)) {
@@ -483,7 +542,22 @@ impl<O: MapOps> Walker<O> {
                 }
             }
             examined += 1;
-            match retry(|| self.ops.lookup(&next, &mut value)) {
+            // A stack_trace bucket is briefly empty while another reader
+            // copies it: look again before taking it for deleted.
+            let tries = if walk == KeyWalk::RestartsInIdOrder {
+                4
+            } else {
+                1
+            };
+            let mut looked = retry(|| self.ops.lookup(&next, &mut value));
+            for _ in 1..tries {
+                if !matches!(&looked, Err(e) if e.errno() == Some(libc::ENOENT)) {
+                    break;
+                }
+                thread::sleep(Duration::from_micros(200));
+                looked = retry(|| self.ops.lookup(&next, &mut value));
+            }
+            match looked {
                 Ok(()) => {
                     raw.keys.extend_from_slice(&next);
                     raw.values.extend_from_slice(&value);
@@ -494,18 +568,14 @@ impl<O: MapOps> Walker<O> {
                 Err(e) => return Err(self.not_iterable_or(e)),
             }
             prev = Some(next.clone());
-            if !self.trie() {
+            if order.is_none() {
                 self.pos = Position::After(next.clone());
             }
         }
-        let chunk = if self.trie() {
-            let chunk = self.accept_trie(raw, start);
-            if let Some(p) = prev {
-                self.from = Some(p);
-            }
-            chunk
-        } else {
-            raw
+        let examined = prev.filter(|p| Some(p) != start.as_ref());
+        let chunk = match order {
+            Some(order) => self.accept_ordered(order, raw, start, examined),
+            None => raw,
         };
         if end {
             self.pos = Position::End;
@@ -818,18 +888,32 @@ mod tests {
         stable: Vec<Vec<u8>>,
         steps: RefCell<u64>,
         every: u64,
+        order: KeyOrder,
+        /// Churn on get_next_key too (key-by-key walks).
+        churn_on_next: bool,
     }
 
     impl FakeTrie {
         fn new(stable: Vec<Vec<u8>>, churning: Vec<Vec<u8>>, every: u64) -> Self {
+            Self::ordered(trie_order, stable, churning, every)
+        }
+
+        fn ordered(
+            order: KeyOrder,
+            stable: Vec<Vec<u8>>,
+            churning: Vec<Vec<u8>>,
+            every: u64,
+        ) -> Self {
             let mut keys: Vec<Vec<u8>> = stable.iter().chain(&churning).cloned().collect();
-            keys.sort_by(|a, b| trie_order(a, b));
+            keys.sort_by(|a, b| order(a, b));
             Self {
                 keys: RefCell::new(keys),
                 churn: RefCell::new(churning),
                 stable,
                 steps: RefCell::new(0),
                 every,
+                order,
+                churn_on_next: false,
             }
         }
 
@@ -838,7 +922,7 @@ mod tests {
             match key {
                 Some(k) if keys.iter().any(|x| x == k) => keys
                     .iter()
-                    .find(|x| trie_order(x, k) == Ordering::Greater)
+                    .find(|x| (self.order)(x, k) == Ordering::Greater)
                     .cloned(),
                 // Missing (or no key): the first key.
                 _ => keys.first().cloned(),
@@ -864,7 +948,7 @@ mod tests {
                 && !keys.contains(&back)
             {
                 keys.push(back);
-                keys.sort_by(|a, b| trie_order(a, b));
+                keys.sort_by(|a, b| (self.order)(a, b));
             }
             churn.push(key.to_vec());
         }
@@ -899,6 +983,9 @@ mod tests {
             match self.succ(key) {
                 Some(k) => {
                     next.copy_from_slice(&k);
+                    if self.churn_on_next && key.is_some() {
+                        self.step(&k);
+                    }
                     Ok(())
                 }
                 None => Err(err(libc::ENOENT)),
@@ -1000,5 +1087,101 @@ mod tests {
             19,
             "the restart re-read what was delivered"
         );
+    }
+
+    fn id_key(id: u32) -> Vec<u8> {
+        let mut k = id.to_ne_bytes().to_vec();
+        k.extend_from_slice(&[0; 4]);
+        k
+    }
+
+    #[test]
+    fn a_stack_trace_walk_under_churn_delivers_each_stable_id_exactly_once() {
+        let meta = MapMeta {
+            map_type: MapType(7), // stack_trace: key by key, ids ascending
+            ..trie_meta()
+        };
+        assert_eq!(meta.method(), Method::KeyByKey);
+        let stable: Vec<_> = (0..100u32).map(|i| id_key(2 * i)).collect();
+        let churning: Vec<_> = (0..100u32).map(|i| id_key(2 * i + 1)).collect();
+        let mut trie = FakeTrie::ordered(id_order, stable.clone(), churning, 3);
+        trie.churn_on_next = true;
+        let mut w = Walker::new(&trie, meta, Position::Start).unwrap();
+        let mut got = Vec::new();
+        while let Some(c) = w.next_chunk(16).unwrap() {
+            got.extend(c.keys.chunks(8).map(<[u8]>::to_vec));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for k in &got {
+            assert!(seen.insert(k.clone()), "{k:?} delivered twice");
+        }
+        for k in &stable {
+            assert!(seen.contains(k), "stable id {k:?} missing");
+        }
+        assert!(w.stats().restarts > 0, "the churn should force restarts");
+    }
+
+    #[test]
+    fn a_cgroup_storage_walk_whose_key_went_away_is_aborted_not_ended() {
+        let meta = MapMeta {
+            map_type: MapType::CGROUP_STORAGE,
+            ..trie_meta()
+        };
+        // A fake whose get_next_key answers ENOENT after a missing key, as
+        // cgroup_storage does.
+        struct Ends(RefCell<Vec<Vec<u8>>>);
+        impl MapOps for &Ends {
+            fn lookup_batch(
+                &self,
+                _: Option<&[u8]>,
+                _: &mut [u8],
+                _: &mut [u8],
+                _: &mut [u8],
+                _: &mut u32,
+            ) -> SysResult<()> {
+                unreachable!("walked key by key")
+            }
+            fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
+                let keys = self.0.borrow();
+                let at = match key {
+                    None => 0,
+                    Some(k) => match keys.iter().position(|x| x == k) {
+                        Some(i) => i + 1,
+                        None => return Err(err(libc::ENOENT)),
+                    },
+                };
+                match keys.get(at) {
+                    Some(k) => {
+                        next.copy_from_slice(k);
+                        Ok(())
+                    }
+                    None => Err(err(libc::ENOENT)),
+                }
+            }
+            fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
+                if self.0.borrow().iter().any(|k| k == key) {
+                    value.copy_from_slice(key);
+                    Ok(())
+                } else {
+                    Err(err(libc::ENOENT))
+                }
+            }
+        }
+        let fake = Ends(RefCell::new((0..10u32).map(id_key).collect()));
+        let mut w = Walker::new(&fake, meta.clone(), Position::Start).unwrap();
+        let first = w.next_chunk(4).unwrap().unwrap();
+        assert_eq!(first.count, 4);
+        let pos = w.position().clone();
+        // The key the walk stands on goes away.
+        fake.0.borrow_mut().retain(|k| *k != id_key(3));
+        let mut w = Walker::new(&fake, meta.clone(), pos).unwrap();
+        assert!(matches!(w.next_chunk(4), Err(WalkError::ResumeKeyDeleted)));
+        // Walking to a real end still ends.
+        let mut w = Walker::new(&fake, meta, Position::Start).unwrap();
+        let mut n = 0;
+        while let Some(c) = w.next_chunk(4).unwrap() {
+            n += c.count;
+        }
+        assert_eq!(n, 9);
     }
 }
