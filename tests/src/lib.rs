@@ -319,19 +319,34 @@ pub fn reason_of(e: &bpfmap_client::Error) -> String {
         .unwrap_or_default()
 }
 
-/// A TCP proxy that forwards to `target`, cutting its first connection after
+/// A TCP proxy that forwards to `target`, cutting connections after
 /// `cut_after` bytes from the server: a network failure in the middle of a
-/// stream.
+/// stream, once or again and again.
 #[derive(Debug)]
 pub struct CutProxy {
+    /// Where it listens.
     pub addr: std::net::SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl CutProxy {
+    /// Cuts only the first connection.
     pub async fn start(target: std::net::SocketAddr, cut_after: usize) -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), target, cut_after, false).await
+    }
+
+    /// Listens on `listen`, cutting the first connection (`every`: every
+    /// connection) after `cut_after` bytes from the server.
+    pub async fn start_on(
+        listen: std::net::SocketAddr,
+        target: std::net::SocketAddr,
+        cut_after: usize,
+        every: bool,
+    ) -> Self {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .unwrap_or_else(|e| panic!("cannot listen on {listen}: {e}"));
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
             let mut first = true;
@@ -339,7 +354,7 @@ impl CutProxy {
                 let Ok(server) = tokio::net::TcpStream::connect(target).await else {
                     continue;
                 };
-                let limit = if first { Some(cut_after) } else { None };
+                let limit = (first || every).then_some(cut_after);
                 first = false;
                 tokio::spawn(async move {
                     let (mut cr, mut cw) = client.into_split();

@@ -495,12 +495,25 @@ impl Fleet {
                 loop {
                     let chunk = match tokio::time::timeout(wait, dump.next_chunk()).await {
                         Ok(c) => c.map_err(status_of)?,
-                        Err(_) => {
-                            return Err(Status::deadline_exceeded(format!(
-                                "no answer within {} s",
-                                wait.as_secs_f64()
-                            )));
-                        }
+                        // Still retrying: the failure it retries after says
+                        // more than the time it took.
+                        Err(_) => match dump.last_failure() {
+                            Some((code, message)) => {
+                                return Err(Status::new(
+                                    code,
+                                    format!(
+                                        "{message} (still failing after {} s)",
+                                        wait.as_secs_f64()
+                                    ),
+                                ));
+                            }
+                            None => {
+                                return Err(Status::deadline_exceeded(format!(
+                                    "no answer within {} s",
+                                    wait.as_secs_f64()
+                                )));
+                            }
+                        },
                     };
                     wait = idle_timeout;
                     let resumes = dump.resumes();

@@ -157,6 +157,8 @@ pub struct Dump {
     received: u64,
     resumes: u32,
     finished: bool,
+    /// The last failure retried (code and message), while retrying.
+    last_failure: Option<(Code, String)>,
 }
 
 impl Dump {
@@ -177,6 +179,7 @@ impl Dump {
             received: 0,
             resumes: 0,
             finished: false,
+            last_failure: None,
         }
     }
 
@@ -188,6 +191,12 @@ impl Dump {
     /// Entries received so far, over all resumed calls.
     pub fn received(&self) -> u64 {
         self.received
+    }
+
+    /// The failure the dump is retrying after, if it is: its code and
+    /// message (for a caller that gives up waiting).
+    pub fn last_failure(&self) -> Option<(Code, &str)> {
+        self.last_failure.as_ref().map(|(c, m)| (*c, m.as_str()))
     }
 
     /// How many times the dump resumed after a broken stream.
@@ -257,6 +266,7 @@ impl Dump {
                         self.stream = None;
                         return Ok(None);
                     }
+                    self.last_failure = None;
                     let entries = self.decode(msg.entries, msg.packed)?;
                     self.cursor = msg.cursor;
                     self.received += entries.len() as u64;
@@ -270,6 +280,7 @@ impl Dump {
             if !RetryPolicy::should_retry(&status) {
                 return Err(status.into());
             }
+            self.last_failure = Some((status.code(), status.message().to_owned()));
             match delays.next() {
                 Some(delay) => {
                     tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "dump stream broke; resuming from the last cursor");

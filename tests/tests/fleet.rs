@@ -1,0 +1,779 @@
+//! A fleet of real daemons on this machine, each its own "host": its own
+//! loopback address (127.0.0.N), its own bpffs root holding maps whose
+//! contents differ per host, its own state directory; all with mutual TLS
+//! from one CA and certificates that carry a shared name. Faults, each
+//! asserted: a daemon that is not listening, one that is frozen (SIGSTOP),
+//! one with a certificate from another CA, one that denies the caller, one
+//! without the map, one killed and restarted mid-dump, and connections cut
+//! again and again by a proxy.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use bpfmap_client::{
+    ClientTls, Code, ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, MapName,
+    RetryPolicy, Target, TargetReport, Value,
+};
+use bpfmap_tests::{
+    dns::{DnsServer, Zone},
+    pki::{Name, Pki, Validity},
+    process::DaemonProcess,
+    *,
+};
+use bpfmapd::{Config, Operation, RuleConfig};
+use futures::StreamExt as _;
+use serde_json::Value as Json;
+
+const READER: &str = "spiffe://example.org/fleet/reader";
+const MAP: &str = "fleet/conns";
+
+fn rules() -> Vec<RuleConfig> {
+    vec![RuleConfig {
+        identities: vec![READER.into()],
+        maps: vec!["fleet/**".into()],
+        operations: vec![Operation::List, Operation::Dump, Operation::Lookup],
+    }]
+}
+
+/// Host `n`'s map: `entries` keys n * 1,000,000 + i (u64 LE) -> key * 7.
+fn host_map(fs: &BpfFs, n: u64, entries: u64) -> (OwnedMap, Entries) {
+    let map = create_map(
+        MapType::HASH,
+        8,
+        8,
+        (entries as u32).next_power_of_two().max(64),
+    );
+    let (mut keys, mut values, mut expected) = (Vec::new(), Vec::new(), Entries::new());
+    for i in 0..entries {
+        let k = n * 1_000_000 + i;
+        keys.extend_from_slice(&k.to_le_bytes());
+        values.extend_from_slice(&(k * 7).to_le_bytes());
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            Value::Single((k * 7).to_le_bytes().to_vec()),
+        );
+    }
+    for (k, v) in keys.chunks(8 * 50_000).zip(values.chunks(8 * 50_000)) {
+        update_batch(&map, k, v);
+    }
+    fs.pin(&map, MAP);
+    (map, expected)
+}
+
+/// One host: its bpffs, state, daemon (in process or a process of its own).
+struct Host {
+    _fs: BpfFs,
+    _state: tempfile::TempDir,
+    _map: Option<OwnedMap>,
+    expected: Entries,
+    daemon: Option<Daemon>,
+    process: Option<DaemonProcess>,
+}
+
+async fn in_process(
+    ip: &str,
+    port: u16,
+    pki: &Pki,
+    rules: Vec<RuleConfig>,
+    map: Option<(u64, u64)>,
+) -> Host {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (map, expected) = match map {
+        Some((n, entries)) => {
+            let (m, e) = host_map(&fs, n, entries);
+            (Some(m), e)
+        }
+        None => (None, Entries::new()),
+    };
+    let daemon = Daemon::start_with(Config {
+        listen: format!("{ip}:{port}").parse().unwrap(),
+        tls: Some(pki.server_files()),
+        rules,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    Host {
+        _fs: fs,
+        _state: state,
+        _map: map,
+        expected,
+        daemon: Some(daemon),
+        process: None,
+    }
+}
+
+fn process_host(ip: &str, port: u16, pki: &Pki, n: u64, entries: u64) -> Host {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (map, expected) = host_map(&fs, n, entries);
+    let files = pki.server_files();
+    let extra = format!(
+        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n[[rule]]\nidentities = [\"{READER}\"]\nmaps = [\"fleet/**\"]\noperations = [\"list\", \"dump\", \"lookup\"]\n",
+        files.cert.display(),
+        files.key.display(),
+        files.client_ca.display()
+    );
+    let process = DaemonProcess::start(
+        daemon_bin!(),
+        fs.path(),
+        state.path(),
+        format!("{ip}:{port}").parse().unwrap(),
+        &extra,
+    );
+    Host {
+        _fs: fs,
+        _state: state,
+        _map: Some(map),
+        expected,
+        daemon: None,
+        process: Some(process),
+    }
+}
+
+/// A port free on every address used here.
+fn common_port() -> u16 {
+    for _ in 0..50 {
+        let port = process::free_addr("127.0.0.1").port();
+        let free = (2..=60).all(|n| {
+            std::net::TcpListener::bind(("127.0.0.".to_owned() + &n.to_string(), port)).is_ok()
+        });
+        if free {
+            return port;
+        }
+    }
+    panic!("no port free on 127.0.0.2-60");
+}
+
+fn tls(pki: &Pki) -> ClientTls {
+    ClientTls {
+        // Every daemon's certificate carries "localhost": the fleet's shared
+        // name, checked whatever address a target has.
+        server_name: Some("localhost".into()),
+        ..pki.client("reader", Name::Spiffe(READER), Validity::Now)
+    }
+}
+
+fn target(ip: &str, port: u16) -> Target {
+    format!("{ip}:{port}").parse().unwrap()
+}
+
+/// Collects a fleet dump: each target's entries (failing on a key twice)
+/// and report.
+async fn dump(
+    fleet: &Fleet,
+    mut on_chunk: impl FnMut(&Target),
+) -> BTreeMap<Target, (Entries, TargetReport)> {
+    let mut run = fleet.dump(
+        &MAP.parse::<MapName>().unwrap(),
+        DumpOptions {
+            chunk_size: 500,
+            ..Default::default()
+        },
+    );
+    let mut entries: HashMap<Target, Vec<bpfmap_client::Entry>> = HashMap::new();
+    let mut out = BTreeMap::new();
+    while let Some(event) = run.next().await {
+        match event {
+            FleetEvent::Answer { target, answer } => {
+                on_chunk(&target);
+                entries.entry(target).or_default().extend(answer.entries);
+            }
+            FleetEvent::Done(report) => {
+                let got = collect_unique(entries.remove(&report.target).unwrap_or_default());
+                assert!(
+                    out.insert(report.target.clone(), (got, report)).is_none(),
+                    "two reports"
+                );
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries() {
+    let pki = Pki::new();
+    let port = common_port();
+    // 20 healthy hosts, 127.0.0.2 to .21, each with its own entries.
+    let mut hosts: BTreeMap<Target, Host> = BTreeMap::new();
+    for n in 2..=21u64 {
+        let ip = format!("127.0.0.{n}");
+        hosts.insert(
+            target(&ip, port),
+            in_process(&ip, port, &pki, rules(), Some((n, 2000 + n * 37))).await,
+        );
+    }
+    // A daemon that is not listening.
+    let stopped = target("127.0.0.30", port);
+    // A frozen daemon.
+    let frozen_host = process_host("127.0.0.31", port, &pki, 31, 1000);
+    frozen_host.process.as_ref().unwrap().signal(libc::SIGSTOP);
+    let frozen = target("127.0.0.31", port);
+    // A daemon whose certificate comes from another CA.
+    let other_ca = Pki::new();
+    let _foreign = in_process("127.0.0.32", port, &other_ca, rules(), Some((32, 100))).await;
+    let foreign = target("127.0.0.32", port);
+    // A daemon that denies the caller.
+    let deny_rules = vec![RuleConfig {
+        identities: vec!["spiffe://example.org/fleet/someone-else".into()],
+        ..rules()[0].clone()
+    }];
+    let _denier = in_process("127.0.0.33", port, &pki, deny_rules, Some((33, 100))).await;
+    let denier = target("127.0.0.33", port);
+    // A daemon without the map.
+    let _bare = in_process("127.0.0.34", port, &pki, rules(), None).await;
+    let bare = target("127.0.0.34", port);
+    // A daemon killed and restarted in the middle of its dump.
+    let mut restarted_host = process_host("127.0.0.35", port, &pki, 35, 200_000);
+    let restarted = target("127.0.0.35", port);
+    // Three hosts reached through proxies that cut every connection after
+    // 48 KiB from the daemon.
+    let mut proxies = Vec::new();
+    for (n, proxy_n) in [(39u64, 36u8), (40, 37), (41, 38)] {
+        let ip = format!("127.0.0.{n}");
+        let host = in_process(&ip, port, &pki, rules(), Some((n, 20_000))).await;
+        let proxy = CutProxy::start_on(
+            format!("127.0.0.{proxy_n}:{port}").parse().unwrap(),
+            format!("{ip}:{port}").parse().unwrap(),
+            48 << 10,
+            true,
+        )
+        .await;
+        hosts.insert(target(&format!("127.0.0.{proxy_n}"), port), host);
+        proxies.push(proxy);
+    }
+    let proxied: Vec<Target> = (36..=38)
+        .map(|n| target(&format!("127.0.0.{n}"), port))
+        .collect();
+
+    let mut targets: Vec<Target> = hosts.keys().cloned().collect();
+    targets.extend([
+        stopped.clone(),
+        frozen.clone(),
+        foreign.clone(),
+        denier.clone(),
+        bare.clone(),
+        restarted.clone(),
+    ]);
+    // The same target twice is one target.
+    targets.push(targets[0].clone());
+    let fleet = Fleet::new(
+        targets,
+        ConnectOptions {
+            tls: Some(tls(&pki)),
+            connect_timeout: Duration::from_secs(1),
+        },
+    )
+    .with_options(FleetOptions {
+        concurrency: 8,
+        connect_timeout: Duration::from_secs(2),
+        retry: RetryPolicy {
+            max_attempts: 20,
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        },
+        ..FleetOptions::default()
+    });
+    assert_eq!(fleet.targets().len(), hosts.len() + 6);
+
+    // Kill the restarting daemon once its first chunk has arrived; bring it
+    // back half a second later.
+    let (restart_tx, restart_rx) = std::sync::mpsc::channel::<()>();
+    let restarter = std::thread::spawn(move || {
+        let killed = restart_rx.recv().is_ok();
+        if killed {
+            restarted_host.process.as_mut().unwrap().kill9();
+            std::thread::sleep(Duration::from_millis(500));
+            restarted_host.process.as_mut().unwrap().restart();
+        }
+        (restarted_host, killed)
+    });
+    let t = Instant::now();
+    let results = {
+        let restarted = restarted.clone();
+        let mut sent = false;
+        dump(&fleet, move |target| {
+            if *target == restarted && !sent {
+                sent = true;
+                let _ = restart_tx.send(());
+            }
+        })
+        .await
+    };
+    let took = t.elapsed();
+    let (restarted_host, killed) = restarter.join().unwrap();
+    eprintln!("{} targets dumped in {took:?}", results.len());
+    assert!(killed, "the restarting daemon sent a chunk");
+
+    let report = |t: &Target| {
+        &results
+            .get(t)
+            .unwrap_or_else(|| panic!("no report for {t}"))
+            .1
+    };
+    for (t, host) in &hosts {
+        let (got, r) = &results[t];
+        assert_eq!(r.code, Code::Ok, "{t}: {}", r.message);
+        assert!(r.complete, "{t}");
+        assert_eq!(r.entries, host.expected.len() as u64, "{t}");
+        assert_eq!(
+            got, &host.expected,
+            "{t}: the entries of its own map, each once"
+        );
+    }
+    for t in &proxied {
+        assert!(report(t).resumes >= 1, "{t}: the cuts forced resumes");
+    }
+    let (got, r) = &results[&restarted];
+    assert_eq!(r.code, Code::Ok, "restarted: {}", r.message);
+    assert!(r.resumes >= 1, "the restarted daemon's dump resumed");
+    assert_eq!(
+        got, &restarted_host.expected,
+        "the restarted daemon's entries, each once"
+    );
+
+    let r = report(&stopped);
+    assert_eq!(r.code, Code::Unavailable, "stopped: {}", r.message);
+    assert!(
+        r.message.to_lowercase().contains("connect"),
+        "{}",
+        r.message
+    );
+    let r = report(&frozen);
+    assert_eq!(r.code, Code::DeadlineExceeded, "frozen: {}", r.message);
+    let r = report(&foreign);
+    assert_eq!(r.code, Code::Unavailable, "another CA: {}", r.message);
+    assert!(
+        r.message.to_lowercase().contains("certificate"),
+        "{}",
+        r.message
+    );
+    assert_eq!(
+        report(&denier).code,
+        Code::PermissionDenied,
+        "{}",
+        report(&denier).message
+    );
+    assert_eq!(
+        report(&bare).code,
+        Code::NotFound,
+        "{}",
+        report(&bare).message
+    );
+    // The frozen host cost its timeout, not the run: the others went on.
+    assert!(took < Duration::from_secs(60), "{took:?}");
+
+    // One Lookup everywhere: each host finds only its own key.
+    let keys: Vec<Vec<u8>> = [2u64, 7, 21]
+        .iter()
+        .map(|n| (n * 1_000_000).to_le_bytes().to_vec())
+        .collect();
+    let run = Fleet::new(
+        hosts.keys().cloned(),
+        ConnectOptions {
+            tls: Some(tls(&pki)),
+            ..ConnectOptions::default()
+        },
+    )
+    .lookup(&MAP.parse().unwrap(), keys.clone());
+    for (report, answers) in run.collect().await {
+        assert!(report.is_ok(), "{}: {}", report.target, report.message);
+        let found: Vec<bool> = answers[0].iter().map(|r| r.found).collect();
+        let n: u64 = report
+            .target
+            .as_str()
+            .split(['.', ':'])
+            .nth(3)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let want: Vec<bool> = [2u64, 7, 21].iter().map(|k| *k == n).collect();
+        if (36..=38).contains(&n) {
+            assert_eq!(found, [false, false, false]);
+        } else {
+            assert_eq!(found, want, "{}", report.target);
+        }
+    }
+    let mut frozen_host = frozen_host;
+    frozen_host.process.as_ref().unwrap().signal(libc::SIGCONT);
+    frozen_host.process.as_mut().unwrap().kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_fleet_dump_stops_every_daemon_s_dump() {
+    let pki = Pki::new();
+    let port = common_port();
+    let mut hosts = Vec::new();
+    for n in 2..=6u64 {
+        hosts.push(
+            in_process(
+                &format!("127.0.0.{n}"),
+                port,
+                &pki,
+                rules(),
+                Some((n, 200_000)),
+            )
+            .await,
+        );
+    }
+    let fleet = Fleet::new(
+        (2..=6).map(|n| target(&format!("127.0.0.{n}"), port)),
+        ConnectOptions {
+            tls: Some(tls(&pki)),
+            ..ConnectOptions::default()
+        },
+    );
+    let mut run = fleet.dump(
+        &MAP.parse().unwrap(),
+        DumpOptions {
+            chunk_size: 100,
+            ..Default::default()
+        },
+    );
+    let mut chunks = 0;
+    while chunks < 20 {
+        if let Some(FleetEvent::Answer { .. }) = run.next().await {
+            chunks += 1;
+        }
+    }
+    let active = || {
+        hosts
+            .iter()
+            .map(|h| {
+                h.daemon
+                    .as_ref()
+                    .unwrap()
+                    .running
+                    .stats()
+                    .active
+                    .load(Ordering::SeqCst)
+            })
+            .sum::<usize>()
+    };
+    assert!(active() > 0, "dumps are running");
+    drop(run);
+    let t = Instant::now();
+    while active() > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{} dumps still running",
+            active()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And the connections are closed.
+    let t = Instant::now();
+    while hosts
+        .iter()
+        .map(|h| h.daemon.as_ref().unwrap().running.open_connections())
+        .sum::<usize>()
+        > 0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "connections still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs bpfmapctl in process.
+async fn ctl(args: &[&str]) -> (anyhow::Result<()>, String, String) {
+    let mut argv = vec!["bpfmapctl"];
+    argv.extend_from_slice(args);
+    let cli = <bpfmapctl::Cli as clap::Parser>::try_parse_from(argv).expect("valid command line");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
+    (
+        result,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn json_lines(s: &str) -> Vec<Json> {
+    s.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
+    let pki = Pki::new();
+    let port = common_port();
+    // 22 daemons on one port, found by one name (A records); one more name
+    // whose addresses include one where nothing listens.
+    let mut hosts: BTreeMap<String, Host> = BTreeMap::new();
+    let mut zone = Zone::default();
+    for n in 2..=23u64 {
+        let ip = format!("127.0.0.{n}");
+        hosts.insert(
+            format!("{ip}:{port}"),
+            in_process(&ip, port, &pki, rules(), Some((n, 300 + n))).await,
+        );
+        zone = zone.address("nodes.fleet.test.", ip.parse().unwrap());
+    }
+    zone = zone
+        .address("some.fleet.test.", "127.0.0.2".parse().unwrap())
+        .address("some.fleet.test.", "127.0.0.40".parse().unwrap());
+    // SRV: three hosts under their own names.
+    for n in 2..=4 {
+        zone = zone
+            .address(
+                &format!("node-{n}.fleet.test."),
+                format!("127.0.0.{n}").parse().unwrap(),
+            )
+            .srv(
+                "_bpfmap._tcp.fleet.test.",
+                &format!("node-{n}.fleet.test."),
+                port,
+            );
+    }
+    let dns = DnsServer::start("fleet.test.", zone).await;
+    let dns_addr = dns.addr.to_string();
+    let certs: Vec<String> = ["ca.pem", "reader.pem", "reader.key"]
+        .iter()
+        .map(|f| pki.path(f).to_str().unwrap().to_owned())
+        .collect();
+    let _ = tls(&pki); // writes reader.pem / reader.key
+    let base = |more: &[&str]| {
+        let mut v: Vec<String> = vec![
+            "--dns-server".into(),
+            dns_addr.clone(),
+            "--ca".into(),
+            certs[0].clone(),
+            "--cert".into(),
+            certs[1].clone(),
+            "--key".into(),
+            certs[2].clone(),
+            "--server-name".into(),
+            "localhost".into(),
+            "--connect-timeout".into(),
+            "2".into(),
+        ];
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |args: Vec<String>| async move {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        ctl(&refs).await
+    };
+
+    // dns:NAME:PORT finds all 22; every line carries its target.
+    let dns_target = format!("dns:nodes.fleet.test.:{port}");
+    let (r, out, err) = run(base(&["--target", &dns_target, "dump", MAP])).await;
+    r.unwrap_or_else(|e| panic!("{e}: {err}"));
+    let mut per_target: BTreeMap<String, Entries> = BTreeMap::new();
+    for line in json_lines(&out) {
+        let t = line["target"].as_str().unwrap().to_owned();
+        let k = hex::decode(line["key"].as_str().unwrap()).unwrap();
+        let v = hex::decode(line["value"].as_str().unwrap()).unwrap();
+        assert!(
+            per_target
+                .entry(t)
+                .or_default()
+                .insert(k, Value::Single(v))
+                .is_none(),
+            "a line twice"
+        );
+    }
+    assert_eq!(per_target.len(), 22);
+    for (t, host) in &hosts {
+        assert_eq!(per_target[t], host.expected, "{t}");
+    }
+    let summaries = json_lines(&err);
+    assert_eq!(summaries.len(), 23, "a line per target and the totals");
+    assert_eq!(summaries[22]["targets"], 22);
+    assert_eq!(summaries[22]["failed"], 0);
+
+    // srv:NAME finds the three.
+    let (r, out, _) = run(base(&["--target", "srv:_bpfmap._tcp.fleet.test.", "list"])).await;
+    r.unwrap();
+    let targets: BTreeSet<String> = json_lines(&out)
+        .iter()
+        .map(|l| l["target"].as_str().unwrap().to_owned())
+        .collect();
+    let want: BTreeSet<String> = (2..=4).map(|n| format!("127.0.0.{n}:{port}")).collect();
+    assert_eq!(targets, want);
+
+    // A target that fails makes the run fail, and the summary names it; the
+    // others still answer. (127.0.0.2 comes from both names: once.)
+    let some = format!("dns:some.fleet.test.:{port}");
+    let (r, out, err) = run(base(&[
+        "--target",
+        &some,
+        "--target",
+        &dns_target,
+        "show",
+        MAP,
+    ]))
+    .await;
+    let e = r.unwrap_err();
+    assert_eq!(e.to_string(), "1 of 23 targets failed");
+    assert!(e.is::<bpfmapctl::TargetsFailed>());
+    assert_eq!(json_lines(&out).len(), 22);
+    let summaries = json_lines(&err);
+    let failed: Vec<&Json> = summaries
+        .iter()
+        .filter(|l| l.get("code").is_some())
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["target"], format!("127.0.0.40:{port}"));
+    assert_eq!(failed[0]["code"], "UNAVAILABLE");
+
+    // A file of targets, with comments; hex output for scripts.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("targets");
+    std::fs::write(
+        &file,
+        format!("# the first two\n127.0.0.2:{port}\n127.0.0.3:{port}  # second\n\n"),
+    )
+    .unwrap();
+    let (r, out, _) = run(base(&[
+        "--targets-file",
+        file.to_str().unwrap(),
+        "--format",
+        "hex",
+        "lookup",
+        MAP,
+        &hex::encode(2_000_000u64.to_le_bytes()),
+    ]))
+    .await;
+    r.unwrap();
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "127.0.0.2:{port} {} {}",
+                hex::encode(2_000_000u64.to_le_bytes()),
+                hex::encode(14_000_000u64.to_le_bytes())
+            ),
+            format!(
+                "127.0.0.3:{port} {} -",
+                hex::encode(2_000_000u64.to_le_bytes())
+            ),
+        ]
+    );
+    // A name that does not exist is a usage error, before any call.
+    let (r, _, _) = run(base(&[
+        "--target",
+        &format!("dns:nope.fleet.test.:{port}"),
+        "list",
+    ]))
+    .await;
+    let e = r.unwrap_err();
+    assert!(e.is::<bpfmapctl::Usage>(), "{e}");
+    assert!(e.to_string().contains("no such name"), "{e}");
+    drop(dns);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_fleet_dump_completes_later_from_another_process() {
+    // Plaintext on loopback: the daemons run in this process, bpfmapctl as a
+    // process of its own (interrupted with SIGINT, then started again).
+    let port = common_port();
+    let mut hosts = BTreeMap::new();
+    for n in 2..=6u64 {
+        let ip = format!("127.0.0.{n}");
+        let fs = BpfFs::new();
+        let state = tempfile::tempdir().unwrap();
+        let (map, expected) = host_map(&fs, n, 150_000);
+        let daemon = Daemon::start_with(Config {
+            listen: format!("{ip}:{port}").parse().unwrap(),
+            ..Daemon::config(fs.path(), state.path())
+        })
+        .await;
+        hosts.insert(format!("{ip}:{port}"), (fs, state, map, expected, daemon));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cursors = dir.path().join("cursors.json");
+    let ctl = |extra: &[&str], out: &std::path::Path| {
+        let mut cmd = std::process::Command::new(ctl_bin!());
+        for t in hosts.keys() {
+            cmd.arg("--target").arg(t);
+        }
+        cmd.arg("--concurrency")
+            .arg("2")
+            .args(["dump", MAP, "--chunk-size", "1000", "--save-cursor"])
+            .arg(&cursors)
+            .args(extra)
+            .stdout(std::fs::File::create(out).unwrap())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let first = dir.path().join("first.jsonl");
+    let child = ctl(&[], &first);
+    let t = Instant::now();
+    while std::fs::metadata(&first).map_or(0, |m| m.len()) < 4 << 20 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "bpfmapctl wrote too little"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    process::send_signal(child.id(), libc::SIGINT);
+    let result = child.wait_with_output().unwrap();
+    assert_eq!(
+        result.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let saved: Json = serde_json::from_slice(&std::fs::read(&cursors).unwrap()).unwrap();
+    assert_eq!(saved["map"], MAP);
+    let done = saved["targets"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|t| t["done"] == true)
+        .count();
+    eprintln!("interrupted with {done} of 5 targets done");
+    assert!(done < 5, "interrupted before the end");
+
+    let second = dir.path().join("second.jsonl");
+    let result = ctl(&["--resume", cursors.to_str().unwrap()], &second)
+        .wait_with_output()
+        .unwrap();
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let mut got: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in [&first, &second] {
+        for line in std::fs::read_to_string(f).unwrap().lines() {
+            let v: Json =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("a cut line {line:?}: {e}"));
+            let key = v["key"].as_str().unwrap().to_owned();
+            assert!(
+                got.entry(v["target"].as_str().unwrap().to_owned())
+                    .or_default()
+                    .insert(key),
+                "a key written twice"
+            );
+        }
+    }
+    for (t, (_, _, _, expected, _)) in &hosts {
+        let want: BTreeSet<String> = expected.keys().map(hex::encode).collect();
+        assert_eq!(
+            got.get(t),
+            Some(&want),
+            "{t}: every entry exactly once over the two runs"
+        );
+    }
+    let saved: Json = serde_json::from_slice(&std::fs::read(&cursors).unwrap()).unwrap();
+    assert!(
+        saved["targets"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|t| t["done"] == true)
+    );
+}
