@@ -43,13 +43,13 @@ pub struct Cli {
     pub addr: String,
     /// A daemon (repeatable): HOST:PORT, dns:NAME:PORT (every A and AAAA
     /// record of NAME) or srv:NAME (its SRV records).
-    #[arg(long = "target", short = 't', value_name = "SPEC")]
+    #[arg(long = "target", short = 't', value_name = "SPEC", global = true)]
     pub targets: Vec<String>,
     /// A file of targets, one spec per line (# starts a comment).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", global = true)]
     pub targets_file: Option<PathBuf>,
     /// The name server for dns: and srv: targets (default: the system's).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", global = true)]
     pub dns_server: Option<std::net::SocketAddr>,
     /// CA bundle (PEM) for the servers' certificates; enables mutual TLS
     /// together with --cert and --key.
@@ -66,20 +66,20 @@ pub struct Cli {
     #[arg(long)]
     pub server_name: Option<String>,
     /// Targets in flight at once.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..), global = true)]
     pub concurrency: u32,
     /// Seconds for a target to connect and give its first answer.
-    #[arg(long, default_value_t = 5.0, value_name = "SECS")]
+    #[arg(long, default_value_t = 5.0, value_name = "SECS", global = true)]
     pub connect_timeout: f64,
     /// Seconds for the whole run; targets still going then fail.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", global = true)]
     pub deadline: Option<f64>,
     /// Output format [default: table on a terminal, json otherwise].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, global = true)]
     pub format: Option<Format>,
     /// Per-CPU values: one per CPU, or summed (integers of 1, 2, 4 or 8
     /// bytes, little-endian, printed in decimal).
-    #[arg(long, value_enum, default_value_t = PerCpu::List)]
+    #[arg(long, value_enum, default_value_t = PerCpu::List, global = true)]
     pub per_cpu: PerCpu,
     /// What to do.
     #[command(subcommand)]

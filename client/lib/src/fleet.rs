@@ -338,7 +338,7 @@ impl Fleet {
                     TargetReport {
                         target: target.clone(),
                         code: status.code(),
-                        message: status.message().to_owned(),
+                        message: crate::status_text(&status),
                         entries: p.entries,
                         complete: p.complete,
                         resumes: p.resumes,

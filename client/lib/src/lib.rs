@@ -58,7 +58,7 @@ pub enum Error {
         source: tonic::transport::Error,
     },
     /// The server (or the transport) answered with a gRPC status.
-    #[error("{}: {}", code_name(.0.code()), .0.message())]
+    #[error("{}: {}", code_name(.0.code()), status_text(.0))]
     Status(tonic::Status),
     /// A map name that is neither a path nor `id:N`.
     #[error("invalid map name {0:?}: give a path like \"demo/flows\" or \"id:12\"")]
@@ -75,6 +75,22 @@ impl From<tonic::Status> for Error {
     fn from(s: tonic::Status) -> Self {
         Self::Status(s)
     }
+}
+
+/// A status's message followed by the errors that caused it ("tcp connect
+/// error: Connection refused (os error 111)").
+pub(crate) fn status_text(status: &tonic::Status) -> String {
+    let mut message = status.message().to_owned();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = e.source();
+    }
+    message
 }
 
 /// The canonical name of a status code ("NOT_FOUND").

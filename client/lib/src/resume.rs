@@ -280,7 +280,7 @@ impl Dump {
             if !RetryPolicy::should_retry(&status) {
                 return Err(status.into());
             }
-            self.last_failure = Some((status.code(), status.message().to_owned()));
+            self.last_failure = Some((status.code(), crate::status_text(&status)));
             match delays.next() {
                 Some(delay) => {
                     tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "dump stream broke; resuming from the last cursor");
