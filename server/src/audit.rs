@@ -27,14 +27,21 @@ pub enum Method {
     Lookup,
 }
 
-impl fmt::Display for Method {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Method {
+    /// The RPC's name ("DumpMap").
+    pub fn name(self) -> &'static str {
+        match self {
             Self::ListMaps => "ListMaps",
             Self::GetMap => "GetMap",
             Self::DumpMap => "DumpMap",
             Self::Lookup => "Lookup",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

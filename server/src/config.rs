@@ -40,6 +40,11 @@ pub struct Config {
     /// An extra plaintext listener serving only the health service (for
     /// probes that cannot present client certificates). Keep it on loopback.
     pub health_listen: Option<SocketAddr>,
+    /// A plaintext HTTP listener serving Prometheus metrics at /metrics.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Check the configuration file, the TLS files and the cursor keys for
+    /// changes this often, and reload when one changed (0: only on SIGHUP).
+    pub watch_files_secs: u64,
     pub limits: Limits,
     /// Authorization rules (`[[rule]]` tables); see the README.
     #[serde(rename = "rule")]
@@ -130,6 +135,8 @@ impl Default for Config {
             insecure: false,
             tls: None,
             health_listen: None,
+            metrics_listen: None,
+            watch_files_secs: 5,
             limits: Limits::default(),
             rules: Vec::new(),
         }
@@ -137,7 +144,7 @@ impl Default for Config {
 }
 
 /// bpfmapd: serves eBPF maps over gRPC, read-only, with resumable dumps.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "bpfmapd", version)]
 pub struct Args {
     /// TOML configuration file (see deploy/bpfmapd.toml); flags override it.
@@ -180,6 +187,14 @@ pub struct Args {
     /// Plaintext listener for the health service only (e.g. 127.0.0.1:50052).
     #[arg(long)]
     pub health_listen: Option<SocketAddr>,
+    /// Plaintext listener for Prometheus metrics (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Rotate the cursor key in the state directory and exit: cursors of the
+    /// previous key stay valid until the next rotation. A running daemon
+    /// picks the new key up by itself.
+    #[arg(long)]
+    pub rotate_cursor_key: bool,
 }
 
 impl Config {
@@ -226,6 +241,9 @@ impl Config {
         c.insecure |= args.insecure;
         if let Some(h) = args.health_listen {
             c.health_listen = Some(h);
+        }
+        if let Some(m) = args.metrics_listen {
+            c.metrics_listen = Some(m);
         }
         c.validate()?;
         Ok(c)

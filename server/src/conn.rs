@@ -40,7 +40,10 @@ use tokio::{
 };
 use tonic::transport::server::Connected;
 
-use crate::tls::{self, SharedTls, Transport};
+use crate::{
+    metrics::{Metrics, Rpc},
+    tls::{self, SharedTls, Transport},
+};
 
 /// What the service layer learns about a connection.
 #[derive(Debug, Clone, Default)]
@@ -371,6 +374,8 @@ impl Throttle {
 /// Connection settings.
 #[derive(Debug, Clone)]
 pub struct AcceptConfig {
+    /// Where closed connections and failed handshakes are counted.
+    pub metrics: Metrics,
     /// Close a connection whose client has taken nothing of a response that
     /// had data ready for this long.
     pub stall_timeout: Duration,
@@ -413,6 +418,7 @@ pub async fn accept_loop(
             }
         };
         let Some((registration, state)) = registry.register(config.max_connections) else {
+            config.metrics.closed("limit");
             if let Some(held_back) = over_limit.hit() {
                 tracing::warn!(
                     %remote,
@@ -444,10 +450,12 @@ pub async fn accept_loop(
                     {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
+                            config.metrics.tls_failure(handshake_failure(&e));
                             tracing::info!(%remote, error = %e, "TLS handshake failed");
                             return;
                         }
                         Err(_) => {
+                            config.metrics.tls_failure("timeout");
                             tracing::info!(%remote, timeout = ?config.handshake_timeout, "TLS handshake timed out");
                             return;
                         }
@@ -467,6 +475,7 @@ pub async fn accept_loop(
                 config.handshake_timeout,
                 config.idle_timeout,
                 config.stall_timeout,
+                config.metrics.clone(),
             ));
             let conn = Conn {
                 io,
@@ -492,6 +501,7 @@ async fn watch_conn(
     preface: Duration,
     idle: Duration,
     stall: Duration,
+    metrics: Metrics,
 ) {
     let check = (preface.min(idle).min(stall) / 4)
         .clamp(Duration::from_millis(100), Duration::from_secs(5));
@@ -501,11 +511,13 @@ async fn watch_conn(
         let Some(s) = state.upgrade() else { return };
         if !s.heard.load(Ordering::Relaxed) && started.elapsed() >= preface {
             tracing::debug!(%remote, timeout = ?preface, "closing a connection that sent nothing");
+            metrics.closed("silent");
             s.kill();
             return;
         }
         if s.idle_for().is_some_and(|d| d >= idle) {
             tracing::debug!(%remote, ?idle, "closing an idle connection");
+            metrics.closed("idle");
             s.kill();
             return;
         }
@@ -515,29 +527,53 @@ async fn watch_conn(
         let waited = s.longest_wait();
         if waited >= stall + stall.max(Duration::from_secs(5)) {
             tracing::info!(%remote, ?waited, "closing the connection of a client that stopped reading");
+            metrics.closed("stalled");
             s.kill();
             return;
         }
     }
 }
 
+/// Why a TLS handshake failed, as a metric label.
+fn handshake_failure(e: &io::Error) -> &'static str {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(_))
+        | Some(rustls::Error::NoCertificatesPresented) => "bad_certificate",
+        Some(rustls::Error::AlertReceived(_)) => "alert_received",
+        Some(_) => "protocol",
+        None if matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::BrokenPipe
+        ) =>
+        {
+            "connection_closed"
+        }
+        None => "other",
+    }
+}
+
 /// A tower layer that counts the calls open on each connection (from the
 /// request until its response body is done or dropped), so that idle
-/// connections can be told apart.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CountCalls;
+/// connections can be told apart, and records each call's metrics.
+#[derive(Debug, Clone)]
+pub struct CountCalls(pub Metrics);
 
 impl<S> tower::Layer<S> for CountCalls {
     type Service = Counted<S>;
 
     fn layer(&self, inner: S) -> Counted<S> {
-        Counted(inner)
+        Counted(inner, self.0.clone())
     }
 }
 
 /// See [`CountCalls`].
 #[derive(Debug, Clone)]
-pub struct Counted<S>(S);
+pub struct Counted<S>(S, Metrics);
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
 
@@ -561,10 +597,23 @@ where
             .get::<ConnInfo>()
             .and_then(|i| i.state.clone());
         let guard = state.as_ref().map(ConnState::call);
+        let rpc = Rpc::of_path(req.uri().path());
+        let metrics = self.1.clone();
+        metrics.started(&rpc);
+        let call = CallMetrics {
+            metrics,
+            rpc,
+            started: Instant::now(),
+            code: None,
+        };
         let fut = self.0.call(req);
         Box::pin(async move {
             let mut resp = fut.await?;
             let held = resp.extensions_mut().remove::<Held>();
+            let mut call = call;
+            // A call that failed at once answers with its status in the
+            // headers ("trailers only").
+            call.code = grpc_status(resp.headers());
             Ok(match (guard, state) {
                 (Some(guard), Some(state)) => resp.map(|body| {
                     tonic::body::Body::new(GuardedBody {
@@ -572,6 +621,7 @@ where
                         pending: bytes::Bytes::new(),
                         progress: state.watch_body(),
                         state,
+                        call,
                         _held: held,
                         _guard: guard,
                     })
@@ -610,15 +660,43 @@ impl std::fmt::Debug for Held {
 /// nearly written.
 const MAX_FRAME: usize = 128 << 10;
 
+/// The gRPC status in a header map (trailers, or trailers-only headers).
+fn grpc_status(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(tonic::Code::from_i32)
+}
+
+/// A call's metrics, recorded when its body ends or is dropped (a client
+/// that went away: CANCELLED).
+struct CallMetrics {
+    metrics: Metrics,
+    rpc: Rpc,
+    started: Instant,
+    code: Option<tonic::Code>,
+}
+
+impl Drop for CallMetrics {
+    fn drop(&mut self) {
+        let code = self.code.unwrap_or(tonic::Code::Cancelled);
+        self.metrics
+            .handled(&self.rpc, code, self.started.elapsed());
+    }
+}
+
 /// A response body that holds its call open until it is done or dropped,
 /// with what it keeps, hands its data over in frames of at most
-/// [`MAX_FRAME`], and says when it waits for the client.
+/// [`MAX_FRAME`], says when it waits for the client, and records the call's
+/// metrics.
 struct GuardedBody {
     inner: tonic::body::Body,
     /// The rest of a frame larger than [`MAX_FRAME`].
     pending: bytes::Bytes,
     progress: Arc<BodyProgress>,
     state: Arc<ConnState>,
+    call: CallMetrics,
     _held: Option<Held>,
     _guard: CallGuard,
 }
@@ -654,6 +732,12 @@ impl http_body::Body for GuardedBody {
             Poll::Ready(Some(Ok(f))) if f.is_data() => {
                 let data = f.into_data().unwrap_or_default();
                 Poll::Ready(Some(Ok(self.piece(data))))
+            }
+            Poll::Ready(Some(Ok(f))) => {
+                if let Some(code) = f.trailers_ref().and_then(grpc_status) {
+                    self.call.code = Some(code);
+                }
+                Poll::Ready(Some(Ok(f)))
             }
             other => other,
         }

@@ -34,6 +34,7 @@ use crate::{
 const VERSION: u8 = 3;
 const VERSION_2: u8 = 2;
 const KEY_FILE: &str = "cursor.key";
+const PREVIOUS_KEY_FILE: &str = "cursor.key.previous";
 const KEY_LEN: usize = 32;
 /// Longest cursor accepted (a cursor holds at most one map key).
 pub const MAX_CURSOR_LEN: usize = 4096;
@@ -160,6 +161,8 @@ pub enum CursorError {
 #[derive(Clone)]
 pub struct CursorKey {
     key: std::sync::Arc<LessSafeKey>,
+    /// The key before the last rotation: its cursors are still accepted.
+    previous: Option<std::sync::Arc<LessSafeKey>>,
     rng: SystemRandom,
 }
 
@@ -189,20 +192,65 @@ impl CursorKey {
     /// A key from raw bytes: the first 32 bytes are used, shorter input is
     /// zero-padded (tests use short keys).
     pub fn from_bytes(bytes: &[u8]) -> Self {
-        let mut raw = [0u8; KEY_LEN];
-        for (d, s) in raw.iter_mut().zip(bytes) {
-            *d = *s;
-        }
-        let key = UnboundKey::new(&CHACHA20_POLY1305, &raw).expect("32-byte key");
+        let raw = pad(bytes);
         Self {
-            key: std::sync::Arc::new(LessSafeKey::new(key)),
+            key: std::sync::Arc::new(aead_key(&raw)),
+            previous: None,
             rng: SystemRandom::new(),
         }
     }
 
-    /// Loads the key from `state_dir`, creating the directory (0700) and a
-    /// random key (0600) on first start.
+    /// Loads the key from `state_dir` (and the previous one, if a rotation
+    /// left it), creating the directory (0700) and a random key (0600) on
+    /// first start.
     pub fn load_or_create(state_dir: &Path) -> Result<Self, KeyError> {
+        let mut key = Self::load_or_create_current(state_dir)?;
+        let previous = state_dir.join(PREVIOUS_KEY_FILE);
+        if previous.exists() {
+            let bytes = read_key(&previous)?;
+            key.previous = Some(std::sync::Arc::new(aead_key(&bytes)));
+        }
+        Ok(key)
+    }
+
+    /// Rotates the cursor key in `state_dir`: the current key becomes the
+    /// previous one (its cursors stay valid until the next rotation) and a
+    /// new random key becomes current. A running daemon picks the new key
+    /// up when it reloads (on SIGHUP, or by itself when it watches files).
+    pub fn rotate(state_dir: &Path) -> Result<(), KeyError> {
+        Self::load_or_create_current(state_dir)?;
+        let (current, previous, next) = (
+            state_dir.join(KEY_FILE),
+            state_dir.join(PREVIOUS_KEY_FILE),
+            state_dir.join(format!("{KEY_FILE}.new")),
+        );
+        let err = |path: &Path| {
+            let path = path.to_owned();
+            move |error| KeyError::File { path, error }
+        };
+        let _ = fs::remove_file(&next);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&next)
+            .map_err(err(&next))?;
+        let mut bytes = [0u8; KEY_LEN];
+        SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|_| KeyError::Random)?;
+        f.write_all(&bytes).map_err(err(&next))?;
+        f.sync_all().map_err(err(&next))?;
+        fs::rename(&current, &previous).map_err(err(&previous))?;
+        fs::rename(&next, &current).map_err(err(&current))?;
+        fs::File::open(state_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err(state_dir))?;
+        tracing::info!(dir = %state_dir.display(), "rotated the cursor key");
+        Ok(())
+    }
+
+    fn load_or_create_current(state_dir: &Path) -> Result<Self, KeyError> {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -233,20 +281,7 @@ impl CursorKey {
                 Ok(Self::from_bytes(&bytes))
             }
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let mut f = fs::File::open(&path).map_err(file_err)?;
-                let mode = f.metadata().map_err(file_err)?.permissions().mode() & 0o777;
-                if mode & 0o077 != 0 {
-                    return Err(KeyError::Permissions { path, mode });
-                }
-                let mut bytes = Vec::new();
-                f.read_to_end(&mut bytes).map_err(file_err)?;
-                if bytes.len() != KEY_LEN {
-                    return Err(KeyError::Length {
-                        path,
-                        len: bytes.len(),
-                    });
-                }
-                Ok(Self::from_bytes(&bytes))
+                Ok(Self::from_bytes(&read_key(&path)?))
             }
             Err(e) => Err(file_err(e)),
         }
@@ -337,12 +372,20 @@ impl CursorKey {
         }
         let (nonce, sealed) = raw.split_at(NONCE_LEN);
         let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| CursorError::Malformed)?;
-        let mut sealed = sealed.to_vec();
         // Authenticate before parsing: nothing a client made is interpreted.
-        let body = self
-            .key
-            .open_in_place(nonce, Aad::empty(), &mut sealed)
-            .map_err(|_| CursorError::NotAuthentic)?;
+        let mut sealed = sealed.to_vec();
+        let body = match self.key.open_in_place(nonce, Aad::empty(), &mut sealed) {
+            Ok(body) => body,
+            Err(_) => {
+                let previous = self.previous.as_ref().ok_or(CursorError::NotAuthentic)?;
+                let nonce = Nonce::try_assume_unique_for_key(&raw[..NONCE_LEN])
+                    .map_err(|_| CursorError::Malformed)?;
+                sealed = raw[NONCE_LEN..].to_vec();
+                previous
+                    .open_in_place(nonce, Aad::empty(), &mut sealed)
+                    .map_err(|_| CursorError::NotAuthentic)?
+            }
+        };
         let mut r = Reader(body);
         let version = r.u8()?;
         let identity = r.take(16)?.try_into().expect("16 bytes");
@@ -386,6 +429,43 @@ impl CursorKey {
             },
         ))
     }
+}
+
+fn pad(bytes: &[u8]) -> [u8; KEY_LEN] {
+    let mut raw = [0u8; KEY_LEN];
+    for (d, s) in raw.iter_mut().zip(bytes) {
+        *d = *s;
+    }
+    raw
+}
+
+fn aead_key(raw: &[u8]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, raw).expect("32-byte key"))
+}
+
+/// Reads a key file: owner-only, exactly 32 bytes.
+fn read_key(path: &Path) -> Result<Vec<u8>, KeyError> {
+    let file_err = |error| KeyError::File {
+        path: path.to_owned(),
+        error,
+    };
+    let mut f = fs::File::open(path).map_err(file_err)?;
+    let mode = f.metadata().map_err(file_err)?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Permissions {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(file_err)?;
+    if bytes.len() != KEY_LEN {
+        return Err(KeyError::Length {
+            path: path.to_owned(),
+            len: bytes.len(),
+        });
+    }
+    Ok(bytes)
 }
 
 /// The digest of an identity that a cursor binds.
@@ -675,6 +755,33 @@ mod tests {
             let s = token(&raw);
             proptest::prop_assert!(open(&key, &s).is_err());
         }
+    }
+
+    #[test]
+    fn a_rotated_key_still_opens_the_previous_key_s_cursors_until_the_next_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let k1 = CursorKey::load_or_create(dir.path()).unwrap();
+        let old = sample(&k1);
+        CursorKey::rotate(dir.path()).unwrap();
+        let k2 = CursorKey::load_or_create(dir.path()).unwrap();
+        assert_eq!(open(&k2, &old).unwrap(), Position::After(vec![9, 0, 0, 0]));
+        let new = sample(&k2);
+        assert_eq!(
+            open(&k1, &new),
+            Err(CursorError::NotAuthentic),
+            "sealed with the new key"
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join(KEY_FILE)), 0o600);
+        assert_eq!(mode(&dir.path().join(PREVIOUS_KEY_FILE)), 0o600);
+        CursorKey::rotate(dir.path()).unwrap();
+        let k3 = CursorKey::load_or_create(dir.path()).unwrap();
+        assert_eq!(
+            open(&k3, &old),
+            Err(CursorError::NotAuthentic),
+            "two rotations ago"
+        );
+        assert!(open(&k3, &new).is_ok(), "one rotation ago");
     }
 
     #[test]

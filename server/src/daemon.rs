@@ -9,7 +9,7 @@ use clap::Parser as _;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
-use crate::{Args, Config, Demo, LogFormat};
+use crate::{Args, Config, Demo, LogFormat, notify::notify};
 
 /// Runs bpfmapd as the `bpfmapd` binary does.
 pub fn main() -> ExitCode {
@@ -21,6 +21,21 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.rotate_cursor_key {
+        return match crate::rotate_cursor_key(&config.state_dir) {
+            Ok(()) => {
+                println!(
+                    "rotated the cursor key in {}; cursors of the previous key stay valid until the next rotation",
+                    config.state_dir.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bpfmapd: cannot rotate the cursor key: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Logs go to stderr (journald and kubectl logs collect it).
     match config.log_format {
@@ -59,7 +74,20 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     } else {
         None
     };
-    let running = crate::start(&config).await?;
+    let mut running = crate::start(&config).await?;
+    if config.watch_files_secs > 0 {
+        let load_args = args.clone();
+        running.watch_files(
+            args.config.clone(),
+            config.clone(),
+            move || Config::from_args(&load_args),
+            std::time::Duration::from_secs(config.watch_files_secs),
+        );
+    }
+    notify(&format!(
+        "READY=1\nSTATUS=serving on {}",
+        running.local_addr()
+    ));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
@@ -70,13 +98,16 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
             _ = hup.recv() => {
                 // Re-read the config file and the files it names; a bad one
                 // is logged and the old configuration stays in force.
+                notify("RELOADING=1");
                 match Config::from_args(&args).and_then(|c| running.reload(&c)) {
                     Ok(()) => {}
                     Err(e) => tracing::error!("SIGHUP: reload rejected, keeping the old configuration: {e:#}"),
                 }
+                notify("READY=1");
             }
         }
     }
+    notify("STOPPING=1");
     running.stop().await?;
     drop(demo);
     tracing::info!("stopped");

@@ -80,6 +80,16 @@ pub struct DumpStats {
     /// Times a walk found that the kernel had restarted it from the first
     /// key (and skipped what it had delivered).
     pub walk_restarts: AtomicU64,
+    /// Entries handed to the transport.
+    pub entries_sent: AtomicU64,
+    /// Bytes of messages handed to the transport.
+    pub bytes_sent: AtomicU64,
+    /// BPF_MAP_LOOKUP_BATCH calls made.
+    pub batch_calls: AtomicU64,
+    /// Batch calls retried with a larger batch after ENOSPC.
+    pub enospc: AtomicU64,
+    /// Dumps ended because their client took no chunk for the stall timeout.
+    pub stalled: AtomicU64,
 }
 
 /// The chunk size actually used: the hint, defaulted and clamped so that a
@@ -252,8 +262,13 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
     let started = audit.started();
     let share = Share::new(env.limits.share);
     let producer_share = share.clone();
+    let stats = env.stats.clone();
+    let producer_stats = stats.clone();
     tokio::spawn(async move {
         if let Err(e) = run(job, started, &tx, &producer_share, env).await {
+            if matches!(e, Error::Stalled { .. }) {
+                producer_stats.stalled.fetch_add(1, Ordering::Relaxed);
+            }
             // Delivered after the chunks already queued, even when the
             // channel is full (a client that stopped reading).
             let _ = tail_tx.send(e.into());
@@ -266,6 +281,7 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
         ended: None,
         held: VecDeque::new(),
         share,
+        stats,
     }
 }
 
@@ -294,7 +310,8 @@ async fn run(
     } = job;
     let meta = walker.meta().clone();
     let per_entry = per_entry(&meta, layout);
-    let (mut sent, mut chunks, mut restarts_seen) = (0u64, 0u64, 0u64);
+    let (mut sent, mut chunks) = (0u64, 0u64);
+    let mut seen = walker.stats();
     loop {
         if *env.stop.borrow() {
             return Err(Error::ShuttingDown);
@@ -341,11 +358,17 @@ async fn run(
         })?;
         walker = w;
         env.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
-        let restarts = walker.stats().restarts;
+        let w = walker.stats();
         env.stats
             .walk_restarts
-            .fetch_add(restarts - restarts_seen, Ordering::Relaxed);
-        restarts_seen = restarts;
+            .fetch_add(w.restarts - seen.restarts, Ordering::Relaxed);
+        env.stats
+            .batch_calls
+            .fetch_add(w.syscalls - seen.syscalls, Ordering::Relaxed);
+        env.stats
+            .enospc
+            .fetch_add(w.enospc - seen.enospc, Ordering::Relaxed);
+        seen = w;
         let chunk_read = res.map_err(|e| Error::from_walk(&map, e))?;
         let position = walker.position().clone();
         let complete = position == Position::End;
@@ -493,6 +516,7 @@ pub struct DumpStream {
     /// The producer's share: told of every message taken, so that a
     /// producer waiting for room (or for an empty queue) looks again.
     share: Arc<Share>,
+    stats: Arc<DumpStats>,
 }
 
 fn entries_in(msg: &pb::DumpMapResponse) -> u64 {
@@ -521,7 +545,13 @@ impl Stream for DumpStream {
                     }
                 }
                 if let (Ok(msg), Some(a)) = (&item, this.audit.as_mut()) {
-                    a.add_entries(entries_in(msg));
+                    use prost::Message as _;
+                    let n = entries_in(msg);
+                    a.add_entries(n);
+                    this.stats.entries_sent.fetch_add(n, Ordering::Relaxed);
+                    this.stats
+                        .bytes_sent
+                        .fetch_add(msg.encoded_len() as u64, Ordering::Relaxed);
                     if msg.done {
                         this.ended = Some(tonic::Code::Ok);
                     }

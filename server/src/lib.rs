@@ -20,8 +20,11 @@ mod dump;
 mod error;
 pub mod kernel;
 mod limits;
+mod metrics;
+mod notify;
 mod privileges;
 mod proto;
+mod reload;
 mod server;
 mod service;
 mod tls;
@@ -32,3 +35,10 @@ pub use demo::{Demo, flow_key, flow_value};
 pub use dump::DumpStats;
 pub use server::{Running, SERVICE_NAME, check_privileges, prepare_roots, start, start_on};
 pub use tls::TlsFiles;
+
+/// Rotates the cursor key in `state_dir` (see `bpfmapd --rotate-cursor-key`):
+/// the current key becomes the previous one, whose cursors stay valid until
+/// the next rotation, and a new key becomes current.
+pub fn rotate_cursor_key(state_dir: &std::path::Path) -> anyhow::Result<()> {
+    Ok(cursor::CursorKey::rotate(state_dir)?)
+}

@@ -74,6 +74,8 @@ pub struct DumpSlots {
     refused_global: AtomicU64,
     /// When each key was last refused a slot of its own.
     refused_key: Mutex<HashMap<SlotKey, Instant>>,
+    /// Dumps refused a slot since start.
+    refusals: AtomicU64,
 }
 
 /// A running dump's claim on both limits; released on drop.
@@ -103,7 +105,18 @@ impl DumpSlots {
             epoch: Instant::now(),
             refused_global: AtomicU64::new(0),
             refused_key: Mutex::new(HashMap::new()),
+            refusals: AtomicU64::new(0),
         }
+    }
+
+    /// Dumps refused a slot since start.
+    pub fn refused(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
+    /// Slots held now.
+    pub fn in_use(&self) -> usize {
+        self.global_max - self.global.available_permits()
     }
 
     fn now_ms(&self) -> u64 {
@@ -128,6 +141,7 @@ impl DumpSlots {
                 .try_acquire_owned()
         };
         let key_permit = key_permit.map_err(|_| {
+            self.refusals.fetch_add(1, Ordering::Relaxed);
             let mut refused = self.refused_key.lock().expect("slots lock");
             if refused.len() > 1024 {
                 refused.retain(|_, t| t.elapsed() < Duration::from_secs(600));
@@ -139,6 +153,7 @@ impl DumpSlots {
             ))
         })?;
         let global = self.global.clone().try_acquire_owned().map_err(|_| {
+            self.refusals.fetch_add(1, Ordering::Relaxed);
             self.refused_global.store(self.now_ms(), Ordering::Relaxed);
             Error::ResourceExhausted(format!(
                 "the server already runs {} dumps (limits.max_dumps); retry later",

@@ -28,7 +28,9 @@ use crate::{
     dump::{DumpEnv, DumpLimits, DumpStats},
     kernel,
     limits::{Budget, DumpSlots, LookupSlots, split_memory},
-    service::{MapServiceImpl, ServiceLimits, SharedPolicy},
+    metrics::Metrics,
+    reload::{Reloader, SharedKeys, SharedPolicy},
+    service::{MapServiceImpl, ServiceLimits},
     tls::{self, SharedTls},
 };
 
@@ -43,9 +45,10 @@ const DRAIN: Duration = Duration::from_millis(500);
 pub struct Running {
     addr: SocketAddr,
     health_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
     stats: Arc<DumpStats>,
-    policy: SharedPolicy,
-    tls: Option<SharedTls>,
+    reloader: Reloader,
+    watcher: Option<JoinHandle<()>>,
     registry: Registry,
     budget: Budget,
     grace: Duration,
@@ -67,6 +70,11 @@ impl Running {
         self.health_addr
     }
 
+    /// The Prometheus endpoint, when configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
     /// Counters of the dumps.
     pub fn stats(&self) -> &Arc<DumpStats> {
         &self.stats
@@ -82,29 +90,36 @@ impl Running {
         self.budget.in_use()
     }
 
-    /// Applies a new configuration's certificates, client CA and policy
-    /// without a restart. Everything is built first; on any error nothing
-    /// changes and the error says why. Other settings need a restart.
+    /// Applies a new configuration's certificates, client CA, policy and
+    /// cursor keys without a restart. Everything is built first; on any
+    /// error nothing changes and the error says why. Other settings need a
+    /// restart.
     pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
-        config.validate()?;
-        anyhow::ensure!(
-            config.tls.is_some() == self.tls.is_some(),
-            "turning TLS on or off needs a restart"
-        );
-        let policy = Policy::new(&config.rules, config.tls.is_some())?;
-        let tls = match &config.tls {
-            Some(files) => Some(tls::server_config(files)?),
-            None => None,
-        };
-        if let (Some(shared), Some(new)) = (&self.tls, tls) {
-            shared.store(new);
+        self.reloader.reload(config)
+    }
+
+    /// Reloads by itself whenever a file the configuration depends on
+    /// changes on disk (the configuration file `config_file`, the TLS files,
+    /// the cursor keys), checked every `interval`. `load` reads the
+    /// configuration as at start; `current` is the one in force.
+    pub fn watch_files(
+        &mut self,
+        config_file: Option<std::path::PathBuf>,
+        current: Config,
+        load: impl Fn() -> anyhow::Result<Config> + Send + 'static,
+        interval: Duration,
+    ) {
+        if let Some(old) = self.watcher.take() {
+            old.abort();
         }
-        self.policy.store(Arc::new(policy));
-        tracing::info!(
-            rules = config.rules.len(),
-            "reloaded certificates and policy"
-        );
-        Ok(())
+        self.watcher = Some(crate::reload::watch_files(
+            self.reloader.clone(),
+            config_file,
+            current,
+            load,
+            interval,
+            self.draining.subscribe(),
+        ));
     }
 
     /// Stops: health turns NOT_SERVING and new calls get UNAVAILABLE at
@@ -114,6 +129,9 @@ impl Running {
     pub async fn stop(self) -> anyhow::Result<()> {
         let started = Instant::now();
         self.draining.send_replace(true);
+        if let Some(w) = &self.watcher {
+            w.abort();
+        }
         while self.stats.active.load(Ordering::SeqCst) > 0 && started.elapsed() < self.grace {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -208,7 +226,9 @@ pub async fn start(config: &Config) -> anyhow::Result<Running> {
 /// Starts serving on an already bound listener.
 pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<Running> {
     config.validate()?;
-    let key = CursorKey::load_or_create(&config.state_dir)?;
+    let keys: SharedKeys = Arc::new(arc_swap::ArcSwap::from_pointee(CursorKey::load_or_create(
+        &config.state_dir,
+    )?));
     let addr = listener.local_addr()?;
     let tls: Option<SharedTls> = match &config.tls {
         Some(files) => Some(Arc::new(arc_swap::ArcSwap::new(tls::server_config(files)?))),
@@ -236,6 +256,15 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         limits.max_dumps,
         limits.max_dumps_per_identity,
     ));
+    let registry = Registry::default();
+    let metrics = Metrics::new(Some((stats.clone(), slots.clone(), registry.clone())));
+    let reloader = Reloader {
+        policy: policy.clone(),
+        tls: tls.clone(),
+        keys: keys.clone(),
+        state_dir: config.state_dir.clone(),
+        metrics: metrics.clone(),
+    };
     let (share, pool_bytes) = split_memory(limits.max_queued_bytes, limits.max_dumps);
     let budget = Budget::new(pool_bytes);
     let dump_limits = DumpLimits {
@@ -245,7 +274,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     };
     let service = MapServiceImpl::new(
         Catalog::new(config.roots.clone(), config.allow_by_id),
-        key,
+        keys,
         policy.clone(),
         ServiceLimits {
             slots: slots.clone(),
@@ -262,6 +291,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             max_slot_hold: Duration::from_secs(limits.max_slot_hold_secs),
         },
         draining_rx.clone(),
+        metrics.clone(),
     );
     let map_service = MapServiceServer::new(service)
         .max_decoding_message_size(limits.max_request_bytes)
@@ -318,7 +348,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         }
     };
     let router = tonic::transport::Server::builder()
-        .layer(CountCalls)
+        .layer(CountCalls(metrics.clone()))
         .max_concurrent_streams(Some(limits.max_streams_per_connection))
         .http2_max_local_error_reset_streams(Some(1024))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -331,7 +361,6 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             auth::authenticate,
         ));
     let (conn_tx, conn_rx) = mpsc::channel(64);
-    let registry = Registry::default();
     tokio::spawn(conn::accept_loop(
         listener,
         AcceptConfig {
@@ -340,6 +369,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             handshake_timeout: Duration::from_secs(limits.handshake_timeout_secs),
             idle_timeout: Duration::from_secs(limits.idle_timeout_secs),
             max_connections: limits.max_connections,
+            metrics: metrics.clone(),
         },
         registry.clone(),
         conn_tx,
@@ -349,6 +379,18 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         ReceiverStream::new(conn_rx),
         signal,
     )));
+    let mut metrics_addr = None;
+    if let Some(listen) = config.metrics_listen {
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen} (metrics_listen)"))?;
+        metrics_addr = Some(listener.local_addr()?);
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            metrics.clone(),
+            stop_dumps_rx.clone(),
+        ));
+    }
     tracing::info!(
         %addr,
         tls = tls.is_some(),
@@ -359,9 +401,10 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     Ok(Running {
         addr,
         health_addr,
+        metrics_addr,
         stats,
-        policy,
-        tls,
+        reloader,
+        watcher: None,
         registry,
         budget,
         grace: Duration::from_secs(limits.shutdown_grace_secs),

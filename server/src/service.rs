@@ -5,21 +5,22 @@
 
 use std::{sync::Arc, time::Duration};
 
-use arc_swap::ArcSwap;
 use bpfmap_proto::v1::{self as pb, map_service_server::MapService};
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
     audit::{self, Method},
-    auth::{Caller, Operation, Policy},
+    auth::{Caller, Operation},
     catalog::{Catalog, MapRef, Resolved},
     conn::Held,
-    cursor::{CursorKey, Sealer},
+    cursor::Sealer,
     dump::{self, DumpEnv, DumpJob, DumpLimits, DumpStream},
     error::Error,
     kernel::walk::Position,
     limits::{Budget, DumpSlots, LookupSlots},
+    metrics::Metrics,
     proto::{self, IntoProto as _, LookupOutcome},
+    reload::{SharedKeys, SharedPolicy},
 };
 
 /// Most keys accepted in one Lookup call.
@@ -29,9 +30,6 @@ pub const MAX_LOOKUP_KEYS: usize = 4096;
 pub const MAX_LOOKUP_RESPONSE: usize = crate::dump::MAX_CHUNK_BYTES;
 /// How long a call waits for room in the memory pool.
 const POOL_WAIT: Duration = Duration::from_secs(2);
-
-/// The authorization policy in force; replaced on reload.
-pub type SharedPolicy = Arc<ArcSwap<Policy>>;
 
 /// What the service bounds.
 #[derive(Debug, Clone)]
@@ -51,31 +49,34 @@ pub struct ServiceLimits {
 #[derive(Debug, Clone)]
 pub struct MapServiceImpl {
     catalog: Arc<Catalog>,
-    key: CursorKey,
+    keys: SharedKeys,
     policy: SharedPolicy,
     limits: ServiceLimits,
     env: DumpEnv,
     /// True once the server is shutting down: new calls get UNAVAILABLE.
     draining: tokio::sync::watch::Receiver<bool>,
+    metrics: Metrics,
 }
 
 impl MapServiceImpl {
     /// The service over `catalog`.
     pub fn new(
         catalog: Catalog,
-        key: CursorKey,
+        keys: SharedKeys,
         policy: SharedPolicy,
         limits: ServiceLimits,
         env: DumpEnv,
         draining: tokio::sync::watch::Receiver<bool>,
+        metrics: Metrics,
     ) -> Self {
         Self {
             catalog: Arc::new(catalog),
-            key,
+            keys,
             policy,
             limits,
             env,
             draining,
+            metrics,
         }
     }
 
@@ -93,6 +94,11 @@ impl MapServiceImpl {
         if self.policy.load().allows(&caller.identity, op, map) {
             Ok(())
         } else {
+            self.metrics.denied(match op {
+                Operation::List => Method::GetMap,
+                Operation::Dump => Method::DumpMap,
+                Operation::Lookup => Method::Lookup,
+            });
             Err(Error::PermissionDenied {
                 identity: caller.identity.clone(),
                 operation: op,
@@ -163,17 +169,21 @@ impl MapServiceImpl {
         }
         // The cursor is checked before the map is touched: a bad cursor is a
         // bad request whatever state the map is in.
+        let keys = self.keys.load_full();
         let opened = match req.cursor.as_str() {
             "" => None,
-            token => Some(self.key.open(token, &caller.identity, &map)?),
+            token => Some(keys.open(token, &caller.identity, &map)?),
         };
         let resolved = self.open_for(caller, Operation::Dump, &map).await?;
         let meta = resolved.handle.meta().clone();
         let position = match opened {
             None => Position::Start,
-            Some(o) => o.resume(&meta)?,
+            Some(o) => {
+                self.metrics.dump_resumed();
+                o.resume(&meta)?
+            }
         };
-        let sealer = Sealer::new(self.key.clone(), &caller.identity, &map, &meta);
+        let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &map, &meta);
         let options = dump::Options {
             layout,
             chunk_hint: req.chunk_size,

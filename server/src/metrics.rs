@@ -1,0 +1,461 @@
+//! Prometheus metrics (prometheus-client), served in the OpenMetrics text
+//! format on `metrics_listen` (plaintext, off by default).
+//!
+//! gRPC calls in the usual naming (`grpc_server_started_total`,
+//! `grpc_server_handled_total`, `grpc_server_handling_seconds`, labelled by
+//! service, method and type), and the daemon's own under `bpfmapd_`. No label
+//! carries an identity, a key, a value or a map path: every label's values
+//! are a fixed set (an unknown RPC path is "unknown").
+#![forbid(unsafe_code)]
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::ConstGauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+use tokio::{net::TcpListener, sync::watch};
+
+use crate::{conn, dump::DumpStats, limits::DumpSlots};
+
+/// The labels of an RPC.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Rpc {
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+    grpc_type: &'static str,
+}
+
+impl Rpc {
+    /// The RPC an HTTP/2 request path names ("/bpfmap.v1.MapService/DumpMap");
+    /// "unknown" for anything else.
+    pub fn of_path(path: &str) -> Self {
+        const KNOWN: &[(&str, &str, &str)] = &[
+            ("bpfmap.v1.MapService", "ListMaps", "unary"),
+            ("bpfmap.v1.MapService", "GetMap", "unary"),
+            ("bpfmap.v1.MapService", "DumpMap", "server_stream"),
+            ("bpfmap.v1.MapService", "Lookup", "unary"),
+            ("grpc.health.v1.Health", "Check", "unary"),
+            ("grpc.health.v1.Health", "Watch", "server_stream"),
+            (
+                "grpc.reflection.v1.ServerReflection",
+                "ServerReflectionInfo",
+                "bidi_stream",
+            ),
+            (
+                "grpc.reflection.v1alpha.ServerReflection",
+                "ServerReflectionInfo",
+                "bidi_stream",
+            ),
+        ];
+        let mut parts = path.trim_start_matches('/').splitn(2, '/');
+        let (service, method) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        KNOWN
+            .iter()
+            .find(|(s, m, _)| *s == service && *m == method)
+            .map_or(
+                Self {
+                    grpc_service: "unknown",
+                    grpc_method: "unknown",
+                    grpc_type: "unknown",
+                },
+                |&(s, m, t)| Self {
+                    grpc_service: s,
+                    grpc_method: m,
+                    grpc_type: t,
+                },
+            )
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Handled {
+    grpc_service: &'static str,
+    grpc_method: &'static str,
+    grpc_type: &'static str,
+    grpc_code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Method {
+    grpc_method: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    result: &'static str,
+}
+
+type HistogramFamily = Family<Rpc, Histogram, fn() -> Histogram>;
+
+fn handling_histogram() -> Histogram {
+    // 100 µs to about 100 s.
+    Histogram::new(exponential_buckets(0.0001, 4.0, 11))
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    started: Family<Rpc, Counter>,
+    handled: Family<Handled, Counter>,
+    handling: HistogramFamily,
+    tls_failures: Family<Reason, Counter>,
+    closed: Family<Reason, Counter>,
+    denials: Family<Method, Counter>,
+    reloads: Family<Outcome, Counter>,
+    resumed: Counter,
+}
+
+/// The daemon's metrics; clones share them.
+#[derive(Debug, Clone)]
+pub struct Metrics(Arc<Inner>);
+
+/// What the collector reads at each scrape.
+#[derive(Debug)]
+struct Live {
+    stats: Arc<DumpStats>,
+    slots: Arc<DumpSlots>,
+    registry: conn::Registry,
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.stats;
+        let counters: [(&str, &str, u64); 8] = [
+            (
+                "bpfmapd_dump_entries",
+                "Entries handed to clients by dumps",
+                s.entries_sent.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_dump_bytes",
+                "Bytes of dump messages handed to clients",
+                s.bytes_sent.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_kernel_batch_calls",
+                "BPF_MAP_LOOKUP_BATCH calls made",
+                s.batch_calls.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_enospc_retries",
+                "Batch calls retried with a larger batch after ENOSPC",
+                s.enospc.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_stalled_clients",
+                "Dumps ended because the client took no chunk for the stall timeout",
+                s.stalled.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_dump_slots_expired",
+                "Dumps ended because they held their slot too long while others waited",
+                s.slots_expired.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_walk_restarts",
+                "Times a walk found the kernel had restarted it from the first key",
+                s.walk_restarts.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_dump_slots_refused",
+                "Dumps refused a slot (RESOURCE_EXHAUSTED)",
+                self.slots.refused(),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let gauges: [(&str, &str, i64); 3] = [
+            (
+                "bpfmapd_streams_active",
+                "Dumps whose producer is running",
+                s.active.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "bpfmapd_dump_slots_in_use",
+                "Dump slots held",
+                self.slots.in_use() as i64,
+            ),
+            (
+                "bpfmapd_connections_open",
+                "Connections open on the main listener",
+                self.registry.len() as i64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+/// What the metrics read from the daemon at each scrape: the dumps'
+/// counters, the dump slots, the open connections.
+pub type LiveParts = (Arc<DumpStats>, Arc<DumpSlots>, conn::Registry);
+
+impl Metrics {
+    /// The daemon's metrics, reading `live` at each scrape.
+    pub fn new(live: Option<LiveParts>) -> Self {
+        let mut registry = Registry::default();
+        if let Some((stats, slots, conns)) = live {
+            registry.register_collector(Box::new(Live {
+                stats,
+                slots,
+                registry: conns,
+            }));
+        }
+        let started = Family::<Rpc, Counter>::default();
+        registry.register(
+            "grpc_server_started",
+            "RPCs started on the server",
+            started.clone(),
+        );
+        let handled = Family::<Handled, Counter>::default();
+        registry.register(
+            "grpc_server_handled",
+            "RPCs completed on the server, by status code",
+            handled.clone(),
+        );
+        let handling: HistogramFamily = Family::new_with_constructor(handling_histogram);
+        registry.register(
+            "grpc_server_handling_seconds",
+            "Time from an RPC's start to its last message (seconds)",
+            handling.clone(),
+        );
+        let tls_failures = Family::<Reason, Counter>::default();
+        registry.register(
+            "bpfmapd_tls_handshake_failures",
+            "TLS handshakes that failed, by reason",
+            tls_failures.clone(),
+        );
+        let closed = Family::<Reason, Counter>::default();
+        registry.register(
+            "bpfmapd_connections_closed",
+            "Connections the daemon closed, by reason",
+            closed.clone(),
+        );
+        let denials = Family::<Method, Counter>::default();
+        registry.register(
+            "bpfmapd_policy_denials",
+            "Calls the policy denied (PERMISSION_DENIED), by method",
+            denials.clone(),
+        );
+        let reloads = Family::<Outcome, Counter>::default();
+        registry.register(
+            "bpfmapd_reloads",
+            "Configuration reloads, by result",
+            reloads.clone(),
+        );
+        let resumed = Counter::default();
+        registry.register(
+            "bpfmapd_dumps_resumed",
+            "Dumps started from a cursor",
+            resumed.clone(),
+        );
+        Self(Arc::new(Inner {
+            registry,
+            started,
+            handled,
+            handling,
+            tls_failures,
+            closed,
+            denials,
+            reloads,
+            resumed,
+        }))
+    }
+
+    /// An RPC started.
+    pub fn started(&self, rpc: &Rpc) {
+        self.0.started.get_or_create(rpc).inc();
+    }
+
+    /// An RPC ended with `code` after `elapsed`.
+    pub fn handled(&self, rpc: &Rpc, code: tonic::Code, elapsed: Duration) {
+        self.0
+            .handled
+            .get_or_create(&Handled {
+                grpc_service: rpc.grpc_service,
+                grpc_method: rpc.grpc_method,
+                grpc_type: rpc.grpc_type,
+                grpc_code: code_label(code),
+            })
+            .inc();
+        self.0
+            .handling
+            .get_or_create(rpc)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// A TLS handshake failed.
+    pub fn tls_failure(&self, reason: &'static str) {
+        self.0.tls_failures.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// The daemon closed a connection.
+    pub fn closed(&self, reason: &'static str) {
+        self.0.closed.get_or_create(&Reason { reason }).inc();
+    }
+
+    /// The policy denied a call.
+    pub fn denied(&self, method: crate::audit::Method) {
+        self.0
+            .denials
+            .get_or_create(&Method {
+                grpc_method: method.name(),
+            })
+            .inc();
+    }
+
+    /// A reload was applied (`ok`) or rejected.
+    pub fn reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.0.reloads.get_or_create(&Outcome { result }).inc();
+    }
+
+    /// A dump started from a cursor.
+    pub fn dump_resumed(&self) {
+        self.0.resumed.inc();
+    }
+
+    /// The text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String does not fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.0.registry);
+        out
+    }
+}
+
+fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Serves `GET /metrics` on `listener` (HTTP/1.1, plaintext) until `stop`.
+pub async fn serve(listener: TcpListener, metrics: Metrics, mut stop: watch::Receiver<bool>) {
+    use http_body_util::Full;
+    use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let metrics = metrics.clone();
+                async move {
+                    let response = if req.uri().path() == "/metrics" {
+                        Response::builder()
+                            .header(
+                                "content-type",
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )
+                            .body(Full::new(bytes::Bytes::from(metrics.encode())))
+                    } else {
+                        Response::builder()
+                            .status(StatusCode::NOT_FOUND)
+                            .body(Full::new(bytes::Bytes::from_static(
+                                b"metrics are at /metrics\n",
+                            )))
+                    };
+                    Ok::<_, std::convert::Infallible>(response.expect("a valid response"))
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(tcp);
+            let _ = tokio::time::timeout(
+                Duration::from_secs(30),
+                hyper::server::conn::http1::Builder::new().serve_connection(io, service),
+            )
+            .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rpc_paths_map_to_a_fixed_set_of_labels() {
+        let r = Rpc::of_path("/bpfmap.v1.MapService/DumpMap");
+        assert_eq!(
+            (r.grpc_service, r.grpc_method, r.grpc_type),
+            ("bpfmap.v1.MapService", "DumpMap", "server_stream")
+        );
+        let u = Rpc::of_path("/evil/../../etc/passwd");
+        assert_eq!((u.grpc_service, u.grpc_method), ("unknown", "unknown"));
+    }
+
+    #[test]
+    fn the_exposition_has_the_grpc_and_daemon_metrics() {
+        let m = Metrics::new(None);
+        let rpc = Rpc::of_path("/bpfmap.v1.MapService/Lookup");
+        m.started(&rpc);
+        m.handled(&rpc, tonic::Code::NotFound, Duration::from_millis(3));
+        m.reloaded(false);
+        let text = m.encode();
+        assert!(text.contains("grpc_server_started_total{grpc_service=\"bpfmap.v1.MapService\",grpc_method=\"Lookup\",grpc_type=\"unary\"} 1"), "{text}");
+        assert!(text.contains("grpc_code=\"NOT_FOUND\"} 1"), "{text}");
+        assert!(
+            text.contains("grpc_server_handling_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bpfmapd_reloads_total{result=\"failed\"} 1"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}
