@@ -311,6 +311,8 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(c.roots, [PathBuf::from("/sys/fs/bpf")]);
         assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.watch_files_secs, Config::default().watch_files_secs);
+        assert_eq!(c.metrics_listen, None);
 
         let text = include_str!("../../deploy/bpfmapd-mtls.toml");
         let c = Config::from_toml(text).unwrap();

@@ -18,6 +18,7 @@ pub mod daemon;
 mod demo;
 mod dump;
 mod error;
+mod health;
 pub mod kernel;
 mod limits;
 mod metrics;

@@ -297,7 +297,8 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
 
-    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let health_reporter = tonic_health::server::HealthReporter::new();
+    let health = crate::health::service(health_reporter.clone(), stop_dumps_rx.clone());
     for name in [SERVICE_NAME, ""] {
         health_reporter
             .set_service_status(name, ServingStatus::Serving)

@@ -46,6 +46,17 @@ pub struct DaemonProcess {
     log: Arc<Mutex<Vec<String>>>,
     bin: PathBuf,
     config: PathBuf,
+    launch: Launch,
+}
+
+/// How to run the daemon besides its config: environment variables to add,
+/// and a command to run it through (e.g. `setpriv` with its options).
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Added to the daemon's environment.
+    pub env: Vec<(String, String)>,
+    /// Program and arguments the daemon's command line is appended to.
+    pub wrapper: Vec<String>,
 }
 
 impl DaemonProcess {
@@ -53,6 +64,18 @@ impl DaemonProcess {
     /// directory and `extra` appended to the config file (TOML, e.g. a
     /// `[limits]` table). Waits until it accepts connections.
     pub fn start(bin: &Path, root: &Path, state: &Path, addr: SocketAddr, extra: &str) -> Self {
+        Self::launch(bin, root, state, addr, extra, Launch::default())
+    }
+
+    /// [`start`](Self::start), run as `launch` says.
+    pub fn launch(
+        bin: &Path,
+        root: &Path,
+        state: &Path,
+        addr: SocketAddr,
+        extra: &str,
+        launch: Launch,
+    ) -> Self {
         let config = state.join("bpfmapd-test.toml");
         let text = format!(
             "listen = \"{addr}\"\nroots = [\"{}\"]\nstate_dir = \"{}\"\nmount_bpffs = false\nlog_format = \"json\"\n{extra}\n",
@@ -66,16 +89,26 @@ impl DaemonProcess {
             log: Arc::new(Mutex::new(Vec::new())),
             bin: bin.to_owned(),
             config,
+            launch,
         };
         d.spawn();
         d
     }
 
     fn spawn(&mut self) {
-        let mut child = Command::new(&self.bin)
+        let mut command = match self.launch.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
+        let mut child = command
             .arg("--config")
             .arg(&self.config)
             .env("RUST_LOG", "info")
+            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -112,6 +145,11 @@ impl DaemonProcess {
             let _ = c.wait();
         }
         self.spawn();
+    }
+
+    /// The config file it reads (rewrite it to change the configuration).
+    pub fn config_path(&self) -> &Path {
+        &self.config
     }
 
     /// The process id.
