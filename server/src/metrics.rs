@@ -28,6 +28,20 @@ use tokio::{net::TcpListener, sync::watch};
 
 use crate::{conn, dump::DumpStats, limits::DumpSlots};
 
+/// Why a TLS handshake failed (`reason` of bpfmapd_tls_handshake_failures).
+pub const TLS_FAILURE_REASONS: [&str; 6] = [
+    "bad_certificate",
+    "alert_received",
+    "protocol",
+    "connection_closed",
+    "timeout",
+    "other",
+];
+
+/// Why the daemon closed a connection (`reason` of
+/// bpfmapd_connections_closed).
+pub const CLOSE_REASONS: [&str; 4] = ["limit", "silent", "idle", "stalled"];
+
 /// The labels of an RPC.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Rpc {
@@ -276,6 +290,23 @@ impl Metrics {
             "Dumps started from a cursor",
             resumed.clone(),
         );
+        // Every series with a known, fixed label set starts at 0, so that
+        // rate() and alerts see it before its first event.
+        for reason in TLS_FAILURE_REASONS {
+            drop(tls_failures.get_or_create(&Reason { reason }));
+        }
+        for reason in CLOSE_REASONS {
+            drop(closed.get_or_create(&Reason { reason }));
+        }
+        for grpc_method in ["ListMaps", "GetMap", "DumpMap", "Lookup"] {
+            drop(denials.get_or_create(&Method { grpc_method }));
+            drop(started.get_or_create(&Rpc::of_path(&format!(
+                "/bpfmap.v1.MapService/{grpc_method}"
+            ))));
+        }
+        for result in ["ok", "failed"] {
+            drop(reloads.get_or_create(&Outcome { result }));
+        }
         Self(Arc::new(Inner {
             registry,
             started,
@@ -313,11 +344,13 @@ impl Metrics {
 
     /// A TLS handshake failed.
     pub fn tls_failure(&self, reason: &'static str) {
+        debug_assert!(TLS_FAILURE_REASONS.contains(&reason), "{reason}");
         self.0.tls_failures.get_or_create(&Reason { reason }).inc();
     }
 
     /// The daemon closed a connection.
     pub fn closed(&self, reason: &'static str) {
+        debug_assert!(CLOSE_REASONS.contains(&reason), "{reason}");
         self.0.closed.get_or_create(&Reason { reason }).inc();
     }
 
