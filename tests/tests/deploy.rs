@@ -11,7 +11,10 @@ use std::{
 };
 
 fn repo(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    // Canonical: checkov finds nothing under a path with "..".
+    path.canonicalize()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Runs `program` (or the path in `$env_var`), failing with `install` when
@@ -161,4 +164,248 @@ fn the_unit_grants_what_the_daemon_needs_and_nothing_more() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("Creating user 'bpfmapd'"), "{text}");
+}
+
+/// Every manifest under deploy/kubernetes (kustomization files aside: they
+/// are not Kubernetes objects).
+fn manifests() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|x| x == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let mut all = Vec::new();
+    walk(&repo("deploy/kubernetes"), &mut all);
+    all.sort();
+    all
+}
+
+fn is_kustomization(p: &Path) -> bool {
+    p.file_name().is_some_and(|n| n == "kustomization.yaml")
+}
+
+#[test]
+fn the_kubernetes_manifests_are_valid_and_complete() {
+    let all = manifests();
+    let objects: Vec<&PathBuf> = all.iter().filter(|p| !is_kustomization(p)).collect();
+    assert!(objects.len() >= 7, "{objects:?}");
+    let (out, text) = output(
+        tool(
+            "kubernetes-validate",
+            "KUBERNETES_VALIDATE",
+            "pip install kubernetes-validate",
+        )
+        .args(["--strict", "--quiet"])
+        .args(&objects),
+    );
+    assert!(out.status.success(), "{text}");
+    // kubernetes-validate knows no schema for cert-manager's Certificate:
+    // it warns (and checks the rest).
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(
+            line.contains("kind Certificate with api version cert-manager.io/v1"),
+            "unexpected output: {line}"
+        );
+    }
+    // The same run on a DaemonSet with a misspelt field fails: the
+    // validator really reads the files.
+    let tmp = tempfile::tempdir().unwrap();
+    let broken = tmp.path().join("daemonset.yaml");
+    let ds = std::fs::read_to_string(repo("deploy/kubernetes/base/daemonset.yaml")).unwrap();
+    std::fs::write(
+        &broken,
+        ds.replace("readOnlyRootFilesystem:", "readOnlyRootFileSystem:"),
+    )
+    .unwrap();
+    let (out, text) = output(
+        tool(
+            "kubernetes-validate",
+            "KUBERNETES_VALIDATE",
+            "pip install kubernetes-validate",
+        )
+        .args(["--strict", "--quiet"])
+        .arg(&broken),
+    );
+    assert!(!out.status.success(), "a misspelt field passed: {text}");
+
+    // Every resource a kustomization names exists, and every object is
+    // named by one.
+    let mut named = Vec::new();
+    for k in all.iter().filter(|p| is_kustomization(p)) {
+        let text = std::fs::read_to_string(k).unwrap();
+        let mut in_resources = false;
+        for line in text.lines() {
+            if !line.starts_with(' ') && !line.starts_with('-') {
+                in_resources = line.trim_end() == "resources:";
+                continue;
+            }
+            if let Some(r) = line.trim().strip_prefix("- ").filter(|_| in_resources) {
+                let path = k.parent().unwrap().join(r);
+                assert!(path.exists(), "{} names {r}, which is missing", k.display());
+                if path.is_file() {
+                    named.push(path.canonicalize().unwrap());
+                }
+            }
+        }
+    }
+    for o in objects {
+        assert!(
+            named.contains(&o.canonicalize().unwrap()),
+            "{} is in no kustomization",
+            o.display()
+        );
+    }
+}
+
+fn checkov() -> Command {
+    tool(
+        "checkov",
+        "CHECKOV",
+        "pip install checkov (in a virtualenv)",
+    )
+}
+
+/// Runs checkov with `args` (JSON output); its summary and the checks it
+/// skipped, with their reasons.
+fn checkov_json(args: &[&std::ffi::OsStr]) -> (serde_json::Value, Vec<(String, String)>) {
+    let (out, text) = output(
+        checkov()
+            .args(args)
+            .args(["--skip-download", "--output", "json"]),
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("checkov printed no JSON ({e}):\n{text}"));
+    assert!(
+        out.status.success(),
+        "checkov failed: {}",
+        serde_json::to_string_pretty(&json["results"]["failed_checks"]).unwrap()
+    );
+    let skipped = json["results"]["skipped_checks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            (
+                c["check_id"].as_str().unwrap().to_owned(),
+                c["check_result"]["suppress_comment"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    (json["summary"].clone(), skipped)
+}
+
+fn assert_clean(
+    what: &str,
+    summary: &serde_json::Value,
+    skipped: &[(String, String)],
+    allowed: &[&str],
+) {
+    eprintln!("checkov {what}: {summary}");
+    assert_eq!(summary["failed"], 0, "{what}: {summary}");
+    assert_eq!(summary["parsing_errors"], 0, "{what}: {summary}");
+    assert!(
+        summary["passed"].as_u64().unwrap() > 20,
+        "{what}: {summary}"
+    );
+    let mut ids: Vec<&str> = skipped.iter().map(|(id, _)| id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, allowed, "{what}: skipped checks");
+    for (id, reason) in skipped {
+        assert!(
+            reason.len() > 30,
+            "{what}: {id} is skipped without a written reason ({reason:?})"
+        );
+    }
+}
+
+#[test]
+fn checkov_passes_the_manifests_and_the_containerfile() {
+    let dir = repo("deploy/kubernetes");
+    let (summary, skipped) = checkov_json(&[
+        "--directory".as_ref(),
+        dir.as_os_str(),
+        "--framework".as_ref(),
+        "kubernetes".as_ref(),
+    ]);
+    assert_clean(
+        "deploy/kubernetes",
+        &summary,
+        &skipped,
+        &["CKV_K8S_23", "CKV_K8S_25", "CKV_K8S_40", "CKV_K8S_43"],
+    );
+
+    // checkov only recognises the name Dockerfile.
+    let tmp = tempfile::tempdir().unwrap();
+    let dockerfile = tmp.path().join("Dockerfile");
+    std::fs::copy(repo("deploy/Containerfile"), &dockerfile).unwrap();
+    let (summary, skipped) = checkov_json(&[
+        "--file".as_ref(),
+        dockerfile.as_os_str(),
+        "--framework".as_ref(),
+        "dockerfile".as_ref(),
+    ]);
+    assert_clean(
+        "deploy/Containerfile",
+        &summary,
+        &skipped,
+        &["CKV_DOCKER_2", "CKV_DOCKER_7"],
+    );
+}
+
+#[test]
+fn the_configmap_holds_a_config_the_daemon_accepts_and_the_daemonset_matches() {
+    let yaml = std::fs::read_to_string(repo("deploy/kubernetes/base/configmap.yaml")).unwrap();
+    let toml: String = yaml
+        .lines()
+        .skip_while(|l| l.trim() != "bpfmapd.toml: |")
+        .skip(1)
+        .take_while(|l| l.is_empty() || l.starts_with("    "))
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let config = bpfmapd::Config::from_toml(&toml)
+        .unwrap_or_else(|e| panic!("the ConfigMap's bpfmapd.toml: {e:#}\n{toml}"));
+    config.validate().unwrap();
+    assert!(!config.mount_bpffs, "the pod cannot mount bpffs");
+    assert!(
+        config.watch_files_secs > 0,
+        "Secret updates must be picked up"
+    );
+    assert!(!config.rules.is_empty());
+    let tls = config.tls.as_ref().expect("mutual TLS");
+
+    // What the config names is what the DaemonSet provides.
+    let ds = std::fs::read_to_string(repo("deploy/kubernetes/base/daemonset.yaml")).unwrap();
+    for (file, projected) in [
+        (&tls.cert, "path: tls/tls.crt"),
+        (&tls.key, "path: tls/tls.key"),
+        (&tls.client_ca, "path: tls/ca.crt"),
+    ] {
+        assert!(file.starts_with("/etc/bpfmapd/tls"), "{}", file.display());
+        assert!(ds.contains(projected), "{projected}");
+    }
+    assert!(ds.contains("mountPath: /etc/bpfmapd\n"));
+    assert!(ds.contains("args: [\"--config\", \"/etc/bpfmapd/bpfmapd.toml\"]"));
+    assert!(ds.contains(&format!("mountPath: {}\n", config.state_dir.display())));
+    assert!(ds.contains(&format!("mountPath: {}\n", config.roots[0].display())));
+    let port = |a: Option<std::net::SocketAddr>| a.expect("listener set").port();
+    for p in [
+        config.listen.port(),
+        port(config.health_listen),
+        port(config.metrics_listen),
+    ] {
+        assert!(ds.contains(&format!("containerPort: {p}\n")), "port {p}");
+    }
+    assert!(ds.contains(&format!("port: {}\n", port(config.health_listen))));
+    for forbidden in ["privileged: true", "hostNetwork: true", "SYS_ADMIN\""] {
+        assert!(!ds.contains(forbidden), "{forbidden}");
+    }
 }
