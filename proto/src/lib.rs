@@ -15,3 +15,5 @@ pub mod v1 {
 }
 
 pub use v1::*;
+
+pub mod typed;

@@ -1,0 +1,585 @@
+use prost_types::{Value, value::Kind as V};
+use serde_json::json;
+
+use super::*;
+use crate::{
+    ArrayType, BoolType, CharType, EnumType, Enumerator, FloatType, IntType, Member, OpaqueType,
+    PointerType, RecordType,
+};
+
+fn ty(name: &str, size: u32, kind: Kind) -> TypeInfo {
+    TypeInfo {
+        name: name.into(),
+        size,
+        kind: Some(kind),
+    }
+}
+fn int(name: &str, size: u32, signed: bool) -> TypeInfo {
+    ty(name, size, Kind::Int(IntType { signed }))
+}
+fn u(size: u32) -> TypeInfo {
+    int(&format!("__u{}", size * 8), size, false)
+}
+fn s(size: u32) -> TypeInfo {
+    int(&format!("__s{}", size * 8), size, true)
+}
+fn char_() -> TypeInfo {
+    ty("char", 1, Kind::Char(CharType { signed: true }))
+}
+fn member(name: &str, byte: u32, t: TypeInfo) -> Member {
+    Member {
+        name: name.into(),
+        bit_offset: byte * 8,
+        bitfield_size: 0,
+        r#type: Some(t),
+    }
+}
+fn bits(name: &str, bit: u32, width: u32, t: TypeInfo) -> Member {
+    Member {
+        name: name.into(),
+        bit_offset: bit,
+        bitfield_size: width,
+        r#type: Some(t),
+    }
+}
+fn record(name: &str, size: u32, members: Vec<Member>) -> TypeInfo {
+    ty(name, size, Kind::Struct(RecordType { members }))
+}
+fn union(name: &str, size: u32, members: Vec<Member>) -> TypeInfo {
+    ty(name, size, Kind::Union(RecordType { members }))
+}
+fn array(element: TypeInfo, length: u32) -> TypeInfo {
+    let size = element.size * length;
+    ty(
+        "",
+        size,
+        Kind::Array(Box::new(ArrayType {
+            element: Some(Box::new(element)),
+            length,
+        })),
+    )
+}
+fn enum_(name: &str, size: u32, signed: bool, values: &[(&str, i64)]) -> TypeInfo {
+    ty(
+        name,
+        size,
+        Kind::Enum(EnumType {
+            signed,
+            enumerators: values
+                .iter()
+                .map(|(n, v)| Enumerator {
+                    name: (*n).into(),
+                    value: *v,
+                })
+                .collect(),
+        }),
+    )
+}
+fn ip_proto() -> TypeInfo {
+    enum_(
+        "ip_proto",
+        1,
+        false,
+        &[("IPPROTO_ICMP", 1), ("IPPROTO_TCP", 6), ("IPPROTO_UDP", 17)],
+    )
+}
+fn flow_key() -> TypeInfo {
+    record(
+        "flow_key",
+        16,
+        vec![
+            member("saddr", 0, u(4)),
+            member("daddr", 4, u(4)),
+            member("sport", 8, u(2)),
+            member("dport", 10, u(2)),
+            member("proto", 12, ip_proto()),
+        ],
+    )
+}
+
+fn layout(t: &TypeInfo) -> Layout {
+    Layout::new(t, "value").unwrap()
+}
+
+/// The decoded JSON, checked to be the same through both sinks.
+fn decode(t: &TypeInfo, bytes: &[u8]) -> serde_json::Value {
+    let l = layout(t);
+    let mut text = Vec::new();
+    l.write_json(bytes, &mut text);
+    let from_text: serde_json::Value = serde_json::from_slice(&text)
+        .unwrap_or_else(|e| panic!("invalid JSON {}: {e}", String::from_utf8_lossy(&text)));
+    assert_eq!(
+        from_text,
+        to_json(&l.to_value(bytes)),
+        "the two sinks differ"
+    );
+    from_text
+}
+
+fn to_json(v: &Value) -> serde_json::Value {
+    match &v.kind {
+        None | Some(V::NullValue(_)) => serde_json::Value::Null,
+        Some(V::BoolValue(b)) => json!(b),
+        Some(V::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 1e15 => json!(*n as i64),
+        Some(V::NumberValue(n)) => json!(n),
+        Some(V::StringValue(s)) => json!(s),
+        Some(V::ListValue(l)) => l.values.iter().map(to_json).collect(),
+        Some(V::StructValue(s)) => s
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), to_json(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    }
+}
+
+fn from_json(j: &serde_json::Value) -> Value {
+    let kind = match j {
+        serde_json::Value::Null => V::NullValue(0),
+        serde_json::Value::Bool(b) => V::BoolValue(*b),
+        serde_json::Value::Number(n) => V::NumberValue(n.as_f64().unwrap()),
+        serde_json::Value::String(s) => V::StringValue(s.clone()),
+        serde_json::Value::Array(a) => V::ListValue(prost_types::ListValue {
+            values: a.iter().map(from_json).collect(),
+        }),
+        serde_json::Value::Object(o) => V::StructValue(prost_types::Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), from_json(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
+}
+
+fn flow_bytes(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&saddr.to_le_bytes());
+    b.extend_from_slice(&daddr.to_le_bytes());
+    b.extend_from_slice(&sport.to_le_bytes());
+    b.extend_from_slice(&dport.to_le_bytes());
+    b.push(proto);
+    b.extend_from_slice(&[0; 3]);
+    b
+}
+
+#[test]
+fn a_flow_key_reads_as_its_program_declared_it() {
+    let bytes = flow_bytes(167772160, 3232235521, 1024, 443, 6);
+    assert_eq!(
+        decode(&flow_key(), &bytes),
+        json!({"saddr": 167772160, "daddr": 3232235521u32, "sport": 1024, "dport": 443, "proto": "IPPROTO_TCP"})
+    );
+    // An enumerator nobody declared: its number.
+    let bytes = flow_bytes(1, 2, 3, 4, 99);
+    assert_eq!(decode(&flow_key(), &bytes)["proto"], json!(99));
+    // JSON text keeps the declaration order.
+    let mut text = Vec::new();
+    layout(&flow_key()).write_json(&flow_bytes(1, 2, 3, 4, 17), &mut text);
+    assert_eq!(
+        String::from_utf8(text).unwrap(),
+        r#"{"saddr":1,"daddr":2,"sport":3,"dport":4,"proto":"IPPROTO_UDP"}"#
+    );
+}
+
+#[test]
+fn integers_up_to_32_bits_are_numbers_and_wider_ones_decimal_strings() {
+    let cases: Vec<(TypeInfo, Vec<u8>, serde_json::Value)> = vec![
+        (u(1), vec![255], json!(255)),
+        (s(1), vec![0x80], json!(-128)),
+        (u(2), 65535u16.to_le_bytes().to_vec(), json!(65535)),
+        (s(2), (-2i16).to_le_bytes().to_vec(), json!(-2)),
+        (u(4), u32::MAX.to_le_bytes().to_vec(), json!(4294967295u32)),
+        (s(4), i32::MIN.to_le_bytes().to_vec(), json!(-2147483648i64)),
+        (
+            u(8),
+            u64::MAX.to_le_bytes().to_vec(),
+            json!("18446744073709551615"),
+        ),
+        (
+            s(8),
+            i64::MIN.to_le_bytes().to_vec(),
+            json!("-9223372036854775808"),
+        ),
+        (u(8), 5u64.to_le_bytes().to_vec(), json!("5")),
+        (
+            u(16),
+            u128::MAX.to_le_bytes().to_vec(),
+            json!("340282366920938463463374607431768211455"),
+        ),
+        (s(16), (-3i128).to_le_bytes().to_vec(), json!("-3")),
+    ];
+    for (t, bytes, want) in cases {
+        assert_eq!(decode(&t, &bytes), want, "{t:?}");
+    }
+}
+
+#[test]
+fn bools_chars_floats_pointers_and_opaque_bytes() {
+    let b = ty("_Bool", 1, Kind::Bool(BoolType {}));
+    assert_eq!(decode(&b, &[1]), json!(true));
+    assert_eq!(decode(&b, &[0]), json!(false));
+    assert_eq!(decode(&char_(), b"A"), json!(65));
+    let f32_ = ty("float", 4, Kind::Float(FloatType {}));
+    let f64_ = ty("double", 8, Kind::Float(FloatType {}));
+    assert_eq!(decode(&f32_, &1.5f32.to_le_bytes()), json!(1.5));
+    assert_eq!(decode(&f64_, &(-0.25f64).to_le_bytes()), json!(-0.25));
+    assert_eq!(decode(&f64_, &f64::NAN.to_le_bytes()), json!("NaN"));
+    assert_eq!(
+        decode(&f64_, &f64::NEG_INFINITY.to_le_bytes()),
+        json!("-Infinity")
+    );
+    let p = ty(
+        "",
+        8,
+        Kind::Pointer(PointerType {
+            target: "node".into(),
+        }),
+    );
+    assert_eq!(
+        decode(&p, &0xffff_8881_0000_1234u64.to_le_bytes()),
+        json!("0xffff888100001234")
+    );
+    let long_double = ty("long double", 16, Kind::Float(FloatType {}));
+    assert_eq!(
+        decode(&long_double, &[0xab; 16]),
+        json!("abababababababababababababababab")
+    );
+    let opaque = ty(
+        "opaque",
+        3,
+        Kind::Opaque(OpaqueType {
+            reason: "forward declaration".into(),
+        }),
+    );
+    assert_eq!(decode(&opaque, &[1, 2, 255]), json!("0102ff"));
+}
+
+#[test]
+fn char_arrays_are_strings_when_they_hold_text() {
+    let name = array(char_(), 8);
+    assert_eq!(decode(&name, b"bpfmapd\0"), json!("bpfmapd"));
+    assert_eq!(decode(&name, b"ab\0\0\0\0\0\0"), json!("ab"));
+    assert_eq!(decode(&name, b"\0xxxxxxx"), json!(""));
+    // Not text: a control character, or no NUL at all.
+    assert_eq!(
+        decode(&name, b"a\x01b\0\0\0\0\0"),
+        json!([97, 1, 98, 0, 0, 0, 0, 0])
+    );
+    assert_eq!(
+        decode(&name, b"abcdefgh"),
+        json!([97, 98, 99, 100, 101, 102, 103, 104])
+    );
+    // Bytes (unsigned char arrays) are never strings.
+    assert_eq!(decode(&array(u(1), 3), b"ab\0"), json!([97, 98, 0]));
+    // Quotes and backslashes are escaped in the JSON text.
+    assert_eq!(decode(&name, b"a\"b\\c\0\0\0"), json!("a\"b\\c"));
+}
+
+#[test]
+fn structs_unions_anonymous_members_and_arrays_nest() {
+    // struct outer { struct inner { __u16 a; __u16 b; } in; union { __u32 x; __u8 y[4]; }; struct { __s8 lo; __s8 hi; }; __u8 pad[2]; struct inner many[2]; }
+    let inner = || record("inner", 4, vec![member("a", 0, u(2)), member("b", 2, u(2))]);
+    let anon_union = union(
+        "",
+        4,
+        vec![member("x", 0, u(4)), member("y", 0, array(u(1), 4))],
+    );
+    let anon_struct = record("", 2, vec![member("lo", 0, s(1)), member("hi", 1, s(1))]);
+    let outer = record(
+        "outer",
+        20,
+        vec![
+            member("in", 0, inner()),
+            member("", 4, anon_union),
+            member("", 8, anon_struct),
+            member("many", 12, array(inner(), 2)),
+        ],
+    );
+    let mut bytes = vec![0u8; 20];
+    bytes[0..2].copy_from_slice(&1u16.to_le_bytes());
+    bytes[2..4].copy_from_slice(&2u16.to_le_bytes());
+    bytes[4..8].copy_from_slice(&0x04030201u32.to_le_bytes());
+    bytes[8] = 0xff;
+    bytes[9] = 7;
+    for (i, v) in [10u16, 11, 12, 13].iter().enumerate() {
+        bytes[12 + 2 * i..14 + 2 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    assert_eq!(
+        decode(&outer, &bytes),
+        json!({
+            "in": {"a": 1, "b": 2},
+            "x": 67305985, "y": [1, 2, 3, 4],
+            "lo": -1, "hi": 7,
+            "many": [{"a": 10, "b": 11}, {"a": 12, "b": 13}],
+        })
+    );
+    assert_eq!(
+        layout(&outer).member_names(),
+        ["in", "x", "y", "lo", "hi", "many"]
+    );
+    // Arrays of arrays.
+    let grid = array(array(u(1), 3), 2);
+    assert_eq!(
+        decode(&grid, &[1, 2, 3, 4, 5, 6]),
+        json!([[1, 2, 3], [4, 5, 6]])
+    );
+}
+
+#[test]
+fn enums_signed_and_64_bit_known_and_unknown() {
+    let color = enum_("color", 4, true, &[("RED", 0), ("NEG", -1)]);
+    assert_eq!(decode(&color, &(-1i32).to_le_bytes()), json!("NEG"));
+    assert_eq!(decode(&color, &(-7i32).to_le_bytes()), json!(-7));
+    let big = enum_("big", 8, false, &[("SMALL", 1), ("HUGE", u64::MAX as i64)]);
+    assert_eq!(decode(&big, &u64::MAX.to_le_bytes()), json!("HUGE"));
+    assert_eq!(
+        decode(&big, &(u64::MAX - 1).to_le_bytes()),
+        json!("18446744073709551614")
+    );
+    let unsigned32 = enum_("flags", 4, false, &[("ALL", 0xffff_ffff)]);
+    assert_eq!(decode(&unsigned32, &u32::MAX.to_le_bytes()), json!("ALL"));
+    assert_eq!(decode(&unsigned32, &5u32.to_le_bytes()), json!(5));
+}
+
+#[test]
+fn bitfields_are_extracted_with_their_sign_and_enum_names() {
+    // struct bf { __u32 a:3; __s32 b:5; enum color c:2; __u64 wide:40; _Bool on:1; }
+    let color = enum_("color", 4, false, &[("RED", 0), ("GREEN", 1), ("BLUE", 2)]);
+    let b = ty("_Bool", 1, Kind::Bool(BoolType {}));
+    let t = record(
+        "bf",
+        16,
+        vec![
+            bits("a", 0, 3, u(4)),
+            bits("b", 3, 5, s(4)),
+            bits("c", 8, 2, color),
+            bits("wide", 10, 40, u(8)),
+            bits("on", 50, 1, b),
+        ],
+    );
+    let raw: u128 = 0b101 | (0b10110 << 3) | (2 << 8) | (0xAB_CDEF_0123 << 10) | (1 << 50);
+    let bytes = raw.to_le_bytes();
+    assert_eq!(
+        decode(&t, &bytes),
+        json!({"a": 5, "b": -10, "c": "BLUE", "wide": "737894400291", "on": true})
+    );
+    // And back.
+    let l = layout(&t);
+    let value = from_json(&decode(&t, &bytes));
+    assert_eq!(l.encode(&value, "key").unwrap(), bytes.to_vec());
+}
+
+#[test]
+fn per_cpu_values_are_listed_or_summed_exactly() {
+    let t = record(
+        "counters",
+        24,
+        vec![
+            member("packets", 0, u(8)),
+            member("errors", 8, u(4)),
+            member("delta", 12, s(4)),
+            member("hist", 16, array(u(2), 4)),
+        ],
+    );
+    let l = layout(&t);
+    let cpu = |p: u64, e: u32, d: i32, h: u16| {
+        let mut b = Vec::new();
+        b.extend_from_slice(&p.to_le_bytes());
+        b.extend_from_slice(&e.to_le_bytes());
+        b.extend_from_slice(&d.to_le_bytes());
+        for _ in 0..4 {
+            b.extend_from_slice(&h.to_le_bytes());
+        }
+        b
+    };
+    let cpus = [
+        cpu(u64::MAX, u32::MAX, -5, 65535),
+        cpu(u64::MAX, u32::MAX, 2, 65535),
+        cpu(1, 1, -1, 1),
+    ];
+    let slices: Vec<&[u8]> = cpus.iter().map(Vec::as_slice).collect();
+    let mut text = Vec::new();
+    l.render_sum(&slices, &mut JsonWriter::new(&mut text));
+    let sum: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(
+        sum,
+        json!({"packets": "36893488147419103231", "errors": 8589934591u64, "delta": -4, "hist": [131071, 131071, 131071, 131071]})
+    );
+    let mut text = Vec::new();
+    l.render_per_cpu(slices.iter().copied(), &mut JsonWriter::new(&mut text));
+    let each: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(each.as_array().unwrap().len(), 3);
+    assert_eq!(
+        each[2],
+        json!({"packets": "1", "errors": 1, "delta": -1, "hist": [1, 1, 1, 1]})
+    );
+
+    // What cannot be summed, and why.
+    l.check_summable().unwrap();
+    let e = layout(&record("s", 8, vec![member("name", 0, array(char_(), 8))]))
+        .check_summable()
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "value.name: an array is not an integer: only integers are summed"
+    );
+    let e = layout(&flow_key()).check_summable().unwrap_err();
+    assert_eq!(e.path, "value.proto");
+    assert!(
+        layout(&union("u", 4, vec![member("x", 0, u(4))]))
+            .check_summable()
+            .is_err()
+    );
+    assert!(layout(&u(16)).check_summable().is_err());
+    assert!(Layout::unsigned(8).unwrap().check_summable().is_ok());
+    assert!(Layout::unsigned(3).is_none());
+}
+
+#[test]
+fn json_keys_encode_to_the_bytes_the_program_uses() {
+    let l = Layout::new(&flow_key(), "key").unwrap();
+    let key = json!({"saddr": 167772160, "daddr": 3232235521u32, "sport": 1024, "dport": 443, "proto": "IPPROTO_TCP"});
+    assert_eq!(
+        l.encode(&from_json(&key), "key").unwrap(),
+        flow_bytes(167772160, 3232235521, 1024, 443, 6)
+    );
+    // Numbers as strings, enums as numbers, hex.
+    let key =
+        json!({"saddr": "0x0a000001", "daddr": "3232235521", "sport": 1, "dport": 2, "proto": 17});
+    assert_eq!(
+        l.encode(&from_json(&key), "key").unwrap(),
+        flow_bytes(0x0a000001, 3232235521, 1, 2, 17)
+    );
+    let err = |j: serde_json::Value| l.encode(&from_json(&j), "key").unwrap_err().to_string();
+    assert_eq!(
+        err(json!({"saddr": 1, "daddr": 2, "sport": 3, "dport": 4})),
+        "key.proto: missing"
+    );
+    assert_eq!(
+        err(json!({"saddr": 1, "daddr": 2, "sport": 70000, "dport": 4, "proto": 6})),
+        "key.sport: 70000 is out of range for a 16-bit unsigned integer (0 to 65535)"
+    );
+    assert_eq!(
+        err(json!({"saddr": 1, "daddr": 2, "sport": 3, "dport": 4, "proto": "IPPROTO_SCTP"})),
+        "key.proto: \"IPPROTO_SCTP\" is not an enumerator of enum ip_proto (one of IPPROTO_ICMP, IPPROTO_TCP, IPPROTO_UDP, or a number)"
+    );
+    assert_eq!(
+        err(json!({"saddr": 1, "daddr": 2, "sport": 3, "dport": 4, "proto": 6, "vlan": 1})),
+        "key: no member named \"vlan\" (members: saddr, daddr, sport, dport, proto)"
+    );
+    assert_eq!(
+        err(json!({"saddr": -1, "daddr": 2, "sport": 3, "dport": 4, "proto": 6})),
+        "key.saddr: -1 is out of range for a 32-bit unsigned integer (0 to 4294967295)"
+    );
+    assert_eq!(
+        err(json!({"saddr": 1.5, "daddr": 2, "sport": 3, "dport": 4, "proto": 6})),
+        "key.saddr: 1.5 is not an integer"
+    );
+    assert_eq!(err(json!([1, 2])), "key: expected an object, got a list");
+
+    // 64-bit values beyond 2^53 must be strings.
+    let l64 = Layout::new(&u(8), "key").unwrap();
+    assert_eq!(
+        l64.encode(&from_json(&json!("18446744073709551615")), "key")
+            .unwrap(),
+        u64::MAX.to_le_bytes()
+    );
+    assert!(
+        l64.encode(&from_json(&json!(1e17)), "key")
+            .unwrap_err()
+            .message
+            .contains("write it as a string")
+    );
+    // Char arrays from strings, with room for the NUL.
+    let name = Layout::new(&array(char_(), 4), "key").unwrap();
+    assert_eq!(
+        name.encode(&from_json(&json!("abc")), "key").unwrap(),
+        b"abc\0"
+    );
+    assert!(name.encode(&from_json(&json!("abcd")), "key").is_err());
+    // Arrays need every element; unions exactly one member.
+    let pair = Layout::new(&array(u(2), 2), "key").unwrap();
+    assert_eq!(
+        pair.encode(&from_json(&json!([1])), "key")
+            .unwrap_err()
+            .to_string(),
+        "key: expected 2 elements, got 1"
+    );
+    let un = Layout::new(
+        &union("u", 4, vec![member("x", 0, u(4)), member("y", 0, u(2))]),
+        "key",
+    )
+    .unwrap();
+    assert_eq!(
+        un.encode(&from_json(&json!({"y": 7})), "key").unwrap(),
+        [7, 0, 0, 0]
+    );
+    assert!(
+        un.encode(&from_json(&json!({"x": 1, "y": 7})), "key")
+            .is_err()
+    );
+}
+
+#[test]
+fn everything_decoded_encodes_back_to_the_same_bytes() {
+    let t = record(
+        "all",
+        48,
+        vec![
+            member("key", 0, flow_key()),
+            member("name", 16, array(char_(), 8)),
+            member("neg", 24, s(8)),
+            member("f", 32, ty("double", 8, Kind::Float(FloatType {}))),
+            member("on", 40, ty("_Bool", 1, Kind::Bool(BoolType {}))),
+            member("c", 41, char_()),
+            member("bytes", 42, array(u(1), 6)),
+        ],
+    );
+    let l = layout(&t);
+    let mut bytes = vec![0u8; 48];
+    bytes[..16].copy_from_slice(&flow_bytes(9, 8, 7, 6, 1));
+    bytes[16..20].copy_from_slice(b"xyz\0");
+    bytes[24..32].copy_from_slice(&(-42i64).to_le_bytes());
+    bytes[32..40].copy_from_slice(&3.25f64.to_le_bytes());
+    bytes[40] = 1;
+    bytes[41] = b'q';
+    bytes[42..48].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+    let decoded = decode(&t, &bytes);
+    assert_eq!(l.encode(&from_json(&decoded), "value").unwrap(), bytes);
+}
+
+#[test]
+fn descriptions_that_would_read_outside_their_bytes_are_refused() {
+    let e = Layout::new(&record("s", 4, vec![member("x", 2, u(4))]), "value").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "value.x: ends at bit 48, past the end of its 4-byte record"
+    );
+    let mut bad_array = array(u(4), 4);
+    bad_array.size = 12;
+    assert!(Layout::new(&bad_array, "value").is_err());
+    let e = Layout::new(
+        &record("s", 8, vec![member("x", 0, u(4)), member("x", 4, u(4))]),
+        "value",
+    )
+    .unwrap_err();
+    assert_eq!(e.to_string(), "value.x: a second member of that name");
+    let mut deep = u(4);
+    for _ in 0..MAX_DEPTH + 1 {
+        deep = record("n", 4, vec![member("n", 0, deep)]);
+    }
+    assert!(
+        Layout::new(&deep, "value")
+            .unwrap_err()
+            .message
+            .contains("levels deep")
+    );
+    assert!(Layout::new(&TypeInfo::default(), "value").is_err());
+    assert!(Layout::new(&int("odd", 3, false), "value").is_err());
+    let e = Layout::new(
+        &record("s", 4, vec![bits("f", 0, 3, array(u(1), 4))]),
+        "value",
+    )
+    .unwrap_err();
+    assert_eq!(e.to_string(), "value.f: a bitfield of an array");
+    // Bytes of the wrong size decode as null.
+    assert_eq!(decode(&u(4), &[1, 2]), serde_json::Value::Null);
+}
