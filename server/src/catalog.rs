@@ -81,6 +81,7 @@ pub struct Resolved {
 pub struct Catalog {
     roots: Vec<PathBuf>,
     allow_by_id: bool,
+    types: std::sync::Arc<crate::typed::TypeRegistry>,
 }
 
 /// Longest relative path accepted.
@@ -91,7 +92,16 @@ const MAX_NAME_LEN: usize = 255;
 impl Catalog {
     /// A catalog of the maps pinned under `roots`.
     pub fn new(roots: Vec<PathBuf>, allow_by_id: bool) -> Self {
-        Self { roots, allow_by_id }
+        Self {
+            roots,
+            allow_by_id,
+            types: std::sync::Arc::default(),
+        }
+    }
+
+    /// The maps' types (from their BTF, cached).
+    pub fn types(&self) -> &crate::typed::TypeRegistry {
+        &self.types
     }
 
     /// Checks the shape of a relative path: non-empty, relative, no `..`.

@@ -67,6 +67,11 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(args: Args, config: Config) -> anyhow::Result<()> {
+    // Handlers first: a SIGHUP (systemctl reload) or SIGTERM that arrives
+    // while starting must not take the default action and kill the process.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     crate::check_privileges(&config)?;
     crate::prepare_roots(&config)?;
     let demo = if config.demo {
@@ -88,9 +93,6 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
         "READY=1\nSTATUS=serving on {}",
         running.local_addr()
     ));
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut hup = signal(SignalKind::hangup())?;
     loop {
         tokio::select! {
             _ = term.recv() => { tracing::info!("SIGTERM: shutting down"); break; }

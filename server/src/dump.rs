@@ -47,6 +47,7 @@ use crate::{
     },
     limits::{Budget, DumpSlots, Reservation, Share, Slot},
     proto::{self, ChunkMessage, IntoProto as _},
+    typed::Decoder,
 };
 
 /// Messages queued between the kernel reader and the transport.
@@ -95,24 +96,27 @@ pub struct DumpStats {
 /// The chunk size actually used: the hint, defaulted and clamped so that a
 /// chunk stays below [`MAX_CHUNK_BYTES`] and a dump's share holds
 /// [`PIPELINE`] chunks (at least one entry).
-pub fn effective_chunk(hint: u32, meta: &MapMeta, layout: pb::Layout, share: usize) -> u32 {
+pub fn effective_chunk(hint: u32, meta: &MapMeta, options: &Options, share: usize) -> u32 {
     let max_bytes = MAX_CHUNK_BYTES.min(share / PIPELINE);
-    let by_bytes = (max_bytes / per_entry(meta, layout)).max(1) as u32;
+    let by_bytes =
+        (max_bytes / per_entry(meta, options.layout, options.decoder.as_ref())).max(1) as u32;
     let want = if hint == 0 { DEFAULT_CHUNK } else { hint };
     want.min(MAX_CHUNK).min(by_bytes).max(1)
 }
 
 /// Bytes one entry takes while queued: in the message, or in the kernel's
 /// layout while it is read, whichever is larger.
-fn per_entry(meta: &MapMeta, layout: pb::Layout) -> usize {
-    proto::entry_bytes(meta, layout).max(meta.key_size as usize + meta.kernel_value_size())
+fn per_entry(meta: &MapMeta, layout: pb::Layout, decoder: Option<&Decoder>) -> usize {
+    proto::entry_bytes(meta, layout, decoder).max(meta.key_size as usize + meta.kernel_value_size())
 }
 
 /// What a request asks of a dump.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// How entries are laid out.
     pub layout: pb::Layout,
+    /// How entries are decoded (LAYOUT_ENTRIES of a typed map).
+    pub decoder: Option<Decoder>,
     /// Entries per chunk, a hint (0: the default).
     pub chunk_hint: u32,
     /// Stop after this many entries (0: no limit).
@@ -125,6 +129,7 @@ pub struct DumpJob {
     map: MapRef,
     walker: Walker<MapHandle>,
     layout: pb::Layout,
+    decoder: Option<Decoder>,
     chunk: u32,
     limit: u64,
     sealer: Sealer,
@@ -148,7 +153,7 @@ impl DumpJob {
         limits: &DumpLimits,
     ) -> Result<Self, Error> {
         let meta = handle.meta().clone();
-        let entry = proto::entry_bytes(&meta, options.layout);
+        let entry = proto::entry_bytes(&meta, options.layout, options.decoder.as_ref());
         if entry > limits.max_message_bytes {
             return Err(Error::EntryTooLarge {
                 map,
@@ -159,7 +164,7 @@ impl DumpJob {
                 ),
             });
         }
-        let per_entry = per_entry(&meta, options.layout);
+        let per_entry = per_entry(&meta, options.layout, options.decoder.as_ref());
         // Entries too large for a share travel one per message, with the
         // memory of LARGE_PIPELINE of them taken from the pool.
         let large = (per_entry * PIPELINE > limits.share).then_some(per_entry * LARGE_PIPELINE);
@@ -178,13 +183,14 @@ impl DumpJob {
         }
         let chunk = match large {
             Some(_) => 1,
-            None => effective_chunk(options.chunk_hint, &meta, options.layout, limits.share),
+            None => effective_chunk(options.chunk_hint, &meta, &options, limits.share),
         };
         let walker = Walker::new(handle, meta, position).map_err(|e| Error::from_walk(&map, e))?;
         Ok(Self {
             map,
             walker,
             layout: options.layout,
+            decoder: options.decoder,
             chunk,
             limit: options.limit,
             sealer,
@@ -301,6 +307,7 @@ async fn run(
         map,
         mut walker,
         layout,
+        decoder,
         chunk,
         limit,
         sealer,
@@ -309,7 +316,7 @@ async fn run(
         large_memory: _large_memory,
     } = job;
     let meta = walker.meta().clone();
-    let per_entry = per_entry(&meta, layout);
+    let per_entry = per_entry(&meta, layout, decoder.as_ref());
     let (mut sent, mut chunks) = (0u64, 0u64);
     let mut seen = walker.stats();
     loop {
@@ -398,6 +405,7 @@ async fn run(
                 meta: &meta,
                 chunk: c,
                 layout,
+                decoder: decoder.as_ref(),
                 cursor: cursor.clone(),
             }
             .into_proto();

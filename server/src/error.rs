@@ -75,6 +75,14 @@ pub enum Error {
         /// Its type.
         map_type: MapType,
     },
+    /// The map's types are needed and it has none that can be used.
+    #[error("map {map} has no types: {why}")]
+    Untyped {
+        /// The reference.
+        map: MapRef,
+        /// Why, and what to do instead.
+        why: String,
+    },
     /// A cursor that cannot be used (its variant says why).
     #[error(transparent)]
     Cursor(#[from] CursorError),
@@ -180,7 +188,8 @@ impl Error {
             | Self::ByIdDisabled
             | Self::NotIterable { .. }
             | Self::Unsized { .. }
-            | Self::LookupUnsupported { .. } => Code::FailedPrecondition,
+            | Self::LookupUnsupported { .. }
+            | Self::Untyped { .. } => Code::FailedPrecondition,
             Self::ResumeKeyDeleted(_) => Code::Aborted,
             Self::ShuttingDown | Self::Stalled { .. } => Code::Unavailable,
             Self::ResourceExhausted(_) => Code::ResourceExhausted,
@@ -206,6 +215,7 @@ impl Error {
             Self::NotIterable { .. } => "MAP_NOT_ITERABLE",
             Self::Unsized { .. } => "MAP_NOT_SIZED",
             Self::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
+            Self::Untyped { .. } => "MAP_UNTYPED",
             Self::Cursor(c) => match c {
                 CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
                 CursorError::OtherMap { .. } => "CURSOR_OTHER_MAP",

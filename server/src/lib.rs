@@ -10,6 +10,7 @@
 
 mod audit;
 mod auth;
+pub mod btf;
 mod catalog;
 mod config;
 mod conn;
@@ -29,6 +30,7 @@ mod reload;
 mod server;
 mod service;
 mod tls;
+mod typed;
 
 pub use auth::{Operation, RuleConfig};
 pub use config::{Args, Config, Limits, LogFormat};

@@ -4,7 +4,7 @@
 //! | capability | needed for |
 //! |---|---|
 //! | CAP_BPF (or CAP_SYS_ADMIN on kernels before 5.8) | any bpf(2) call while `kernel.unprivileged_bpf_disabled` is set (the default on most distributions): opening pins read-only, batch lookups, map info |
-//! | CAP_SYS_ADMIN | `allow_by_id` (BPF_MAP_GET_FD_BY_ID, BPF_MAP_GET_NEXT_ID), mounting bpffs on a root |
+//! | CAP_SYS_ADMIN | `allow_by_id` (BPF_MAP_GET_FD_BY_ID, BPF_MAP_GET_NEXT_ID), mounting bpffs on a root; typed maps (BPF_BTF_GET_FD_BY_ID, to read a map's BTF): without it maps are served untyped |
 //!
 //! Reading a pin also needs read permission on the pin file (pins are
 //! usually root-owned and 0600: run as root with a reduced capability set,
@@ -51,6 +51,16 @@ pub fn missing(
     out
 }
 
+/// What the daemon goes without when it cannot read BTF: not needed for any
+/// configuration, so a warning at start-up rather than a refusal; `None`
+/// when `effective` (a CapEff bit mask) has CAP_SYS_ADMIN.
+pub fn typed_maps_off(effective: u64) -> Option<Missing> {
+    (effective & (1u64 << CAP_SYS_ADMIN) == 0).then_some(Missing {
+        capability: "CAP_SYS_ADMIN",
+        needed_for: "typed maps (reading a map's BTF: key and value types, decoded entries); maps are served untyped",
+    })
+}
+
 /// The effective capability set of this process.
 pub fn effective() -> std::io::Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
@@ -92,5 +102,14 @@ mod tests {
         assert!(m[0].needed_for.contains("allow_by_id"));
         let m = missing(BPF, false, false, true);
         assert!(m[0].needed_for.contains("mounting"));
+    }
+
+    #[test]
+    fn typed_maps_need_cap_sys_admin() {
+        assert_eq!(typed_maps_off(ADMIN), None);
+        assert_eq!(typed_maps_off(ADMIN | BPF), None);
+        let m = typed_maps_off(BPF).expect("off without CAP_SYS_ADMIN");
+        assert_eq!(m.capability, "CAP_SYS_ADMIN");
+        assert!(m.needed_for.starts_with("typed maps"));
     }
 }

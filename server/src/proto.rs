@@ -8,6 +8,7 @@ use crate::{
     catalog::MapRef,
     error::Error,
     kernel::{MapMeta, Method, walk::Chunk},
+    typed::Decoder,
 };
 
 /// Turns a domain value into its proto message.
@@ -18,12 +19,15 @@ pub(crate) trait IntoProto {
 
 /// About how many bytes one entry takes in a message of `layout` (the
 /// fields' tags and lengths included), for sizing chunks and responses.
-pub(crate) fn entry_bytes(meta: &MapMeta, layout: pb::Layout) -> usize {
+pub(crate) fn entry_bytes(meta: &MapMeta, layout: pb::Layout, decoder: Option<&Decoder>) -> usize {
     let data = meta.key_size as usize + meta.wire_value_size();
+    let decoded = decoder.map_or(0, |d| d.extra_bytes(meta));
     match layout {
         pb::Layout::Packed => data.max(1),
-        pb::Layout::Entries if meta.per_cpu() => data + 8 + 4 * meta.possible_cpus as usize,
-        pb::Layout::Entries => data + 12,
+        pb::Layout::Entries if meta.per_cpu() => {
+            data + 8 + 4 * meta.possible_cpus as usize + decoded
+        }
+        pb::Layout::Entries => data + 12 + decoded,
     }
 }
 
@@ -68,6 +72,7 @@ impl IntoProto for (&MapRef, &MapMeta) {
             btf_key_type_id: m.btf_key_type_id,
             btf_value_type_id: m.btf_value_type_id,
             dump_method: dump_method as i32,
+            ..Default::default()
         }
     }
 }
@@ -78,6 +83,7 @@ pub(crate) struct LookupOutcome<'a> {
     pub meta: &'a MapMeta,
     pub key: Vec<u8>,
     pub value: Option<Vec<u8>>,
+    pub decoder: Option<&'a Decoder>,
 }
 
 impl IntoProto for LookupOutcome<'_> {
@@ -85,12 +91,19 @@ impl IntoProto for LookupOutcome<'_> {
 
     fn into_proto(self) -> pb::LookupResult {
         let Some(value) = self.value else {
+            let decoded_key = self
+                .decoder
+                .and_then(|d| d.decode(self.meta, &self.key, &[]).0);
             return pb::LookupResult {
                 key: self.key,
                 found: false,
+                decoded_key,
                 ..Default::default()
             };
         };
+        let (decoded_key, decoded_value) = self
+            .decoder
+            .map_or((None, None), |d| d.decode(self.meta, &self.key, &value));
         let (value, per_cpu_values) = if self.meta.per_cpu() {
             let cpus = self.meta.split_cpus(&value).map(<[u8]>::to_vec).collect();
             (Vec::new(), cpus)
@@ -102,6 +115,8 @@ impl IntoProto for LookupOutcome<'_> {
             found: true,
             value,
             per_cpu_values,
+            decoded_key,
+            decoded_value,
         }
     }
 }
@@ -111,6 +126,7 @@ pub(crate) struct ChunkMessage<'a> {
     pub meta: &'a MapMeta,
     pub chunk: Chunk,
     pub layout: pb::Layout,
+    pub decoder: Option<&'a Decoder>,
     pub cursor: String,
 }
 
@@ -122,6 +138,7 @@ impl IntoProto for ChunkMessage<'_> {
             meta,
             chunk: c,
             layout,
+            decoder,
             cursor,
         } = self;
         let ks = meta.key_size as usize;
@@ -139,6 +156,8 @@ impl IntoProto for ChunkMessage<'_> {
                         if meta.per_cpu() {
                             let mut wire = Vec::with_capacity(meta.wire_value_size());
                             meta.append_wire_values(kernel_value, &mut wire);
+                            let (decoded_key, decoded_value) =
+                                decoder.map_or((None, None), |d| d.decode(meta, &key, &wire));
                             pb::Entry {
                                 key,
                                 value: Vec::new(),
@@ -146,12 +165,18 @@ impl IntoProto for ChunkMessage<'_> {
                                     .split_cpus(&wire)
                                     .map(<[u8]>::to_vec)
                                     .collect(),
+                                decoded_key,
+                                decoded_value,
                             }
                         } else {
+                            let (decoded_key, decoded_value) = decoder
+                                .map_or((None, None), |d| d.decode(meta, &key, kernel_value));
                             pb::Entry {
                                 key,
                                 value: kernel_value.to_vec(),
                                 per_cpu_values: Vec::new(),
+                                decoded_key,
+                                decoded_value,
                             }
                         }
                     })

@@ -246,6 +246,16 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     } else if config.rules.is_empty() {
         tracing::warn!("TLS is on but no [[rule]] is configured: every request will be denied");
     }
+    if let Some(off) = crate::privileges::effective()
+        .ok()
+        .and_then(crate::privileges::typed_maps_off)
+    {
+        tracing::warn!(
+            "no {}: {} (the systemd drop-in deploy/systemd/bpfmapd.service.d/by-id.conf adds it)",
+            off.capability,
+            off.needed_for
+        );
+    }
     let policy: SharedPolicy = Arc::new(arc_swap::ArcSwap::from_pointee(policy));
     let (draining, draining_rx) = watch::channel(false);
     let (stop_dumps, stop_dumps_rx) = watch::channel(false);
@@ -339,14 +349,21 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         ));
     }
 
+    // NOT_SERVING as soon as draining starts, in a task of its own: the
+    // router may stop polling its shutdown signal once the accept loop has
+    // ended its stream of connections.
     let mut rx = draining_rx.clone();
-    let signal = async move {
+    tokio::spawn(async move {
         let _ = rx.wait_for(|s| *s).await;
         for name in [SERVICE_NAME, ""] {
             health_reporter
                 .set_service_status(name, ServingStatus::NotServing)
                 .await;
         }
+    });
+    let mut rx = draining_rx.clone();
+    let signal = async move {
+        let _ = rx.wait_for(|s| *s).await;
     };
     let router = tonic::transport::Server::builder()
         .layer(CountCalls(metrics.clone()))

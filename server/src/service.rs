@@ -21,6 +21,7 @@ use crate::{
     metrics::Metrics,
     proto::{self, IntoProto as _, LookupOutcome},
     reload::{SharedKeys, SharedPolicy},
+    typed::{Decoder, Types},
 };
 
 /// Most keys accepted in one Lookup call.
@@ -78,6 +79,12 @@ impl MapServiceImpl {
             draining,
             metrics,
         }
+    }
+
+    /// A map's types (read from the kernel and cached).
+    async fn types_of(&self, meta: &crate::kernel::MapMeta) -> Result<Types, Error> {
+        let (catalog, meta) = (self.catalog.clone(), meta.clone());
+        blocking(move || Ok(catalog.types().get(&meta))).await
     }
 
     fn accepting(&self) -> Result<(), Error> {
@@ -147,7 +154,10 @@ impl MapServiceImpl {
         self.accepting()?;
         let map = proto::map_ref(map)?;
         let resolved = self.open_for(caller, Operation::List, &map).await?;
-        Ok((&resolved.map, resolved.handle.meta()).into_proto())
+        let meta = resolved.handle.meta();
+        let mut info = (&resolved.map, meta).into_proto();
+        self.types_of(meta).await?.fill(&mut info);
+        Ok(info)
     }
 
     async fn dump(&self, caller: &Caller, req: pb::DumpMapRequest) -> Result<DumpJob, Error> {
@@ -184,8 +194,17 @@ impl MapServiceImpl {
             }
         };
         let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &map, &meta);
+        let packed = layout == pb::Layout::Packed;
+        let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32;
+        let types = if decodes {
+            self.types_of(&meta).await?
+        } else {
+            Types::None
+        };
+        let decoder = Decoder::for_request(&map, &meta, &types, req.raw, req.per_cpu, packed)?;
         let options = dump::Options {
             layout,
+            decoder,
             chunk_hint: req.chunk_size,
             limit: req.limit,
         };
@@ -208,19 +227,19 @@ impl MapServiceImpl {
     async fn lookup(
         &self,
         caller: &Caller,
-        req: pb::LookupRequest,
+        mut req: pb::LookupRequest,
     ) -> Result<(Vec<pb::LookupResult>, Held), Error> {
         self.accepting()?;
-        let map = proto::map_ref(req.map)?;
-        if req.keys.is_empty() {
+        let map = proto::map_ref(req.map.take())?;
+        let count = req.keys.len() + req.json_keys.len();
+        if count == 0 {
             return Err(Error::InvalidArgument(
-                "no keys to look up; set keys".into(),
+                "no keys to look up; set keys (bytes) or json_keys".into(),
             ));
         }
-        if req.keys.len() > MAX_LOOKUP_KEYS {
+        if count > MAX_LOOKUP_KEYS {
             return Err(Error::InvalidArgument(format!(
-                "{} keys in one Lookup; at most {MAX_LOOKUP_KEYS} are allowed, split the request",
-                req.keys.len()
+                "{count} keys in one Lookup; at most {MAX_LOOKUP_KEYS} are allowed, split the request"
             )));
         }
         let held = Held::default();
@@ -228,6 +247,22 @@ impl MapServiceImpl {
         let resolved = self.open_for(caller, Operation::Lookup, &map).await?;
         let handle = resolved.handle;
         let meta = handle.meta();
+        let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
+        let types = if decodes || !req.json_keys.is_empty() {
+            self.types_of(meta).await?
+        } else {
+            Types::None
+        };
+        let decoder = Decoder::for_request(&map, meta, &types, req.raw, req.per_cpu, false)?;
+        if !req.json_keys.is_empty() {
+            let layout = types.key_layout(&map)?;
+            for (i, k) in req.json_keys.iter().enumerate() {
+                let key = layout.encode(k, "key").map_err(|e| {
+                    Error::InvalidArgument(format!("json_keys[{i}] does not fit map {map}: {e}"))
+                })?;
+                req.keys.push(key);
+            }
+        }
         if let Some((i, k)) = req
             .keys
             .iter()
@@ -242,7 +277,7 @@ impl MapServiceImpl {
         }
         // The response is bounded before anything is read: every value has
         // the map's fixed size.
-        let per_key = proto::entry_bytes(meta, pb::Layout::Entries);
+        let per_key = proto::entry_bytes(meta, pb::Layout::Entries, decoder.as_ref());
         let max = self
             .limits
             .dumps
@@ -283,7 +318,13 @@ impl MapServiceImpl {
                     let value = handle
                         .lookup_value(&key)
                         .map_err(|e| Error::from_lookup(&map, e))?;
-                    Ok(LookupOutcome { meta, key, value }.into_proto())
+                    Ok(LookupOutcome {
+                        meta,
+                        key,
+                        value,
+                        decoder: decoder.as_ref(),
+                    }
+                    .into_proto())
                 })
                 .collect()
         })

@@ -227,6 +227,7 @@ async fn metrics_count_exactly_the_work_done() {
         .lookup(pb::LookupRequest {
             map: map_ref("demo/a"),
             keys: vec![vec![0; 4]],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -376,6 +377,40 @@ async fn served(addr: SocketAddr, tls: &ClientTls) -> bool {
     }
 }
 
+/// One TLS connection with `client`'s certificate, trusting `ca`: a
+/// handshake, then a read; the error the server's rejection gives (with
+/// TLS 1.3 a client learns of it only after its handshake).
+async fn one_handshake(addr: SocketAddr, ca: &[u8], client: &ClientTls) -> std::io::Result<()> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
+    use tokio::io::AsyncReadExt as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&client.cert)
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_slice(&client.key).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    let mut buf = [0u8; 1];
+    match tls.read(&mut buf).await? {
+        0 => Err(std::io::Error::other("closed without a word")),
+        _ => Ok(()),
+    }
+}
+
 async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !check().await {
@@ -427,22 +462,40 @@ async fn certificates_and_policy_rotate_on_disk_without_cutting_streams() {
         got.extend(dump.next_chunk().await.unwrap().unwrap());
     }
 
-    // A client whose certificate the server does not trust.
-    let stranger = ClientTls {
-        ca: std::fs::read(old.path("ca.pem")).unwrap(),
-        ..other.client("stranger", Name::Spiffe(ALICE), Validity::Now)
-    };
-    assert!(!served(daemon.addr, &stranger).await);
-    let m = scrape(metrics).await;
-    assert_eq!(
-        m.get(
-            "bpfmapd_tls_handshake_failures_total",
-            &[("reason", "bad_certificate")]
-        ),
-        1.0,
-        "{}",
-        m.0
+    // One TLS handshake with a certificate the server does not trust.
+    let stranger = other.client("stranger", Name::Spiffe(ALICE), Validity::Now);
+    let refused = one_handshake(
+        daemon.addr,
+        &std::fs::read(old.path("ca.pem")).unwrap(),
+        &stranger,
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "the server accepted a stranger: {refused:?}"
     );
+    wait_for("the failed handshake counted", async || {
+        scrape(metrics).await.get(
+            "bpfmapd_tls_handshake_failures_total",
+            &[("reason", "bad_certificate")],
+        ) >= 1.0
+    })
+    .await;
+    let m = scrape(metrics).await;
+    for (reason, n) in [
+        ("bad_certificate", 1.0),
+        ("protocol", 0.0),
+        ("timeout", 0.0),
+    ] {
+        assert_eq!(
+            m.get(
+                "bpfmapd_tls_handshake_failures_total",
+                &[("reason", reason)]
+            ),
+            n,
+            "{reason}"
+        );
+    }
 
     // cert-manager renews everything (a new CA too) and kubelet swaps the
     // symlink: new connections get the new certificate and need client
@@ -652,7 +705,12 @@ async fn sigterm_and_a_restart_mid_dump_cost_the_client_nothing() {
     // Health turns NOT_SERVING at once, and new calls are refused.
     let next = tokio::time::timeout(Duration::from_secs(1), watch.message())
         .await
-        .expect("health changes within a second of SIGTERM");
+        .unwrap_or_else(|_| {
+            panic!(
+                "health did not change within a second of SIGTERM:\n{}",
+                daemon.log().join("\n")
+            )
+        });
     let next = next.expect("the health stream").expect("a status");
     assert_eq!(next.status(), ServingStatus::NotServing);
     eprintln!("SIGTERM to NOT_SERVING: {:?}", signalled.elapsed());

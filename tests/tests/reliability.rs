@@ -74,6 +74,7 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
             raw.lookup(pb::LookupRequest {
                 map: map_ref("big"),
                 keys: vec![0u32.to_le_bytes().to_vec(); 4096],
+                ..Default::default()
             })
             .await
         }));
@@ -96,6 +97,7 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
                 keys: (0..47u32)
                     .map(|k| ((k + i) % 512).to_le_bytes().to_vec())
                     .collect(),
+                ..Default::default()
             })
             .await
         }));

@@ -14,8 +14,8 @@ use std::{
 
 use anyhow::Context as _;
 use bpfmap_client::{
-    ClientTls, ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, MapName, Resolver,
-    RetryPolicy, Target, TargetReport, TargetSpec, code_name,
+    ClientTls, ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, MapName, MapTypes,
+    Resolver, RetryPolicy, Target, TargetReport, TargetSpec, code_name,
 };
 use clap::{Parser, Subcommand};
 use futures::StreamExt as _;
@@ -81,6 +81,10 @@ pub struct Cli {
     /// bytes, little-endian, printed in decimal).
     #[arg(long, value_enum, default_value_t = PerCpu::List, global = true)]
     pub per_cpu: PerCpu,
+    /// Keys and values as hex even when the map has types (BTF); by default
+    /// they are decoded as the program declared them.
+    #[arg(long, global = true)]
+    pub raw: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -124,12 +128,15 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         resume: Option<PathBuf>,
     },
-    /// Look keys (hex) up in a map on each daemon; absent keys print
+    /// Look keys up in a map on each daemon; absent keys print
     /// "found": false.
     Lookup {
         /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
         map: String,
-        /// Keys as hex strings, each exactly the map's key size.
+        /// Keys: hex strings of exactly the map's key size, or JSON through
+        /// the map's key type (an argument starting with `{`, `[` or `"`,
+        /// or any JSON after `json:`), e.g.
+        /// '{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP"}'.
         #[arg(required = true)]
         keys: Vec<String>,
     },
@@ -407,18 +414,33 @@ pub async fn run_with(
         }
         Command::Lookup { map, keys } => {
             let map = map_name(&map)?;
-            let keys = keys
-                .iter()
-                .map(|k| output::unhex(k).map_err(|e| usage(e.to_string())))
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut request = bpfmap_client::pb::LookupRequest {
+                map: Some((&map).into()),
+                raw: true,
+                ..Default::default()
+            };
+            for k in &keys {
+                match json_key(k) {
+                    Some(json) => request.json_keys.push(json.map_err(usage)?),
+                    None => request
+                        .keys
+                        .push(output::unhex(k).map_err(|e| usage(e.to_string()))?),
+                }
+            }
             let fleet = Fleet::new(targets, connect).with_options(options);
-            let mut run = fleet.lookup(&map, keys);
+            let types = if cli.raw || format == Format::Hex {
+                HashMap::new()
+            } else {
+                map_types(&fleet, &map).await
+            };
+            let mut run = fleet.lookup_request(request);
             let mut reports = Vec::new();
             while let Some(event) = run.next().await {
                 match event {
                     FleetEvent::Answer { target, answer } => {
+                        let types = types.get(&target);
                         for r in &answer {
-                            printer.lookup(out, &target, r)?;
+                            printer.typed_lookup(out, &target, r, types)?;
                         }
                     }
                     FleetEvent::Done(r) => {
@@ -473,6 +495,11 @@ pub async fn run_with(
                 .map(|(t, s)| (t.clone(), s.cursor.clone()))
                 .collect();
             let fleet = Fleet::new(targets.clone(), connect).with_options(options);
+            let types = if cli.raw || format == Format::Hex {
+                HashMap::new()
+            } else {
+                map_types(&fleet, &map_ref).await
+            };
             let dump_options = DumpOptions {
                 chunk_size,
                 limit,
@@ -505,8 +532,9 @@ pub async fn run_with(
                 match event {
                     FleetEvent::Answer { target, answer } => {
                         let mut result = Ok(());
+                        let types = types.get(&target);
                         for e in &answer.entries {
-                            result = printer.entry(out, &target, e);
+                            result = printer.typed_entry(out, &target, e, types);
                             if result.is_err() {
                                 break;
                             }
@@ -583,6 +611,61 @@ pub async fn run_with(
     } else {
         Err(TargetsFailed(failed, total).into())
     }
+}
+
+/// A lookup key given as JSON: an argument starting with `{`, `[` or `"`,
+/// or anything after `json:`; `None` for a hex key.
+fn json_key(arg: &str) -> Option<Result<prost_types::Value, String>> {
+    let text = match arg.strip_prefix("json:") {
+        Some(rest) => rest,
+        None if arg.starts_with(['{', '[', '"']) => arg,
+        None => return None,
+    };
+    Some(
+        serde_json::from_str::<serde_json::Value>(text)
+            .map(|v| to_proto_value(&v))
+            .map_err(|e| format!("key {text:?} is not valid JSON: {e}")),
+    )
+}
+
+fn to_proto_value(v: &serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        // Integers beyond 2^53 keep every digit as strings, which the
+        // daemon reads as exactly.
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() || f.abs() <= 9_007_199_254_740_992.0 => Kind::NumberValue(f),
+            _ => Kind::StringValue(n.to_string()),
+        },
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(to_proto_value).collect(),
+        }),
+        serde_json::Value::Object(o) => Kind::StructValue(prost_types::Struct {
+            fields: o
+                .iter()
+                .map(|(k, v)| (k.clone(), to_proto_value(v)))
+                .collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// Every target's types for `map` (GetMap); targets that fail or have no
+/// types are left out, and print hex.
+async fn map_types(fleet: &Fleet, map: &MapName) -> HashMap<Target, MapTypes> {
+    let mut run = fleet.get_map(map);
+    let mut types = HashMap::new();
+    while let Some(event) = run.next().await {
+        if let FleetEvent::Answer { target, answer } = event
+            && let Ok(Some(t)) = MapTypes::from_info(&answer)
+        {
+            types.insert(target, t);
+        }
+    }
+    types
 }
 
 /// Writes a dump's summaries (one line per target, then totals for a fleet)

@@ -3,14 +3,18 @@
 
 use std::io;
 
-use bpfmap_client::{Entry, Target, TargetReport, Value, pb};
+use bpfmap_client::{
+    Entry, MapTypes, Target, TargetReport, Value, pb,
+    typed::{JsonWriter, write_json_string},
+};
 use clap::ValueEnum;
 use serde_json::{Value as Json, json};
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
-    /// One JSON object per line; keys and values as hex strings.
+    /// One JSON object per line: keys and values decoded when the map has
+    /// types (BTF), hex strings otherwise.
     Json,
     /// Aligned columns for people.
     Table,
@@ -24,7 +28,8 @@ pub enum Format {
 pub enum PerCpu {
     /// One value per CPU.
     List,
-    /// The values added up (integers of 1, 2, 4 or 8 bytes, little-endian).
+    /// The values added up: every integer member of a typed value, or an
+    /// untyped value of 1, 2, 4 or 8 bytes (little-endian).
     Sum,
 }
 
@@ -100,6 +105,81 @@ pub struct Printer {
     target_width: usize,
     header: bool,
     line: String,
+    /// Typed table columns: (name, width), set by the first typed row.
+    columns: Vec<(String, usize)>,
+    json: Vec<u8>,
+}
+
+/// A decoded value as a table cell: strings bare, the rest as JSON.
+fn cell(v: &prost_types::Value) -> String {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        _ => {
+            let mut out = Vec::new();
+            write_value(v, &mut out);
+            String::from_utf8_lossy(&out).into_owned()
+        }
+    }
+}
+
+/// A `google.protobuf.Value` as JSON text.
+fn write_value(v: &prost_types::Value, out: &mut Vec<u8>) {
+    use prost_types::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => out.extend_from_slice(b"null"),
+        Some(Kind::BoolValue(b)) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => {
+            out.extend_from_slice((*n as i64).to_string().as_bytes())
+        }
+        Some(Kind::NumberValue(n)) => out.extend_from_slice(format!("{n:?}").as_bytes()),
+        Some(Kind::StringValue(s)) => write_json_string(out, s),
+        Some(Kind::ListValue(l)) => {
+            out.push(b'[');
+            for (i, x) in l.values.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(x, out);
+            }
+            out.push(b']');
+        }
+        Some(Kind::StructValue(s)) => {
+            out.push(b'{');
+            for (i, (k, x)) in s.fields.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json_string(out, k);
+                out.push(b':');
+                write_value(x, out);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// The cells of a decoded key or value: one per member of a struct or
+/// union (named by the layout, in declaration order), else one.
+fn cells(
+    layout: &bpfmap_client::typed::Layout,
+    v: &prost_types::Value,
+    fallback: &str,
+) -> Vec<(String, String)> {
+    use prost_types::value::Kind;
+    let names = layout.member_names();
+    match &v.kind {
+        Some(Kind::StructValue(s)) if !names.is_empty() => names
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    s.fields.get(*n).map(cell).unwrap_or_default(),
+                )
+            })
+            .collect(),
+        _ => vec![(fallback.to_owned(), cell(v))],
+    }
 }
 
 impl Printer {
@@ -111,6 +191,168 @@ impl Printer {
             target_width: target_width.max(6),
             header: false,
             line: String::with_capacity(256),
+            columns: Vec::new(),
+            json: Vec::with_capacity(256),
+        }
+    }
+
+    /// A decoded value as JSON text: per CPU, or summed.
+    fn typed_value(
+        &mut self,
+        types: &MapTypes,
+        value: &Value,
+    ) -> io::Result<(&'static str, Vec<u8>)> {
+        let mut out = Vec::new();
+        let field = match value {
+            Value::Single(_) => {
+                types.render_value(value, &mut JsonWriter::new(&mut out));
+                "value"
+            }
+            Value::PerCpu(_) if self.per_cpu == PerCpu::Sum => {
+                types
+                    .render_sum(value, &mut JsonWriter::new(&mut out))
+                    .map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!("--per-cpu sum: {e} (use --per-cpu list)"),
+                        )
+                    })?;
+                "value_sum"
+            }
+            Value::PerCpu(_) => {
+                types.render_value(value, &mut JsonWriter::new(&mut out));
+                "per_cpu_values"
+            }
+        };
+        Ok((field, out))
+    }
+
+    /// A row of a typed table: the target, then the key's and the value's
+    /// members (or KEY / VALUE for types that are not records); the header
+    /// comes from the first row.
+    fn typed_row(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        types: &MapTypes,
+        key: &[u8],
+        found: Option<bool>,
+        value: Option<&Value>,
+    ) -> io::Result<()> {
+        let mut row = cells(types.key(), &types.decode_key(key), "KEY");
+        if let Some(found) = found {
+            row.push(("FOUND".into(), if found { "yes" } else { "no" }.into()));
+        }
+        match value {
+            Some(v @ Value::PerCpu(_)) if self.per_cpu == PerCpu::Sum => {
+                let sum = types.sum_value(v).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("--per-cpu sum: {e} (use --per-cpu list)"),
+                    )
+                })?;
+                row.extend(cells(types.value(), &sum, "VALUE"));
+            }
+            Some(v @ Value::PerCpu(_)) => {
+                row.push(("PER_CPU_VALUES".into(), cell(&types.decode_value(v))));
+            }
+            Some(v) => row.extend(cells(types.value(), &types.decode_value(v), "VALUE")),
+            None => {}
+        }
+        if !self.header {
+            self.header = true;
+            self.columns = row
+                .iter()
+                .map(|(name, text)| (name.clone(), name.len().max(text.len())))
+                .collect();
+            let mut line = format!("{:tw$}", "TARGET", tw = self.target_width);
+            for (name, width) in &self.columns {
+                line.push_str(&format!("  {name:width$}"));
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+        let mut line = format!("{:tw$}", target.as_str(), tw = self.target_width);
+        for (i, (_, text)) in row.iter().enumerate() {
+            let width = self.columns.get(i).map_or(0, |c| c.1);
+            line.push_str(&format!("  {text:width$}"));
+        }
+        writeln!(out, "{}", line.trim_end())
+    }
+
+    /// One dump entry, decoded through `types` when given.
+    pub fn typed_entry(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        e: &Entry,
+        types: Option<&MapTypes>,
+    ) -> io::Result<()> {
+        let Some(types) = types.filter(|_| self.format != Format::Hex) else {
+            return self.entry(out, target, e);
+        };
+        match self.format {
+            Format::Table => self.typed_row(out, target, types, &e.key, None, Some(&e.value)),
+            _ => {
+                let (field, value) = self.typed_value(types, &e.value)?;
+                let json = &mut self.json;
+                json.clear();
+                json.extend_from_slice(b"{\"target\":");
+                write_json_string(json, target.as_str());
+                json.extend_from_slice(b",\"key\":");
+                types.key().write_json(&e.key, json);
+                json.extend_from_slice(b",\"");
+                json.extend_from_slice(field.as_bytes());
+                json.extend_from_slice(b"\":");
+                json.extend_from_slice(&value);
+                json.extend_from_slice(b"}\n");
+                out.write_all(json)
+            }
+        }
+    }
+
+    /// A lookup result, decoded through `types` when given.
+    pub fn typed_lookup(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        r: &pb::LookupResult,
+        types: Option<&MapTypes>,
+    ) -> io::Result<()> {
+        let Some(types) = types.filter(|_| self.format != Format::Hex) else {
+            return self.lookup(out, target, r);
+        };
+        let value = if !r.found {
+            None
+        } else if r.per_cpu_values.is_empty() {
+            Some(Value::Single(r.value.clone()))
+        } else {
+            Some(Value::PerCpu(r.per_cpu_values.clone()))
+        };
+        match self.format {
+            Format::Table => {
+                self.typed_row(out, target, types, &r.key, Some(r.found), value.as_ref())
+            }
+            _ => {
+                let mut json = Vec::new();
+                json.extend_from_slice(b"{\"target\":");
+                write_json_string(&mut json, target.as_str());
+                json.extend_from_slice(b",\"key\":");
+                types.key().write_json(&r.key, &mut json);
+                json.extend_from_slice(if r.found {
+                    b",\"found\":true" as &[u8]
+                } else {
+                    b",\"found\":false"
+                });
+                if let Some(v) = &value {
+                    let (field, text) = self.typed_value(types, v)?;
+                    json.extend_from_slice(b",\"");
+                    json.extend_from_slice(field.as_bytes());
+                    json.extend_from_slice(b"\":");
+                    json.extend_from_slice(&text);
+                }
+                json.extend_from_slice(b"}\n");
+                out.write_all(&json)
+            }
         }
     }
 
@@ -278,6 +520,12 @@ impl Printer {
                         "btf_key_type_id": m.btf_key_type_id,
                         "btf_value_type_id": m.btf_value_type_id,
                         "dump_method": method,
+                        "types": match bpfmap_client::MapTypes::from_info(m) {
+                            Ok(Some(t)) => json!(t.to_string()),
+                            Ok(None) if !m.types_unavailable.is_empty() => json!(format!("unavailable: {}", m.types_unavailable)),
+                            Ok(None) => Json::Null,
+                            Err(e) => json!(format!("unusable: {e}")),
+                        },
                     })
                 )?,
                 Format::Hex => writeln!(

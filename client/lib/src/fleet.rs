@@ -448,14 +448,23 @@ impl Fleet {
 
     /// Lookup of the same keys on every target.
     pub fn lookup(&self, map: &MapName, keys: Vec<Vec<u8>>) -> FleetRun<Vec<pb::LookupResult>> {
+        self.lookup_request(pb::LookupRequest {
+            map: Some(map.into()),
+            keys,
+            ..Default::default()
+        })
+    }
+
+    /// The same Lookup request (bytes or JSON keys, raw, per-CPU sums) on
+    /// every target.
+    pub fn lookup_request(&self, request: pb::LookupRequest) -> FleetRun<Vec<pb::LookupResult>> {
         let timeout = self.options.connect_timeout;
-        let map = map.clone();
-        let keys = Arc::new(keys);
+        let request = Arc::new(request);
         self.run(move |client, answers| {
-            let (map, keys) = (map.clone(), keys.clone());
+            let request = request.clone();
             async move {
                 let results =
-                    Self::timed(timeout, client.lookup(&map, keys.as_ref().clone())).await?;
+                    Self::timed(timeout, client.lookup_request(request.as_ref().clone())).await?;
                 answers.update(|p| p.entries = results.iter().filter(|r| r.found).count() as u64);
                 answers.send(results).await;
                 Ok(())

@@ -24,6 +24,7 @@
 mod discovery;
 mod fleet;
 mod resume;
+pub mod typed;
 
 use std::{fmt, str::FromStr, time::Duration};
 
@@ -35,6 +36,7 @@ use pb::map_service_client::MapServiceClient;
 pub use resume::{Dump, DumpOptions, Entry, RetryPolicy, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 pub use tonic::{Code, Status};
+pub use typed::MapTypes;
 
 /// Errors of the client library.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +71,9 @@ pub enum Error {
     /// The server sent a chunk that does not add up.
     #[error("server sent a malformed chunk: {0}")]
     Protocol(String),
+    /// The server described types that cannot be used.
+    #[error("the map's types cannot be used: {0}")]
+    Types(#[from] typed::TypeError),
 }
 
 impl From<tonic::Status> for Error {
@@ -360,16 +365,48 @@ impl Client {
         .await
     }
 
-    /// Looks up keys; absent keys come back with `found == false`.
+    /// The map's key and value types, for decoding its entries (see
+    /// [`typed`]); `None` when the map has none.
+    pub async fn map_types(&self, map: &MapName) -> Result<Option<MapTypes>, Error> {
+        Ok(MapTypes::from_info(&self.get_map(map).await?)?)
+    }
+
+    /// Looks up keys; absent keys come back with `found == false`. Typed
+    /// maps' results carry the decoded key and value too.
     pub async fn lookup(
         &self,
         map: &MapName,
         keys: Vec<Vec<u8>>,
     ) -> Result<Vec<pb::LookupResult>, Error> {
-        let req = pb::LookupRequest {
+        self.lookup_request(pb::LookupRequest {
             map: Some(map.into()),
             keys,
-        };
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Looks up keys written as JSON, which the daemon encodes through the
+    /// map's key type (`{"saddr": 167772160, "proto": "IPPROTO_TCP", ...}`);
+    /// a key that does not fit is INVALID_ARGUMENT naming the member.
+    pub async fn lookup_json(
+        &self,
+        map: &MapName,
+        keys: Vec<prost_types::Value>,
+    ) -> Result<Vec<pb::LookupResult>, Error> {
+        self.lookup_request(pb::LookupRequest {
+            map: Some(map.into()),
+            json_keys: keys,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Sends a Lookup as given (raw, per-CPU sums, bytes and JSON keys).
+    pub async fn lookup_request(
+        &self,
+        req: pb::LookupRequest,
+    ) -> Result<Vec<pb::LookupResult>, Error> {
         let resp = self
             .call(|mut c| {
                 let req = req.clone();

@@ -230,6 +230,9 @@ impl Dump {
             chunk_size: self.options.chunk_size,
             limit,
             layout: layout as i32,
+            // Entries are decoded here, from the bytes (see `typed`).
+            raw: true,
+            ..Default::default()
         };
         Ok(self.client.dump_map(req).await?.into_inner())
     }

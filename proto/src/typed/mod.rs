@@ -33,7 +33,7 @@ mod sink;
 use std::{collections::HashSet, fmt};
 
 pub use encode::EncodeError;
-pub use sink::{JsonWriter, Sink, ValueBuilder};
+pub use sink::{JsonWriter, Sink, ValueBuilder, write_json_string};
 
 use crate::{TypeInfo, type_info::Kind};
 
@@ -180,6 +180,42 @@ impl Layout {
             Node::Record(r) => r.fields.iter().map(|f| f.name.as_str()).collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// About how many bytes a value takes decoded as a
+    /// `google.protobuf.Value` (to size messages before building them).
+    pub fn encoded_size_hint(&self) -> usize {
+        fn hint(node: &Node) -> usize {
+            match node {
+                Node::Int { size, .. } if *size > 4 => 26,
+                Node::Int { .. } | Node::Char { .. } | Node::Bool { .. } | Node::Float { .. } => 11,
+                Node::Enum(e) => {
+                    e.values
+                        .iter()
+                        .map(|(_, n)| n.len())
+                        .max()
+                        .unwrap_or(0)
+                        .max(20)
+                        + 4
+                }
+                Node::Record(r) => {
+                    4 + r
+                        .fields
+                        .iter()
+                        .map(|f| f.name.len() + 8 + hint(&f.node))
+                        .sum::<usize>()
+                }
+                Node::Array {
+                    element, length, ..
+                } if element.is_char() => length + 4,
+                Node::Array {
+                    element, length, ..
+                } => 4 + length * (hint(element) + 2),
+                Node::Pointer { .. } => 24,
+                Node::Opaque { size } => 2 * size + 4,
+            }
+        }
+        hint(&self.root)
     }
 
     /// Whether per-CPU values of this type can be summed: integers of at

@@ -11,8 +11,18 @@ use std::{
 };
 
 use super::{
-    LookupError, MapMeta, MapOps, OpenError, SysResult, SyscallError, elem_unsupported, sys,
+    BtfInfo, LookupError, MapMeta, MapOps, OpenError, SysResult, SyscallError, elem_unsupported,
+    sys,
 };
+
+/// Reads a BTF object by kernel id ([`MapMeta::btf_id`]): its raw data (at
+/// most [`MAX_BTF_SIZE`](super::MAX_BTF_SIZE) bytes), name and kind. Needs
+/// CAP_SYS_ADMIN (EPERM otherwise).
+pub fn read_btf(btf_id: u32) -> SysResult<BtfInfo> {
+    let fd = sys::btf_get_fd_by_id(btf_id)?;
+    // SAFETY: BPF_BTF_GET_FD_BY_ID only returns descriptors of BTF objects.
+    unsafe { sys::btf_info(fd.as_fd()) }
+}
 
 /// An open, read-only map. Every buffer handed to the kernel through it is
 /// checked against the map's key and value sizes first.

@@ -6,8 +6,11 @@
 //! turns batch and key-by-key reads into chunks through the [`MapOps`] seam,
 //! which unit tests replace to reach the error paths the kernel will not
 //! produce on demand. Creating and writing maps (the demo, the tests) goes
-//! through [`OwnedMap`], a separate type that the read path never sees.
+//! through [`OwnedMap`], a separate type that the read path never sees; so
+//! does loading BTF ([`OwnedBtf`], with data from [`BtfBuilder`]). The read
+//! path only reads the BTF of existing maps ([`read_btf`]).
 
+mod btf_build;
 mod handle;
 mod owned;
 mod sys;
@@ -15,11 +18,12 @@ pub mod walk;
 
 use std::{borrow::Cow, fmt, sync::OnceLock};
 
-pub use handle::MapHandle;
-pub use owned::OwnedMap;
+pub use btf_build::{BtfBuilder, BtfMember, IntEncoding};
+pub use handle::{MapHandle, read_btf};
+pub use owned::{OwnedBtf, OwnedMap};
 pub use sys::{
-    CreateMap, ENOTSUPP, SysResult, SyscallError, is_bpffs, mount_bpffs,
-    return_large_buffers_to_the_system, umount,
+    BtfInfo, CreateMap, ENOTSUPP, MAX_BTF_SIZE, MapBtf, SysResult, SyscallError, is_bpffs,
+    mount_bpffs, return_large_buffers_to_the_system, umount,
 };
 
 /// How a map of a given type can be walked from user space.

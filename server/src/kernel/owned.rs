@@ -1,6 +1,7 @@
 //! Maps this process creates and writes: the demo maps, and the maps the
-//! tests build. The daemon's read path never holds one of these: it only
-//! ever opens maps read-only through [`MapHandle`](super::MapHandle).
+//! tests build, with the BTF objects that type them. The daemon's read path
+//! never holds one of these: it only ever opens maps read-only through
+//! [`MapHandle`](super::MapHandle).
 #![allow(
     unsafe_code,
     reason = "calls the syscall wrappers after checking their buffers"
@@ -11,7 +12,7 @@ use std::{
     path::Path,
 };
 
-use super::{MapMeta, MapType, SysResult, SyscallError, sys};
+use super::{BtfInfo, MapBtf, MapMeta, MapType, SysResult, SyscallError, sys};
 
 /// A map created by this process, writable, with its sizes checked on every
 /// write.
@@ -125,6 +126,44 @@ impl OwnedMap {
 }
 
 impl AsFd for OwnedMap {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// A BTF object loaded by this process (`BPF_BTF_LOAD`), to type the maps it
+/// creates. Maps keep their BTF alive: this can be dropped once they exist.
+#[derive(Debug)]
+pub struct OwnedBtf {
+    fd: OwnedFd,
+}
+
+impl OwnedBtf {
+    /// Loads raw BTF (e.g. from [`BtfBuilder::to_bytes`](super::BtfBuilder::to_bytes)).
+    /// When the kernel refuses it, the error carries the end of its log.
+    pub fn load(data: &[u8]) -> SysResult<Self> {
+        Ok(Self {
+            fd: sys::btf_load(data)?,
+        })
+    }
+
+    /// The key and value types of a map to create with this BTF.
+    pub fn for_map(&self, key_type_id: u32, value_type_id: u32) -> MapBtf<'_> {
+        MapBtf {
+            fd: self.fd.as_fd(),
+            key_type_id,
+            value_type_id,
+        }
+    }
+
+    /// The object as the kernel holds it (id, data).
+    pub fn info(&self) -> SysResult<BtfInfo> {
+        // SAFETY: the descriptor came from BPF_BTF_LOAD: it is a BTF object.
+        unsafe { sys::btf_info(self.fd.as_fd()) }
+    }
+}
+
+impl AsFd for OwnedBtf {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

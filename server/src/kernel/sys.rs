@@ -3,10 +3,12 @@
 //! in the two handle types that call it, each with its SAFETY note.
 //!
 //! Functions whose soundness depends on their arguments (buffers the kernel
-//! writes into, sized by the map behind an fd) are `unsafe fn` and visible
-//! only to the `kernel` module: [`super::MapHandle`] and [`super::OwnedMap`]
-//! check every buffer against the map's sizes before calling them. Everything
-//! else here is safe whatever it is given.
+//! writes into, sized by the map behind an fd; an fd that must be a BTF
+//! object) are `unsafe fn` and visible only to the `kernel` module:
+//! [`super::MapHandle`] and [`super::OwnedMap`] check every buffer against
+//! the map's sizes before calling them, and BTF info is only asked of
+//! descriptors that BTF commands returned. Everything else here is safe
+//! whatever it is given.
 #![allow(unsafe_code, reason = "the syscall seam")]
 
 use std::{
@@ -17,7 +19,7 @@ use std::{
     path::Path,
 };
 
-use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_cmd, bpf_map_info};
+use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_map_info};
 
 /// A failed syscall: which command, and the errno it returned.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +34,12 @@ pub struct SyscallError {
 impl SyscallError {
     /// The errno, when the error came from the kernel.
     pub fn errno(&self) -> Option<i32> {
-        self.io_error.raw_os_error()
+        self.io_error.raw_os_error().or_else(|| {
+            self.io_error
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<KernelLog>())
+                .map(|log| log.errno)
+        })
     }
 
     pub(super) fn invalid_input(call: &'static str, message: String) -> Self {
@@ -42,6 +49,27 @@ impl SyscallError {
         }
     }
 }
+
+/// An errno together with the log the kernel wrote for it (BTF loading), so
+/// that [`SyscallError::errno`] still works when the message carries the log.
+#[derive(Debug)]
+struct KernelLog {
+    errno: i32,
+    log: String,
+}
+
+impl std::fmt::Display for KernelLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}; kernel log: {}",
+            io::Error::from_raw_os_error(self.errno),
+            self.log
+        )
+    }
+}
+
+impl std::error::Error for KernelLog {}
 
 /// The result of a syscall wrapper.
 pub type SysResult<T> = Result<T, SyscallError>;
@@ -349,6 +377,20 @@ pub struct CreateMap<'a> {
     pub name: &'a str,
     /// The template inner map, for array_of_maps and hash_of_maps.
     pub inner_map: Option<BorrowedFd<'a>>,
+    /// Key and value types; the kernel checks that they have the map's sizes.
+    pub btf: Option<MapBtf<'a>>,
+}
+
+/// The BTF of a map being created: a loaded BTF object and the ids of the
+/// key and value types in it.
+#[derive(Debug, Clone, Copy)]
+pub struct MapBtf<'a> {
+    /// The BTF object (from `BPF_BTF_LOAD`).
+    pub fd: BorrowedFd<'a>,
+    /// Key type id; 0 for maps without keys (bloom filter).
+    pub key_type_id: u32,
+    /// Value type id.
+    pub value_type_id: u32,
 }
 
 /// `BPF_MAP_CREATE`.
@@ -364,9 +406,9 @@ pub(super) fn create_map(params: &CreateMap<'_>) -> SysResult<OwnedFd> {
         numa_node: 0,
         map_name: [0; 16],
         map_ifindex: 0,
-        btf_fd: 0,
-        btf_key_type_id: 0,
-        btf_value_type_id: 0,
+        btf_fd: params.btf.map_or(0, |b| b.fd.as_raw_fd() as u32),
+        btf_key_type_id: params.btf.map_or(0, |b| b.key_type_id),
+        btf_value_type_id: params.btf.map_or(0, |b| b.value_type_id),
         btf_vmlinux_value_type_id: 0,
         map_extra: 0,
         value_type_btf_obj_fd: 0,
@@ -380,6 +422,207 @@ pub(super) fn create_map(params: &CreateMap<'_>) -> SysResult<OwnedFd> {
     let ret = unsafe { bpf("BPF_MAP_CREATE", bpf_cmd::BPF_MAP_CREATE, &mut attr) }?;
     // SAFETY: BPF_MAP_CREATE returns a new descriptor.
     Ok(unsafe { owned_fd(ret) })
+}
+
+/// Largest BTF object read from the kernel (vmlinux is about 6 MiB).
+pub const MAX_BTF_SIZE: usize = 64 << 20;
+
+/// Longest BTF object name read (kernel names are module names, < 64).
+const MAX_BTF_NAME: u32 = 4096;
+
+/// Opens a BTF object by kernel id (`BPF_BTF_GET_FD_BY_ID`). Needs
+/// CAP_SYS_ADMIN.
+pub(super) fn btf_get_fd_by_id(id: u32) -> SysResult<OwnedFd> {
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_6.__bindgen_anon_1.btf_id = id;
+    // SAFETY: no pointers in the attribute.
+    let ret = unsafe {
+        bpf(
+            "BPF_BTF_GET_FD_BY_ID",
+            bpf_cmd::BPF_BTF_GET_FD_BY_ID,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: BPF_BTF_GET_FD_BY_ID returns a new descriptor.
+    Ok(unsafe { owned_fd(ret) })
+}
+
+/// A BTF object as the kernel holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BtfInfo {
+    /// Kernel BTF object id.
+    pub id: u32,
+    /// "vmlinux" or a module name for kernel BTF; empty for loaded BTF.
+    pub name: String,
+    /// Whether this is the kernel's own BTF (vmlinux or a module's, which is
+    /// split BTF on top of vmlinux).
+    pub kernel_btf: bool,
+    /// The raw BTF, exactly as loaded.
+    pub data: Vec<u8>,
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` for a BTF object, with its data and name.
+///
+/// # Safety
+/// `fd` must refer to a BTF object: for another kind of object the kernel
+/// reads the same buffer as that object's info struct, whose pointer fields
+/// sit where this one's lengths are.
+pub(super) unsafe fn btf_info(fd: BorrowedFd<'_>) -> SysResult<BtfInfo> {
+    const CALL: &str = "BPF_OBJ_GET_INFO_BY_FD";
+    // SAFETY: `info` is a zeroed bpf_btf_info: no buffers, so the kernel
+    // only reports the sizes.
+    let sizes = unsafe { btf_info_call(fd, bpf_btf_info_zeroed()) }?;
+    let size = sizes.btf_size as usize;
+    if size > MAX_BTF_SIZE {
+        return Err(SyscallError::invalid_input(
+            CALL,
+            format!(
+                "BTF object {} is {size} bytes, more than the {MAX_BTF_SIZE} this daemon reads",
+                sizes.id
+            ),
+        ));
+    }
+    if sizes.name_len > MAX_BTF_NAME {
+        return Err(SyscallError::invalid_input(
+            CALL,
+            format!("BTF object {} has a {}-byte name", sizes.id, sizes.name_len),
+        ));
+    }
+    let mut data = vec![0u8; size];
+    let mut name = vec![0u8; sizes.name_len as usize + 1];
+    let mut info = bpf_btf_info_zeroed();
+    info.btf = ptr(data.as_mut_ptr());
+    info.btf_size = size as u32;
+    info.name = ptr(name.as_mut_ptr());
+    info.name_len = name.len() as u32;
+    // SAFETY: `data` and `name` are writable buffers of exactly btf_size
+    // and name_len bytes; the kernel copies at most that much into them.
+    let info = match unsafe { btf_info_call(fd, info) } {
+        // Before 5.11 the kernel has no name fields and refuses non-zero
+        // bytes past the fields it knows.
+        Err(e) if e.errno() == Some(libc::E2BIG) => {
+            info.name = 0;
+            info.name_len = 0;
+            // SAFETY: as above, without the name buffer.
+            unsafe { btf_info_call(fd, info) }?
+        }
+        other => other?,
+    };
+    if info.btf_size as usize != size {
+        return Err(SyscallError::invalid_input(
+            CALL,
+            format!(
+                "BTF object {} changed size while being read ({size} then {} bytes)",
+                info.id, info.btf_size
+            ),
+        ));
+    }
+    let name_end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    name.truncate(name_end);
+    Ok(BtfInfo {
+        id: info.id,
+        name: String::from_utf8_lossy(&name).into_owned(),
+        kernel_btf: info.kernel_btf != 0,
+        data,
+    })
+}
+
+fn bpf_btf_info_zeroed() -> bpf_btf_info {
+    bpf_btf_info {
+        btf: 0,
+        btf_size: 0,
+        id: 0,
+        name: 0,
+        name_len: 0,
+        kernel_btf: 0,
+    }
+}
+
+/// One `BPF_OBJ_GET_INFO_BY_FD` call with `info` as given.
+///
+/// # Safety
+/// `fd` must be a BTF object, and `info.btf` / `info.name` either 0 or
+/// writable buffers of `info.btf_size` / `info.name_len` bytes.
+unsafe fn btf_info_call(fd: BorrowedFd<'_>, mut info: bpf_btf_info) -> SysResult<bpf_btf_info> {
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_btf_info>() as u32;
+    attr.info.info = ptr(&mut info as *mut bpf_btf_info);
+    // SAFETY: `info` is a writable bpf_btf_info of exactly info_len bytes,
+    // and the caller guarantees the buffers it points to.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
+    Ok(info)
+}
+
+/// Size of the log buffer of a failed `BPF_BTF_LOAD`'s second attempt.
+const BTF_LOG_SIZE: usize = 64 << 10;
+
+/// `BPF_BTF_LOAD`. When the kernel refuses the data, the load is retried
+/// with a log buffer and the error carries the kernel's explanation (the
+/// first attempt has none: a log that does not fit makes the load fail).
+pub(super) fn btf_load(data: &[u8]) -> SysResult<OwnedFd> {
+    const CALL: &str = "BPF_BTF_LOAD";
+    let size = u32::try_from(data.len())
+        .map_err(|_| SyscallError::invalid_input(CALL, "BTF larger than 4 GiB".into()))?;
+    let load = |log: Option<&mut [u8]>| -> SysResult<OwnedFd> {
+        let mut attr = zeroed_attr();
+        attr.__bindgen_anon_7.btf = ptr(data.as_ptr());
+        attr.__bindgen_anon_7.btf_size = size;
+        if let Some(log) = log {
+            attr.__bindgen_anon_7.btf_log_buf = ptr(log.as_mut_ptr());
+            attr.__bindgen_anon_7.btf_log_size = log.len() as u32;
+            attr.__bindgen_anon_7.btf_log_level = 1;
+        }
+        // SAFETY: `data` is readable for btf_size bytes and the log buffer,
+        // when given, writable for btf_log_size bytes.
+        let ret = unsafe { bpf(CALL, bpf_cmd::BPF_BTF_LOAD, &mut attr) }?;
+        // SAFETY: BPF_BTF_LOAD returns a new descriptor.
+        Ok(unsafe { owned_fd(ret) })
+    };
+    let first = match load(None) {
+        Ok(fd) => return Ok(fd),
+        Err(e) => e,
+    };
+    let Some(errno) = first.errno() else {
+        return Err(first);
+    };
+    let mut log = vec![0u8; BTF_LOG_SIZE];
+    match load(Some(&mut log)) {
+        Ok(fd) => Ok(fd),
+        Err(_) => {
+            let text = btf_log_text(&log);
+            if text.is_empty() {
+                return Err(first);
+            }
+            Err(SyscallError {
+                call: CALL,
+                io_error: io::Error::new(
+                    io::Error::from_raw_os_error(errno).kind(),
+                    KernelLog { errno, log: text },
+                ),
+            })
+        }
+    }
+}
+
+/// The end of a BTF verifier log, where the kernel names what it refused
+/// (before that it echoes the header and every type it accepted).
+fn btf_log_text(log: &[u8]) -> String {
+    const LINES: usize = 3;
+    let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+    let text = String::from_utf8_lossy(&log[..end]);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(LINES)..].join("; ")
 }
 
 /// `BPF_OBJ_PIN`: pins `fd` at `path` (inside a bpffs).

@@ -1,0 +1,953 @@
+//! Typed maps: keys and values as the program declared them (BTF), read
+//! through the daemon (GetMap, DumpMap's decoded entries, Lookup by JSON
+//! key), the client library (packed dumps decoded locally), bpfmapctl and
+//! grpcurl, from BTF built in code for every decoding rule, from the demo,
+//! and from a BPF object compiled by clang.
+
+use std::time::Duration;
+
+use bpfmap_client::{Client, DumpOptions, MapTypes, Value, pb};
+use bpfmap_tests::*;
+use bpfmapd::kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
+use clap::Parser as _;
+use serde_json::{Value as Json, json};
+use tonic::Code;
+
+fn map_ref(path: &str) -> Option<pb::MapRef> {
+    Some(pb::MapRef {
+        r#ref: Some(pb::map_ref::Ref::Path(path.into())),
+    })
+}
+
+/// A `google.protobuf.Value` as JSON (numbers that are integers as
+/// integers).
+fn json_of(v: &prost_types::Value) -> Json {
+    use prost_types::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Json::Null,
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => json!(*n as i64),
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::ListValue(l)) => l.values.iter().map(json_of).collect(),
+        Some(Kind::StructValue(s)) => s
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), json_of(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    }
+}
+
+fn proto_of(j: &Json) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match j {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(b) => Kind::BoolValue(*b),
+        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap()),
+        Json::String(s) => Kind::StringValue(s.clone()),
+        Json::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(proto_of).collect(),
+        }),
+        Json::Object(o) => Kind::StructValue(prost_types::Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), proto_of(v))).collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
+}
+
+/// A map of `map_type` typed by the BTF `build` writes (returning the key
+/// and value type ids), pinned at `rel`.
+fn typed_map(
+    fs: &BpfFs,
+    rel: &str,
+    map_type: MapType,
+    (key_size, value_size, max_entries): (u32, u32, u32),
+    build: impl FnOnce(&mut BtfBuilder) -> (u32, u32),
+) -> OwnedMap {
+    let mut b = BtfBuilder::new();
+    let (key, value) = build(&mut b);
+    let btf = OwnedBtf::load(&b.to_bytes()).unwrap_or_else(|e| panic!("BPF_BTF_LOAD: {e}"));
+    let map = OwnedMap::create(&CreateMap {
+        map_type: map_type.0,
+        key_size,
+        value_size,
+        max_entries,
+        name: "typed",
+        btf: Some(btf.for_map(key, value)),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("BPF_MAP_CREATE with BTF: {e}"));
+    fs.pin(&map, rel);
+    map
+}
+
+/// `struct everything`: one member for every decoding rule (144 bytes).
+fn everything(b: &mut BtfBuilder) -> (u32, u32) {
+    let u8_ = b.add_int("unsigned char", 1, E::Unsigned);
+    let s8 = b.add_int("signed char", 1, E::Signed);
+    let u16_ = b.add_int("unsigned short", 2, E::Unsigned);
+    let s16 = b.add_int("short", 2, E::Signed);
+    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
+    let s32 = b.add_int("int", 4, E::Signed);
+    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
+    let s64 = b.add_int("long long", 8, E::Signed);
+    let u128_ = b.add_int("unsigned __int128", 16, E::Unsigned);
+    let bool_ = b.add_int("_Bool", 1, E::Bool);
+    let char_ = b.add_int("char", 1, E::Signed);
+    let key = b.add_typedef("__u32", u32_);
+    let c = b.add_const(key);
+    let v = b.add_volatile(c);
+    let counter = b.add_typedef("counter_t", v);
+    let name = b.add_array(char_, 8);
+    let raw = b.add_array(char_, 4);
+    let pair = b.add_struct("pair", 4, &[M::new("a", u16_, 0), M::new("b", u16_, 16)]);
+    let pairs = b.add_array(pair, 2);
+    let row = b.add_array(u8_, 3);
+    let grid = b.add_array(row, 2);
+    let color = b.add_enum("color", 4, true, &[("RED", 0), ("NEG", -1)]);
+    let big = b.add_enum64("big", 8, false, &[("HUGE", u64::MAX), ("ONE", 1)]);
+    let mode = b.add_enum("mode", 4, false, &[("OFF", 0), ("ON", 1), ("AUTO", 2)]);
+    let anon_s = b.add_struct("", 4, &[M::new("lo", s16, 0), M::new("hi", s16, 16)]);
+    let bytes4 = b.add_array(u8_, 4);
+    let anon_u = b.add_union(
+        "",
+        4,
+        &[M::new("as_u32", u32_, 0), M::new("as_bytes", bytes4, 0)],
+    );
+    let node = b.add_fwd("node", false);
+    let ptr = b.add_ptr(node);
+    let float = b.add_float("float", 4);
+    let double = b.add_float("double", 8);
+    let value = b.add_struct(
+        "everything",
+        144,
+        &[
+            M::new("u8", u8_, 0),
+            M::new("s8", s8, 8),
+            M::new("u16", u16_, 16),
+            M::new("s16", s16, 32),
+            M::new("u32", u32_, 64),
+            M::new("s32", s32, 96),
+            M::new("u64", u64_, 128),
+            M::new("s64", s64, 192),
+            M::new("u128", u128_, 256),
+            M::new("flag", bool_, 384),
+            M::new("letter", char_, 392),
+            M::new("name", name, 400),
+            M::new("raw", raw, 464),
+            M::new("counter", counter, 512),
+            M::new("pair", pair, 544),
+            M::new("pairs", pairs, 576),
+            M::new("grid", grid, 640),
+            M::new("color", color, 704),
+            M::new("big", big, 768),
+            M::new("", anon_s, 832),
+            M::new("", anon_u, 864),
+            M::new("ptr", ptr, 896),
+            M::new("f", float, 960),
+            M::new("d", double, 1024),
+            M::bitfield("a", u32_, 1088, 3),
+            M::bitfield("b", s32, 1091, 5),
+            M::bitfield("m", mode, 1096, 2),
+        ],
+    );
+    (key, value)
+}
+
+/// Bytes of `struct everything` with the values of [`everything_json`].
+fn everything_bytes() -> Vec<u8> {
+    let mut v = vec![0u8; 144];
+    v[0] = 200;
+    v[1] = (-3i8) as u8;
+    v[2..4].copy_from_slice(&60000u16.to_le_bytes());
+    v[4..6].copy_from_slice(&(-300i16).to_le_bytes());
+    v[8..12].copy_from_slice(&4_000_000_000u32.to_le_bytes());
+    v[12..16].copy_from_slice(&(-70000i32).to_le_bytes());
+    v[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+    v[24..32].copy_from_slice(&(-5i64).to_le_bytes());
+    v[32..48].copy_from_slice(&(1u128 << 100).to_le_bytes());
+    v[48] = 1;
+    v[49] = b'A';
+    v[50..58].copy_from_slice(b"bpfmapd\0");
+    v[58..62].copy_from_slice(&[1, 2, 3, 4]);
+    v[64..68].copy_from_slice(&42u32.to_le_bytes());
+    for (i, x) in [1u16, 2, 3, 4, 5, 6].iter().enumerate() {
+        v[68 + 2 * i..70 + 2 * i].copy_from_slice(&x.to_le_bytes());
+    }
+    v[80..86].copy_from_slice(&[1, 2, 3, 4, 5, 6]);
+    v[88..92].copy_from_slice(&(-1i32).to_le_bytes());
+    v[96..104].copy_from_slice(&u64::MAX.to_le_bytes());
+    v[104..106].copy_from_slice(&(-1i16).to_le_bytes());
+    v[106..108].copy_from_slice(&2i16.to_le_bytes());
+    v[108..112].copy_from_slice(&[1, 2, 3, 4]);
+    v[112..120].copy_from_slice(&0xffff_8888_1234_5678u64.to_le_bytes());
+    v[120..124].copy_from_slice(&1.5f32.to_le_bytes());
+    v[128..136].copy_from_slice(&(-2.25f64).to_le_bytes());
+    let bits: u32 = 5 | ((-10i32 as u32 & 0x1f) << 3) | (2 << 8);
+    v[136..140].copy_from_slice(&bits.to_le_bytes());
+    v
+}
+
+fn everything_json() -> Json {
+    json!({
+        "u8": 200, "s8": -3, "u16": 60000, "s16": -300,
+        "u32": 4000000000u32, "s32": -70000,
+        "u64": "18446744073709551615", "s64": "-5",
+        "u128": "1267650600228229401496703205376",
+        "flag": true, "letter": 65, "name": "bpfmapd", "raw": [1, 2, 3, 4],
+        "counter": 42,
+        "pair": {"a": 1, "b": 2},
+        "pairs": [{"a": 3, "b": 4}, {"a": 5, "b": 6}],
+        "grid": [[1, 2, 3], [4, 5, 6]],
+        "color": "NEG", "big": "HUGE",
+        "lo": -1, "hi": 2,
+        "as_u32": 67305985, "as_bytes": [1, 2, 3, 4],
+        "ptr": "0xffff888812345678",
+        "f": 1.5, "d": -2.25,
+        "a": 5, "b": -10, "m": "AUTO",
+    })
+}
+
+/// Runs bpfmapctl in-process; (ok, stdout lines as JSON or text, stderr).
+async fn ctl(args: &[&str]) -> (bool, String, String) {
+    let mut argv = vec!["bpfmapctl"];
+    argv.extend_from_slice(args);
+    let cli = bpfmapctl::Cli::try_parse_from(argv).expect("valid command line");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
+    (
+        result.is_ok(),
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn lines(out: &str) -> Vec<Json> {
+    out.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// grpcurl prints a stream as concatenated JSON documents.
+fn json_stream(s: &str) -> Vec<Json> {
+    serde_json::Deserializer::from_str(s)
+        .into_iter::<Json>()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("grpcurl printed no JSON ({e}): {s}"))
+}
+
+async fn run_grpcurl(addr: String, args: Vec<String>) -> (bool, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut argv = vec!["-plaintext".to_owned()];
+        let split = args.iter().position(|a| a == "--").unwrap_or(0);
+        argv.extend(args[..split].iter().cloned());
+        argv.push(addr);
+        argv.extend(args[split..].iter().skip(1).cloned());
+        grpcurl(&argv)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_grpcurl() {
+    let (fs, _state, daemon, client) = setup().await;
+    let map = typed_map(&fs, "typed/all", MapType::HASH, (4, 144, 8), everything);
+    update(&map, &7u32.to_le_bytes(), &everything_bytes());
+    let want = everything_json();
+
+    // GetMap describes both types.
+    let info = client.get_map(&"typed/all".parse().unwrap()).await.unwrap();
+    assert_eq!(info.types_unavailable, "");
+    let key = info.key_type.clone().expect("a key type");
+    assert_eq!(
+        (key.name.as_str(), key.size),
+        ("__u32", 4),
+        "the typedef's name is kept"
+    );
+    assert!(matches!(
+        key.kind,
+        Some(pb::type_info::Kind::Int(pb::IntType { signed: false }))
+    ));
+    let value = info.value_type.clone().expect("a value type");
+    assert_eq!((value.name.as_str(), value.size), ("everything", 144));
+    let Some(pb::type_info::Kind::Struct(record)) = &value.kind else {
+        panic!("{value:?}")
+    };
+    let member = |n: &str| record.members.iter().find(|m| m.name == n).unwrap();
+    assert_eq!(
+        (member("m").bit_offset, member("m").bitfield_size),
+        (1096, 2)
+    );
+    assert_eq!(
+        member("counter").r#type.as_ref().unwrap().name,
+        "counter_t",
+        "const volatile typedef chain: the outer name"
+    );
+    let ptr = member("ptr").r#type.clone().unwrap();
+    assert_eq!(
+        ptr.kind,
+        Some(pb::type_info::Kind::Pointer(pb::PointerType {
+            target: "node".into()
+        }))
+    );
+    let Some(pb::type_info::Kind::Enum(color)) = &member("color").r#type.as_ref().unwrap().kind
+    else {
+        panic!()
+    };
+    assert_eq!(
+        color.enumerators,
+        [
+            pb::Enumerator {
+                name: "RED".into(),
+                value: 0
+            },
+            pb::Enumerator {
+                name: "NEG".into(),
+                value: -1
+            }
+        ]
+    );
+    assert!(color.signed);
+
+    // DumpMap in grpcurl's layout: decoded next to the bytes.
+    let mut raw = pb::map_service_client::MapServiceClient::new(
+        channel_from(&daemon.addr(), "127.0.0.1").await,
+    );
+    let mut stream = raw
+        .dump_map(pb::DumpMapRequest {
+            map: map_ref("typed/all"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = stream.message().await.unwrap().unwrap();
+    let entry = &msg.entries[0];
+    assert_eq!(entry.value, everything_bytes());
+    assert_eq!(json_of(entry.decoded_key.as_ref().unwrap()), json!(7));
+    assert_eq!(json_of(entry.decoded_value.as_ref().unwrap()), want);
+    // raw = true leaves them out.
+    let mut stream = raw
+        .dump_map(pb::DumpMapRequest {
+            map: map_ref("typed/all"),
+            raw: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let msg = stream.message().await.unwrap().unwrap();
+    assert!(msg.entries[0].decoded_key.is_none() && msg.entries[0].decoded_value.is_none());
+
+    // The library: a packed dump, decoded on the client.
+    let name = "typed/all".parse().unwrap();
+    let types = client.map_types(&name).await.unwrap().expect("types");
+    let entries = dump_all(&client, "typed/all", DumpOptions::default()).await;
+    let (k, v) = entries.iter().next().unwrap();
+    assert_eq!(json_of(&types.decode_key(k)), json!(7));
+    assert_eq!(json_of(&types.decode_value(v)), want);
+    let mut text = Vec::new();
+    types.write_entry_json(
+        &bpfmap_client::Entry {
+            key: k.clone(),
+            value: v.clone(),
+        },
+        &mut text,
+    );
+    assert_eq!(
+        serde_json::from_slice::<Json>(&text).unwrap(),
+        json!({"key": 7, "value": want})
+    );
+
+    // bpfmapctl: decoded by default, hex with --raw.
+    let addr = daemon.addr();
+    let (ok, out, err) = ctl(&["--addr", &addr, "dump", "typed/all"]).await;
+    assert!(ok, "{err}");
+    let target = addr.trim_start_matches("http://");
+    assert_eq!(
+        lines(&out),
+        [json!({"target": target, "key": 7, "value": want})]
+    );
+    let (ok, out, _) = ctl(&["--addr", &addr, "--raw", "dump", "typed/all"]).await;
+    assert!(ok);
+    assert_eq!(
+        lines(&out)[0]["value"],
+        json!(hex::encode(everything_bytes()))
+    );
+    // Lookup by JSON key, and a key that is absent.
+    let (ok, out, err) = ctl(&["--addr", &addr, "lookup", "typed/all", "json:7", "json:8"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        lines(&out),
+        [
+            json!({"target": target, "key": 7, "found": true, "value": want}),
+            json!({"target": target, "key": 8, "found": false}),
+        ]
+    );
+
+    // grpcurl: nested JSON, and a lookup by JSON key.
+    let host = daemon.running.local_addr().to_string();
+    let (ok, out, err) = run_grpcurl(
+        host.clone(),
+        vec![
+            "-d".into(),
+            r#"{"map":{"path":"typed/all"}}"#.into(),
+            "--".into(),
+            "bpfmap.v1.MapService/DumpMap".into(),
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let docs = json_stream(&out);
+    assert_eq!(docs[0]["entries"][0]["decodedKey"], json!(7));
+    assert_eq!(docs[0]["entries"][0]["decodedValue"], want);
+    let (ok, out, err) = run_grpcurl(
+        host,
+        vec![
+            "-d".into(),
+            r#"{"map":{"path":"typed/all"},"jsonKeys":[7]}"#.into(),
+            "--".into(),
+            "bpfmap.v1.MapService/Lookup".into(),
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let result = &json_stream(&out)[0]["results"][0];
+    assert_eq!(result["found"], json!(true));
+    assert_eq!(result["decodedValue"], want);
+    drop(map);
+    daemon.stop().await;
+}
+
+/// `struct flow_key` of the demo and the issue's example.
+fn flow_types(b: &mut BtfBuilder) -> (u32, u32) {
+    let u8_ = b.add_int("unsigned char", 1, E::Unsigned);
+    let u16_ = b.add_int("unsigned short", 2, E::Unsigned);
+    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
+    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
+    let proto = b.add_enum(
+        "ip_proto",
+        1,
+        false,
+        &[("IPPROTO_ICMP", 1), ("IPPROTO_TCP", 6), ("IPPROTO_UDP", 17)],
+    );
+    let pad = b.add_array(u8_, 3);
+    let key = b.add_struct(
+        "flow_key",
+        16,
+        &[
+            M::new("saddr", u32_, 0),
+            M::new("daddr", u32_, 32),
+            M::new("sport", u16_, 64),
+            M::new("dport", u16_, 80),
+            M::new("proto", proto, 96),
+            M::new("pad", pad, 104),
+        ],
+    );
+    let value = b.add_struct(
+        "flow_stats",
+        16,
+        &[M::new("packets", u64_, 0), M::new("bytes", u64_, 64)],
+    );
+    (key, value)
+}
+
+fn flow(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> Vec<u8> {
+    let mut k = Vec::new();
+    k.extend_from_slice(&saddr.to_le_bytes());
+    k.extend_from_slice(&daddr.to_le_bytes());
+    k.extend_from_slice(&sport.to_le_bytes());
+    k.extend_from_slice(&dport.to_le_bytes());
+    k.extend_from_slice(&[proto, 0, 0, 0]);
+    k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
+    let (fs, _state, daemon, client) = setup().await;
+    let map = typed_map(&fs, "flows", MapType::HASH, (16, 16, 64), flow_types);
+    let mut value = 10u64.to_le_bytes().to_vec();
+    value.extend_from_slice(&1500u64.to_le_bytes());
+    update(&map, &flow(167772160, 3232235521, 1024, 443, 6), &value);
+    let (_untyped, _) = u64_hash(&fs, "plain", 3, 4);
+    let name = "flows".parse().unwrap();
+
+    let key = json!({"saddr": 167772160, "daddr": 3232235521u32, "sport": 1024, "dport": 443, "proto": "IPPROTO_TCP", "pad": [0, 0, 0]});
+    let found = client
+        .lookup_json(&name, vec![proto_of(&key)])
+        .await
+        .unwrap();
+    assert!(found[0].found);
+    assert_eq!(
+        json_of(found[0].decoded_value.as_ref().unwrap()),
+        json!({"packets": "10", "bytes": "1500"})
+    );
+    assert_eq!(json_of(found[0].decoded_key.as_ref().unwrap()), key);
+
+    let refused = |key: Json| {
+        let client = client.clone();
+        let name = name.clone();
+        async move {
+            let e = client
+                .lookup_json(&name, vec![proto_of(&key)])
+                .await
+                .unwrap_err();
+            (code_of(&e), e.to_string())
+        }
+    };
+    let (code, msg) =
+        refused(json!({"saddr": 1, "daddr": 2, "sport": 3, "dport": 4, "pad": [0, 0, 0]})).await;
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(
+        msg.contains("json_keys[0] does not fit map flows: key.proto: missing"),
+        "{msg}"
+    );
+    let (code, msg) = refused(
+        json!({"saddr": 1, "daddr": 2, "sport": 70000, "dport": 4, "proto": 6, "pad": [0, 0, 0]}),
+    )
+    .await;
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(
+        msg.contains("key.sport: 70000 is out of range for a 16-bit unsigned integer"),
+        "{msg}"
+    );
+    let (code, msg) = refused(json!({"saddr": 1, "daddr": 2, "sport": 3, "dport": 4, "proto": "IPPROTO_SCTP", "pad": [0, 0, 0]})).await;
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(
+        msg.contains("key.proto: \"IPPROTO_SCTP\" is not an enumerator of enum ip_proto"),
+        "{msg}"
+    );
+    // A map without BTF takes bytes only.
+    let e = client
+        .lookup_json(&"plain".parse().unwrap(), vec![proto_of(&json!(1))])
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::FailedPrecondition);
+    assert!(
+        e.to_string().contains("carries no BTF; give keys as bytes"),
+        "{e}"
+    );
+
+    // The same through bpfmapctl.
+    let addr = daemon.addr();
+    let (ok, out, err) = ctl(&[
+        "--addr",
+        &addr,
+        "lookup",
+        "flows",
+        r#"{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP","pad":[0,0,0]}"#,
+    ])
+    .await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        lines(&out)[0]["value"],
+        json!({"packets": "10", "bytes": "1500"})
+    );
+    let (ok, _, err) = ctl(&["--addr", &addr, "lookup", "flows", r#"{"saddr":1}"#]).await;
+    assert!(!ok);
+    assert!(err.contains("key.daddr: missing"), "{err}");
+    // The table shows members as columns.
+    let (ok, out, err) = ctl(&["--addr", &addr, "--format", "table", "dump", "flows"]).await;
+    assert!(ok, "{err}");
+    let mut rows = out.lines();
+    let header: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "TARGET", "saddr", "daddr", "sport", "dport", "proto", "pad", "packets", "bytes"
+        ]
+    );
+    let row: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        row[1..],
+        [
+            "167772160",
+            "3232235521",
+            "1024",
+            "443",
+            "IPPROTO_TCP",
+            "[0,0,0]",
+            "10",
+            "1500"
+        ]
+    );
+    drop(map);
+    daemon.stop().await;
+}
+
+/// `struct counters { __u64 rx; __u64 tx; __u32 drops; __u32 errors:31; __u32 flag:1; }`
+fn counter_types(b: &mut BtfBuilder) -> (u32, u32) {
+    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
+    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
+    let key = b.add_typedef("__u32", u32_);
+    let value = b.add_struct(
+        "counters",
+        24,
+        &[
+            M::new("rx", u64_, 0),
+            M::new("tx", u64_, 64),
+            M::new("drops", u32_, 128),
+            M::bitfield("errors", u32_, 160, 31),
+            M::bitfield("flag", u32_, 191, 1),
+        ],
+    );
+    (key, value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_cpu_values_decode_one_per_cpu_or_summed_exactly() {
+    let (fs, _state, daemon, client) = setup().await;
+    let map = typed_map(
+        &fs,
+        "pcpu",
+        MapType::PERCPU_ARRAY,
+        (4, 24, 2),
+        counter_types,
+    );
+    let cpus = bpfmapd::kernel::possible_cpus() as usize;
+    let mut values = Vec::new();
+    for cpu in 0..cpus {
+        let mut v = vec![0u8; 24];
+        v[0..8].copy_from_slice(&u64::MAX.to_le_bytes());
+        v[8..16].copy_from_slice(&(cpu as u64).to_le_bytes());
+        v[16..20].copy_from_slice(&1u32.to_le_bytes());
+        v[20..24].copy_from_slice(&(3u32 | 1 << 31).to_le_bytes());
+        values.extend_from_slice(&v);
+    }
+    update(&map, &1u32.to_le_bytes(), &values);
+    let (_plain, _) = u64_hash(&fs, "hash", 1, 2);
+    let untyped = create_map(MapType::PERCPU_ARRAY, 4, 8, 1);
+    fs.pin(&untyped, "untyped_pcpu");
+    update(
+        &untyped,
+        &0u32.to_le_bytes(),
+        &(0..cpus)
+            .flat_map(|_| u64::MAX.to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
+
+    let raw = pb::map_service_client::MapServiceClient::new(
+        channel_from(&daemon.addr(), "127.0.0.1").await,
+    );
+    let dump = |path: &'static str, per_cpu: pb::PerCpu, layout: pb::Layout| {
+        let mut raw = raw.clone();
+        async move {
+            let mut s = raw
+                .dump_map(pb::DumpMapRequest {
+                    map: map_ref(path),
+                    per_cpu: per_cpu as i32,
+                    layout: layout as i32,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            let mut out = Vec::new();
+            while let Some(m) = s.message().await? {
+                out.extend(m.entries);
+            }
+            Ok::<_, tonic::Status>(out)
+        }
+    };
+    let each = dump("pcpu", pb::PerCpu::Each, pb::Layout::Entries)
+        .await
+        .unwrap();
+    let listed = json_of(each[1].decoded_value.as_ref().unwrap());
+    assert_eq!(listed.as_array().unwrap().len(), cpus);
+    assert_eq!(
+        listed[0],
+        json!({"rx": "18446744073709551615", "tx": "0", "drops": 1, "errors": 3, "flag": 1})
+    );
+    let summed = dump("pcpu", pb::PerCpu::Sum, pb::Layout::Entries)
+        .await
+        .unwrap();
+    let total_tx: u64 = (0..cpus as u64).sum();
+    let want = json!({
+        "rx": (u128::from(u64::MAX) * cpus as u128).to_string(),
+        "tx": total_tx.to_string(),
+        "drops": cpus, "errors": 3 * cpus, "flag": cpus,
+    });
+    assert_eq!(json_of(summed[1].decoded_value.as_ref().unwrap()), want);
+    // Index 0 was never written: zeros.
+    assert_eq!(
+        json_of(summed[0].decoded_value.as_ref().unwrap())["rx"],
+        json!("0")
+    );
+    // Untyped values of 8 bytes sum as unsigned integers.
+    let summed = dump("untyped_pcpu", pb::PerCpu::Sum, pb::Layout::Entries)
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(summed[0].decoded_value.as_ref().unwrap()),
+        json!((u128::from(u64::MAX) * cpus as u128).to_string())
+    );
+    assert!(summed[0].decoded_key.is_none());
+    // What cannot be summed.
+    let e = dump("hash", pb::PerCpu::Sum, pb::Layout::Entries)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("is not per-CPU"), "{}", e.message());
+    let e = dump("pcpu", pb::PerCpu::Sum, pb::Layout::Packed)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("needs LAYOUT_ENTRIES"),
+        "{}",
+        e.message()
+    );
+
+    // The library and bpfmapctl sum the same.
+    let types = client
+        .map_types(&"pcpu".parse().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let entries = dump_all(&client, "pcpu", DumpOptions::default()).await;
+    let v = &entries[&1u32.to_le_bytes().to_vec()];
+    assert!(matches!(v, Value::PerCpu(_)));
+    assert_eq!(json_of(&types.sum_value(v).unwrap()), want);
+    let (ok, out, err) = ctl(&["--addr", &daemon.addr(), "--per-cpu", "sum", "dump", "pcpu"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(lines(&out)[1]["value_sum"], want);
+    drop((map, untyped));
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let demo = bpfmapd::Demo::start(fs.path()).expect("the demo starts");
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let host = daemon.running.local_addr().to_string();
+    let (ok, out, err) = run_grpcurl(
+        host.clone(),
+        vec![
+            "-d".into(),
+            r#"{"map":{"path":"demo/flows"},"limit":2}"#.into(),
+            "--".into(),
+            "bpfmap.v1.MapService/DumpMap".into(),
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let docs = json_stream(&out);
+    let entries = docs[0]["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    for e in entries {
+        let key = &e["decodedKey"];
+        let i = key["saddr"].as_u64().unwrap() - 167772160;
+        assert_eq!(
+            key,
+            &json!({
+                "saddr": 167772160 + i,
+                "daddr": 3232235520u64 + i % 250 + 1,
+                "sport": 1024 + i % 60000,
+                "dport": 443,
+                "proto": if i % 4 == 3 { "IPPROTO_UDP" } else { "IPPROTO_TCP" },
+            }),
+            "{out}"
+        );
+        assert_eq!(
+            e["decodedValue"],
+            json!({"packets": (i + 1).to_string(), "bytes": ((i + 1) * 1500).to_string()})
+        );
+    }
+    // The issue's lookup, from grpcurl and bpfmapctl.
+    let key =
+        r#"{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP"}"#;
+    let (ok, out, err) = run_grpcurl(
+        host,
+        vec![
+            "-d".into(),
+            format!(r#"{{"map":{{"path":"demo/flows"}},"jsonKeys":[{key}]}}"#),
+            "--".into(),
+            "bpfmap.v1.MapService/Lookup".into(),
+        ],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let result = &json_stream(&out)[0]["results"][0];
+    assert_eq!(result["found"], json!(true), "{out}");
+    assert_eq!(
+        result["decodedValue"],
+        json!({"packets": "1", "bytes": "1500"})
+    );
+    let (ok, out, err) = ctl(&["--addr", &daemon.addr(), "lookup", "demo/flows", key]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        lines(&out)[0]["value"],
+        json!({"packets": "1", "bytes": "1500"})
+    );
+    daemon.stop().await;
+    drop(demo);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cap_sys_admin_typed_maps_are_served_untyped_and_the_log_says_why() {
+    use bpfmap_tests::process::{DaemonProcess, Launch, free_addr};
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let map = typed_map(&fs, "flows", MapType::HASH, (16, 16, 64), flow_types);
+    let caps = "-all,+bpf,+dac_read_search";
+    let daemon = DaemonProcess::launch(
+        daemon_bin!(),
+        fs.path(),
+        state.path(),
+        free_addr("127.0.0.1"),
+        "",
+        Launch {
+            wrapper: vec![
+                "setpriv".into(),
+                format!("--inh-caps={caps}"),
+                format!("--ambient-caps={caps}"),
+                format!("--bounding-set={caps}"),
+            ],
+            ..Launch::default()
+        },
+    );
+    let client = Client::connect(&daemon.url()).await.unwrap();
+    let info = client.get_map(&"flows".parse().unwrap()).await.unwrap();
+    assert!(info.key_type.is_none() && info.value_type.is_none());
+    assert_ne!(info.btf_id, 0);
+    assert!(
+        info.types_unavailable.contains("CAP_SYS_ADMIN"),
+        "{}",
+        info.types_unavailable
+    );
+    // Entries still come, as bytes.
+    let entries = dump_all(&client, "flows", DumpOptions::default()).await;
+    assert!(entries.is_empty());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let warnings: Vec<String> = daemon
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("CAP_SYS_ADMIN") && l.contains("WARN"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", daemon.log());
+    drop(map);
+}
+
+#[test]
+fn map_types_from_an_info_without_types_are_none() {
+    assert!(
+        MapTypes::from_info(&pb::MapInfo::default())
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// Compiles tests/bpf/typed.bpf.c with clang (-g: the compiler emits BTF).
+fn compile_bpf_object(dir: &std::path::Path) -> Vec<u8> {
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/typed.bpf.c");
+    let obj = dir.join("typed.bpf.o");
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    let multiarch = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
+    let out = std::process::Command::new(&clang)
+        .args(["-g", "-O2", "-target", "bpf", "-I", &multiarch, "-c", src, "-o"])
+        .arg(&obj)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {clang} ({e}): this test compiles a BPF object; install clang and libbpf-dev (`apt-get install clang libbpf-dev`; .ci/run does)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "clang failed (is libbpf-dev installed, for bpf/bpf_helpers.h?):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&obj).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maps_of_a_clang_compiled_object_dump_decoded() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let build = tempfile::tempdir().unwrap();
+    let object = compile_bpf_object(build.path());
+    // Loaded as libbpf loaders do: the object's BTF goes to the kernel with
+    // the maps, pinned by name.
+    let mut ebpf = aya::EbpfLoader::new()
+        .default_map_pin_directory(fs.path())
+        .load(&object)
+        .unwrap_or_else(|e| panic!("loading the object: {e}"));
+    let mut key = [0u8; 16];
+    key[0..4].copy_from_slice(&167772161u32.to_le_bytes());
+    key[4..8].copy_from_slice(&3232235522u32.to_le_bytes());
+    key[8..10].copy_from_slice(&40000u16.to_le_bytes());
+    key[10..12].copy_from_slice(&53u16.to_le_bytes());
+    key[12] = 17;
+    let mut value = [0u8; 48];
+    value[0..8].copy_from_slice(&3u64.to_le_bytes());
+    value[8..16].copy_from_slice(&180u64.to_le_bytes());
+    value[16..24].copy_from_slice(b"resolvd\0");
+    value[24..32].copy_from_slice(&[0xff, 1, 2, 3, 4, 5, 6, 7]);
+    value[32..36].copy_from_slice(&10u32.to_le_bytes());
+    value[36..40].copy_from_slice(&20u32.to_le_bytes());
+    value[40..44].copy_from_slice(&0x0403_0201u32.to_le_bytes());
+    value[44] = 1;
+    value[45] = (-2i8) as u8;
+    let mut flows: aya::maps::HashMap<_, [u8; 16], [u8; 48]> =
+        aya::maps::HashMap::try_from(ebpf.map_mut("flows").expect("map flows")).unwrap();
+    flows.insert(key, value, 0).unwrap();
+    let mut counter = [0u8; 24];
+    counter[0..8].copy_from_slice(&100u64.to_le_bytes());
+    counter[8..16].copy_from_slice(&200u64.to_le_bytes());
+    counter[16..20].copy_from_slice(&7u32.to_le_bytes());
+    counter[20..24].copy_from_slice(&(5u32 | 1 << 31).to_le_bytes());
+    let cpus = bpfmapd::kernel::possible_cpus() as usize;
+    let mut counters: aya::maps::PerCpuArray<_, [u8; 24]> =
+        aya::maps::PerCpuArray::try_from(ebpf.map_mut("counters").expect("map counters")).unwrap();
+    counters
+        .set(
+            2,
+            aya::maps::PerCpuValues::try_from(vec![counter; cpus]).unwrap(),
+            0,
+        )
+        .unwrap();
+
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let addr = daemon.addr();
+    let target = addr.trim_start_matches("http://").to_owned();
+    let (ok, out, err) = ctl(&["--addr", &addr, "dump", "flows"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        lines(&out),
+        [json!({
+            "target": target,
+            "key": {"saddr": 167772161, "daddr": 3232235522u32, "sport": 40000, "dport": 53, "proto": "L4_UDP", "pad": [0, 0, 0]},
+            "value": {
+                "packets": "3", "bytes": "180", "comm": "resolvd",
+                "range": {"lo": 10, "hi": 20},
+                "as_u32": 67305985, "as_bytes": [1, 2, 3, 4],
+                "active": true, "delta": -2,
+            },
+        })]
+    );
+    let (ok, out, err) = ctl(&["--addr", &addr, "--per-cpu", "sum", "dump", "counters"]).await;
+    assert!(ok, "{err}");
+    let sums = lines(&out);
+    assert_eq!(sums.len(), 4, "{out}");
+    assert_eq!(
+        sums[2],
+        json!({
+            "target": target, "key": 2,
+            "value_sum": {"rx": (100 * cpus).to_string(), "tx": (200 * cpus).to_string(), "drops": 7 * cpus, "errors": 5 * cpus, "flag": cpus},
+        })
+    );
+    // GetMap names the compiler's types.
+    let info = Client::connect(&addr)
+        .await
+        .unwrap()
+        .get_map(&"flows".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(info.key_type.unwrap().name, "flow_key");
+    assert_eq!(info.value_type.unwrap().name, "flow_stats");
+    daemon.stop().await;
+    drop(ebpf);
+}
