@@ -251,7 +251,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         .and_then(crate::privileges::typed_maps_off)
     {
         tracing::warn!(
-            "no {}: {} (the systemd drop-in deploy/systemd/bpfmapd.service.d/by-id.conf adds it)",
+            "no {}: {} (the systemd drop-in deploy/systemd/bpfmapd.service.d/cap-sys-admin.conf adds it)",
             off.capability,
             off.needed_for
         );

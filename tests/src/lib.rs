@@ -19,6 +19,7 @@ use tempfile::TempDir;
 pub use bpfmapd::kernel::{MapType, OwnedMap};
 
 pub mod dns;
+pub mod fuzz;
 pub mod pki;
 pub mod process;
 

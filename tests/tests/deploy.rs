@@ -54,8 +54,8 @@ fn systemd_analyze() -> Command {
 
 /// The unit as installed, with the test's daemon binary in ExecStart
 /// (`verify` checks that the program exists), in a directory of its own;
-/// with the by-id drop-in when `by_id`.
-fn installed_unit(by_id: bool) -> tempfile::TempDir {
+/// with the CAP_SYS_ADMIN drop-in when `sys_admin`.
+fn installed_unit(sys_admin: bool) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let unit = std::fs::read_to_string(repo("deploy/systemd/bpfmapd.service")).unwrap();
     assert!(unit.contains("ExecStart=/usr/local/bin/bpfmapd "), "{unit}");
@@ -65,12 +65,12 @@ fn installed_unit(by_id: bool) -> tempfile::TempDir {
         &format!("ExecStart={} ", bin.display()),
     );
     std::fs::write(dir.path().join("bpfmapd.service"), unit).unwrap();
-    if by_id {
+    if sys_admin {
         let d = dir.path().join("bpfmapd.service.d");
         std::fs::create_dir(&d).unwrap();
         std::fs::copy(
-            repo("deploy/systemd/bpfmapd.service.d/by-id.conf"),
-            d.join("by-id.conf"),
+            repo("deploy/systemd/bpfmapd.service.d/cap-sys-admin.conf"),
+            d.join("cap-sys-admin.conf"),
         )
         .unwrap();
     }
@@ -105,8 +105,8 @@ fn exposure(dir: &Path) -> f64 {
 
 #[test]
 fn the_systemd_unit_verifies_and_its_exposure_is_low() {
-    for by_id in [false, true] {
-        let dir = installed_unit(by_id);
+    for sys_admin in [false, true] {
+        let dir = installed_unit(sys_admin);
         let (out, text) = output(
             systemd_analyze()
                 .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.path().display()))
@@ -117,7 +117,11 @@ fn the_systemd_unit_verifies_and_its_exposure_is_low() {
         let level = exposure(dir.path());
         eprintln!(
             "systemd-analyze security --offline=yes bpfmapd.service{}: {level}",
-            if by_id { " (with by-id.conf)" } else { "" }
+            if sys_admin {
+                " (with cap-sys-admin.conf)"
+            } else {
+                ""
+            }
         );
     }
 }
@@ -146,11 +150,12 @@ fn the_unit_grants_what_the_daemon_needs_and_nothing_more() {
             .any(|f| f.split_whitespace().any(|s| s == "bpf")),
         "bpf(2) must stay allowed: {filter:?}"
     );
-    let by_id =
-        std::fs::read_to_string(repo("deploy/systemd/bpfmapd.service.d/by-id.conf")).unwrap();
+    let sys_admin =
+        std::fs::read_to_string(repo("deploy/systemd/bpfmapd.service.d/cap-sys-admin.conf"))
+            .unwrap();
     let caps = ["CAP_BPF CAP_DAC_READ_SEARCH CAP_SYS_ADMIN"];
-    assert_eq!(setting(&by_id, "AmbientCapabilities"), caps);
-    assert_eq!(setting(&by_id, "CapabilityBoundingSet"), caps);
+    assert_eq!(setting(&sys_admin, "AmbientCapabilities"), caps);
+    assert_eq!(setting(&sys_admin, "CapabilityBoundingSet"), caps);
 
     // The user it runs as.
     let (out, text) = output(

@@ -41,6 +41,9 @@ use crate::{TypeInfo, type_info::Kind};
 pub const MAX_DEPTH: usize = 24;
 /// Most nodes (types, members, elements described) in one description.
 pub const MAX_NODES: usize = 20_000;
+/// Most values one decoded key or value may hold (array elements count one
+/// by one): a description cannot make decoding loop far beyond its bytes.
+pub const MAX_VALUES: usize = 1 << 20;
 
 /// Why a [`TypeInfo`] cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -143,6 +146,13 @@ impl Layout {
     pub fn new(info: &TypeInfo, what: &str) -> Result<Self, TypeError> {
         let mut c = Compiler { nodes: 0 };
         let (root, size) = c.node(info, what, 0)?;
+        let values = values(&root);
+        if values > MAX_VALUES {
+            return Err(err(
+                what,
+                format!("decodes into more than {MAX_VALUES} values ({values})"),
+            ));
+        }
         Ok(Self {
             root,
             size,
@@ -308,6 +318,20 @@ impl Layout {
         let mut path = what.to_owned();
         encode::node(&self.root, value, &mut out, 0, &mut path)?;
         Ok(out)
+    }
+}
+
+/// How many values decoding `node` produces (saturating).
+fn values(node: &Node) -> usize {
+    match node {
+        Node::Record(r) => r
+            .fields
+            .iter()
+            .fold(1usize, |n, f| n.saturating_add(values(&f.node))),
+        Node::Array {
+            element, length, ..
+        } => 1usize.saturating_add(length.saturating_mul(values(element))),
+        _ => 1,
     }
 }
 

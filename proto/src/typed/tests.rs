@@ -583,3 +583,21 @@ fn descriptions_that_would_read_outside_their_bytes_are_refused() {
     // Bytes of the wrong size decode as null.
     assert_eq!(decode(&u(4), &[1, 2]), serde_json::Value::Null);
 }
+
+#[test]
+fn descriptions_that_would_decode_into_millions_of_values_are_refused() {
+    // An array of four billion empty structs takes no bytes at all.
+    let empty = record("empty", 0, vec![]);
+    let huge = ty(
+        "",
+        0,
+        Kind::Array(Box::new(ArrayType {
+            element: Some(Box::new(empty)),
+            length: u32::MAX,
+        })),
+    );
+    let e = Layout::new(&huge, "value").unwrap_err();
+    assert!(e.message.contains("more than 1048576 values"), "{e}");
+    // A 64 KiB buffer is fine.
+    assert!(Layout::new(&array(u(1), 65536), "value").is_ok());
+}

@@ -1,0 +1,202 @@
+//! The fuzz targets (`tests/fuzz`, libFuzzer) run on stable Rust: the same
+//! bodies over seeds and thousands of deterministic mutations of them, and
+//! over random type descriptions. They fail on a panic, a hang (the test
+//! times out) or decoded text that is not JSON.
+
+use bpfmap_proto::{
+    ArrayType, EnumType, Enumerator, IntType, Member, PointerType, RecordType, TypeInfo,
+    type_info::Kind,
+};
+use bpfmap_tests::fuzz;
+use bpfmapd::kernel::{BtfBuilder, BtfMember as M, IntEncoding as E};
+use prost::Message as _;
+
+/// xorshift64*: deterministic, so a failure reproduces.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A few bytes changed, inserted, removed or cut.
+fn mutate(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let mut data = seed.to_vec();
+    for _ in 0..=rng.below(4) {
+        let at = rng.below(data.len() as u64 + 1) as usize;
+        match rng.below(5) {
+            0 if at < data.len() => data[at] = rng.next() as u8,
+            1 if at < data.len() => data[at] ^= 1 << rng.below(8),
+            2 => data.insert(at, rng.next() as u8),
+            3 if at < data.len() => {
+                data.remove(at);
+            }
+            _ => data.truncate(at),
+        }
+    }
+    data
+}
+
+/// BTF with one type of every kind the describer handles.
+fn btf_seed() -> Vec<u8> {
+    let mut b = BtfBuilder::new();
+    let u8_ = b.add_int("unsigned char", 1, E::Unsigned);
+    let s32 = b.add_int("int", 4, E::Signed);
+    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
+    let c = b.add_int("char", 1, E::Signed);
+    let t = b.add_typedef("__u32", s32);
+    let k = b.add_const(t);
+    let name = b.add_array(c, 8);
+    let e = b.add_enum("e", 4, true, &[("A", -1), ("B", 2)]);
+    let e64 = b.add_enum64("e64", 8, false, &[("BIG", u64::MAX)]);
+    let fwd = b.add_fwd("node", false);
+    let p = b.add_ptr(fwd);
+    let f = b.add_float("double", 8);
+    let inner = b.add_union("", 4, &[M::new("x", s32, 0), M::new("y", u8_, 0)]);
+    b.add_struct(
+        "all",
+        48,
+        &[
+            M::new("a", u8_, 0),
+            M::bitfield("b", s32, 8, 5),
+            M::new("c", k, 32),
+            M::new("name", name, 64),
+            M::new("e", e, 128),
+            M::new("", inner, 160),
+            M::new("e64", e64, 192),
+            M::new("p", p, 256),
+            M::new("f", f, 320),
+        ],
+    );
+    b.add_struct("loop", 8, &[M::new("next", p, 0)]);
+    let _ = u64_;
+    b.to_bytes()
+}
+
+#[test]
+fn btf_through_the_describer_and_the_decoder() {
+    let seed = btf_seed();
+    fuzz::btf_describe(&seed);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for _ in 0..20_000 {
+        fuzz::btf_describe(&mutate(&seed, &mut rng));
+    }
+    for len in 0..seed.len() {
+        fuzz::btf_describe(&seed[..len]);
+    }
+}
+
+fn int(size: u32, signed: bool) -> TypeInfo {
+    TypeInfo {
+        name: String::new(),
+        size,
+        kind: Some(Kind::Int(IntType { signed })),
+    }
+}
+
+/// A random description, often wrong: sizes, offsets and lengths come
+/// from the generator, not from a compiler.
+fn random_type(rng: &mut Rng, depth: u32) -> TypeInfo {
+    let leaf = depth >= 4 || rng.below(3) == 0;
+    match if leaf { rng.below(3) } else { 3 + rng.below(3) } {
+        0 => int(
+            [1, 2, 4, 8, 16, 3][rng.below(6) as usize],
+            rng.below(2) == 0,
+        ),
+        1 => TypeInfo {
+            name: "e".into(),
+            size: [1, 2, 4, 8][rng.below(4) as usize],
+            kind: Some(Kind::Enum(EnumType {
+                signed: rng.below(2) == 0,
+                enumerators: (0..rng.below(4))
+                    .map(|i| Enumerator {
+                        name: format!("V{i}"),
+                        value: rng.next() as i64 % 8,
+                    })
+                    .collect(),
+            })),
+        },
+        2 => TypeInfo {
+            name: String::new(),
+            size: 8,
+            kind: Some(Kind::Pointer(PointerType { target: "x".into() })),
+        },
+        3 | 4 => {
+            let members: Vec<Member> = (0..rng.below(5))
+                .map(|i| {
+                    let t = random_type(rng, depth + 1);
+                    let bitfield = if rng.below(4) == 0 {
+                        rng.below(70) as u32
+                    } else {
+                        0
+                    };
+                    Member {
+                        name: if rng.below(6) == 0 {
+                            String::new()
+                        } else {
+                            format!("m{i}")
+                        },
+                        bit_offset: rng.below(256) as u32,
+                        bitfield_size: bitfield,
+                        r#type: Some(t),
+                    }
+                })
+                .collect();
+            TypeInfo {
+                name: "r".into(),
+                size: rng.below(48) as u32,
+                kind: Some(if rng.below(4) == 0 {
+                    Kind::Union(RecordType { members })
+                } else {
+                    Kind::Struct(RecordType { members })
+                }),
+            }
+        }
+        _ => {
+            let element = random_type(rng, depth + 1);
+            let length = rng.below(6) as u32;
+            TypeInfo {
+                name: String::new(),
+                size: if rng.below(3) == 0 {
+                    rng.below(64) as u32
+                } else {
+                    element.size.saturating_mul(length)
+                },
+                kind: Some(Kind::Array(Box::new(ArrayType {
+                    element: Some(Box::new(element)),
+                    length,
+                }))),
+            }
+        }
+    }
+}
+
+#[test]
+fn random_descriptions_and_bytes_through_the_decoder() {
+    let mut rng = Rng(0x0123_4567_89ab_cdef);
+    let mut usable = 0;
+    for _ in 0..20_000 {
+        let info = random_type(&mut rng, 0);
+        let bytes: Vec<u8> = (0..64).map(|_| rng.next() as u8).collect();
+        if bpfmap_proto::typed::Layout::new(&info, "value").is_ok() {
+            usable += 1;
+        }
+        fuzz::decode_through(&info, &bytes);
+        // And as a server would send it, mutated on the way.
+        let mut wire = vec![0u8];
+        let encoded = info.encode_to_vec();
+        wire[0] = (encoded.len() / 4).min(255) as u8;
+        wire.extend_from_slice(&encoded);
+        wire.extend_from_slice(&bytes);
+        fuzz::typed_decode(&mutate(&wire, &mut rng));
+    }
+    // The generator reaches the decoder, not only the checks before it.
+    assert!(usable > 500, "only {usable} descriptions were usable");
+}
