@@ -172,6 +172,32 @@ fn create(
     .with_context(|| format!("cannot create demo map {name}"))
 }
 
+fn fill_flows(flows: OwnedMap, n: u32) -> anyhow::Result<OwnedMap> {
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        keys.extend_from_slice(&flow_key(i));
+        values.extend_from_slice(&flow_value(i));
+    }
+    for (k, v) in keys.chunks(16 << 16).zip(values.chunks(16 << 16)) {
+        flows.update_batch(k, v).context("cannot fill the flows")?;
+    }
+    Ok(flows)
+}
+
+/// A hash map like `demo/flows` (the same types, `flow_key(i)` to
+/// `flow_value(i)`) of `n` flows, not pinned: for benchmarks.
+pub fn typed_flows(n: u32) -> anyhow::Result<OwnedMap> {
+    let types = DemoTypes::load()?;
+    let map = create(
+        MapType::HASH,
+        (16, 16),
+        n.max(1),
+        "flows",
+        Some(types.btf.for_map(types.flow_key, types.flow_stats)),
+    )?;
+    fill_flows(map, n)
+}
+
 impl Demo {
     /// Creates the demo maps under `root/demo`, replacing old demo pins.
     pub fn start(root: &Path) -> anyhow::Result<Self> {
@@ -187,21 +213,16 @@ impl Demo {
         let types = DemoTypes::load()?;
         let typed = |key, value| Some(types.btf.for_map(key, value));
 
-        let flows = create(
-            MapType::HASH,
-            (16, 16),
-            131_072,
-            "flows",
-            typed(types.flow_key, types.flow_stats),
+        let flows = fill_flows(
+            create(
+                MapType::HASH,
+                (16, 16),
+                131_072,
+                "flows",
+                typed(types.flow_key, types.flow_stats),
+            )?,
+            FLOWS as u32,
         )?;
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
-        for i in 0..FLOWS as u32 {
-            keys.extend_from_slice(&flow_key(i));
-            values.extend_from_slice(&flow_value(i));
-        }
-        flows
-            .update_batch(&keys, &values)
-            .context("cannot fill demo/flows")?;
         demo.pin(&flows, "flows")?;
 
         let counters = create(

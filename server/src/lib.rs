@@ -34,7 +34,7 @@ mod typed;
 
 pub use auth::{Operation, RuleConfig};
 pub use config::{Args, Config, Limits, LogFormat};
-pub use demo::{Demo, flow_key, flow_value};
+pub use demo::{Demo, flow_key, flow_value, typed_flows};
 pub use dump::DumpStats;
 pub use server::{Running, SERVICE_NAME, check_privileges, prepare_roots, start, start_on};
 pub use tls::TlsFiles;
