@@ -9,7 +9,7 @@ use super::{Field, Node, push_member};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
 pub struct EncodeError {
-    /// The member ("key.proto", "key.addr[2]").
+    /// The member (`key.proto`, `key.addr[2]`).
     pub path: String,
     /// What is wrong, and what would fit.
     pub message: String,
