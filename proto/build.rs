@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     fs::write(out.join("bpfmap_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
         .codec_path("crate::codec::StrictCodec")
+        // Packed chunks are read in place: their buffers are slices of the
+        // received message, not copies of it.
+        .bytes(".bpfmap.v1.PackedEntries")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

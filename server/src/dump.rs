@@ -1,5 +1,11 @@
-//! One DumpMap stream: kernel reads off the async runtime, a bounded queue to
-//! the client, a cursor on every chunk.
+//! One DumpMap stream: a reader thread per dump, a bounded queue to the
+//! client, a cursor on every chunk.
+//!
+//! The producer runs on a thread of the blocking pool for the whole dump: it
+//! reads the next chunk from the kernel while the transport sends the ones
+//! before it, with no hop between threads per chunk (a hop costs more than
+//! reading a few thousand entries). It waits (for room, for the client)
+//! through the runtime's handle, on its own thread.
 //!
 //! Memory is bounded in bytes, not messages. Every dump has a [`Share`] of
 //! the daemon's memory for queued chunks, which nobody else can use. Before
@@ -61,8 +67,15 @@ pub const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
 /// Messages a dump of large entries has in memory at once: it reads the next
 /// entry only once nothing is queued.
 pub const LARGE_PIPELINE: usize = 1 + 1 + IN_TRANSPORT;
-/// Entries per chunk when the request does not say.
-pub const DEFAULT_CHUNK: u32 = 1024;
+/// A chunk's size when the request does not say: this many bytes of
+/// entries, or what a dump's share allows (a fifth of it: about 115 KiB with
+/// the default limits). Large chunks cost the kernel nothing more per entry,
+/// and save a hop and a message per chunk.
+pub const DEFAULT_CHUNK_BYTES: usize = 128 << 10;
+/// The first chunk's size when the request does not say: small, so that the
+/// first entries arrive at once; each chunk after it is twice the last one
+/// until [`DEFAULT_CHUNK_BYTES`] (a slow start).
+pub const FIRST_CHUNK_BYTES: usize = 4 << 10;
 /// Upper bound on entries per chunk.
 pub const MAX_CHUNK: u32 = 65_536;
 /// Upper bound on a chunk's encoded size, well below grpcurl's 4 MiB default,
@@ -93,15 +106,37 @@ pub struct DumpStats {
     pub stalled: AtomicU64,
 }
 
-/// The chunk size actually used: the hint, defaulted and clamped so that a
-/// chunk stays below [`MAX_CHUNK_BYTES`] and a dump's share holds
-/// [`PIPELINE`] chunks (at least one entry).
-pub fn effective_chunk(hint: u32, meta: &MapMeta, options: &Options, share: usize) -> u32 {
-    let max_bytes = MAX_CHUNK_BYTES.min(share / PIPELINE);
-    let by_bytes =
-        (max_bytes / per_entry(meta, options.layout, options.decoder.as_ref())).max(1) as u32;
-    let want = if hint == 0 { DEFAULT_CHUNK } else { hint };
-    want.min(MAX_CHUNK).min(by_bytes).max(1)
+/// Entries per chunk, the first chunk's and every later one's: the hint
+/// for both, or (hint 0) [`FIRST_CHUNK_BYTES`] then [`DEFAULT_CHUNK_BYTES`]
+/// worth of entries; clamped so that a chunk stays below
+/// [`MAX_CHUNK_BYTES`] and a dump's share holds [`PIPELINE`] chunks (at
+/// least one entry).
+pub fn effective_chunk(hint: u32, meta: &MapMeta, options: &Options, share: usize) -> ChunkSizes {
+    let per_entry = per_entry(meta, options.layout, options.decoder.as_ref());
+    let entries = |bytes: usize| (bytes / per_entry).clamp(1, MAX_CHUNK as usize) as u32;
+    let max = entries(MAX_CHUNK_BYTES.min(share / PIPELINE));
+    if hint == 0 {
+        let steady = entries(DEFAULT_CHUNK_BYTES).min(max);
+        ChunkSizes {
+            first: entries(FIRST_CHUNK_BYTES).min(steady),
+            steady,
+        }
+    } else {
+        let steady = hint.min(MAX_CHUNK).min(max);
+        ChunkSizes {
+            first: steady,
+            steady,
+        }
+    }
+}
+
+/// Entries per chunk: the first chunk's, then doubling up to `steady`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSizes {
+    /// The first chunk's.
+    pub first: u32,
+    /// Every chunk's once the slow start is over.
+    pub steady: u32,
 }
 
 /// Bytes one entry takes while queued: in the message, or in the kernel's
@@ -130,7 +165,7 @@ pub struct DumpJob {
     walker: Walker<MapHandle>,
     layout: pb::Layout,
     decoder: Option<Decoder>,
-    chunk: u32,
+    chunk: ChunkSizes,
     limit: u64,
     sealer: Sealer,
     slot: Option<Slot>,
@@ -182,7 +217,10 @@ impl DumpJob {
             });
         }
         let chunk = match large {
-            Some(_) => 1,
+            Some(_) => ChunkSizes {
+                first: 1,
+                steady: 1,
+            },
             None => effective_chunk(options.chunk_hint, &meta, &options, limits.share),
         };
         let walker = Walker::new(handle, meta, position).map_err(|e| Error::from_walk(&map, e))?;
@@ -270,8 +308,9 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
     let producer_share = share.clone();
     let stats = env.stats.clone();
     let producer_stats = stats.clone();
-    tokio::spawn(async move {
-        if let Err(e) = run(job, started, &tx, &producer_share, env).await {
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = runtime.block_on(run(job, started, &tx, &producer_share, env)) {
             if matches!(e, Error::Stalled { .. }) {
                 producer_stats.stalled.fetch_add(1, Ordering::Relaxed);
             }
@@ -293,7 +332,8 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
 
 /// Runs a dump until the map ends, the limit is reached, the client leaves,
 /// stalls, the slot expires, or the server stops. A client that left is not
-/// an error.
+/// an error. Runs on a thread where blocking is allowed: it reads the kernel
+/// in place.
 async fn run(
     job: DumpJob,
     started: Instant,
@@ -319,6 +359,7 @@ async fn run(
     let per_entry = per_entry(&meta, layout, decoder.as_ref());
     let (mut sent, mut chunks) = (0u64, 0u64);
     let mut seen = walker.stats();
+    let mut next = chunk.first;
     loop {
         if *env.stop.borrow() {
             return Err(Error::ShuttingDown);
@@ -333,7 +374,8 @@ async fn run(
             });
         }
         let remaining = (limit != 0).then(|| limit - sent);
-        let mut want = remaining.map_or(chunk, |r| r.min(u64::from(chunk)) as u32);
+        let mut want = remaining.map_or(next, |r| r.min(u64::from(next)) as u32);
+        next = next.saturating_mul(2).min(chunk.steady);
         let mut reservation = match large {
             // Memory taken for the whole dump: one entry at a time, read
             // once nothing is queued.
@@ -351,19 +393,10 @@ async fn run(
         let cap = remaining
             .filter(|_| sent > 0)
             .map(|r| r.min(u64::from(u32::MAX)) as u32);
-        let read = tokio::task::spawn_blocking(move || {
-            let res = match cap {
-                Some(cap) => walker.next_chunk_capped(want, cap),
-                None => walker.next_chunk(want),
-            };
-            (walker, res)
-        })
-        .await;
-        let (w, res) = read.map_err(|e| Error::Internal {
-            map: Some(map.clone()),
-            message: format!("reader task failed: {e}"),
-        })?;
-        walker = w;
+        let res = match cap {
+            Some(cap) => walker.next_chunk_capped(want, cap),
+            None => walker.next_chunk(want),
+        };
         env.stats.chunks_read.fetch_add(1, Ordering::Relaxed);
         let w = walker.stats();
         env.stats

@@ -194,8 +194,8 @@ impl IntoProto for ChunkMessage<'_> {
                     count: c.count as u32,
                     key_size: meta.key_size,
                     value_stride: meta.wire_value_size() as u32,
-                    keys: c.keys,
-                    values,
+                    keys: c.keys.into(),
+                    values: values.into(),
                     cpus: if meta.per_cpu() {
                         meta.possible_cpus
                     } else {

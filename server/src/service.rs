@@ -171,10 +171,10 @@ impl MapServiceImpl {
         })?;
         if req.chunk_size > dump::MAX_CHUNK {
             return Err(Error::InvalidArgument(format!(
-                "chunk_size {} is too large; use 1 to {} (0 for the server default, {})",
+                "chunk_size {} is too large; use 1 to {}, or 0 for the server's default (chunks of about {} KiB)",
                 req.chunk_size,
                 dump::MAX_CHUNK,
-                dump::DEFAULT_CHUNK
+                dump::DEFAULT_CHUNK_BYTES >> 10
             )));
         }
         // The cursor is checked before the map is touched: a bad cursor is a

@@ -1,54 +1,94 @@
-//! Dump throughput: bpfmapd over gRPC against the baselines, all measured in
-//! the same run on the same maps.
+//! Dump speed: bpfmapd against the kernel's own batched walk (the floor a
+//! remote dump can approach) and the usual tools, every case measured in the
+//! same run on the same maps, with the ratios the performance targets are
+//! stated in.
 //!
-//!     cargo bench -p bpfmap-tests --bench dump            (as root)
-//!     cargo bench -p bpfmap-tests --bench dump -- 100000  (sizes to run)
+//!     cargo bench -p bpfmap-tests --bench dump               (as root)
+//!     cargo bench -p bpfmap-tests --bench dump -- 100000     (only these sizes)
 //!
-//! Baselines: get_next_key + lookup entry by entry (what bpftool and most
-//! libraries do), the raw BPF_MAP_LOOKUP_BATCH walk (the floor a remote dump
-//! can approach), and `bpftool map dump -j` when bpftool is installed.
+//! bpftool (`apt-get install bpftool`) gives the `bpftool map dump -j`
+//! baseline; without it that row says so.
 
 use std::{
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
 
-use bpfmap_client::{DumpOptions, MapName};
-use bpfmap_tests::{BpfFs, Daemon, u64_hash};
+use bpfmap_client::{Client, DumpOptions, MapName};
+use bpfmap_tests::{BpfFs, Daemon, MapType, OwnedMap, create_map, u64_hash, update_batch};
 use bpfmapd::kernel::{
     MapHandle, MapOps as _,
     walk::{Position, Walker},
 };
 
-const RUNS: usize = 5;
+/// Samples per case. Cases compared with a baseline are timed alternately
+/// with it, so that a machine that slows down or speeds up during the run
+/// moves both alike.
+const RUNS: usize = 7;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
     v[v.len() / 2]
 }
 
-fn time<T>(mut f: impl FnMut() -> T) -> Duration {
-    let mut samples = Vec::new();
-    for _ in 0..RUNS {
-        let t = Instant::now();
-        std::hint::black_box(f());
-        samples.push(t.elapsed());
-    }
-    median(samples)
+fn once(f: &mut dyn FnMut() -> u64) -> Duration {
+    let t = Instant::now();
+    std::hint::black_box(f());
+    t.elapsed()
 }
 
-async fn time_async<F: std::future::Future<Output = u64>>(mut f: impl FnMut() -> F) -> Duration {
-    let mut samples = Vec::new();
-    for _ in 0..RUNS {
-        let t = Instant::now();
-        std::hint::black_box(f().await);
-        samples.push(t.elapsed());
-    }
-    median(samples)
+/// The median of RUNS timings of `f`.
+fn time(mut f: impl FnMut() -> u64) -> Duration {
+    median((0..RUNS).map(|_| once(&mut f)).collect())
 }
 
-fn key_by_key(handle: &MapHandle) -> u64 {
-    let (mut key, mut next, mut value) = (vec![0u8; 8], vec![0u8; 8], vec![0u8; 8]);
+/// `candidate` timed alternately with `baseline`: the candidate's median,
+/// and the median of the ratios of each pair.
+fn paired(
+    mut baseline: impl FnMut() -> u64,
+    mut candidate: impl FnMut() -> u64,
+) -> (Duration, f64) {
+    let (mut times, mut ratios) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let b = once(&mut baseline);
+        let c = once(&mut candidate);
+        times.push(c);
+        ratios.push(ratio(c, b));
+    }
+    (median(times), median(ratios))
+}
+
+/// [`paired`], for a candidate that runs on the runtime.
+async fn paired_async<F: std::future::Future<Output = u64>>(
+    mut baseline: impl FnMut() -> u64,
+    mut candidate: impl FnMut() -> F,
+) -> (Duration, f64) {
+    let (mut times, mut ratios) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let b = once(&mut baseline);
+        let t = Instant::now();
+        std::hint::black_box(candidate().await);
+        let c = t.elapsed();
+        times.push(c);
+        ratios.push(ratio(c, b));
+    }
+    (median(times), median(ratios))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64()
+}
+
+fn key_by_key(path: &Path) -> u64 {
+    let handle = MapHandle::open_pinned(path).unwrap();
+    let ks = handle.meta().key_size as usize;
+    let vs = handle.meta().kernel_value_size();
+    let (mut key, mut next, mut value) = (vec![0u8; ks], vec![0u8; ks], vec![0u8; vs]);
     let mut first = true;
     let mut n = 0;
     loop {
@@ -64,150 +104,493 @@ fn key_by_key(handle: &MapHandle) -> u64 {
     }
 }
 
-fn batch_walk(path: &std::path::Path, chunk: u32) -> u64 {
+/// The floor: the kernel's batched walk, in-process, 5,000 entries a call.
+fn batch_walk(path: &Path) -> u64 {
+    batch_walk_by(path, 5000)
+}
+
+fn batch_walk_by(path: &Path, batch: u32) -> u64 {
     let handle = MapHandle::open_pinned(path).unwrap();
     let meta = handle.meta().clone();
     let mut w = Walker::new(handle, meta, Position::Start).unwrap();
     let mut n = 0;
-    while let Some(c) = w.next_chunk(chunk).unwrap() {
+    while let Some(c) = w.next_chunk(batch).unwrap() {
         n += c.count as u64;
     }
     n
 }
 
-fn row(name: &str, d: Duration, n: u32, kbk: Duration, floor: Duration) {
-    println!(
-        "  {name:<40} {:>9.1} ms {:>7.3} us/entry {:>7.2}x faster than key-by-key {:>6.2}x the batch floor",
-        d.as_secs_f64() * 1e3,
-        d.as_secs_f64() * 1e6 / f64::from(n),
-        kbk.as_secs_f64() / d.as_secs_f64(),
-        d.as_secs_f64() / floor.as_secs_f64(),
-    );
+async fn library_dump(client: &Client, map: &str, options: DumpOptions) -> u64 {
+    let map: MapName = map.parse().unwrap();
+    let mut dump = client.dump(map, options);
+    while dump.next_chunk().await.unwrap().is_some() {}
+    dump.received()
 }
 
-fn main() {
-    let sizes: Vec<u32> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let sizes = if sizes.is_empty() {
-        vec![100_000, 1_000_000]
-    } else {
-        sizes
-    };
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let bpftool = Command::new("bpftool")
-        .arg("version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    println!(
-        "median of {RUNS} runs; u64 key, u64 value, hash map; {} CPUs",
-        bpfmapd::kernel::possible_cpus()
-    );
-    for n in sizes {
-        let fs = BpfFs::new();
-        let (fd, _) = u64_hash(&fs, "m", n, n);
-        let path = fs.path().join("m");
-        let handle = MapHandle::open_pinned(&path).unwrap();
-        println!("{n} entries:");
+/// The results: a line per case as it is measured, and the targets, met or
+/// missed, at the end.
+struct Report {
+    lines: Vec<String>,
+    missed: Vec<String>,
+}
 
-        let kbk = time(|| assert_eq!(key_by_key(&handle), u64::from(n)));
-        let floor = time(|| assert_eq!(batch_walk(&path, 5000), u64::from(n)));
-        row("get_next_key + lookup", kbk, n, kbk, floor);
-        row("BPF_MAP_LOOKUP_BATCH, 5000/call", floor, n, kbk, floor);
-        if bpftool {
-            let d = time(|| {
-                let out = Command::new("bpftool")
-                    .args(["map", "dump", "-j", "pinned"])
-                    .arg(&path)
-                    .output()
-                    .unwrap();
-                assert!(out.status.success());
-                out.stdout.len()
-            });
-            row("bpftool map dump -j", d, n, kbk, floor);
-        } else {
-            println!(
-                "  bpftool map dump -j                (bpftool not installed: apt-get install bpftool)"
-            );
+impl Report {
+    /// A case: its median time, per entry, and its ratio to a baseline.
+    fn row(&mut self, name: &str, d: Duration, n: u64, against: Option<(&str, f64)>) {
+        let mut line = format!(
+            "  {name:<58} {:>9.1} ms {:>8.3} us/entry",
+            ms(d),
+            d.as_secs_f64() * 1e6 / n.max(1) as f64
+        );
+        if let Some((what, r)) = against {
+            line.push_str(&format!("  {r:>6.2}x {what}"));
         }
+        println!("{line}");
+    }
 
-        rt.block_on(async {
-            let state = tempfile::tempdir().unwrap();
-            let daemon = Daemon::start(fs.path(), state.path()).await;
-            let client = daemon.client().await;
-            for (name, packed, chunk) in [
-                ("bpfmapd gRPC, packed, chunk 1024", true, 0),
-                ("bpfmapd gRPC, packed, chunk 5000", true, 5000),
-                ("bpfmapd gRPC, entries, chunk 1024", false, 0),
-            ] {
-                let d = time_async(|| {
-                    let client = client.clone();
-                    async move {
-                        let map: MapName = "m".parse().unwrap();
-                        let mut dump = client.dump(
-                            map,
-                            DumpOptions {
-                                packed,
-                                chunk_size: chunk,
-                                ..Default::default()
-                            },
-                        );
-                        while dump.next_chunk().await.unwrap().is_some() {}
-                        assert_eq!(dump.received(), u64::from(n));
-                        dump.received()
-                    }
-                })
-                .await;
-                row(name, d, n, kbk, floor);
-            }
-            daemon.stop().await;
-
-            // The same over mutual TLS (rustls, ring).
-            let pki = bpfmap_tests::pki::Pki::new();
-            let tls_daemon = Daemon::start_with(bpfmapd::Config {
-                tls: Some(pki.server_files()),
-                rules: vec![bpfmapd::RuleConfig {
-                    identities: vec!["cn:bench".into()],
-                    maps: vec!["**".into()],
-                    operations: vec![bpfmapd::Operation::Dump],
-                }],
-                ..Daemon::config(fs.path(), state.path())
-            })
-            .await;
-            let tls = pki.client(
-                "bench",
-                bpfmap_tests::pki::Name::Cn("bench"),
-                bpfmap_tests::pki::Validity::Now,
-            );
-            let client = tls_daemon.tls_client(&tls).await.unwrap();
-            let d = time_async(|| {
-                let client = client.clone();
-                async move {
-                    let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
-                    while dump.next_chunk().await.unwrap().is_some() {}
-                    assert_eq!(dump.received(), u64::from(n));
-                    dump.received()
-                }
-            })
-            .await;
-            row("bpfmapd gRPC+mTLS, packed, chunk 1024", d, n, kbk, floor);
-            tls_daemon.stop().await;
-        });
-        drop((handle, fd));
-        typed(n, &rt);
+    fn target(&mut self, what: &str, measured: f64, unit: &str, limit: f64, at_most: bool) {
+        let met = if at_most {
+            measured <= limit
+        } else {
+            measured >= limit
+        };
+        let line = format!(
+            "  {} {what}: {measured:.2}{unit} (target {} {limit}{unit})",
+            if met { "met   " } else { "MISSED" },
+            if at_most { "<=" } else { ">=" }
+        );
+        if !met {
+            self.missed.push(line.clone());
+        }
+        self.lines.push(line);
     }
 }
 
-/// A typed map (the demo's flows: a 5-tuple struct key, a struct of two
-/// counters) of `n` entries: the transfer alone, then decoded on the client
-/// (the library, packed chunks, to JSON text), by the daemon (grpcurl's
-/// layout), and by bpfmapctl writing JSON Lines, whole process.
-fn typed(n: u32, rt: &tokio::runtime::Runtime) {
+fn bpftool_installed() -> bool {
+    Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `bpftool map dump -j` of a pinned map, whole process, its output to a
+/// file; returns the file's size.
+fn bpftool_dump(path: &Path) -> u64 {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let status = Command::new("bpftool")
+        .args(["map", "dump", "-j", "pinned"])
+        .arg(path)
+        .stdout(file.reopen().unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    file.as_file().metadata().unwrap().len()
+}
+
+/// Runs bpfmapctl as a user would, its output going to a file; returns the
+/// file's size.
+fn bpfmapctl(url: &str, args: &[&str]) -> u64 {
+    let ctl = Path::new(env!("CARGO_BIN_EXE_test-bpfmapctl"));
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new(ctl)
+        .args(["--addr", url])
+        .args(args)
+        .stdout(file.reopen().unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    file.as_file().metadata().unwrap().len()
+}
+
+const FLOOR: &str = "BPF_MAP_LOOKUP_BATCH, 5000/call (the floor)";
+
+/// A u64 -> u64 hash map of `n` entries: every client and tool against the
+/// floor.
+fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let fs = BpfFs::new();
+    let (fd, _) = u64_hash(&fs, "m", n, n);
+    let path = fs.path().join("m");
+    let n64 = u64::from(n);
+    let floor = || {
+        assert_eq!(batch_walk(&path), n64);
+        n64
+    };
+    println!("{n} entries, hash, u64 -> u64:");
+    report.row(FLOOR, time(floor), n64, None);
+    let (d, r) = paired(floor, || {
+        assert_eq!(key_by_key(&path), n64);
+        n64
+    });
+    report.row("get_next_key + lookup", d, n64, Some(("the floor", r)));
+    let bpftool = bpftool_installed().then(|| {
+        let (d, r) = paired(floor, || bpftool_dump(&path));
+        report.row(
+            "bpftool map dump -j > file (whole process)",
+            d,
+            n64,
+            Some(("the floor", r)),
+        );
+        r
+    });
+    if bpftool.is_none() {
+        println!("  bpftool map dump -j: bpftool not installed (apt-get install bpftool)");
+    }
+
+    rt.block_on(async {
+        let state = tempfile::tempdir().unwrap();
+        // 32 clients dump at once below: as many as one identity may
+        // (plaintext callers from one address share an identity).
+        let config = Daemon::config(fs.path(), state.path());
+        let daemon = Daemon::start_with(bpfmapd::Config {
+            limits: bpfmapd::Limits {
+                max_dumps_per_identity: 32,
+                ..config.limits.clone()
+            },
+            ..config
+        })
+        .await;
+        let client = daemon.client().await;
+        let (default, r) =
+            paired_async(floor, || library_dump(&client, "m", DumpOptions::default())).await;
+        report.row(
+            "library, default options",
+            default,
+            n64,
+            Some(("the floor", r)),
+        );
+        report.target(
+            &format!("library, default options, {n} entries, vs the floor"),
+            r,
+            "x",
+            1.10,
+            true,
+        );
+        for (name, options) in [
+            (
+                "library, chunk_size 1024 (the old default)",
+                DumpOptions {
+                    chunk_size: 1024,
+                    ..Default::default()
+                },
+            ),
+            (
+                "library, entries layout (grpcurl's)",
+                DumpOptions {
+                    packed: false,
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let (d, r) = paired_async(floor, || library_dump(&client, "m", options.clone())).await;
+            report.row(name, d, n64, Some(("the floor", r)));
+        }
+
+        // bpfmapctl to a file, whole process.
+        let url = daemon.addr();
+        let (ctl, r) =
+            tokio::task::block_in_place(|| paired(floor, || bpfmapctl(&url, &["dump", "m"])));
+        report.row(
+            "bpfmapctl dump > file (JSON Lines, whole process)",
+            ctl,
+            n64,
+            Some(("the floor", r)),
+        );
+        report.target(
+            &format!("bpfmapctl dump, {n} entries, vs the floor"),
+            r,
+            "x",
+            1.5,
+            true,
+        );
+        if let Some(b) = bpftool {
+            report.target(
+                &format!("bpfmapctl dump, {n} entries, faster than bpftool map dump -j"),
+                b / r,
+                "x",
+                10.0,
+                false,
+            );
+        }
+
+        if n >= 1_000_000 {
+            // Time to the first chunk, default options, on a connected
+            // client.
+            let mut samples = Vec::new();
+            for _ in 0..21 {
+                let t = Instant::now();
+                let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+                assert!(dump.next_chunk().await.unwrap().is_some());
+                samples.push(t.elapsed());
+            }
+            let first = median(samples);
+            println!(
+                "  {:<58} {:>9.3} ms",
+                "time to the first chunk (median of 21)",
+                ms(first)
+            );
+            report.target(
+                &format!("time to the first chunk, {n} entries"),
+                ms(first),
+                " ms",
+                1.0,
+                true,
+            );
+        }
+
+        if n <= 100_000 {
+            // 32 clients at once, each the whole map, each on its own
+            // connection, against one client alone.
+            let mut clients = Vec::new();
+            for _ in 0..32 {
+                clients.push(daemon.client().await);
+            }
+            let (mut alls, mut rates) = (Vec::new(), Vec::new());
+            for _ in 0..RUNS {
+                let t = Instant::now();
+                library_dump(&client, "m", DumpOptions::default()).await;
+                let one = t.elapsed();
+                let t = Instant::now();
+                let tasks: Vec<_> = clients
+                    .iter()
+                    .map(|c| {
+                        let c = c.clone();
+                        tokio::spawn(
+                            async move { library_dump(&c, "m", DumpOptions::default()).await },
+                        )
+                    })
+                    .collect();
+                for task in tasks {
+                    assert_eq!(task.await.unwrap(), n64);
+                }
+                let all = t.elapsed();
+                alls.push(all);
+                rates.push(32.0 * one.as_secs_f64() / all.as_secs_f64());
+            }
+            let (all, rate) = (median(alls), median(rates));
+            println!(
+                "  {:<58} {:>9.1} ms   {:.2} M entries/s in all: {rate:.2}x one client's rate",
+                "32 clients at once, each the whole map",
+                ms(all),
+                32.0 * n64 as f64 / all.as_secs_f64() / 1e6,
+            );
+            report.target(
+                &format!("32 concurrent clients, {n} entries, aggregate rate vs one client"),
+                rate,
+                "x",
+                1.0,
+                false,
+            );
+        }
+        daemon.stop().await;
+
+        // The same over mutual TLS (rustls, ring).
+        let pki = bpfmap_tests::pki::Pki::new();
+        let tls_daemon = Daemon::start_with(bpfmapd::Config {
+            tls: Some(pki.server_files()),
+            rules: vec![bpfmapd::RuleConfig {
+                identities: vec!["cn:bench".into()],
+                maps: vec!["**".into()],
+                operations: vec![bpfmapd::Operation::Dump],
+            }],
+            ..Daemon::config(fs.path(), state.path())
+        })
+        .await;
+        let tls = pki.client(
+            "bench",
+            bpfmap_tests::pki::Name::Cn("bench"),
+            bpfmap_tests::pki::Validity::Now,
+        );
+        let client = tls_daemon.tls_client(&tls).await.unwrap();
+        let (d, r) =
+            paired_async(floor, || library_dump(&client, "m", DumpOptions::default())).await;
+        report.row(
+            "library over mutual TLS, default options",
+            d,
+            n64,
+            Some(("the floor", r)),
+        );
+        report.target(
+            &format!("library over mTLS, default options, {n} entries, vs the floor"),
+            r,
+            "x",
+            1.10,
+            true,
+        );
+        tls_daemon.stop().await;
+    });
+    drop(fd);
+}
+
+/// The kernel's walk at several batch sizes, for the largest u64 hash and
+/// for wide entries: what a chunk's size costs before anything is sent.
+fn batch_case(sizes: &[u32], report: &mut Report) {
+    let fs = BpfFs::new();
+    let n = sizes.iter().copied().max().unwrap_or(1_000_000);
+    let (fd, _) = u64_hash(&fs, "m", n, n);
+    let wide = create_map(MapType::HASH, 64, 256, 100_000);
+    fill(&wide, 100_000);
+    fs.pin(&wide, "wide");
+    for (map, what, entries) in [
+        ("m", format!("{n} entries, hash, u64 -> u64"), u64::from(n)),
+        (
+            "wide",
+            "wide entries (64-byte key, 256-byte value), 100K".to_string(),
+            100_000,
+        ),
+    ] {
+        let path = fs.path().join(map);
+        let floor = || {
+            assert_eq!(batch_walk(&path), entries);
+            entries
+        };
+        println!("the kernel's walk by batch size, {what}:");
+        report.row(FLOOR, time(floor), entries, None);
+        for batch in [256, 1024, 4096, 16384, 65536] {
+            let (d, r) = paired(floor, || {
+                assert_eq!(batch_walk_by(&path, batch), entries);
+                entries
+            });
+            report.row(
+                &format!("BPF_MAP_LOOKUP_BATCH, {batch}/call"),
+                d,
+                entries,
+                Some(("the floor", r)),
+            );
+        }
+    }
+    drop((fd, wide));
+}
+
+/// Fills `map` with `n` entries: key i (little-endian, zero-padded), the
+/// value bytes all i % 251 (every CPU's, for per-CPU maps).
+fn fill(map: &OwnedMap, n: u32) {
+    let ks = map.meta().key_size as usize;
+    let vs = map.meta().kernel_value_size();
+    for start in (0..n).step_by(20_000) {
+        let end = (start + 20_000).min(n);
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for i in start..end {
+            let mut k = vec![0u8; ks];
+            k[..4].copy_from_slice(&i.to_le_bytes());
+            keys.extend_from_slice(&k);
+            values.extend(std::iter::repeat_n((i % 251) as u8, vs));
+        }
+        update_batch(map, &keys, &values);
+    }
+}
+
+/// Map shapes other than u64 -> u64: each against its own floor.
+fn shapes(rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let fs = BpfFs::new();
+    let n = 100_000u32;
+    // A sparse hash: room for 4M, 1K entries. The walk visits every bucket.
+    let sparse = create_map(MapType::HASH, 8, 8, 4 << 20);
+    fill(&sparse, 1000);
+    fs.pin(&sparse, "sparse");
+    let wide = create_map(MapType::HASH, 64, 256, n);
+    fill(&wide, n);
+    fs.pin(&wide, "wide");
+    let pcpu = create_map(MapType::PERCPU_HASH, 8, 8, n);
+    fill(&pcpu, n);
+    fs.pin(&pcpu, "percpu");
+    let array = create_map(MapType::ARRAY, 4, 8, n);
+    fill(&array, n);
+    fs.pin(&array, "array");
+
+    rt.block_on(async {
+        let state = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(fs.path(), state.path()).await;
+        let client = daemon.client().await;
+        for (map, entries, what, limit) in [
+            (
+                "sparse",
+                1000u64,
+                "a sparse hash (4M max_entries, 1K entries)",
+                1.5,
+            ),
+            (
+                "wide",
+                u64::from(n),
+                "wide entries (64-byte key, 256-byte value), 100K",
+                1.25,
+            ),
+            (
+                "percpu",
+                u64::from(n),
+                "a per-CPU hash (u64 per CPU), 100K",
+                1.25,
+            ),
+            ("array", u64::from(n), "an array (u64), 100K", 1.25),
+        ] {
+            let path = fs.path().join(map);
+            let floor = || {
+                assert_eq!(batch_walk(&path), entries);
+                entries
+            };
+            println!("{what}:");
+            report.row(FLOOR, time(floor), entries, None);
+            let (d, r) =
+                paired_async(floor, || library_dump(&client, map, DumpOptions::default())).await;
+            report.row(
+                "library, default options",
+                d,
+                entries,
+                Some(("the floor", r)),
+            );
+            report.target(&format!("{what}, vs the floor"), r, "x", limit, true);
+        }
+        daemon.stop().await;
+    });
+}
+
+/// ListMaps over 2,000 pinned maps, and GetMap of one of them.
+fn catalog(rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let fs = BpfFs::new();
+    let maps: Vec<OwnedMap> = (0..2000)
+        .map(|i| {
+            let m = create_map(MapType::HASH, 8, 8, 16);
+            fs.pin(&m, &format!("app{}/map{i}", i % 20));
+            m
+        })
+        .collect();
+    println!("2,000 pinned maps:");
+    rt.block_on(async {
+        let state = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(fs.path(), state.path()).await;
+        let client = daemon.client().await;
+        let mut lists = Vec::new();
+        let mut gets = Vec::new();
+        let map: MapName = "app7/map1007".parse().unwrap();
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            assert_eq!(client.list_maps().await.unwrap().len(), 2000);
+            lists.push(t.elapsed());
+            let t = Instant::now();
+            assert_eq!(client.get_map(&map).await.unwrap().path, "app7/map1007");
+            gets.push(t.elapsed());
+        }
+        let (list, get) = (median(lists), median(gets));
+        println!("  {:<58} {:>9.2} ms", "ListMaps", ms(list));
+        println!("  {:<58} {:>9.3} ms", "GetMap of one", ms(get));
+        report.target("ListMaps over 2,000 maps", ms(list), " ms", 50.0, true);
+        report.target("GetMap of one among 2,000", ms(get), " ms", 1.0, true);
+        daemon.stop().await;
+    });
+    drop(maps);
+}
+
+/// A typed map (the demo's flows) of `n` entries: the transfer alone, then
+/// decoded on the client (the library, packed chunks, to JSON text), by the
+/// daemon (grpcurl's layout), and by bpfmapctl writing JSON Lines.
+fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
     let fs = BpfFs::new();
     let map = bpfmapd::typed_flows(n).unwrap();
     fs.pin(&map, "flows");
+    let n64 = u64::from(n);
     println!("{n} typed entries (demo/flows types: 16-byte struct key, 16-byte struct value):");
     rt.block_on(async {
         let state = tempfile::tempdir().unwrap();
@@ -215,115 +598,197 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime) {
         let client = daemon.client().await;
         let name: MapName = "flows".parse().unwrap();
         let types = client.map_types(&name).await.unwrap().expect("typed");
-        let transfer = time_async(|| {
-            let client = client.clone();
-            let name = name.clone();
-            async move {
-                let mut dump = client.dump(name, DumpOptions::default());
-                while dump.next_chunk().await.unwrap().is_some() {}
-                dump.received()
-            }
-        })
-        .await;
-        let decoded = time_async(|| {
-            let (client, name, types) = (client.clone(), name.clone(), types.clone());
-            async move {
-                let mut dump = client.dump(name, DumpOptions::default());
-                let mut out = Vec::with_capacity(1 << 20);
-                let mut bytes = 0;
-                while let Some(chunk) = dump.next_chunk().await.unwrap() {
-                    for e in &chunk {
-                        types.write_entry_json(e, &mut out);
-                        out.push(b'\n');
-                    }
-                    bytes += out.len();
-                    out.clear();
+        let transfer = time_dump(&client, "flows").await;
+        let (mut decodes, mut by_daemons) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            let mut dump = client.dump(name.clone(), DumpOptions::default());
+            let mut out = Vec::with_capacity(1 << 20);
+            while let Some(chunk) = dump.next_chunk().await.unwrap() {
+                for e in &chunk {
+                    types.write_entry_json(e, &mut out);
+                    out.push(b'\n');
                 }
-                assert!(bytes > 0);
-                dump.received()
+                out.clear();
             }
-        })
-        .await;
-        let by_daemon = time_async(|| {
-            let addr = daemon.addr();
-            async move {
-                let mut raw = bpfmap_client::pb::map_service_client::MapServiceClient::new(
-                    tonic::transport::Endpoint::from_shared(addr)
-                        .unwrap()
-                        .connect()
-                        .await
-                        .unwrap(),
-                )
+            assert_eq!(dump.received(), n64);
+            decodes.push(t.elapsed());
+
+            let t = Instant::now();
+            use bpfmap_client::pb;
+            let channel = tonic::transport::Endpoint::from_shared(daemon.addr())
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut raw = pb::map_service_client::MapServiceClient::new(channel)
                 .max_decoding_message_size(64 << 20);
-                let mut s = raw
-                    .dump_map(bpfmap_client::pb::DumpMapRequest {
-                        map: Some(bpfmap_client::pb::MapRef {
-                            r#ref: Some(bpfmap_client::pb::map_ref::Ref::Path("flows".into())),
-                        }),
-                        ..Default::default()
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                let mut count = 0u64;
-                while let Some(m) = s.message().await.unwrap() {
-                    count += m
-                        .entries
-                        .iter()
-                        .filter(|e| e.decoded_value.is_some())
-                        .count() as u64;
-                }
-                assert_eq!(count, u64::from(n));
-                count
+            let mut s = raw
+                .dump_map(pb::DumpMapRequest {
+                    map: Some(pb::MapRef {
+                        r#ref: Some(pb::map_ref::Ref::Path("flows".into())),
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let mut count = 0u64;
+            while let Some(m) = s.message().await.unwrap() {
+                count += m
+                    .entries
+                    .iter()
+                    .filter(|e| e.decoded_value.is_some())
+                    .count() as u64;
             }
-        })
-        .await;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        println!(
-            "  {:<52} {:>9.1} ms",
+            assert_eq!(count, n64);
+            by_daemons.push(t.elapsed());
+        }
+        let (decoded, by_daemon) = (median(decodes), median(by_daemons));
+        report.row(
             "library, packed, bytes only (the transfer)",
-            ms(transfer)
+            transfer,
+            n64,
+            None,
         );
-        println!(
-            "  {:<52} {:>9.1} ms   decoding costs {:.2}x the transfer",
+        report.row(
             "library, packed, decoded to JSON text on the client",
-            ms(decoded),
-            (decoded.as_secs_f64() - transfer.as_secs_f64()).max(0.0) / transfer.as_secs_f64()
+            decoded,
+            n64,
+            Some(("the transfer", ratio(decoded, transfer))),
         );
-        println!(
-            "  {:<52} {:>9.1} ms   {:.2}x the packed transfer",
+        report.row(
             "entries layout, decoded by the daemon (grpcurl's)",
-            ms(by_daemon),
-            by_daemon.as_secs_f64() / transfer.as_secs_f64()
+            by_daemon,
+            n64,
+            Some(("the transfer", ratio(by_daemon, transfer))),
         );
-        let ctl = std::path::Path::new(env!("CARGO_BIN_EXE_test-bpfmapctl"));
         let url = daemon.addr();
-        let run = |raw: bool| {
-            let url = url.clone();
-            move || {
-                let mut cmd = Command::new(ctl);
-                cmd.args(["--addr", &url]);
-                if raw {
-                    cmd.arg("--raw");
-                }
-                let out = cmd.args(["dump", "flows"]).output().unwrap();
-                assert!(out.status.success());
-                out.stdout.len()
-            }
-        };
-        let (raw_d, typed_d) = tokio::task::block_in_place(|| (time(run(true)), time(run(false))));
-        println!(
-            "  {:<52} {:>9.1} ms",
-            "bpfmapctl dump --raw > file (hex JSON Lines)",
-            ms(raw_d)
+        let (raw_d, typed_d) = tokio::task::block_in_place(|| {
+            (
+                time(|| bpfmapctl(&url, &["--raw", "dump", "flows"])),
+                time(|| bpfmapctl(&url, &["dump", "flows"])),
+            )
+        });
+        report.row(
+            "bpfmapctl dump --raw > file (hex)",
+            raw_d,
+            n64,
+            Some(("the transfer", ratio(raw_d, transfer))),
         );
-        println!(
-            "  {:<52} {:>9.1} ms   {:.2}x the hex output",
-            "bpfmapctl dump > file (typed JSON Lines)",
-            ms(typed_d),
-            typed_d.as_secs_f64() / raw_d.as_secs_f64()
+        report.row(
+            "bpfmapctl dump > file (typed JSON)",
+            typed_d,
+            n64,
+            Some(("the transfer", ratio(typed_d, transfer))),
         );
         daemon.stop().await;
     });
     drop(map);
+}
+
+async fn time_dump(client: &Client, map: &str) -> Duration {
+    let mut samples = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        library_dump(client, map, DumpOptions::default()).await;
+        samples.push(t.elapsed());
+    }
+    median(samples)
+}
+
+const SECTIONS: [&str; 6] = ["hash", "batch", "shapes", "catalog", "typed", "profile"];
+
+/// Only library dumps of a u64 hash, default options, over and over: a
+/// steady load to run under a profiler (`perf record -g`), not part of the
+/// default run.
+fn profile(n: u32, rt: &tokio::runtime::Runtime) {
+    let fs = BpfFs::new();
+    let (fd, _) = u64_hash(&fs, "m", n, n);
+    rt.block_on(async {
+        let state = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(fs.path(), state.path()).await;
+        let client = daemon.client().await;
+        let t = Instant::now();
+        for _ in 0..20 {
+            assert_eq!(
+                library_dump(&client, "m", DumpOptions::default()).await,
+                u64::from(n)
+            );
+        }
+        println!(
+            "profile: 20 library dumps of {n} entries in {:.1} ms",
+            ms(t.elapsed())
+        );
+        daemon.stop().await;
+    });
+    drop(fd);
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut sizes: Vec<u32> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    if sizes.is_empty() {
+        sizes = vec![100_000, 1_000_000];
+    }
+    let mut sections: Vec<&str> = args
+        .iter()
+        .filter(|a| a.parse::<u32>().is_err())
+        .map(|a| {
+            SECTIONS
+                .iter()
+                .copied()
+                .find(|s| s == a)
+                .unwrap_or_else(|| panic!("unknown section {a:?}: one of {SECTIONS:?}"))
+        })
+        .collect();
+    if sections.is_empty() {
+        sections = SECTIONS.to_vec();
+        sections.retain(|s| *s != "profile");
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    println!(
+        "median of {RUNS} runs; {} CPUs; ratios against baselines measured in this run",
+        bpfmapd::kernel::possible_cpus()
+    );
+    let mut report = Report {
+        lines: Vec::new(),
+        missed: Vec::new(),
+    };
+    if sections.contains(&"profile") {
+        for &n in &sizes {
+            profile(n, &rt);
+        }
+    }
+    if sections.contains(&"hash") {
+        for &n in &sizes {
+            u64_hash_case(n, &rt, &mut report);
+        }
+    }
+    if sections.contains(&"batch") {
+        batch_case(&sizes, &mut report);
+    }
+    if sections.contains(&"shapes") {
+        shapes(&rt, &mut report);
+    }
+    if sections.contains(&"catalog") {
+        catalog(&rt, &mut report);
+    }
+    if sections.contains(&"typed") {
+        for &n in &sizes {
+            typed(n, &rt, &mut report);
+        }
+    }
+    println!("\ntargets:");
+    for l in &report.lines {
+        println!("{l}");
+    }
+    println!(
+        "{} of {} targets met",
+        report.lines.len() - report.missed.len(),
+        report.lines.len()
+    );
 }

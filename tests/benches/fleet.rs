@@ -91,7 +91,7 @@ async fn dump(targets: &[Target], concurrency: usize) -> (Duration, u64) {
     let mut entries = 0u64;
     while let Some(event) = run.next().await {
         match event {
-            FleetEvent::Answer { answer, .. } => entries += answer.entries.len() as u64,
+            FleetEvent::Answer { answer, .. } => entries += answer.len() as u64,
             FleetEvent::Done(r) => assert!(r.is_ok(), "{}: {}", r.target, r.message),
         }
     }

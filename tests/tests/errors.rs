@@ -178,7 +178,7 @@ async fn a_devmap_hash_resumed_after_its_last_key_was_deleted_is_aborted() {
     drop(dump);
     // The walk continues after the last key it delivered; that key is gone,
     // and devmap_hash would silently start again from its first key.
-    delete(&map, &first.last().unwrap().key);
+    delete(&map, first.last().unwrap().key);
     let e = dump_from(&client, "devs", &cursor).await.unwrap_err();
     assert_eq!(code_of(&e), Code::Aborted, "{e}");
     assert_eq!(reason_of(&e), "RESUME_KEY_DELETED");

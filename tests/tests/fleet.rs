@@ -180,7 +180,7 @@ async fn dump(
         match event {
             FleetEvent::Answer { target, answer } => {
                 on_chunk(&target);
-                entries.entry(target).or_default().extend(answer.entries);
+                entries.entry(target).or_default().extend(answer);
             }
             FleetEvent::Done(report) => {
                 let got = collect_unique(entries.remove(&report.target).unwrap_or_default());

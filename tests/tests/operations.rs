@@ -633,7 +633,13 @@ async fn the_cursor_key_rotates_and_the_previous_key_stays_valid_once() {
         "a".parse().unwrap(),
         options(Some(first_key_cursor.clone())),
     );
-    let mut rest = dump.next_chunk().await.unwrap().unwrap();
+    let mut rest: Vec<Entry> = dump
+        .next_chunk()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_iter()
+        .collect();
     let second_key_cursor = dump.cursor().to_owned();
     while let Some(chunk) = dump.next_chunk().await.unwrap() {
         rest.extend(chunk);

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bpfmap_client::{DumpOptions, Entry, RetryPolicy, Value, pb};
+use bpfmap_client::{DumpOptions, Entry, RetryPolicy, ValueRef, pb};
 use bpfmap_tests::{
     process::{DaemonProcess, free_addr},
     *,
@@ -742,11 +742,12 @@ async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
     let mut seen = 0;
     while let Some(chunk) = dump.next_chunk().await.unwrap() {
         assert_eq!(chunk.len(), 1, "one entry per message");
-        let Value::Single(v) = &chunk[0].value else {
+        let e = chunk.get(0).unwrap();
+        let ValueRef::Single(v) = e.value else {
             panic!("not per-CPU")
         };
         assert_eq!(v.len(), value_size as usize);
-        assert!(v.iter().all(|&b| b == chunk[0].key[0]));
+        assert!(v.iter().all(|&b| b == e.key[0]));
         seen += 1;
     }
     assert_eq!(seen, 3);

@@ -375,7 +375,7 @@ async fn dumps_beyond_the_limit_get_resource_exhausted_and_the_rest_are_served()
     // connection window).
     let finished =
         futures::future::join_all(running.into_iter().map(|(mut d, first)| async move {
-            let mut got = first;
+            let mut got = first.to_entries();
             while let Some(c) = d.next_chunk().await.unwrap() {
                 got.extend(c);
             }

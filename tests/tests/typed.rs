@@ -347,12 +347,12 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
     let entries = dump_all(&client, "typed/all", DumpOptions::default()).await;
     let (k, v) = entries.iter().next().unwrap();
     assert_eq!(json_of(&types.decode_key(k)), json!(7));
-    assert_eq!(json_of(&types.decode_value(v)), want);
+    assert_eq!(json_of(&types.decode_value(v.view())), want);
     let mut text = Vec::new();
     types.write_entry_json(
-        &bpfmap_client::Entry {
-            key: k.clone(),
-            value: v.clone(),
+        bpfmap_client::EntryRef {
+            key: k,
+            value: v.view(),
         },
         &mut text,
     );
@@ -708,7 +708,7 @@ async fn per_cpu_values_decode_one_per_cpu_or_summed_exactly() {
     let entries = dump_all(&client, "pcpu", DumpOptions::default()).await;
     let v = &entries[&1u32.to_le_bytes().to_vec()];
     assert!(matches!(v, Value::PerCpu(_)));
-    assert_eq!(json_of(&types.sum_value(v).unwrap()), want);
+    assert_eq!(json_of(&types.sum_value(v.view()).unwrap()), want);
     let (ok, out, err) = ctl(&["--addr", &daemon.addr(), "--per-cpu", "sum", "dump", "pcpu"]).await;
     assert!(ok, "{err}");
     assert_eq!(lines(&out)[1]["value_sum"], want);

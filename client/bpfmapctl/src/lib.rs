@@ -195,7 +195,7 @@ pub fn main() -> std::process::ExitCode {
         stderr: io::stderr().is_terminal(),
     };
     let stdout = io::stdout();
-    let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut out = io::BufWriter::with_capacity(256 << 10, stdout.lock());
     let result = runtime.block_on(run_with(cli, &mut out, &mut io::stderr(), terminals));
     // Whatever happened, what was printed reaches stdout before exiting.
     let flushed = out.flush();
@@ -533,7 +533,7 @@ pub async fn run_with(
                     FleetEvent::Answer { target, answer } => {
                         let mut result = Ok(());
                         let types = types.get(&target);
-                        for e in &answer.entries {
+                        for e in &answer {
                             result = printer.typed_entry(out, &target, e, types);
                             if result.is_err() {
                                 break;
@@ -556,9 +556,9 @@ pub async fn run_with(
                             return Err(e.into());
                         }
                         let w = written.entry(target).or_default();
-                        w.0 += answer.entries.len() as u64;
-                        w.1 = answer.cursor;
-                        progress.entries(answer.entries.len() as u64);
+                        w.0 += answer.len() as u64;
+                        w.1 = answer.cursor().to_owned();
+                        progress.entries(answer.len() as u64);
                     }
                     FleetEvent::Done(r) => {
                         progress.done(&r);

@@ -4,7 +4,7 @@
 use std::io;
 
 use bpfmap_client::{
-    Entry, MapTypes, Target, TargetReport, Value, pb,
+    EntryRef, MapTypes, PerCpuValues, Target, TargetReport, Value, ValueRef, pb,
     typed::{JsonWriter, write_json_string},
 };
 use clap::ValueEnum;
@@ -33,21 +33,30 @@ pub enum PerCpu {
     Sum,
 }
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Every byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [DIGITS[i >> 4], DIGITS[i & 15]];
+        i += 1;
+    }
+    t
+};
 
 /// Appends `bytes` as lowercase hex.
-fn push_hex(out: &mut String, bytes: &[u8]) {
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     out.reserve(bytes.len() * 2);
-    for b in bytes {
-        out.push(HEX[(b >> 4) as usize] as char);
-        out.push(HEX[(b & 15) as usize] as char);
+    for &b in bytes {
+        out.extend_from_slice(&HEX_PAIRS[usize::from(b)]);
     }
 }
 
 fn hex(bytes: &[u8]) -> String {
-    let mut s = String::new();
+    let mut s = Vec::new();
     push_hex(&mut s, bytes);
-    s
+    String::from_utf8(s).expect("hex digits")
 }
 
 /// Parses a hex key ("0x" allowed).
@@ -59,7 +68,7 @@ pub fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
 }
 
 /// The sum of per-CPU integer values, in decimal.
-fn sum(values: &[Vec<u8>]) -> io::Result<String> {
+fn sum(values: PerCpuValues<'_>) -> io::Result<String> {
     let mut total: u128 = 0;
     for v in values {
         let n: u128 = match v.len() {
@@ -83,15 +92,15 @@ fn sum(values: &[Vec<u8>]) -> io::Result<String> {
 
 /// A value as text (hex, or per-CPU values joined by commas or summed) and
 /// as the JSON fields that carry it.
-fn value_text(per_cpu: PerCpu, value: &Value) -> io::Result<(String, Json)> {
+fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<(String, Json)> {
     Ok(match value {
-        Value::Single(v) => (hex(v), json!({ "value": hex(v) })),
-        Value::PerCpu(vs) if per_cpu == PerCpu::Sum => {
+        ValueRef::Single(v) => (hex(v), json!({ "value": hex(v) })),
+        ValueRef::PerCpu(vs) if per_cpu == PerCpu::Sum => {
             let s = sum(vs)?;
             (s.clone(), json!({ "value_sum": s }))
         }
-        Value::PerCpu(vs) => {
-            let list: Vec<String> = vs.iter().map(|v| hex(v)).collect();
+        ValueRef::PerCpu(vs) => {
+            let list: Vec<String> = vs.iter().map(hex).collect();
             (list.join(","), json!({ "per_cpu_values": list }))
         }
     })
@@ -104,10 +113,14 @@ pub struct Printer {
     per_cpu: PerCpu,
     target_width: usize,
     header: bool,
-    line: String,
+    /// The line being written.
+    line: Vec<u8>,
     /// Typed table columns: (name, width), set by the first typed row.
     columns: Vec<(String, usize)>,
-    json: Vec<u8>,
+    /// The last target written, and `"target":"..",` for JSON lines.
+    target: Option<(Target, Vec<u8>)>,
+    /// A decoded value's JSON text.
+    value: Vec<u8>,
 }
 
 /// A decoded value as a table cell: strings bare, the rest as JSON.
@@ -190,27 +203,43 @@ impl Printer {
             per_cpu,
             target_width: target_width.max(6),
             header: false,
-            line: String::with_capacity(256),
+            line: Vec::with_capacity(256),
             columns: Vec::new(),
-            json: Vec::with_capacity(256),
+            target: None,
+            value: Vec::with_capacity(256),
+        }
+    }
+
+    /// Starts a JSON line for `target`: `{"target":"...",`; the target's
+    /// escaping is kept from one line to the next.
+    fn start_json_line(&mut self, target: &Target) {
+        if self.target.as_ref().is_none_or(|(t, _)| t != target) {
+            let mut prefix = b"{\"target\":".to_vec();
+            write_json_string(&mut prefix, target.as_str());
+            prefix.push(b',');
+            self.target = Some((target.clone(), prefix));
+        }
+        self.line.clear();
+        if let Some((_, prefix)) = &self.target {
+            self.line.extend_from_slice(prefix);
         }
     }
 
     /// A decoded value as JSON text: per CPU, or summed.
     fn typed_value(
-        &mut self,
+        per_cpu: PerCpu,
         types: &MapTypes,
-        value: &Value,
-    ) -> io::Result<(&'static str, Vec<u8>)> {
-        let mut out = Vec::new();
+        value: ValueRef<'_>,
+        out: &mut Vec<u8>,
+    ) -> io::Result<&'static str> {
         let field = match value {
-            Value::Single(_) => {
-                types.render_value(value, &mut JsonWriter::new(&mut out));
+            ValueRef::Single(v) => {
+                types.value().write_json(v, out);
                 "value"
             }
-            Value::PerCpu(_) if self.per_cpu == PerCpu::Sum => {
+            ValueRef::PerCpu(_) if per_cpu == PerCpu::Sum => {
                 types
-                    .render_sum(value, &mut JsonWriter::new(&mut out))
+                    .render_sum(value, &mut JsonWriter::new(out))
                     .map_err(|e| {
                         io::Error::new(
                             io::ErrorKind::InvalidInput,
@@ -219,12 +248,12 @@ impl Printer {
                     })?;
                 "value_sum"
             }
-            Value::PerCpu(_) => {
-                types.render_value(value, &mut JsonWriter::new(&mut out));
+            ValueRef::PerCpu(_) => {
+                types.render_value(value, &mut JsonWriter::new(out));
                 "per_cpu_values"
             }
         };
-        Ok((field, out))
+        Ok(field)
     }
 
     /// A row of a typed table: the target, then the key's and the value's
@@ -237,14 +266,14 @@ impl Printer {
         types: &MapTypes,
         key: &[u8],
         found: Option<bool>,
-        value: Option<&Value>,
+        value: Option<ValueRef<'_>>,
     ) -> io::Result<()> {
         let mut row = cells(types.key(), &types.decode_key(key), "KEY");
         if let Some(found) = found {
             row.push(("FOUND".into(), if found { "yes" } else { "no" }.into()));
         }
         match value {
-            Some(v @ Value::PerCpu(_)) if self.per_cpu == PerCpu::Sum => {
+            Some(v @ ValueRef::PerCpu(_)) if self.per_cpu == PerCpu::Sum => {
                 let sum = types.sum_value(v).map_err(|e| {
                     io::Error::new(
                         io::ErrorKind::InvalidInput,
@@ -253,7 +282,7 @@ impl Printer {
                 })?;
                 row.extend(cells(types.value(), &sum, "VALUE"));
             }
-            Some(v @ Value::PerCpu(_)) => {
+            Some(v @ ValueRef::PerCpu(_)) => {
                 row.push(("PER_CPU_VALUES".into(), cell(&types.decode_value(v))));
             }
             Some(v) => row.extend(cells(types.value(), &types.decode_value(v), "VALUE")),
@@ -284,28 +313,27 @@ impl Printer {
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
-        e: &Entry,
+        e: EntryRef<'_>,
         types: Option<&MapTypes>,
     ) -> io::Result<()> {
         let Some(types) = types.filter(|_| self.format != Format::Hex) else {
             return self.entry(out, target, e);
         };
         match self.format {
-            Format::Table => self.typed_row(out, target, types, &e.key, None, Some(&e.value)),
+            Format::Table => self.typed_row(out, target, types, e.key, None, Some(e.value)),
             _ => {
-                let (field, value) = self.typed_value(types, &e.value)?;
-                let json = &mut self.json;
-                json.clear();
-                json.extend_from_slice(b"{\"target\":");
-                write_json_string(json, target.as_str());
-                json.extend_from_slice(b",\"key\":");
-                types.key().write_json(&e.key, json);
-                json.extend_from_slice(b",\"");
-                json.extend_from_slice(field.as_bytes());
-                json.extend_from_slice(b"\":");
-                json.extend_from_slice(&value);
-                json.extend_from_slice(b"}\n");
-                out.write_all(json)
+                self.value.clear();
+                let field = Self::typed_value(self.per_cpu, types, e.value, &mut self.value)?;
+                self.start_json_line(target);
+                let line = &mut self.line;
+                line.extend_from_slice(b"\"key\":");
+                types.key().write_json(e.key, line);
+                line.extend_from_slice(b",\"");
+                line.extend_from_slice(field.as_bytes());
+                line.extend_from_slice(b"\":");
+                line.extend_from_slice(&self.value);
+                line.extend_from_slice(b"}\n");
+                out.write_all(line)
             }
         }
     }
@@ -329,9 +357,14 @@ impl Printer {
             Some(Value::PerCpu(r.per_cpu_values.clone()))
         };
         match self.format {
-            Format::Table => {
-                self.typed_row(out, target, types, &r.key, Some(r.found), value.as_ref())
-            }
+            Format::Table => self.typed_row(
+                out,
+                target,
+                types,
+                &r.key,
+                Some(r.found),
+                value.as_ref().map(Value::view),
+            ),
             _ => {
                 let mut json = Vec::new();
                 json.extend_from_slice(b"{\"target\":");
@@ -344,7 +377,8 @@ impl Printer {
                     b",\"found\":false"
                 });
                 if let Some(v) = &value {
-                    let (field, text) = self.typed_value(types, v)?;
+                    let mut text = Vec::new();
+                    let field = Self::typed_value(self.per_cpu, types, v.view(), &mut text)?;
                     json.extend_from_slice(b",\"");
                     json.extend_from_slice(field.as_bytes());
                     json.extend_from_slice(b"\":");
@@ -356,49 +390,75 @@ impl Printer {
         }
     }
 
-    fn value_text(&self, value: &Value) -> io::Result<(String, Json)> {
+    fn value_text(&self, value: ValueRef<'_>) -> io::Result<(String, Json)> {
         value_text(self.per_cpu, value)
     }
 
-    /// One dump entry.
-    pub fn entry(&mut self, out: &mut dyn io::Write, target: &Target, e: &Entry) -> io::Result<()> {
-        let per_cpu = self.per_cpu;
-        let line = &mut self.line;
-        line.clear();
+    /// One dump entry, written straight into the line (no JSON value or
+    /// string per entry).
+    pub fn entry(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        e: EntryRef<'_>,
+    ) -> io::Result<()> {
         match self.format {
-            Format::Json if matches!(e.value, Value::Single(_)) => {
-                // The common case, written directly: no JSON value per entry.
-                let Value::Single(v) = &e.value else {
-                    unreachable!()
-                };
-                line.push_str("{\"target\":");
-                line.push_str(&serde_json::to_string(target.as_str()).expect("a string"));
-                line.push_str(",\"key\":\"");
-                push_hex(line, &e.key);
-                line.push_str("\",\"value\":\"");
-                push_hex(line, v);
-                line.push_str("\"}\n");
-            }
             Format::Json => {
-                let (_, value) = value_text(per_cpu, &e.value)?;
-                let mut obj = json!({"target": target.as_str(), "key": hex(&e.key)});
-                if let (Some(o), Json::Object(v)) = (obj.as_object_mut(), value) {
-                    o.extend(v);
+                self.start_json_line(target);
+                let line = &mut self.line;
+                line.extend_from_slice(b"\"key\":\"");
+                push_hex(line, e.key);
+                match e.value {
+                    ValueRef::Single(v) => {
+                        line.extend_from_slice(b"\",\"value\":\"");
+                        push_hex(line, v);
+                        line.push(b'"');
+                    }
+                    ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
+                        line.extend_from_slice(b"\",\"value_sum\":\"");
+                        line.extend_from_slice(sum(vs)?.as_bytes());
+                        line.push(b'"');
+                    }
+                    ValueRef::PerCpu(vs) => {
+                        line.extend_from_slice(b"\",\"per_cpu_values\":[");
+                        for (i, v) in vs.iter().enumerate() {
+                            if i > 0 {
+                                line.push(b',');
+                            }
+                            line.push(b'"');
+                            push_hex(line, v);
+                            line.push(b'"');
+                        }
+                        line.push(b']');
+                    }
                 }
-                line.push_str(&obj.to_string());
-                line.push('\n');
+                line.extend_from_slice(b"}\n");
             }
             Format::Hex => {
-                let (value, _) = value_text(per_cpu, &e.value)?;
-                line.push_str(target.as_str());
-                line.push(' ');
-                push_hex(line, &e.key);
-                line.push(' ');
-                line.push_str(&value);
-                line.push('\n');
+                let line = &mut self.line;
+                line.clear();
+                line.extend_from_slice(target.as_str().as_bytes());
+                line.push(b' ');
+                push_hex(line, e.key);
+                line.push(b' ');
+                match e.value {
+                    ValueRef::Single(v) => push_hex(line, v),
+                    ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
+                        line.extend_from_slice(sum(vs)?.as_bytes());
+                    }
+                    ValueRef::PerCpu(vs) => {
+                        for (i, v) in vs.iter().enumerate() {
+                            if i > 0 {
+                                line.push(b',');
+                            }
+                            push_hex(line, v);
+                        }
+                    }
+                }
+                line.push(b'\n');
             }
             Format::Table => {
-                let (value, _) = self.value_text(&e.value)?;
+                let (value, _) = self.value_text(e.value)?;
                 if !self.header {
                     self.header = true;
                     writeln!(
@@ -410,18 +470,20 @@ impl Printer {
                         kw = e.key.len() * 2
                     )?;
                 }
-                let line = &mut self.line;
-                line.clear();
-                line.push_str(&format!(
-                    "{:tw$}  {:kw$}  {value}\n",
-                    target.as_str(),
-                    hex(&e.key),
-                    tw = self.target_width,
-                    kw = e.key.len() * 2
-                ));
+                self.line.clear();
+                self.line.extend_from_slice(
+                    format!(
+                        "{:tw$}  {:kw$}  {value}\n",
+                        target.as_str(),
+                        hex(e.key),
+                        tw = self.target_width,
+                        kw = e.key.len() * 2
+                    )
+                    .as_bytes(),
+                );
             }
         }
-        out.write_all(self.line.as_bytes())
+        out.write_all(&self.line)
     }
 
     /// A lookup result.
@@ -438,7 +500,10 @@ impl Printer {
         } else {
             Some(Value::PerCpu(r.per_cpu_values.clone()))
         };
-        let text = value.as_ref().map(|v| self.value_text(v)).transpose()?;
+        let text = value
+            .as_ref()
+            .map(|v| self.value_text(v.view()))
+            .transpose()?;
         match self.format {
             Format::Json => {
                 let mut obj =
@@ -634,6 +699,8 @@ impl Progress {
 
 #[cfg(test)]
 mod tests {
+    use bpfmap_client::Entry;
+
     use super::*;
 
     #[test]
@@ -648,6 +715,7 @@ mod tests {
     #[test]
     fn per_cpu_sums_are_exact() {
         let u64s = vec![u64::MAX.to_le_bytes().to_vec(); 4];
+        let sum = |v: &[Vec<u8>]| sum(PerCpuValues::from_slices(v));
         assert_eq!(sum(&u64s).unwrap(), (u128::from(u64::MAX) * 4).to_string());
         assert_eq!(sum(&[vec![1], vec![2]]).unwrap(), "3");
         assert_eq!(sum(&[vec![1, 1], vec![0, 1]]).unwrap(), "513");
@@ -667,10 +735,10 @@ mod tests {
         };
         let mut out = Vec::new();
         let mut p = Printer::new(Format::Json, PerCpu::List, 0);
-        p.entry(&mut out, &t, &single).unwrap();
-        p.entry(&mut out, &t, &per_cpu).unwrap();
+        p.entry(&mut out, &t, single.view()).unwrap();
+        p.entry(&mut out, &t, per_cpu.view()).unwrap();
         let mut sum = Printer::new(Format::Json, PerCpu::Sum, 0);
-        sum.entry(&mut out, &t, &per_cpu).unwrap();
+        sum.entry(&mut out, &t, per_cpu.view()).unwrap();
         let lines: Vec<Json> = String::from_utf8(out)
             .unwrap()
             .lines()
@@ -691,7 +759,7 @@ mod tests {
 
         let mut out = Vec::new();
         Printer::new(Format::Hex, PerCpu::List, 0)
-            .entry(&mut out, &t, &per_cpu)
+            .entry(&mut out, &t, per_cpu.view())
             .unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
@@ -700,8 +768,8 @@ mod tests {
 
         let mut out = Vec::new();
         let mut table = Printer::new(Format::Table, PerCpu::Sum, t.as_str().len());
-        table.entry(&mut out, &t, &per_cpu).unwrap();
-        table.entry(&mut out, &t, &single).unwrap();
+        table.entry(&mut out, &t, per_cpu.view()).unwrap();
+        table.entry(&mut out, &t, single.view()).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "TARGET          KEY   VALUE\n10.0.0.7:50051  0102  3\n10.0.0.7:50051  0102  ff\n"

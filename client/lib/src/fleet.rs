@@ -25,7 +25,7 @@ use futures::{Stream, StreamExt as _};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tonic::{Code, Status};
 
-use crate::{Client, ConnectOptions, DumpOptions, Entry, Error, MapName, RetryPolicy, pb};
+use crate::{Chunk, Client, ConnectOptions, DumpOptions, Error, MapName, RetryPolicy, pb};
 
 /// One daemon of a fleet: `host:port` (a name, an IPv4 address, or an IPv6
 /// address in brackets). The scheme follows the connection: https with TLS.
@@ -118,16 +118,6 @@ impl Default for FleetOptions {
             },
         }
     }
-}
-
-/// A chunk of one target's dump, with the cursor that resumes that target
-/// right after it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DumpChunk {
-    /// The entries.
-    pub entries: Vec<Entry>,
-    /// The target's cursor after this chunk.
-    pub cursor: String,
 }
 
 /// How one target's part of a run ended.
@@ -473,7 +463,7 @@ impl Fleet {
     }
 
     /// Dumps `map` on every target, each from the beginning.
-    pub fn dump(&self, map: &MapName, options: DumpOptions) -> FleetRun<DumpChunk> {
+    pub fn dump(&self, map: &MapName, options: DumpOptions) -> FleetRun<Chunk> {
         self.dump_from(map, options, HashMap::new())
     }
 
@@ -485,7 +475,7 @@ impl Fleet {
         map: &MapName,
         options: DumpOptions,
         cursors: HashMap<Target, String>,
-    ) -> FleetRun<DumpChunk> {
+    ) -> FleetRun<Chunk> {
         let (connect_timeout, idle_timeout) =
             (self.options.connect_timeout, self.options.idle_timeout);
         let map = map.clone();
@@ -526,16 +516,10 @@ impl Fleet {
                     };
                     wait = idle_timeout;
                     let resumes = dump.resumes();
-                    let Some(entries) = chunk else { break };
-                    let cursor = dump.cursor().to_owned();
-                    let n = entries.len() as u64;
-                    if !answers
-                        .send(DumpChunk {
-                            entries,
-                            cursor: cursor.clone(),
-                        })
-                        .await
-                    {
+                    let Some(chunk) = chunk else { break };
+                    let cursor = chunk.cursor().to_owned();
+                    let n = chunk.len() as u64;
+                    if !answers.send(chunk).await {
                         return Err(Status::cancelled("the run was dropped"));
                     }
                     answers.update(|p| {

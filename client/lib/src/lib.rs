@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod chunk;
 #[cfg(feature = "discovery")]
 mod discovery;
 mod fleet;
@@ -29,9 +30,10 @@ pub mod typed;
 use std::{fmt, str::FromStr, time::Duration};
 
 pub use bpfmap_proto::v1 as pb;
+pub use chunk::{Chunk, EntryRef, Iter, PerCpuIter, PerCpuValues, ValueRef};
 #[cfg(feature = "discovery")]
 pub use discovery::{DiscoveryError, Resolver, TargetSpec};
-pub use fleet::{DumpChunk, Fleet, FleetEvent, FleetOptions, FleetRun, Target, TargetReport};
+pub use fleet::{Fleet, FleetEvent, FleetOptions, FleetRun, Target, TargetReport};
 use pb::map_service_client::MapServiceClient;
 pub use resume::{Dump, DumpOptions, Entry, RetryPolicy, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -292,7 +294,8 @@ impl Client {
             .map_err(bad)?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true)
-            .http2_adaptive_window(true)
+            .initial_stream_window_size(2 << 20)
+            .initial_connection_window_size(4 << 20)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
         if let Some(tls) = &options.tls {

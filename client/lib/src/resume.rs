@@ -6,7 +6,10 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::Stream;
 use tonic::{Code, Status, Streaming, transport::Channel};
 
-use crate::{Error, MapName, pb, pb::map_service_client::MapServiceClient};
+use crate::{
+    Chunk, EntryRef, Error, MapName, PerCpuValues, ValueRef, pb,
+    pb::map_service_client::MapServiceClient,
+};
 
 /// How calls are retried and dumps resumed.
 ///
@@ -108,8 +111,8 @@ pub struct DumpOptions {
     pub limit: u64,
     /// Start after this cursor instead of at the beginning.
     pub cursor: Option<String>,
-    /// Ask for the packed layout (less work on both sides). Entries are
-    /// decoded to the same [`Entry`] values either way.
+    /// Ask for the packed layout (less work on both sides). Chunks hold the
+    /// same entries either way.
     pub packed: bool,
 }
 
@@ -133,13 +136,34 @@ pub enum Value {
     PerCpu(Vec<Vec<u8>>),
 }
 
-/// One entry of a map.
+impl Value {
+    /// The value, borrowed.
+    pub fn view(&self) -> ValueRef<'_> {
+        match self {
+            Self::Single(v) => ValueRef::Single(v),
+            Self::PerCpu(v) => ValueRef::PerCpu(PerCpuValues::from_slices(v)),
+        }
+    }
+}
+
+/// One entry of a map, owned (a [`Chunk`] lends [`EntryRef`]s without
+/// copying).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The key, `key_size` bytes.
     pub key: Vec<u8>,
     /// The value.
     pub value: Value,
+}
+
+impl Entry {
+    /// The entry, borrowed.
+    pub fn view(&self) -> EntryRef<'_> {
+        EntryRef {
+            key: &self.key,
+            value: self.value.view(),
+        }
+    }
 }
 
 /// A dump in progress. Read it chunk by chunk with [`Dump::next_chunk`] or
@@ -237,8 +261,8 @@ impl Dump {
         Ok(self.client.dump_map(req).await?.into_inner())
     }
 
-    /// The next chunk's entries; `None` once the dump has ended.
-    pub async fn next_chunk(&mut self) -> Result<Option<Vec<Entry>>, Error> {
+    /// The next chunk; `None` once the dump has ended.
+    pub async fn next_chunk(&mut self) -> Result<Option<Chunk>, Error> {
         let mut delays = self.retry.delays();
         loop {
             if self.finished {
@@ -270,10 +294,11 @@ impl Dump {
                         return Ok(None);
                     }
                     self.last_failure = None;
-                    let entries = self.decode(msg.entries, msg.packed)?;
-                    self.cursor = msg.cursor;
-                    self.received += entries.len() as u64;
-                    return Ok(Some(entries));
+                    let chunk = Chunk::new(msg.entries, msg.packed, msg.cursor)?;
+                    self.cursor.clear();
+                    self.cursor.push_str(chunk.cursor());
+                    self.received += chunk.len() as u64;
+                    return Ok(Some(chunk));
                 }
                 // The stream ended without its final message: broken.
                 Ok(None) => Status::unavailable("stream ended before the dump finished"),
@@ -293,56 +318,6 @@ impl Dump {
                 None => return Err(status.into()),
             }
         }
-    }
-
-    fn decode(
-        &self,
-        entries: Vec<pb::Entry>,
-        packed: Option<pb::PackedEntries>,
-    ) -> Result<Vec<Entry>, Error> {
-        let Some(p) = packed else {
-            return Ok(entries
-                .into_iter()
-                .map(|e| Entry {
-                    key: e.key,
-                    value: if e.per_cpu_values.is_empty() {
-                        Value::Single(e.value)
-                    } else {
-                        Value::PerCpu(e.per_cpu_values)
-                    },
-                })
-                .collect());
-        };
-        let (n, ks, vs) = (
-            p.count as usize,
-            p.key_size as usize,
-            p.value_stride as usize,
-        );
-        if p.keys.len() != n * ks || p.values.len() != n * vs {
-            return Err(Error::Protocol(format!(
-                "packed chunk of {n} entries has {} key bytes and {} value bytes",
-                p.keys.len(),
-                p.values.len()
-            )));
-        }
-        let cpus = p.cpus as usize;
-        if cpus > 0 && (vs == 0 || vs % cpus != 0) {
-            return Err(Error::Protocol(format!(
-                "packed value stride {vs} is not a multiple of {cpus} CPUs"
-            )));
-        }
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            let key = p.keys[i * ks..(i + 1) * ks].to_vec();
-            let raw = &p.values[i * vs..(i + 1) * vs];
-            // cpus == 0: not a per-CPU map.
-            let value = match vs.checked_div(cpus) {
-                Some(one) => Value::PerCpu(raw.chunks(one).map(<[u8]>::to_vec).collect()),
-                None => Value::Single(raw.to_vec()),
-            };
-            out.push(Entry { key, value });
-        }
-        Ok(out)
     }
 
     /// All remaining entries as a stream.

@@ -11,10 +11,11 @@
 //! let map: MapName = "demo/flows".parse()?;
 //! let types = client.map_types(&map).await?.expect("a map with BTF");
 //! let mut dump = client.dump(map, DumpOptions::default());
+//! let mut line = Vec::new();
 //! while let Some(chunk) = dump.next_chunk().await? {
-//!     for entry in chunk {
-//!         let mut line = Vec::new();
-//!         types.write_entry_json(&entry, &mut line);
+//!     for entry in &chunk {
+//!         line.clear();
+//!         types.write_entry_json(entry, &mut line);
 //!         println!("{}", String::from_utf8_lossy(&line));
 //!     }
 //! }
@@ -27,7 +28,7 @@ pub use bpfmap_proto::typed::{
     EncodeError, JsonWriter, Layout, Sink, TypeError, ValueBuilder, write_json_string,
 };
 
-use crate::{Entry, Value, pb};
+use crate::{EntryRef, ValueRef, pb};
 
 /// A map's key and value types, checked and ready to decode.
 #[derive(Debug, Clone)]
@@ -65,7 +66,7 @@ impl MapTypes {
     }
 
     /// Decodes a value: per-CPU values as a list, one per CPU.
-    pub fn decode_value(&self, value: &Value) -> prost_types::Value {
+    pub fn decode_value(&self, value: ValueRef<'_>) -> prost_types::Value {
         let mut b = ValueBuilder::default();
         self.render_value(value, &mut b);
         b.finish()
@@ -74,29 +75,27 @@ impl MapTypes {
     /// Sums per-CPU values member by member (integers only; the error says
     /// which member is not one). A value that is not per-CPU is decoded as
     /// it is.
-    pub fn sum_value(&self, value: &Value) -> Result<prost_types::Value, TypeError> {
+    pub fn sum_value(&self, value: ValueRef<'_>) -> Result<prost_types::Value, TypeError> {
         let mut b = ValueBuilder::default();
         self.render_sum(value, &mut b)?;
         Ok(b.finish())
     }
 
     /// Writes a value into `sink`: per-CPU values as a list.
-    pub fn render_value(&self, value: &Value, sink: &mut impl Sink) {
+    pub fn render_value(&self, value: ValueRef<'_>, sink: &mut impl Sink) {
         match value {
-            Value::Single(v) => self.value.render(v, sink),
-            Value::PerCpu(vs) => self
-                .value
-                .render_per_cpu(vs.iter().map(Vec::as_slice), sink),
+            ValueRef::Single(v) => self.value.render(v, sink),
+            ValueRef::PerCpu(vs) => self.value.render_per_cpu(vs, sink),
         }
     }
 
     /// Writes the per-CPU sum of a value into `sink`.
-    pub fn render_sum(&self, value: &Value, sink: &mut impl Sink) -> Result<(), TypeError> {
+    pub fn render_sum(&self, value: ValueRef<'_>, sink: &mut impl Sink) -> Result<(), TypeError> {
         match value {
-            Value::Single(v) => self.value.render(v, sink),
-            Value::PerCpu(vs) => {
+            ValueRef::Single(v) => self.value.render(v, sink),
+            ValueRef::PerCpu(vs) => {
                 self.value.check_summable()?;
-                let cpus: Vec<&[u8]> = vs.iter().map(Vec::as_slice).collect();
+                let cpus: Vec<&[u8]> = vs.iter().collect();
                 self.value.render_sum(&cpus, sink);
             }
         }
@@ -105,17 +104,17 @@ impl MapTypes {
 
     /// Appends `{"key":...,"value":...}` (per-CPU values under
     /// `"per_cpu_values"`) as JSON text.
-    pub fn write_entry_json(&self, entry: &Entry, out: &mut Vec<u8>) {
+    pub fn write_entry_json(&self, entry: EntryRef<'_>, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"key\":");
-        self.key.write_json(&entry.key, out);
-        match &entry.value {
-            Value::Single(v) => {
+        self.key.write_json(entry.key, out);
+        match entry.value {
+            ValueRef::Single(v) => {
                 out.extend_from_slice(b",\"value\":");
                 self.value.write_json(v, out);
             }
-            Value::PerCpu(_) => {
+            ValueRef::PerCpu(_) => {
                 out.extend_from_slice(b",\"per_cpu_values\":");
-                self.render_value(&entry.value, &mut JsonWriter::new(out));
+                self.render_value(entry.value, &mut JsonWriter::new(out));
             }
         }
         out.push(b'}');
