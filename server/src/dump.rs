@@ -67,14 +67,14 @@ pub const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
 /// Messages a dump of large entries has in memory at once: it reads the next
 /// entry only once nothing is queued.
 pub const LARGE_PIPELINE: usize = 1 + 1 + IN_TRANSPORT;
-/// A chunk's size when the request does not say: this many bytes of
-/// entries, or what a dump's share allows (a fifth of it: about 115 KiB with
-/// the default limits). Large chunks cost the kernel nothing more per entry,
-/// and save a hop and a message per chunk.
-pub const DEFAULT_CHUNK_BYTES: usize = 128 << 10;
+/// A chunk's size when the request does not say: the largest a dump's share
+/// allows (a fifth of it: about 115 KiB with the default limits), up to
+/// this. Large chunks cost the kernel nothing more per entry, and save the
+/// hand-offs between threads and the message that every chunk costs.
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 /// The first chunk's size when the request does not say: small, so that the
-/// first entries arrive at once; each chunk after it is twice the last one
-/// until [`DEFAULT_CHUNK_BYTES`] (a slow start).
+/// first entries arrive at once; each chunk after it is four times the last one
+/// until the default size (a slow start).
 pub const FIRST_CHUNK_BYTES: usize = 4 << 10;
 /// Upper bound on entries per chunk.
 pub const MAX_CHUNK: u32 = 65_536;
@@ -375,7 +375,7 @@ async fn run(
         }
         let remaining = (limit != 0).then(|| limit - sent);
         let mut want = remaining.map_or(next, |r| r.min(u64::from(next)) as u32);
-        next = next.saturating_mul(2).min(chunk.steady);
+        next = next.saturating_mul(4).min(chunk.steady);
         let mut reservation = match large {
             // Memory taken for the whole dump: one entry at a time, read
             // once nothing is queued.

@@ -82,11 +82,6 @@ impl MapServiceImpl {
     }
 
     /// A map's types (read from the kernel and cached).
-    async fn types_of(&self, meta: &crate::kernel::MapMeta) -> Result<Types, Error> {
-        let (catalog, meta) = (self.catalog.clone(), meta.clone());
-        blocking(move || Ok(catalog.types().get(&meta))).await
-    }
-
     fn accepting(&self) -> Result<(), Error> {
         if *self.draining.borrow() {
             Err(Error::ShuttingDown)
@@ -116,16 +111,29 @@ impl MapServiceImpl {
 
     /// Authorizes, then opens; a path that resolves (through a symlink) to
     /// another map is authorized under that map's name too.
+    /// Opens the map `caller` may `op`, with its types when `types` (read
+    /// in the same trip to the blocking pool: a trip costs more than the
+    /// syscalls).
     async fn open_for(
         &self,
         caller: &Caller,
         op: Operation,
         map: &MapRef,
-    ) -> Result<Resolved, Error> {
+        types: bool,
+    ) -> Result<(Resolved, Types), Error> {
         self.authorize(caller, op, map)?;
         let catalog = self.catalog.clone();
         let r = map.clone();
-        let resolved = blocking(move || catalog.open(&r)).await?;
+        let (resolved, types) = blocking(move || {
+            let resolved = catalog.open(&r)?;
+            let types = if types {
+                catalog.types().get(resolved.handle.meta())
+            } else {
+                Types::None
+            };
+            Ok((resolved, types))
+        })
+        .await?;
         if let Some(target) = &resolved.target {
             // Named as requested: the symlink's target is not revealed.
             self.authorize(caller, op, target)
@@ -135,7 +143,7 @@ impl MapServiceImpl {
                     map: map.clone(),
                 })?;
         }
-        Ok(resolved)
+        Ok((resolved, types))
     }
 
     async fn list(&self, caller: &Caller) -> Result<Vec<pb::MapInfo>, Error> {
@@ -153,10 +161,10 @@ impl MapServiceImpl {
     async fn get(&self, caller: &Caller, map: Option<pb::MapRef>) -> Result<pb::MapInfo, Error> {
         self.accepting()?;
         let map = proto::map_ref(map)?;
-        let resolved = self.open_for(caller, Operation::List, &map).await?;
+        let (resolved, types) = self.open_for(caller, Operation::List, &map, true).await?;
         let meta = resolved.handle.meta();
         let mut info = (&resolved.map, meta).into_proto();
-        self.types_of(meta).await?.fill(&mut info);
+        types.fill(&mut info);
         Ok(info)
     }
 
@@ -171,10 +179,9 @@ impl MapServiceImpl {
         })?;
         if req.chunk_size > dump::MAX_CHUNK {
             return Err(Error::InvalidArgument(format!(
-                "chunk_size {} is too large; use 1 to {}, or 0 for the server's default (chunks of about {} KiB)",
+                "chunk_size {} is too large; use 1 to {}, or 0 for the server's default (chunks as large as the dump's memory allows)",
                 req.chunk_size,
                 dump::MAX_CHUNK,
-                dump::DEFAULT_CHUNK_BYTES >> 10
             )));
         }
         // The cursor is checked before the map is touched: a bad cursor is a
@@ -184,7 +191,11 @@ impl MapServiceImpl {
             "" => None,
             token => Some(keys.open(token, &caller.identity, &map)?),
         };
-        let resolved = self.open_for(caller, Operation::Dump, &map).await?;
+        let packed = layout == pb::Layout::Packed;
+        let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32;
+        let (resolved, types) = self
+            .open_for(caller, Operation::Dump, &map, decodes)
+            .await?;
         let meta = resolved.handle.meta().clone();
         let position = match opened {
             None => Position::Start,
@@ -194,13 +205,6 @@ impl MapServiceImpl {
             }
         };
         let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &map, &meta);
-        let packed = layout == pb::Layout::Packed;
-        let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32;
-        let types = if decodes {
-            self.types_of(&meta).await?
-        } else {
-            Types::None
-        };
         let decoder = Decoder::for_request(&map, &meta, &types, req.raw, req.per_cpu, packed)?;
         let options = dump::Options {
             layout,
@@ -244,15 +248,17 @@ impl MapServiceImpl {
         }
         let held = Held::default();
         held.keep(self.limits.lookups.try_acquire()?);
-        let resolved = self.open_for(caller, Operation::Lookup, &map).await?;
+        let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
+        let (resolved, types) = self
+            .open_for(
+                caller,
+                Operation::Lookup,
+                &map,
+                decodes || !req.json_keys.is_empty(),
+            )
+            .await?;
         let handle = resolved.handle;
         let meta = handle.meta();
-        let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
-        let types = if decodes || !req.json_keys.is_empty() {
-            self.types_of(meta).await?
-        } else {
-            Types::None
-        };
         let decoder = Decoder::for_request(&map, meta, &types, req.raw, req.per_cpu, false)?;
         if !req.json_keys.is_empty() {
             let layout = types.key_layout(&map)?;

@@ -22,10 +22,19 @@ use bpfmapd::kernel::{
     walk::{Position, Walker},
 };
 
-/// Samples per case. Cases compared with a baseline are timed alternately
-/// with it, so that a machine that slows down or speeds up during the run
-/// moves both alike.
+/// Samples per case (more for cases under 100 ms). Cases compared with a
+/// baseline are timed alternately with it, so that a machine that slows
+/// down or speeds up during the run moves both alike.
 const RUNS: usize = 7;
+
+/// Samples for a case whose first sample took `first`.
+fn runs(first: Duration) -> usize {
+    if first < Duration::from_millis(100) {
+        RUNS * 3
+    } else {
+        RUNS
+    }
+}
 
 fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
     v.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
@@ -40,23 +49,30 @@ fn once(f: &mut dyn FnMut() -> u64) -> Duration {
 
 /// The median of RUNS timings of `f`.
 fn time(mut f: impl FnMut() -> u64) -> Duration {
-    median((0..RUNS).map(|_| once(&mut f)).collect())
+    let first = once(&mut f);
+    let mut samples = vec![first];
+    samples.extend((1..runs(first)).map(|_| once(&mut f)));
+    median(samples)
 }
 
 /// `candidate` timed alternately with `baseline`: the candidate's median,
-/// and the median of the ratios of each pair.
+/// and its ratio to the baseline's median (both taken over the same
+/// stretch of time).
 fn paired(
     mut baseline: impl FnMut() -> u64,
     mut candidate: impl FnMut() -> u64,
 ) -> (Duration, f64) {
-    let (mut times, mut ratios) = (Vec::new(), Vec::new());
-    for _ in 0..RUNS {
+    let (mut times, mut bases) = (Vec::new(), Vec::new());
+    let mut n = RUNS;
+    while times.len() < n {
         let b = once(&mut baseline);
         let c = once(&mut candidate);
+        n = runs(c.max(b));
         times.push(c);
-        ratios.push(ratio(c, b));
+        bases.push(b);
     }
-    (median(times), median(ratios))
+    let c = median(times);
+    (c, ratio(c, median(bases)))
 }
 
 /// [`paired`], for a candidate that runs on the runtime.
@@ -64,16 +80,19 @@ async fn paired_async<F: std::future::Future<Output = u64>>(
     mut baseline: impl FnMut() -> u64,
     mut candidate: impl FnMut() -> F,
 ) -> (Duration, f64) {
-    let (mut times, mut ratios) = (Vec::new(), Vec::new());
-    for _ in 0..RUNS {
+    let (mut times, mut bases) = (Vec::new(), Vec::new());
+    let mut n = RUNS;
+    while times.len() < n {
         let b = once(&mut baseline);
         let t = Instant::now();
         std::hint::black_box(candidate().await);
         let c = t.elapsed();
+        n = runs(c.max(b));
         times.push(c);
-        ratios.push(ratio(c, b));
+        bases.push(b);
     }
-    (median(times), median(ratios))
+    let c = median(times);
+    (c, ratio(c, median(bases)))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -226,13 +245,26 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
         n64
     });
     report.row("get_next_key + lookup", d, n64, Some(("the floor", r)));
+    // Tools are whole processes: their floor is the walk in a process of
+    // its own.
+    let process_floor = || {
+        assert_eq!(walk_process(&path), n64);
+        n64
+    };
+    let (d, r) = paired(floor, process_floor);
+    report.row(
+        "the floor in a process of its own (the tools' floor)",
+        d,
+        n64,
+        Some(("the floor", r)),
+    );
     let bpftool = bpftool_installed().then(|| {
-        let (d, r) = paired(floor, || bpftool_dump(&path));
+        let (d, r) = paired(process_floor, || bpftool_dump(&path));
         report.row(
             "bpftool map dump -j > file (whole process)",
             d,
             n64,
-            Some(("the floor", r)),
+            Some(("the tools' floor", r)),
         );
         r
     });
@@ -291,16 +323,17 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
 
         // bpfmapctl to a file, whole process.
         let url = daemon.addr();
-        let (ctl, r) =
-            tokio::task::block_in_place(|| paired(floor, || bpfmapctl(&url, &["dump", "m"])));
+        let (ctl, r) = tokio::task::block_in_place(|| {
+            paired(process_floor, || bpfmapctl(&url, &["dump", "m"]))
+        });
         report.row(
             "bpfmapctl dump > file (JSON Lines, whole process)",
             ctl,
             n64,
-            Some(("the floor", r)),
+            Some(("the tools' floor", r)),
         );
         report.target(
-            &format!("bpfmapctl dump, {n} entries, vs the floor"),
+            &format!("bpfmapctl dump, {n} entries, vs the tools' floor"),
             r,
             "x",
             1.5,
@@ -327,10 +360,12 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
                 samples.push(t.elapsed());
             }
             let first = median(samples);
+            let rpc = rpc_round_trip(&daemon.addr()).await;
             println!(
-                "  {:<58} {:>9.3} ms",
+                "  {:<58} {:>9.3} ms   (an RPC that does nothing: {:.3} ms)",
                 "time to the first chunk (median of 21)",
-                ms(first)
+                ms(first),
+                ms(rpc)
             );
             report.target(
                 &format!("time to the first chunk, {n} entries"),
@@ -348,7 +383,7 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
             for _ in 0..32 {
                 clients.push(daemon.client().await);
             }
-            let (mut alls, mut rates) = (Vec::new(), Vec::new());
+            let (mut alls, mut ones) = (Vec::new(), Vec::new());
             for _ in 0..RUNS {
                 let t = Instant::now();
                 library_dump(&client, "m", DumpOptions::default()).await;
@@ -368,9 +403,10 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
                 }
                 let all = t.elapsed();
                 alls.push(all);
-                rates.push(32.0 * one.as_secs_f64() / all.as_secs_f64());
+                ones.push(one);
             }
-            let (all, rate) = (median(alls), median(rates));
+            let (all, one) = (median(alls), median(ones));
+            let rate = 32.0 * ratio(one, all);
             println!(
                 "  {:<58} {:>9.1} ms   {:.2} M entries/s in all: {rate:.2}x one client's rate",
                 "32 clients at once, each the whole map",
@@ -505,6 +541,19 @@ fn shapes(rt: &tokio::runtime::Runtime, report: &mut Report) {
         let state = tempfile::tempdir().unwrap();
         let daemon = Daemon::start(fs.path(), state.path()).await;
         let client = daemon.client().await;
+        // The same with more memory for queued data: each dump's share
+        // (max_queued_bytes * 3/4 / max_dumps) holds five chunks of 1 MiB.
+        let state_big = tempfile::tempdir().unwrap();
+        let config = Daemon::config(fs.path(), state_big.path());
+        let big = Daemon::start_with(bpfmapd::Config {
+            limits: bpfmapd::Limits {
+                max_queued_bytes: 512 << 20,
+                ..config.limits.clone()
+            },
+            ..config
+        })
+        .await;
+        let big_client = big.client().await;
         for (map, entries, what, limit) in [
             (
                 "sparse",
@@ -542,8 +591,19 @@ fn shapes(rt: &tokio::runtime::Runtime, report: &mut Report) {
                 Some(("the floor", r)),
             );
             report.target(&format!("{what}, vs the floor"), r, "x", limit, true);
+            let (d, r) = paired_async(floor, || {
+                library_dump(&big_client, map, DumpOptions::default())
+            })
+            .await;
+            report.row(
+                "library, max_queued_bytes 512 MiB (1 MiB chunks)",
+                d,
+                entries,
+                Some(("the floor", r)),
+            );
         }
         daemon.stop().await;
+        big.stop().await;
     });
 }
 
@@ -574,8 +634,14 @@ fn catalog(rt: &tokio::runtime::Runtime, report: &mut Report) {
             gets.push(t.elapsed());
         }
         let (list, get) = (median(lists), median(gets));
+        let rpc = rpc_round_trip(&daemon.addr()).await;
         println!("  {:<58} {:>9.2} ms", "ListMaps", ms(list));
-        println!("  {:<58} {:>9.3} ms", "GetMap of one", ms(get));
+        println!(
+            "  {:<58} {:>9.3} ms   (an RPC that does nothing: {:.3} ms)",
+            "GetMap of one",
+            ms(get),
+            ms(rpc)
+        );
         report.target("ListMaps over 2,000 maps", ms(list), " ms", 50.0, true);
         report.target("GetMap of one among 2,000", ms(get), " ms", 1.0, true);
         daemon.stop().await;
@@ -687,6 +753,26 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
     drop(map);
 }
 
+/// The median round trip of a health check on a connected channel: what
+/// any call costs here before it does anything.
+async fn rpc_round_trip(addr: &str) -> Duration {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .unwrap()
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut samples = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        health.check(HealthCheckRequest::default()).await.unwrap();
+        samples.push(t.elapsed());
+    }
+    median(samples)
+}
+
 async fn time_dump(client: &Client, map: &str) -> Duration {
     let mut samples = Vec::new();
     for _ in 0..RUNS {
@@ -725,7 +811,29 @@ fn profile(n: u32, rt: &tokio::runtime::Runtime) {
     drop(fd);
 }
 
+/// The floor as a process of its own: this program, asked to walk a map
+/// and exit (`__walk PATH`).
+fn walk_process(path: &Path) -> u64 {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .arg("__walk")
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 fn main() {
+    if let [_, walk, path] = &std::env::args().collect::<Vec<_>>()[..]
+        && walk == "__walk"
+    {
+        println!("{}", batch_walk(Path::new(path)));
+        return;
+    }
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
@@ -751,7 +859,8 @@ fn main() {
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
     println!(
-        "median of {RUNS} runs; {} CPUs; ratios against baselines measured in this run",
+        "medians of {RUNS} runs ({} under 100 ms); {} CPUs; a case and its baseline run alternately, and its ratio is of their medians",
+        RUNS * 3,
         bpfmapd::kernel::possible_cpus()
     );
     let mut report = Report {

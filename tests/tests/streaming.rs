@@ -297,3 +297,34 @@ async fn a_limited_dump_with_small_chunks_reaches_its_limit_and_resumes_exactly(
     assert_eq!(collect_unique(got), expected);
     daemon.stop().await;
 }
+
+#[tokio::test]
+async fn default_chunks_start_small_and_grow_to_the_dumps_share() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_fd, expected) = u64_hash(&fs, "m", 100_000, 131_072);
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await;
+    let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+    let (mut sizes, mut got) = (Vec::new(), Vec::new());
+    while let Some(c) = dump.next_chunk().await.unwrap() {
+        sizes.push(c.len());
+        got.extend(c);
+    }
+    assert_eq!(collect_unique(got), expected);
+    // 16-byte entries: 4 KiB first (256 entries), then four times the last,
+    // up to a fifth of the dump's share (576 KiB with the default limits:
+    // 7,372 entries). A hash bucket is never split, so a chunk may hold a
+    // few entries more or less than asked for.
+    let near = |n: usize, want: usize| n.abs_diff(want) <= 16;
+    assert!(near(sizes[0], 256), "{sizes:?}");
+    assert!(near(sizes[1], 1024), "{sizes:?}");
+    assert!(near(sizes[2], 4096), "{sizes:?}");
+    let steady = (576 << 10) / 5 / 16;
+    assert!(
+        sizes[3..sizes.len() - 1].iter().all(|&n| near(n, steady)),
+        "{sizes:?}"
+    );
+    assert!(sizes.len() < 20, "{} chunks", sizes.len());
+    daemon.stop().await;
+}
