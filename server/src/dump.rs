@@ -364,6 +364,10 @@ async fn run(
         if *env.stop.borrow() {
             return Err(Error::ShuttingDown);
         }
+        // The client left (its stream was dropped): no more reads.
+        if tx.is_closed() {
+            return Ok(());
+        }
         if let Some(slot) = &slot
             && slot.held() >= env.max_slot_hold
             && env.slots.contended(slot, env.max_slot_hold)
