@@ -359,7 +359,13 @@ async fn run(
     let per_entry = per_entry(&meta, layout, decoder.as_ref());
     let (mut sent, mut chunks) = (0u64, 0u64);
     let mut seen = walker.stats();
-    let mut next = chunk.first;
+    // A limit that fits one chunk is read at once: the slow start is for
+    // the first entries of a long dump.
+    let mut next = if limit != 0 && limit <= u64::from(chunk.steady) {
+        chunk.steady
+    } else {
+        chunk.first
+    };
     loop {
         if *env.stop.borrow() {
             return Err(Error::ShuttingDown);

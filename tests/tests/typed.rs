@@ -735,8 +735,14 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
     .await;
     assert!(ok, "{err}");
     let docs = json_stream(&out);
-    let entries = docs[0]["entries"].as_array().unwrap();
-    assert_eq!(entries.len(), 2);
+    let entries: Vec<&Json> = docs
+        .iter()
+        .filter_map(|d| d["entries"].as_array())
+        .flatten()
+        .collect();
+    // A dump stops before a hash bucket that would overshoot its limit: the
+    // demo's flows collide, so a limit of 2 may give 1.
+    assert!(matches!(entries.len(), 1 | 2), "{out}");
     for e in entries {
         let key = &e["decodedKey"];
         let i = key["saddr"].as_u64().unwrap() - 167772160;
