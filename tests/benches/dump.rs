@@ -351,48 +351,28 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
 
         if n >= 1_000_000 {
             // Time to the first chunk, default options, on a connected
-            // client, each sample once the dump it cancelled has ended: with
-            // the client busy in between (as a client reading many maps
-            // is), and after 20 ms of idleness, beside an RPC that does
-            // nothing after the same idleness (what waking an idle machine
-            // costs here).
-            let ttfc = |idle: bool| {
-                let client = client.clone();
-                let stats = daemon.running.stats().clone();
-                async move {
-                    let mut samples = Vec::new();
-                    for _ in 0..21 {
-                        let t = Instant::now();
-                        let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
-                        assert!(dump.next_chunk().await.unwrap().is_some());
-                        samples.push(t.elapsed());
-                        drop(dump);
-                        while stats.active.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                        }
-                        pause(idle).await;
-                    }
-                    median(samples)
+            // client, each sample once the dump it cancelled has ended,
+            // beside an RPC that does nothing.
+            let stats = daemon.running.stats().clone();
+            let mut samples = Vec::new();
+            for _ in 0..21 {
+                let t = Instant::now();
+                let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+                assert!(dump.next_chunk().await.unwrap().is_some());
+                samples.push(t.elapsed());
+                drop(dump);
+                while stats.active.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-            };
-            let (busy, idle) = (ttfc(false).await, ttfc(true).await);
-            let (rpc_busy, rpc_idle) = (
-                rpc_round_trip(&daemon.addr(), false).await,
-                rpc_round_trip(&daemon.addr(), true).await,
-            );
+            }
+            let first = median(samples);
+            let rpc = rpc_round_trip(&daemon.addr()).await;
             println!(
                 "  {:<58} {:>9.3} ms   (an RPC that does nothing: {:.3} ms)",
                 "time to the first chunk (median of 21)",
-                ms(busy),
-                ms(rpc_busy)
+                ms(first),
+                ms(rpc)
             );
-            println!(
-                "  {:<58} {:>9.3} ms   (an RPC that does nothing: {:.3} ms)",
-                "... each after 20 ms idle",
-                ms(idle),
-                ms(rpc_idle)
-            );
-            let first = busy;
             report.target(
                 &format!("time to the first chunk, {n} entries"),
                 ms(first),
@@ -660,7 +640,7 @@ fn catalog(rt: &tokio::runtime::Runtime, report: &mut Report) {
             gets.push(t.elapsed());
         }
         let (list, get) = (median(lists), median(gets));
-        let rpc = rpc_round_trip(&daemon.addr(), false).await;
+        let rpc = rpc_round_trip(&daemon.addr()).await;
         println!("  {:<58} {:>9.2} ms", "ListMaps", ms(list));
         println!(
             "  {:<58} {:>9.3} ms   (an RPC that does nothing: {:.3} ms)",
@@ -781,7 +761,7 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
 
 /// The median round trip of a health check on a connected channel: what
 /// any call costs here before it does anything.
-async fn rpc_round_trip(addr: &str, idle: bool) -> Duration {
+async fn rpc_round_trip(addr: &str) -> Duration {
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
         .unwrap()
@@ -795,22 +775,8 @@ async fn rpc_round_trip(addr: &str, idle: bool) -> Duration {
         let t = Instant::now();
         health.check(HealthCheckRequest::default()).await.unwrap();
         samples.push(t.elapsed());
-        pause(idle).await;
     }
     median(samples)
-}
-
-/// 20 ms between samples: idle (a sleep), or busy (this thread spinning).
-async fn pause(idle: bool) {
-    let d = Duration::from_millis(20);
-    if idle {
-        tokio::time::sleep(d).await;
-    } else {
-        let t = Instant::now();
-        while t.elapsed() < d {
-            tokio::task::yield_now().await;
-        }
-    }
 }
 
 async fn time_dump(client: &Client, map: &str) -> Duration {
