@@ -328,3 +328,39 @@ async fn default_chunks_start_small_and_grow_to_the_dumps_share() {
     assert!(sizes.len() < 20, "{} chunks", sizes.len());
     daemon.stop().await;
 }
+
+#[tokio::test]
+async fn limited_dumps_with_default_chunks_never_exceed_their_limit_and_resume_exactly() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_fd, expected) = u64_hash(&fs, "m", 30_000, 32_768);
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await;
+    let (mut got, mut cursor, mut calls) = (Vec::new(), None, 0);
+    loop {
+        let mut dump = client.dump(
+            "m".parse().unwrap(),
+            DumpOptions {
+                limit: 3000,
+                cursor: cursor.clone(),
+                ..Default::default()
+            },
+        );
+        let mut n = 0;
+        while let Some(c) = dump.next_chunk().await.unwrap() {
+            n += c.len();
+            got.extend(c);
+        }
+        // A call stops before a bucket that would overshoot its limit.
+        assert!(n <= 3000, "a call with limit 3000 gave {n} entries");
+        calls += 1;
+        if dump.complete() {
+            break;
+        }
+        assert!(n > 0 && calls < 100, "no progress");
+        cursor = Some(dump.cursor().to_owned());
+    }
+    assert_eq!(collect_unique(got), expected);
+    assert!(calls >= 10, "{calls} calls");
+    daemon.stop().await;
+}

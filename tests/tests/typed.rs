@@ -743,6 +743,12 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
     // A dump stops before a hash bucket that would overshoot its limit: the
     // demo's flows collide, so a limit of 2 may give 1.
     assert!(matches!(entries.len(), 1 | 2), "{out}");
+    let summary = docs.iter().find_map(|d| d.get("summary")).unwrap();
+    assert_eq!(
+        summary["entries"],
+        json!(entries.len().to_string()),
+        "{out}"
+    );
     for e in entries {
         let key = &e["decodedKey"];
         let i = key["saddr"].as_u64().unwrap() - 167772160;
