@@ -320,11 +320,11 @@ async fn default_chunks_start_small_and_grow_to_the_dumps_share() {
     assert!(near(sizes[0], 256), "{sizes:?}");
     assert!(near(sizes[1], 1024), "{sizes:?}");
     assert!(near(sizes[2], 4096), "{sizes:?}");
+    // Later chunks are that size, or smaller when the client has not yet
+    // taken the chunks before them (their memory is still held).
     let steady = (576 << 10) / 5 / 16;
-    assert!(
-        sizes[3..sizes.len() - 1].iter().all(|&n| near(n, steady)),
-        "{sizes:?}"
-    );
+    assert!(sizes.iter().all(|&n| n <= steady + 16), "{sizes:?}");
+    assert!(sizes.iter().any(|&n| near(n, steady)), "{sizes:?}");
     assert!(sizes.len() < 20, "{} chunks", sizes.len());
     daemon.stop().await;
 }
