@@ -524,6 +524,12 @@ fn read_chunk(
         match acc.as_mut() {
             None => acc = Some(c),
             Some(a) => {
+                if a.keys.capacity() == a.keys.len() {
+                    // Room for the whole chunk at once, not a growth per call.
+                    let rest = (want as usize).saturating_sub(a.count).max(c.count);
+                    a.keys.reserve(rest * (c.keys.len() / c.count));
+                    a.values.reserve(rest * (c.values.len() / c.count));
+                }
                 a.count += c.count;
                 a.keys.extend_from_slice(&c.keys);
                 a.values.extend_from_slice(&c.values);
