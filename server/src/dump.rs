@@ -130,7 +130,8 @@ pub fn effective_chunk(hint: u32, meta: &MapMeta, options: &Options, share: usiz
     }
 }
 
-/// Entries per chunk: the first chunk's, then doubling up to `steady`.
+/// Entries per chunk: the first chunk's, then four times more each time up
+/// to `steady`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkSizes {
     /// The first chunk's.

@@ -4,7 +4,7 @@
 use std::io;
 
 use bpfmap_client::{
-    EntryRef, MapTypes, PerCpuValues, Target, TargetReport, Value, ValueRef, pb,
+    EntryRef, MapTypes, PerCpuValues, Target, TargetReport, ValueRef, pb,
     typed::{JsonWriter, write_json_string},
 };
 use clap::ValueEnum;
@@ -102,6 +102,17 @@ fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<(String, Json)
         ValueRef::PerCpu(vs) => {
             let list: Vec<String> = vs.iter().map(hex).collect();
             (list.join(","), json!({ "per_cpu_values": list }))
+        }
+    })
+}
+
+/// A lookup result's value, borrowed; `None` when the key was not found.
+fn found_value(r: &pb::LookupResult) -> Option<ValueRef<'_>> {
+    r.found.then(|| {
+        if r.per_cpu_values.is_empty() {
+            ValueRef::Single(&r.value)
+        } else {
+            ValueRef::PerCpu(PerCpuValues::from_slices(&r.per_cpu_values))
         }
     })
 }
@@ -349,22 +360,9 @@ impl Printer {
         let Some(types) = types.filter(|_| self.format != Format::Hex) else {
             return self.lookup(out, target, r);
         };
-        let value = if !r.found {
-            None
-        } else if r.per_cpu_values.is_empty() {
-            Some(Value::Single(r.value.clone()))
-        } else {
-            Some(Value::PerCpu(r.per_cpu_values.clone()))
-        };
+        let value = found_value(r);
         match self.format {
-            Format::Table => self.typed_row(
-                out,
-                target,
-                types,
-                &r.key,
-                Some(r.found),
-                value.as_ref().map(Value::view),
-            ),
+            Format::Table => self.typed_row(out, target, types, &r.key, Some(r.found), value),
             _ => {
                 let mut json = Vec::new();
                 json.extend_from_slice(b"{\"target\":");
@@ -376,9 +374,9 @@ impl Printer {
                 } else {
                     b",\"found\":false"
                 });
-                if let Some(v) = &value {
+                if let Some(v) = value {
                     let mut text = Vec::new();
-                    let field = Self::typed_value(self.per_cpu, types, v.view(), &mut text)?;
+                    let field = Self::typed_value(self.per_cpu, types, v, &mut text)?;
                     json.extend_from_slice(b",\"");
                     json.extend_from_slice(field.as_bytes());
                     json.extend_from_slice(b"\":");
@@ -493,17 +491,8 @@ impl Printer {
         target: &Target,
         r: &pb::LookupResult,
     ) -> io::Result<()> {
-        let value = if !r.found {
-            None
-        } else if r.per_cpu_values.is_empty() {
-            Some(Value::Single(r.value.clone()))
-        } else {
-            Some(Value::PerCpu(r.per_cpu_values.clone()))
-        };
-        let text = value
-            .as_ref()
-            .map(|v| self.value_text(v.view()))
-            .transpose()?;
+        let value = found_value(r);
+        let text = value.map(|v| self.value_text(v)).transpose()?;
         match self.format {
             Format::Json => {
                 let mut obj =
@@ -699,7 +688,7 @@ impl Progress {
 
 #[cfg(test)]
 mod tests {
-    use bpfmap_client::Entry;
+    use bpfmap_client::{Entry, Value};
 
     use super::*;
 
