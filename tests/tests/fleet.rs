@@ -570,8 +570,8 @@ async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
     let mut per_target: BTreeMap<String, Entries> = BTreeMap::new();
     for line in json_lines(&out) {
         let t = line["target"].as_str().unwrap().to_owned();
-        let k = hex::decode(line["key"].as_str().unwrap()).unwrap();
-        let v = hex::decode(line["value"].as_str().unwrap()).unwrap();
+        let k = faster_hex::hex_decode_vec(line["key"].as_str().unwrap().as_bytes()).unwrap();
+        let v = faster_hex::hex_decode_vec(line["value"].as_str().unwrap().as_bytes()).unwrap();
         assert!(
             per_target
                 .entry(t)
@@ -640,7 +640,7 @@ async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
         "hex",
         "lookup",
         MAP,
-        &hex::encode(2_000_000u64.to_le_bytes()),
+        &faster_hex::hex_string(&2_000_000u64.to_le_bytes()),
     ]))
     .await;
     r.unwrap();
@@ -651,12 +651,12 @@ async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
         [
             format!(
                 "127.0.0.2:{port} {} {}",
-                hex::encode(2_000_000u64.to_le_bytes()),
-                hex::encode(14_000_000u64.to_le_bytes())
+                faster_hex::hex_string(&2_000_000u64.to_le_bytes()),
+                faster_hex::hex_string(&14_000_000u64.to_le_bytes())
             ),
             format!(
                 "127.0.0.3:{port} {} -",
-                hex::encode(2_000_000u64.to_le_bytes())
+                faster_hex::hex_string(&2_000_000u64.to_le_bytes())
             ),
         ]
     );
@@ -761,7 +761,7 @@ async fn an_interrupted_fleet_dump_completes_later_from_another_process() {
         }
     }
     for (t, (_, _, _, expected, _)) in &hosts {
-        let want: BTreeSet<String> = expected.keys().map(hex::encode).collect();
+        let want: BTreeSet<String> = expected.keys().map(|k| faster_hex::hex_string(k)).collect();
         assert_eq!(
             got.get(t),
             Some(&want),

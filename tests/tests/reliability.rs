@@ -696,7 +696,7 @@ async fn bpfmapctl_cut_off_by_a_failing_daemon_keeps_every_line_and_resumes_exac
             "a key came again after resuming"
         );
     }
-    let all: BTreeSet<String> = expected.keys().map(hex::encode).collect();
+    let all: BTreeSet<String> = expected.keys().map(|k| faster_hex::hex_string(k)).collect();
     assert_eq!(keys, all, "the two runs hold every entry exactly once");
 }
 

@@ -182,8 +182,8 @@ async fn bpfmapctl_prints_json_lines() {
     let got: Entries = lines
         .iter()
         .map(|l| {
-            let k = hex::decode(l["key"].as_str().unwrap()).unwrap();
-            let v = hex::decode(l["value"].as_str().unwrap()).unwrap();
+            let k = faster_hex::hex_decode_vec(l["key"].as_str().unwrap().as_bytes()).unwrap();
+            let v = faster_hex::hex_decode_vec(l["value"].as_str().unwrap().as_bytes()).unwrap();
             (k, Value::Single(v))
         })
         .collect();

@@ -374,7 +374,7 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
     assert!(ok);
     assert_eq!(
         lines(&out)[0]["value"],
-        json!(hex::encode(everything_bytes()))
+        json!(faster_hex::hex_string(&everything_bytes()))
     );
     // Lookup by JSON key, and a key that is absent.
     let (ok, out, err) = ctl(&["--addr", &addr, "lookup", "typed/all", "json:7", "json:8"]).await;

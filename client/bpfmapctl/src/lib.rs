@@ -712,7 +712,9 @@ fn finish_dump(
         if let Some(r) = report {
             line["elapsed_ms"] = json!(r.elapsed.as_millis() as u64);
         }
-        writeln!(err, "{line}")?;
+        // One write per line: stderr is unbuffered, and a formatted value
+        // would reach it in dozens of pieces.
+        err.write_all(format!("{line}\n").as_bytes())?;
         file.targets.insert(
             t.to_string(),
             SavedTarget {

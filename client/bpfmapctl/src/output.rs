@@ -33,36 +33,21 @@ pub enum PerCpu {
     Sum,
 }
 
-/// Every byte's two lowercase hex digits.
-const HEX_PAIRS: [[u8; 2]; 256] = {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut t = [[0u8; 2]; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = [DIGITS[i >> 4], DIGITS[i & 15]];
-        i += 1;
-    }
-    t
-};
-
 /// Appends `bytes` as lowercase hex.
 fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.reserve(bytes.len() * 2);
-    for &b in bytes {
-        out.extend_from_slice(&HEX_PAIRS[usize::from(b)]);
-    }
+    let start = out.len();
+    out.resize(start + bytes.len() * 2, 0);
+    faster_hex::hex_encode(bytes, &mut out[start..]).expect("room for two digits per byte");
 }
 
 fn hex(bytes: &[u8]) -> String {
-    let mut s = Vec::new();
-    push_hex(&mut s, bytes);
-    String::from_utf8(s).expect("hex digits")
+    faster_hex::hex_string(bytes)
 }
 
 /// Parses a hex key ("0x" allowed).
 pub fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
     let digits = s.strip_prefix("0x").unwrap_or(s);
-    hex::decode(digits).map_err(|e| {
+    faster_hex::hex_decode_vec(digits.as_bytes()).map_err(|e| {
         anyhow::anyhow!("key {s:?} is not a hex string (two hex digits per byte): {e}")
     })
 }
@@ -699,6 +684,20 @@ mod tests {
         assert_eq!(hex(&[0, 255, 16]), "00ff10");
         assert!(unhex("abc").is_err());
         assert!(unhex("zz").is_err());
+        // Every byte, at lengths that take each path of the encoder (short
+        // inputs and the vector ones), appended after what the line holds.
+        let all: Vec<u8> = (0..=255).collect();
+        for n in [0, 1, 7, 8, 15, 16, 31, 32, 33, 64, 256] {
+            let mut line = b"x ".to_vec();
+            push_hex(&mut line, &all[..n]);
+            let want: String = all[..n].iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(
+                line,
+                [b"x ".as_slice(), want.as_bytes()].concat(),
+                "{n} bytes"
+            );
+            assert_eq!(unhex(&want).unwrap(), &all[..n]);
+        }
     }
 
     #[test]

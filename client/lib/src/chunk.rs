@@ -24,8 +24,9 @@ enum Data {
         count: usize,
         key_size: usize,
         stride: usize,
-        /// Values per CPU in a value; 0 for maps that are not per-CPU.
-        cpus: usize,
+        /// The size of one CPU's value (stride / cpus), worked out once;
+        /// 0 for maps that are not per-CPU.
+        per_cpu: usize,
         keys: Bytes,
         values: Bytes,
     },
@@ -71,7 +72,7 @@ impl Chunk {
                 count,
                 key_size,
                 stride,
-                cpus,
+                per_cpu: stride.checked_div(cpus).unwrap_or(0),
                 keys: p.keys,
                 values: p.values,
             },
@@ -98,22 +99,23 @@ impl Chunk {
     }
 
     /// Entry `i`, if there is one.
+    #[inline]
     pub fn get(&self, i: usize) -> Option<EntryRef<'_>> {
         match &self.data {
             Data::Packed {
                 count,
                 key_size,
                 stride,
-                cpus,
+                per_cpu,
                 keys,
                 values,
             } => (i < *count).then(|| {
                 let raw = &values[i * stride..(i + 1) * stride];
                 EntryRef {
                     key: &keys[i * key_size..(i + 1) * key_size],
-                    value: match stride.checked_div(*cpus) {
-                        Some(one) => ValueRef::PerCpu(PerCpuValues(PerCpu::Packed { raw, one })),
-                        None => ValueRef::Single(raw),
+                    value: match *per_cpu {
+                        0 => ValueRef::Single(raw),
+                        one => ValueRef::PerCpu(PerCpuValues(PerCpu::Packed { raw, one })),
                     },
                 }
             }),
@@ -214,6 +216,7 @@ pub struct Iter<'a> {
 impl<'a> Iterator for Iter<'a> {
     type Item = EntryRef<'a>;
 
+    #[inline]
     fn next(&mut self) -> Option<EntryRef<'a>> {
         let e = self.chunk.get(self.next)?;
         self.next += 1;

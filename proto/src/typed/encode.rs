@@ -386,11 +386,5 @@ fn field(
 
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     let s = s.strip_prefix("0x").unwrap_or(s);
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+    faster_hex::hex_decode_vec(s.as_bytes()).ok()
 }

@@ -133,10 +133,9 @@ impl Sink for JsonWriter<'_> {
 
     fn hex(&mut self, bytes: &[u8]) {
         self.quoted(|out| {
-            for &b in bytes {
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 15)]);
-            }
+            let start = out.len();
+            out.resize(start + bytes.len() * 2, 0);
+            faster_hex::hex_encode(bytes, &mut out[start..]).expect("room for two digits per byte");
         });
     }
 
@@ -279,12 +278,7 @@ impl Sink for ValueBuilder {
     }
 
     fn hex(&mut self, bytes: &[u8]) {
-        let mut s = String::with_capacity(bytes.len() * 2);
-        for &b in bytes {
-            s.push(char::from(HEX[usize::from(b >> 4)]));
-            s.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        self.push(Kind::StringValue(s));
+        self.push(Kind::StringValue(faster_hex::hex_string(bytes)));
     }
 
     fn begin_object(&mut self) {
