@@ -327,6 +327,7 @@ pub fn reason_of(e: &bpfmap_client::Error) -> String {
 pub struct CutProxy {
     /// Where it listens.
     pub addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -349,9 +350,12 @@ impl CutProxy {
             .await
             .unwrap_or_else(|e| panic!("cannot listen on {listen}: {e}"));
         let addr = listener.local_addr().unwrap();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = accepted.clone();
         let task = tokio::spawn(async move {
             let mut first = true;
             while let Ok((client, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let Ok(server) = tokio::net::TcpStream::connect(target).await else {
                     continue;
                 };
@@ -382,7 +386,16 @@ impl CutProxy {
                 });
             }
         });
-        Self { addr, task }
+        Self {
+            addr,
+            accepted,
+            task,
+        }
+    }
+
+    /// The connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

@@ -4,7 +4,10 @@
 //! grpcurl, from BTF built in code for every decoding rule, from the demo,
 //! and from a BPF object compiled by clang.
 
-use std::time::Duration;
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use bpfmap_client::{Client, DumpOptions, MapTypes, Value, pb};
 use bpfmap_tests::*;
@@ -462,6 +465,120 @@ fn flow(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> Vec<u8> {
     k.extend_from_slice(&dport.to_le_bytes());
     k.extend_from_slice(&[proto, 0, 0, 0]);
     k
+}
+
+/// A fleet dump with types: each target's chunks come with that target's
+/// types (a typed map on one host, the same name untyped on another), read
+/// by a GetMap on the dump's own connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_fleet_dump_gives_each_target_its_types_over_one_connection() {
+    use bpfmap_client::{ConnectOptions, Fleet, FleetEvent};
+    use futures::StreamExt as _;
+    let (typed_fs, untyped_fs) = (BpfFs::new(), BpfFs::new());
+    let (typed_state, untyped_state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let start = |fs: &BpfFs, state: &tempfile::TempDir, ip: &str| {
+        let config = bpfmapd::Config {
+            listen: format!("{ip}:0").parse().unwrap(),
+            ..Daemon::config(fs.path(), state.path())
+        };
+        Daemon::start_with(config)
+    };
+    let typed_daemon = start(&typed_fs, &typed_state, "127.0.0.41").await;
+    let untyped_daemon = start(&untyped_fs, &untyped_state, "127.0.0.42").await;
+    let map = typed_map(
+        &typed_fs,
+        "flows",
+        MapType::HASH,
+        (16, 16, 4096),
+        flow_types,
+    );
+    let mut want_typed = BTreeMap::new();
+    for i in 0..3000u32 {
+        let key = flow(0x0a00_0000 + i, 0xc0a8_0001, 1024, 443, 6);
+        let mut value = u64::from(i).to_le_bytes().to_vec();
+        value.extend_from_slice(&(u64::from(i) * 1500).to_le_bytes());
+        update(&map, &key, &value);
+        want_typed.insert(
+            key,
+            json!({
+                "saddr": 0x0a00_0000 + i, "daddr": 0xc0a8_0001u32, "sport": 1024,
+                "dport": 443, "proto": "IPPROTO_TCP", "pad": [0, 0, 0],
+            }),
+        );
+    }
+    let untyped = create_map(MapType::HASH, 16, 16, 64);
+    untyped_fs.pin(&untyped, "flows");
+    let mut want_untyped = BTreeSet::new();
+    for i in 0..10u8 {
+        update(&untyped, &[i; 16], &[i; 16]);
+        want_untyped.insert(vec![i; 16]);
+    }
+    // The typed host behind a proxy that counts connections.
+    let proxy = CutProxy::start_on(
+        "127.0.0.43:0".parse().unwrap(),
+        typed_daemon.running.local_addr(),
+        usize::MAX,
+        false,
+    )
+    .await;
+    let (typed_target, untyped_target): (bpfmap_client::Target, bpfmap_client::Target) = (
+        proxy.addr.to_string().parse().unwrap(),
+        untyped_daemon
+            .running
+            .local_addr()
+            .to_string()
+            .parse()
+            .unwrap(),
+    );
+    let fleet = Fleet::new(
+        [typed_target.clone(), untyped_target.clone()],
+        ConnectOptions::default(),
+    );
+    let mut run = fleet.dump_typed_from(
+        &"flows".parse().unwrap(),
+        DumpOptions::default(),
+        Default::default(),
+    );
+    let (mut got_typed, mut got_untyped, mut reports) = (BTreeMap::new(), BTreeSet::new(), vec![]);
+    while let Some(event) = run.next().await {
+        match event {
+            FleetEvent::Answer { target, answer } if target == typed_target => {
+                let types = answer
+                    .types
+                    .expect("the typed host's chunks carry its types");
+                for e in &answer.chunk {
+                    let mut text = Vec::new();
+                    types.key().write_json(e.key, &mut text);
+                    let decoded: Json = serde_json::from_slice(&text).unwrap();
+                    assert!(got_typed.insert(e.key.to_vec(), decoded).is_none());
+                }
+            }
+            FleetEvent::Answer { answer, .. } => {
+                assert!(answer.types.is_none(), "an untyped map has no types");
+                for e in &answer.chunk {
+                    assert!(got_untyped.insert(e.key.to_vec()));
+                }
+            }
+            FleetEvent::Done(r) => reports.push(r),
+        }
+    }
+    assert_eq!(reports.len(), 2);
+    assert!(
+        reports.iter().all(|r| r.is_ok() && r.complete),
+        "{reports:?}"
+    );
+    assert_eq!(got_typed.len(), want_typed.len());
+    for (key, want) in &want_typed {
+        assert_eq!(got_typed.get(key), Some(want), "key {key:?}");
+    }
+    assert_eq!(got_untyped, want_untyped);
+    assert_eq!(
+        proxy.connections(),
+        1,
+        "GetMap and DumpMap share a connection"
+    );
+    typed_daemon.stop().await;
+    untyped_daemon.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use std::{
 use anyhow::Context as _;
 use bpfmap_client::{
     ClientTls, ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, MapName, MapTypes,
-    Resolver, RetryPolicy, Target, TargetReport, TargetSpec, code_name,
+    Resolver, RetryPolicy, Target, TargetReport, TargetSpec, TypedChunk, code_name,
 };
 use clap::{Parser, Subcommand};
 use futures::StreamExt as _;
@@ -495,11 +495,7 @@ pub async fn run_with(
                 .map(|(t, s)| (t.clone(), s.cursor.clone()))
                 .collect();
             let fleet = Fleet::new(targets.clone(), connect).with_options(options);
-            let types = if cli.raw || format == Format::Hex {
-                HashMap::new()
-            } else {
-                map_types(&fleet, &map_ref).await
-            };
+            let typed = !(cli.raw || format == Format::Hex);
             let dump_options = DumpOptions {
                 chunk_size,
                 limit,
@@ -521,7 +517,27 @@ pub async fn run_with(
                 .collect();
             let mut reports = Vec::new();
             let mut stop = std::pin::pin!(interrupted());
-            let mut run = fleet.dump_from(&map_ref, dump_options, cursors);
+            // The types come with the chunks (GetMap beside the dump, on its
+            // connection).
+            let mut run = if typed {
+                fleet
+                    .dump_typed_from(&map_ref, dump_options, cursors)
+                    .boxed()
+            } else {
+                fleet
+                    .dump_from(&map_ref, dump_options, cursors)
+                    .map(|e| match e {
+                        FleetEvent::Answer { target, answer } => FleetEvent::Answer {
+                            target,
+                            answer: TypedChunk {
+                                chunk: answer,
+                                types: None,
+                            },
+                        },
+                        FleetEvent::Done(r) => FleetEvent::Done(r),
+                    })
+                    .boxed()
+            };
             let mut stopped = None;
             loop {
                 let event = tokio::select! {
@@ -530,9 +546,16 @@ pub async fn run_with(
                 };
                 let Some(event) = event else { break };
                 match event {
-                    FleetEvent::Answer { target, answer } => {
+                    FleetEvent::Answer {
+                        target,
+                        answer:
+                            TypedChunk {
+                                chunk: answer,
+                                types,
+                            },
+                    } => {
                         let mut result = Ok(());
-                        let types = types.get(&target);
+                        let types = types.as_deref();
                         for e in &answer {
                             result = printer.typed_entry(out, &target, e, types);
                             if result.is_err() {
@@ -592,11 +615,9 @@ pub async fn run_with(
     let failed: Vec<TargetReport> = reports.iter().filter(|r| !r.is_ok()).cloned().collect();
     if total > 1 || !failed.is_empty() {
         for r in &failed {
-            writeln!(
-                err,
-                "{}",
-                json!({"target": r.target.as_str(), "code": code_name(r.code), "error": r.message})
-            )?;
+            let line =
+                json!({"target": r.target.as_str(), "code": code_name(r.code), "error": r.message});
+            err.write_all(format!("{line}\n").as_bytes())?;
         }
         if total > 1 {
             writeln!(

@@ -21,11 +21,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{Stream, StreamExt as _};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use tokio::{sync::mpsc, task::JoinHandle};
 use tonic::{Code, Status};
 
-use crate::{Chunk, Client, ConnectOptions, DumpOptions, Error, MapName, RetryPolicy, pb};
+use crate::{
+    Chunk, Client, ConnectOptions, DumpOptions, Error, MapName, MapTypes, RetryPolicy, pb,
+};
 
 /// One daemon of a fleet: `host:port` (a name, an IPv4 address, or an IPv6
 /// address in brackets). The scheme follows the connection: https with TLS.
@@ -165,6 +167,17 @@ pub enum FleetEvent<T> {
     /// A target is done: its report. Every target gets exactly one, after
     /// all its answers.
     Done(TargetReport),
+}
+
+/// A chunk of a dump, with the map's types on the target it came from
+/// ([`Fleet::dump_typed_from`]).
+#[derive(Debug, Clone)]
+pub struct TypedChunk {
+    /// The entries.
+    pub chunk: Chunk,
+    /// The map's key and value types on that target; `None` when it has
+    /// none or they could not be read.
+    pub types: Option<Arc<MapTypes>>,
 }
 
 /// A run in progress: a stream of [`FleetEvent`]s. Dropping it cancels the
@@ -476,6 +489,34 @@ impl Fleet {
         options: DumpOptions,
         cursors: HashMap<Target, String>,
     ) -> FleetRun<Chunk> {
+        self.dump_run(map, options, cursors, false, |chunk, _| chunk)
+    }
+
+    /// [`dump_from`](Self::dump_from), each chunk with the map's types on
+    /// its target, to decode it with. The types come from a GetMap sent
+    /// beside the dump on the same connection (no round trip of its own);
+    /// `None` for a map without types, or when GetMap failed (the dump then
+    /// says why, if it fails too).
+    pub fn dump_typed_from(
+        &self,
+        map: &MapName,
+        options: DumpOptions,
+        cursors: HashMap<Target, String>,
+    ) -> FleetRun<TypedChunk> {
+        self.dump_run(map, options, cursors, true, |chunk, types| TypedChunk {
+            chunk,
+            types,
+        })
+    }
+
+    fn dump_run<T: Send + 'static>(
+        &self,
+        map: &MapName,
+        options: DumpOptions,
+        cursors: HashMap<Target, String>,
+        typed: bool,
+        answer: fn(Chunk, Option<Arc<MapTypes>>) -> T,
+    ) -> FleetRun<T> {
         let (connect_timeout, idle_timeout) =
             (self.options.connect_timeout, self.options.idle_timeout);
         let map = map.clone();
@@ -489,6 +530,22 @@ impl Fleet {
             let map = map.clone();
             async move {
                 answers.update(|p| p.cursor = cursor.unwrap_or_default());
+                // GetMap goes out first, on the dump's connection; the
+                // first chunk waits for its answer.
+                // Dropping the handle (the run was dropped) cancels it.
+                let mut types = typed.then(|| {
+                    let (client, map) = (client.clone(), map.clone());
+                    let (task, handle) = async move {
+                        let info = Self::timed(connect_timeout, client.get_map(&map)).await;
+                        info.ok()
+                            .and_then(|i| MapTypes::from_info(&i).ok().flatten())
+                            .map(Arc::new)
+                    }
+                    .remote_handle();
+                    tokio::spawn(task);
+                    handle
+                });
+                let mut known: Option<Arc<MapTypes>> = None;
                 let mut dump = client.dump(map, options);
                 let mut wait = connect_timeout;
                 loop {
@@ -519,7 +576,10 @@ impl Fleet {
                     let Some(chunk) = chunk else { break };
                     let cursor = chunk.cursor().to_owned();
                     let n = chunk.len() as u64;
-                    if !answers.send(chunk).await {
+                    if let Some(task) = types.take() {
+                        known = task.await;
+                    }
+                    if !answers.send(answer(chunk, known.clone())).await {
                         return Err(Status::cancelled("the run was dropped"));
                     }
                     answers.update(|p| {

@@ -33,7 +33,7 @@ pub use bpfmap_proto::v1 as pb;
 pub use chunk::{Chunk, EntryRef, Iter, PerCpuIter, PerCpuValues, ValueRef};
 #[cfg(feature = "discovery")]
 pub use discovery::{DiscoveryError, Resolver, TargetSpec};
-pub use fleet::{Fleet, FleetEvent, FleetOptions, FleetRun, Target, TargetReport};
+pub use fleet::{Fleet, FleetEvent, FleetOptions, FleetRun, Target, TargetReport, TypedChunk};
 use pb::map_service_client::MapServiceClient;
 pub use resume::{Dump, DumpOptions, Entry, RetryPolicy, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
