@@ -801,33 +801,67 @@ fn profile(n: u32, rt: &tokio::runtime::Runtime) {
         let state = tempfile::tempdir().unwrap();
         let daemon = Daemon::start(fs.path(), state.path()).await;
         let client = daemon.client().await;
-        let path = fs.path().join("m");
-        let t = Instant::now();
-        let (mut first, mut total, mut daemon_time, mut floor) = (vec![], vec![], vec![], vec![]);
-        for _ in 0..20 {
-            let start = Instant::now();
-            let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
-            dump.next_chunk().await.unwrap();
-            first.push(start.elapsed());
-            while dump.next_chunk().await.unwrap().is_some() {}
-            total.push(start.elapsed());
-            assert_eq!(dump.received(), u64::from(n));
-            let elapsed = dump.summary().and_then(|s| s.elapsed).unwrap_or_default();
-            daemon_time.push(Duration::new(elapsed.seconds as u64, elapsed.nanos as u32));
-            floor.push(once(&mut || batch_walk(&path)));
-        }
-        println!(
-            "profile: 20 library dumps of {n} entries in {:.1} ms (medians: a dump {:.2} ms, \
-             its first chunk {:.2} ms, the daemon's time {:.2} ms; the floor {:.2} ms)",
-            ms(t.elapsed()),
-            ms(median(total)),
-            ms(median(first)),
-            ms(median(daemon_time)),
-            ms(median(floor)),
-        );
+        profile_dumps(&client, &fs.path().join("m"), n, "library dumps").await;
         daemon.stop().await;
+        let pki = bpfmap_tests::pki::Pki::new();
+        let tls_daemon = Daemon::start_with(bpfmapd::Config {
+            tls: Some(pki.server_files()),
+            rules: vec![bpfmapd::RuleConfig {
+                identities: vec!["cn:bench".into()],
+                maps: vec!["**".into()],
+                operations: vec![bpfmapd::Operation::Dump],
+            }],
+            ..Daemon::config(fs.path(), state.path())
+        })
+        .await;
+        let tls = pki.client(
+            "bench",
+            bpfmap_tests::pki::Name::Cn("bench"),
+            bpfmap_tests::pki::Validity::Now,
+        );
+        let client = tls_daemon.tls_client(&tls).await.unwrap();
+        profile_dumps(
+            &client,
+            &fs.path().join("m"),
+            n,
+            "library dumps over mutual TLS",
+        )
+        .await;
+        tls_daemon.stop().await;
     });
     drop(fd);
+}
+
+/// Dumps over and over (`PROFILE_RUNS`, default 20), each followed by the
+/// floor; prints the medians of the parts of a dump.
+async fn profile_dumps(client: &Client, path: &Path, n: u32, what: &str) {
+    let runs: usize = std::env::var("PROFILE_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let t = Instant::now();
+    let (mut first, mut total, mut daemon_time, mut floor) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..runs {
+        let start = Instant::now();
+        let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+        dump.next_chunk().await.unwrap();
+        first.push(start.elapsed());
+        while dump.next_chunk().await.unwrap().is_some() {}
+        total.push(start.elapsed());
+        assert_eq!(dump.received(), u64::from(n));
+        let elapsed = dump.summary().and_then(|s| s.elapsed).unwrap_or_default();
+        daemon_time.push(Duration::new(elapsed.seconds as u64, elapsed.nanos as u32));
+        floor.push(once(&mut || batch_walk(path)));
+    }
+    println!(
+        "profile: {runs} {what} of {n} entries in {:.1} ms (medians: a dump {:.2} ms, \
+         its first chunk {:.2} ms, the daemon's time {:.2} ms; the floor {:.2} ms)",
+        ms(t.elapsed()),
+        ms(median(total)),
+        ms(median(first)),
+        ms(median(daemon_time)),
+        ms(median(floor)),
+    );
 }
 
 /// The floor as a process of its own: this program, asked to walk a map
