@@ -296,6 +296,12 @@ impl Client {
             .tcp_nodelay(true)
             .initial_stream_window_size(2 << 20)
             .initial_connection_window_size(4 << 20)
+            // Frames that hold a whole chunk (115 KiB with the daemon's
+            // default limits), not 16 KiB pieces of it: a dump of 100K
+            // 320-byte entries cost 78-83 ms of CPU (daemon and client
+            // together) with 16 KiB frames, 65-66 ms with these. The
+            // connection's read buffer grows to one frame.
+            .max_frame_size(256 << 10)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
         if let Some(tls) = &options.tls {
