@@ -51,7 +51,7 @@ use crate::{
         MapHandle, MapMeta,
         walk::{Chunk, Position, WalkError, Walker},
     },
-    limits::{Budget, DumpSlots, Reservation, Share, Slot},
+    limits::{Budget, BusyToken, DumpSlots, Reservation, Share, Slot},
     proto::{self, ChunkMessage, IntoProto as _},
     typed::Decoder,
 };
@@ -326,6 +326,7 @@ pub fn spawn(job: DumpJob, audit: audit::Record, env: DumpEnv) -> DumpStream {
         audit: Some(audit),
         ended: None,
         held: VecDeque::new(),
+        busy: None,
         share,
         stats,
     }
@@ -630,6 +631,8 @@ pub struct DumpStream {
     /// How the stream ended, once it has.
     ended: Option<tonic::Code>,
     held: VecDeque<Reservation>,
+    /// Counts the dump as a call in flight until the stream is dropped.
+    busy: Option<BusyToken>,
     /// The producer's share: told of every message taken, so that a
     /// producer waiting for room (or for an empty queue) looks again.
     share: Arc<Share>,
@@ -640,6 +643,14 @@ fn entries_in(msg: &pb::DumpMapResponse) -> u64 {
     msg.packed
         .as_ref()
         .map_or(msg.entries.len() as u64, |p| u64::from(p.count))
+}
+
+impl DumpStream {
+    /// Counts the dump as a call in flight while the stream lives.
+    pub fn with_busy(mut self, token: BusyToken) -> Self {
+        self.busy = Some(token);
+        self
+    }
 }
 
 impl Stream for DumpStream {

@@ -27,7 +27,7 @@ use crate::{
     cursor::CursorKey,
     dump::{DumpEnv, DumpLimits, DumpStats},
     kernel,
-    limits::{Budget, DumpSlots, LookupSlots, split_memory},
+    limits::{Budget, Busy, DumpSlots, LookupSlots, split_memory},
     metrics::Metrics,
     reload::{Reloader, SharedKeys, SharedPolicy},
     service::{MapServiceImpl, ServiceLimits},
@@ -291,6 +291,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
             pool: budget.clone(),
             dumps: dump_limits,
+            busy: Busy::default(),
         },
         DumpEnv {
             stop: stop_dumps_rx.clone(),

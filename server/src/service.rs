@@ -17,7 +17,7 @@ use crate::{
     dump::{self, DumpEnv, DumpJob, DumpLimits, DumpStream},
     error::Error,
     kernel::walk::Position,
-    limits::{Budget, DumpSlots, LookupSlots},
+    limits::{Budget, Busy, DumpSlots, LookupSlots},
     metrics::Metrics,
     proto::{self, IntoProto as _, LookupOutcome},
     reload::{SharedKeys, SharedPolicy},
@@ -44,6 +44,9 @@ pub struct ServiceLimits {
     pub pool: Budget,
     /// Each dump's share of memory, and the largest message.
     pub dumps: DumpLimits,
+    /// Dumps and lookups in flight (free memory is handed back when none
+    /// are).
+    pub busy: Busy,
 }
 
 /// `bpfmap.v1.MapService`.
@@ -248,6 +251,7 @@ impl MapServiceImpl {
         }
         let held = Held::default();
         held.keep(self.limits.lookups.try_acquire()?);
+        held.keep(self.limits.busy.enter());
         let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
         let (resolved, types) = self
             .open_for(
@@ -394,7 +398,10 @@ impl MapService for MapServiceImpl {
         audit.request_map(&req.map);
         match self.dump(&caller, req).await {
             // The stream finishes the audit record when it ends.
-            Ok(job) => Ok(Response::new(dump::spawn(job, audit, self.env.clone()))),
+            Ok(job) => {
+                let stream = dump::spawn(job, audit, self.env.clone());
+                Ok(Response::new(stream.with_busy(self.limits.busy.enter())))
+            }
             Err(e) => {
                 audit.finish(e.code());
                 Err(e.into())

@@ -796,39 +796,51 @@ const SECTIONS: [&str; 6] = ["hash", "batch", "shapes", "catalog", "typed", "pro
 /// default run.
 fn profile(n: u32, rt: &tokio::runtime::Runtime) {
     let fs = BpfFs::new();
-    let (fd, _) = u64_hash(&fs, "m", n, n);
+    // PROFILE_MAP=wide: 64-byte keys and 256-byte values instead of u64s.
+    let fd = if std::env::var("PROFILE_MAP").is_ok_and(|m| m == "wide") {
+        let wide = create_map(MapType::HASH, 64, 256, n);
+        fill(&wide, n);
+        fs.pin(&wide, "m");
+        wide
+    } else {
+        u64_hash(&fs, "m", n, n).0
+    };
+    // The daemon on a runtime of its own (threads named "bpfmapd"), so that
+    // its CPU time and the client's can be told apart.
+    let daemon_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bpfmapd")
+        .enable_all()
+        .build()
+        .unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let path = fs.path().join("m");
+    let daemon = daemon_rt.block_on(Daemon::start(fs.path(), state.path()));
     rt.block_on(async {
-        let state = tempfile::tempdir().unwrap();
-        let daemon = Daemon::start(fs.path(), state.path()).await;
         let client = daemon.client().await;
-        profile_dumps(&client, &fs.path().join("m"), n, "library dumps").await;
-        daemon.stop().await;
-        let pki = bpfmap_tests::pki::Pki::new();
-        let tls_daemon = Daemon::start_with(bpfmapd::Config {
-            tls: Some(pki.server_files()),
-            rules: vec![bpfmapd::RuleConfig {
-                identities: vec!["cn:bench".into()],
-                maps: vec!["**".into()],
-                operations: vec![bpfmapd::Operation::Dump],
-            }],
-            ..Daemon::config(fs.path(), state.path())
-        })
-        .await;
-        let tls = pki.client(
-            "bench",
-            bpfmap_tests::pki::Name::Cn("bench"),
-            bpfmap_tests::pki::Validity::Now,
-        );
-        let client = tls_daemon.tls_client(&tls).await.unwrap();
-        profile_dumps(
-            &client,
-            &fs.path().join("m"),
-            n,
-            "library dumps over mutual TLS",
-        )
-        .await;
-        tls_daemon.stop().await;
+        profile_dumps(&client, &path, n, "library dumps").await;
     });
+    daemon_rt.block_on(daemon.stop());
+    let pki = bpfmap_tests::pki::Pki::new();
+    let tls_daemon = daemon_rt.block_on(Daemon::start_with(bpfmapd::Config {
+        tls: Some(pki.server_files()),
+        rules: vec![bpfmapd::RuleConfig {
+            identities: vec!["cn:bench".into()],
+            maps: vec!["**".into()],
+            operations: vec![bpfmapd::Operation::Dump],
+        }],
+        ..Daemon::config(fs.path(), state.path())
+    }));
+    let tls = pki.client(
+        "bench",
+        bpfmap_tests::pki::Name::Cn("bench"),
+        bpfmap_tests::pki::Validity::Now,
+    );
+    rt.block_on(async {
+        let client = tls_daemon.tls_client(&tls).await.unwrap();
+        profile_dumps(&client, &path, n, "library dumps over mutual TLS").await;
+    });
+    daemon_rt.block_on(tls_daemon.stop());
     drop(fd);
 }
 
@@ -841,7 +853,10 @@ async fn profile_dumps(client: &Client, path: &Path, n: u32, what: &str) {
         .unwrap_or(20);
     let t = Instant::now();
     let (mut first, mut total, mut daemon_time, mut floor) = (vec![], vec![], vec![], vec![]);
+    let (mut daemon_cpu, mut client_cpu, mut floor_cpu) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for _ in 0..runs {
+        let cpu = thread_cpu();
         let start = Instant::now();
         let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
         dump.next_chunk().await.unwrap();
@@ -851,7 +866,12 @@ async fn profile_dumps(client: &Client, path: &Path, n: u32, what: &str) {
         assert_eq!(dump.received(), u64::from(n));
         let elapsed = dump.summary().and_then(|s| s.elapsed).unwrap_or_default();
         daemon_time.push(Duration::new(elapsed.seconds as u64, elapsed.nanos as u32));
+        let between = thread_cpu();
+        daemon_cpu += between.0 - cpu.0;
+        client_cpu += between.1 - cpu.1;
         floor.push(once(&mut || batch_walk(path)));
+        let after = thread_cpu();
+        floor_cpu += (after.0 + after.1) - (between.0 + between.1);
     }
     println!(
         "profile: {runs} {what} of {n} entries in {:.1} ms (medians: a dump {:.2} ms, \
@@ -862,6 +882,41 @@ async fn profile_dumps(client: &Client, path: &Path, n: u32, what: &str) {
         ms(median(daemon_time)),
         ms(median(floor)),
     );
+    println!(
+        "  CPU time per dump: the daemon's {:.1} ms, the client's {:.1} ms; per floor {:.1} ms",
+        ms(daemon_cpu / runs as u32),
+        ms(client_cpu / runs as u32),
+        ms(floor_cpu / runs as u32),
+    );
+}
+
+/// The CPU time (user and system) of this process's threads so far: those
+/// of the daemon's runtime (named "bpfmapd") and the others. In clock ticks
+/// of /proc (10 ms each): sum many runs.
+fn thread_cpu() -> (Duration, Duration) {
+    let (mut daemon, mut others) = (0, 0);
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread exited
+        };
+        let name = &stat[stat.find('(').unwrap() + 1..stat.rfind(')').unwrap()];
+        // utime and stime are the 12th and 13th fields after the name.
+        let ticks: u64 = stat[stat.rfind(')').unwrap() + 2..]
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse::<u64>().unwrap())
+            .sum();
+        if name == "bpfmapd" {
+            daemon += ticks;
+        } else {
+            others += ticks;
+        }
+    }
+    (
+        Duration::from_millis(daemon * 10),
+        Duration::from_millis(others * 10),
+    )
 }
 
 /// The floor as a process of its own: this program, asked to walk a map

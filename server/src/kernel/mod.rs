@@ -23,7 +23,7 @@ pub use handle::{MapHandle, read_btf};
 pub use owned::{OwnedBtf, OwnedMap};
 pub use sys::{
     BtfInfo, CreateMap, ENOTSUPP, MAX_BTF_SIZE, MapBtf, SysResult, SyscallError, is_bpffs,
-    mount_bpffs, return_large_buffers_to_the_system, umount,
+    mount_bpffs, release_free_memory, return_large_buffers_to_the_system, umount,
 };
 
 /// How a map of a given type can be walked from user space.

@@ -695,11 +695,17 @@ pub fn umount(path: &Path) -> SysResult<()> {
     Ok(())
 }
 
-/// Makes glibc's malloc hand large buffers (chunks of dumps, lookup
-/// responses: 128 KiB and up) back to the system when they are freed.
-/// By default glibc raises its mmap threshold as large buffers are freed,
-/// after which they come from the heap and stay in the process: after 64
-/// slow streams left, the daemon kept about 15 MiB more than with this.
+/// Makes glibc's malloc hand large buffers (lookup responses, chunks of
+/// dumps with large limits: 128 KiB and up) back to the system when they
+/// are freed. By default glibc raises its mmap threshold as large buffers
+/// are freed, after which they come from the heap and stay in the process:
+/// after 64 slow streams left, the daemon kept about 15 MiB more than with
+/// this. The heap keeps 256 KiB at its top when it shrinks, so that a dump's
+/// chunks (115 KiB with the default limits), allocated and freed one after
+/// the other, do not fault their pages in again each time (a dump of 100K
+/// 320-byte entries: 3,500 page faults without it, 250 with it, and about a
+/// sixth less CPU). What calls leave free is handed back when the daemon is
+/// idle ([`release_free_memory`]).
 pub fn return_large_buffers_to_the_system() {
     #[cfg(target_env = "gnu")]
     {
@@ -709,6 +715,21 @@ pub fn return_large_buffers_to_the_system() {
         unsafe {
             libc::mallopt(libc::M_MMAP_THRESHOLD, THRESHOLD);
             libc::mallopt(libc::M_TRIM_THRESHOLD, THRESHOLD);
+            libc::mallopt(libc::M_TOP_PAD, 2 * THRESHOLD);
         }
+    }
+}
+
+/// Hands the C allocator's free memory back to the system, including free
+/// pages inside the heap (glibc's `malloc_trim`): buffers under the mmap
+/// threshold (a dump's chunks with the default limits) come from the heap,
+/// where a burst of calls leaves free memory that the heap's top alone
+/// cannot return.
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes the padding to keep; it only releases free
+    // memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
