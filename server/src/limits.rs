@@ -357,39 +357,53 @@ impl Budget {
 
 /// Calls that allocate much (dumps, lookups) in flight. When the last one
 /// ends, and nothing started meanwhile, the allocator's free memory goes back
-/// to the system ([`TRIM_DELAY`] later, for the transport to drop its last
-/// buffers): glibc keeps what dumps free for reuse, so a daemon that served
+/// to the system ([`TRIM_DELAY`] later: not between the calls of a burst,
+/// and after the transport dropped its last buffers): glibc keeps what
+/// dumps free for reuse, so a daemon that served
 /// many slow clients at once would otherwise keep their memory. While calls
 /// run, freed buffers are reused at once (no page faults per chunk).
 #[derive(Debug, Clone, Default)]
-pub struct Busy(Arc<AtomicUsize>);
+pub struct Busy(Arc<BusyCounts>);
+
+#[derive(Debug, Default)]
+struct BusyCounts {
+    /// Calls in flight.
+    active: AtomicUsize,
+    /// Calls started since the daemon started.
+    started: AtomicU64,
+}
 
 /// How long the daemon waits, after its last call that allocated much
 /// ended, before handing free memory back.
-pub const TRIM_DELAY: Duration = Duration::from_millis(200);
+pub const TRIM_DELAY: Duration = Duration::from_secs(1);
 
 impl Busy {
     /// A call starts; it ends when the token is dropped.
     pub fn enter(&self) -> BusyToken {
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.0.started.fetch_add(1, Ordering::SeqCst);
+        self.0.active.fetch_add(1, Ordering::SeqCst);
         BusyToken(self.0.clone())
     }
 }
 
 /// One call in flight ([`Busy::enter`]).
 #[derive(Debug)]
-pub struct BusyToken(Arc<AtomicUsize>);
+pub struct BusyToken(Arc<BusyCounts>);
 
 impl Drop for BusyToken {
     fn drop(&mut self) {
-        if self.0.fetch_sub(1, Ordering::SeqCst) != 1 {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) != 1 {
             return;
         }
-        let busy = self.0.clone();
+        // Handed back only if no call started during the delay: a steady
+        // stream of calls never trims.
+        let (counts, started) = (self.0.clone(), self.0.started.load(Ordering::SeqCst));
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 tokio::time::sleep(TRIM_DELAY).await;
-                if busy.load(Ordering::SeqCst) == 0 {
+                if counts.started.load(Ordering::SeqCst) == started
+                    && counts.active.load(Ordering::SeqCst) == 0
+                {
                     let _ = tokio::task::spawn_blocking(crate::kernel::release_free_memory).await;
                 }
             });
