@@ -356,12 +356,12 @@ impl Budget {
 }
 
 /// Calls that allocate much (dumps, lookups) in flight. When the last one
-/// ends, and nothing started meanwhile, the allocator's free memory goes back
-/// to the system ([`TRIM_DELAY`] later: not between the calls of a burst,
-/// and after the transport dropped its last buffers): glibc keeps what
-/// dumps free for reuse, so a daemon that served
-/// many slow clients at once would otherwise keep their memory. While calls
-/// run, freed buffers are reused at once (no page faults per chunk).
+/// ends, and no other starts for [`TRIM_DELAY`] (not between the calls of a
+/// burst, and after the transport dropped its last buffers), the
+/// allocator's free memory goes back to the system: glibc keeps what dumps
+/// free for reuse, so a daemon that served many slow clients at once would
+/// otherwise keep their memory. While calls run, freed buffers are reused
+/// at once (no page faults per chunk).
 #[derive(Debug, Clone, Default)]
 pub struct Busy(Arc<BusyCounts>);
 
