@@ -350,18 +350,6 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         ));
     }
 
-    // NOT_SERVING as soon as draining starts, in a task of its own: the
-    // router may stop polling its shutdown signal once the accept loop has
-    // ended its stream of connections.
-    let mut rx = draining_rx.clone();
-    tokio::spawn(async move {
-        let _ = rx.wait_for(|s| *s).await;
-        for name in [SERVICE_NAME, ""] {
-            health_reporter
-                .set_service_status(name, ServingStatus::NotServing)
-                .await;
-        }
-    });
     let mut rx = draining_rx.clone();
     let signal = async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -380,7 +368,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             auth::authenticate,
         ));
     let (conn_tx, conn_rx) = mpsc::channel(64);
-    tokio::spawn(conn::accept_loop(
+    let accepting = tokio::spawn(conn::accept_loop(
         listener,
         AcceptConfig {
             stall_timeout: Duration::from_secs(limits.stall_timeout_secs),
@@ -392,8 +380,23 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         },
         registry.clone(),
         conn_tx,
-        draining_rx,
+        draining_rx.clone(),
     ));
+    // NOT_SERVING as soon as draining starts and the listener is closed, in
+    // a task of its own (the router may stop polling its shutdown signal
+    // once the accept loop has ended its stream of connections): a client
+    // told NOT_SERVING that connects again is refused (UNAVAILABLE), never
+    // taken into the backlog of a listener about to close and reset.
+    let mut rx = draining_rx.clone();
+    tokio::spawn(async move {
+        let _ = rx.wait_for(|s| *s).await;
+        let _ = accepting.await;
+        for name in [SERVICE_NAME, ""] {
+            health_reporter
+                .set_service_status(name, ServingStatus::NotServing)
+                .await;
+        }
+    });
     tasks.push(tokio::spawn(router.serve_with_incoming_shutdown(
         ReceiverStream::new(conn_rx),
         signal,
