@@ -435,21 +435,8 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
 
         // The same over mutual TLS (rustls, ring).
         let pki = bpfmap_tests::pki::Pki::new();
-        let tls_daemon = Daemon::start_with(bpfmapd::Config {
-            tls: Some(pki.server_files()),
-            rules: vec![bpfmapd::RuleConfig {
-                identities: vec!["cn:bench".into()],
-                maps: vec!["**".into()],
-                operations: vec![bpfmapd::Operation::Dump],
-            }],
-            ..Daemon::config(fs.path(), state.path())
-        })
-        .await;
-        let tls = pki.client(
-            "bench",
-            bpfmap_tests::pki::Name::Cn("bench"),
-            bpfmap_tests::pki::Validity::Now,
-        );
+        let (config, tls) = mtls(&pki, fs.path(), state.path());
+        let tls_daemon = Daemon::start_with(config).await;
         let client = tls_daemon.tls_client(&tls).await.unwrap();
         let (d, r) =
             paired_async(floor, || library_dump(&client, "m", DumpOptions::default())).await;
@@ -527,6 +514,30 @@ fn fill(map: &OwnedMap, n: u32) {
         }
         update_batch(map, &keys, &values);
     }
+}
+
+/// A daemon configuration with mutual TLS that lets the client "bench"
+/// dump every map, and that client's TLS files.
+fn mtls(
+    pki: &bpfmap_tests::pki::Pki,
+    root: &Path,
+    state: &Path,
+) -> (bpfmapd::Config, bpfmap_client::ClientTls) {
+    let config = bpfmapd::Config {
+        tls: Some(pki.server_files()),
+        rules: vec![bpfmapd::RuleConfig {
+            identities: vec!["cn:bench".into()],
+            maps: vec!["**".into()],
+            operations: vec![bpfmapd::Operation::Dump],
+        }],
+        ..Daemon::config(root, state)
+    };
+    let tls = pki.client(
+        "bench",
+        bpfmap_tests::pki::Name::Cn("bench"),
+        bpfmap_tests::pki::Validity::Now,
+    );
+    (config, tls)
 }
 
 /// Map shapes other than u64 -> u64: each against its own floor.
@@ -826,20 +837,8 @@ fn profile(n: u32, rt: &tokio::runtime::Runtime) {
     });
     daemon_rt.block_on(daemon.stop());
     let pki = bpfmap_tests::pki::Pki::new();
-    let tls_daemon = daemon_rt.block_on(Daemon::start_with(bpfmapd::Config {
-        tls: Some(pki.server_files()),
-        rules: vec![bpfmapd::RuleConfig {
-            identities: vec!["cn:bench".into()],
-            maps: vec!["**".into()],
-            operations: vec![bpfmapd::Operation::Dump],
-        }],
-        ..Daemon::config(fs.path(), state.path())
-    }));
-    let tls = pki.client(
-        "bench",
-        bpfmap_tests::pki::Name::Cn("bench"),
-        bpfmap_tests::pki::Validity::Now,
-    );
+    let (config, tls) = mtls(&pki, fs.path(), state.path());
+    let tls_daemon = daemon_rt.block_on(Daemon::start_with(config));
     rt.block_on(async {
         let client = tls_daemon.tls_client(&tls).await.unwrap();
         profile_dumps(&client, &path, n, "library dumps over mutual TLS").await;
