@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+pub mod status;
 
 /// Package `bpfmap.v1`.
 pub mod v1 {
@@ -13,7 +14,5 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/bpfmap_descriptor.bin"));
 }
-
-pub use v1::*;
 
 pub mod typed;

@@ -1,17 +1,17 @@
 //! Configuration: a TOML file (optional) overridden by command-line flags.
 //! With neither, bpfmapd serves /sys/fs/bpf on 127.0.0.1:50051.
-#![forbid(unsafe_code)]
 
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use anyhow::Context as _;
 use clap::Parser;
 use serde::Deserialize;
 
-use crate::{auth::RuleConfig, tls::TlsFiles};
+use crate::{access::RuleConfig, net::TlsFiles};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -43,12 +43,20 @@ pub struct Config {
     /// A plaintext HTTP listener serving Prometheus metrics at /metrics.
     pub metrics_listen: Option<SocketAddr>,
     /// Check the configuration file, the TLS files and the cursor keys for
-    /// changes this often, and reload when one changed (0: only on SIGHUP).
-    pub watch_files_secs: u64,
+    /// changes this often, and reload when one changed ("0s": only on
+    /// SIGHUP).
+    #[serde(with = "humantime_serde")]
+    pub watch_files: Duration,
+    /// Deprecated spelling of `watch_files`, in seconds.
+    pub watch_files_secs: Option<u64>,
     pub limits: Limits,
-    /// Authorization rules (`[[rule]]` tables); see the README.
+    /// Authorization rules (`[[rule]]` tables); see deploy/README.md.
     #[serde(rename = "rule")]
     pub rules: Vec<RuleConfig>,
+    /// What the configuration file spelled in a deprecated way, to warn of
+    /// once logging is on.
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
 }
 
 /// Resource bounds.
@@ -63,18 +71,30 @@ pub struct Limits {
     /// A dump that has held its slot this long while other dumps were
     /// refused one ends with UNAVAILABLE (the client resumes from its
     /// cursor), so that slow clients cannot keep everyone else out.
-    pub max_slot_hold_secs: u64,
+    #[serde(with = "humantime_serde")]
+    pub max_slot_hold: Duration,
+    /// Deprecated spelling of `max_slot_hold`, in seconds.
+    pub max_slot_hold_secs: Option<u64>,
     /// HTTP/2 streams (calls) open at once on one connection.
     pub max_streams_per_connection: u32,
     /// Connections open at once; further ones are closed at once.
     pub max_connections: usize,
     /// A dump whose client has not taken a chunk for this long is ended
     /// (UNAVAILABLE; the client resumes from its last cursor).
-    pub stall_timeout_secs: u64,
+    #[serde(with = "humantime_serde")]
+    pub stall_timeout: Duration,
+    /// Deprecated spelling of `stall_timeout`, in seconds.
+    pub stall_timeout_secs: Option<u64>,
     /// Time allowed for a connection's TLS handshake and HTTP/2 preface.
-    pub handshake_timeout_secs: u64,
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Deprecated spelling of `handshake_timeout`, in seconds.
+    pub handshake_timeout_secs: Option<u64>,
     /// A connection with no call open for this long is closed.
-    pub idle_timeout_secs: u64,
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Deprecated spelling of `idle_timeout`, in seconds.
+    pub idle_timeout_secs: Option<u64>,
     /// Largest request message accepted.
     pub max_request_bytes: usize,
     /// Memory for what is queued to clients, in all. Three quarters are
@@ -91,7 +111,10 @@ pub struct Limits {
     pub max_lookups: usize,
     /// On shutdown, dumps in flight get this long to finish before they end
     /// with UNAVAILABLE.
-    pub shutdown_grace_secs: u64,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+    /// Deprecated spelling of `shutdown_grace`, in seconds.
+    pub shutdown_grace_secs: Option<u64>,
 }
 
 impl Default for Limits {
@@ -99,17 +122,22 @@ impl Default for Limits {
         Self {
             max_dumps: 64,
             max_dumps_per_identity: 8,
-            max_slot_hold_secs: 60,
+            max_slot_hold: Duration::from_secs(60),
+            max_slot_hold_secs: None,
             max_streams_per_connection: 64,
             max_connections: 1024,
-            stall_timeout_secs: 30,
-            handshake_timeout_secs: 10,
-            idle_timeout_secs: 120,
+            stall_timeout: Duration::from_secs(30),
+            stall_timeout_secs: None,
+            handshake_timeout: Duration::from_secs(10),
+            handshake_timeout_secs: None,
+            idle_timeout: Duration::from_secs(120),
+            idle_timeout_secs: None,
             max_request_bytes: 4 << 20,
             max_queued_bytes: 48 << 20,
             max_message_bytes: 64 << 20,
             max_lookups: 16,
-            shutdown_grace_secs: 2,
+            shutdown_grace: Duration::from_secs(2),
+            shutdown_grace_secs: None,
         }
     }
 }
@@ -136,9 +164,11 @@ impl Default for Config {
             tls: None,
             health_listen: None,
             metrics_listen: None,
-            watch_files_secs: 5,
+            watch_files: Duration::from_secs(5),
+            watch_files_secs: None,
             limits: Limits::default(),
             rules: Vec::new(),
+            deprecated: Vec::new(),
         }
     }
 }
@@ -198,8 +228,75 @@ pub struct Args {
 }
 
 impl Config {
+    /// Parses a configuration file's text. Durations are written as
+    /// "30s", "5m", "1h 30m"; the older `*_secs` keys (whole seconds) still
+    /// work, each noted in [`Config::deprecated`].
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
-        Ok(toml::from_str(text)?)
+        let mut c: Self = toml::from_str(text)?;
+        c.fold_deprecated()?;
+        Ok(c)
+    }
+
+    /// Moves the deprecated `*_secs` keys into their durations.
+    fn fold_deprecated(&mut self) -> anyhow::Result<()> {
+        let defaults = Self::default();
+        let l = &mut self.limits;
+        let d = &defaults.limits;
+        let keys: [(&str, &mut Option<u64>, &mut Duration, Duration); 6] = [
+            (
+                "watch_files",
+                &mut self.watch_files_secs,
+                &mut self.watch_files,
+                defaults.watch_files,
+            ),
+            (
+                "limits.max_slot_hold",
+                &mut l.max_slot_hold_secs,
+                &mut l.max_slot_hold,
+                d.max_slot_hold,
+            ),
+            (
+                "limits.stall_timeout",
+                &mut l.stall_timeout_secs,
+                &mut l.stall_timeout,
+                d.stall_timeout,
+            ),
+            (
+                "limits.handshake_timeout",
+                &mut l.handshake_timeout_secs,
+                &mut l.handshake_timeout,
+                d.handshake_timeout,
+            ),
+            (
+                "limits.idle_timeout",
+                &mut l.idle_timeout_secs,
+                &mut l.idle_timeout,
+                d.idle_timeout,
+            ),
+            (
+                "limits.shutdown_grace",
+                &mut l.shutdown_grace_secs,
+                &mut l.shutdown_grace,
+                d.shutdown_grace,
+            ),
+        ];
+        for (key, secs, duration, default) in keys {
+            let Some(n) = secs.take() else { continue };
+            anyhow::ensure!(
+                *duration == default,
+                "both {key} and {key}_secs are set: keep {key} = \"{n}s\" only"
+            );
+            *duration = Duration::from_secs(n);
+            self.deprecated.push(format!(
+                "{key}_secs is deprecated: write {key} = \"{n}s\" (durations like \"30s\", \"5m\")"
+            ));
+        }
+        Ok(())
+    }
+
+    /// How often to look for changed files, if at all.
+    pub fn watch_files(&self) -> Option<Duration> {
+        (!self.watch_files.is_zero()).then_some(self.watch_files)
     }
 
     pub fn from_file(path: &Path) -> anyhow::Result<Self> {
@@ -273,11 +370,15 @@ impl Config {
             "limits.max_dumps, max_dumps_per_identity, max_streams_per_connection, max_connections and max_lookups must be at least 1"
         );
         anyhow::ensure!(
-            l.stall_timeout_secs > 0
-                && l.handshake_timeout_secs > 0
-                && l.idle_timeout_secs > 0
-                && l.max_slot_hold_secs > 0,
-            "limits.stall_timeout_secs, handshake_timeout_secs, idle_timeout_secs and max_slot_hold_secs must be at least 1"
+            [
+                l.stall_timeout,
+                l.handshake_timeout,
+                l.idle_timeout,
+                l.max_slot_hold
+            ]
+            .iter()
+            .all(|d| *d >= Duration::from_secs(1)),
+            "limits.stall_timeout, handshake_timeout, idle_timeout and max_slot_hold must be at least 1s"
         );
         anyhow::ensure!(
             l.max_queued_bytes >= 4 << 20 && l.max_queued_bytes <= u32::MAX as usize,
@@ -294,7 +395,7 @@ impl Config {
             l.max_dumps,
             (64usize << 10) * l.max_dumps * 4 / 3 + 4
         );
-        crate::auth::Policy::new(&self.rules, self.tls.is_some())?;
+        crate::access::Policy::new(&self.rules, self.tls.is_some())?;
         Ok(())
     }
 }
@@ -311,7 +412,7 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(c.roots, [PathBuf::from("/sys/fs/bpf")]);
         assert_eq!(c.limits, Limits::default());
-        assert_eq!(c.watch_files_secs, Config::default().watch_files_secs);
+        assert_eq!(c.watch_files, Config::default().watch_files);
         assert_eq!(c.metrics_listen, None);
 
         let text = include_str!("../../deploy/bpfmapd-mtls.toml");
@@ -323,8 +424,8 @@ mod tests {
         );
         assert_eq!(c.rules.len(), 2);
         assert_eq!(c.limits.max_dumps_per_identity, 4);
-        let policy = crate::auth::Policy::new(&c.rules, true).unwrap();
-        use crate::{auth::Identity, auth::Operation::*, catalog::MapRef};
+        let policy = crate::access::Policy::new(&c.rules, true).unwrap();
+        use crate::model::{Identity, MapRef, Operation::*};
         let collector =
             Identity::Spiffe("spiffe://example.org/ns/observability/sa/collector".into());
         let alice = Identity::Spiffe("spiffe://example.org/ns/ops/alice".into());

@@ -1,40 +1,23 @@
-//! Domain errors, and the one place that turns them into gRPC statuses.
-//!
-//! Every status carries a google.rpc.ErrorInfo with a stable `reason` (domain
-//! "bpfmapd") so that programs can branch on it without parsing messages.
-#![forbid(unsafe_code)]
+//! What a call can fail with, in the daemon's terms: the message a person
+//! reads, and the facts behind it. How each error reaches a gRPC client
+//! (its status code and stable reason) is `rpc::status`'s.
 
-use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
+use bpfmap_kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkError};
 
 use crate::{
-    auth::{Identity, Operation},
-    catalog::MapRef,
-    cursor::CursorError,
-    kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkError},
+    dump::CursorError,
+    model::{Identity, InvalidPath, MapRef, Operation},
 };
-
-/// Longest piece of a request quoted in a log line or an error message.
-pub const MAX_QUOTE: usize = 64;
-
-/// `s` as a quoted, escaped string of at most [`MAX_QUOTE`] characters
-/// (followed by "..." when cut).
-pub fn quote(s: &str) -> String {
-    match s.char_indices().nth(MAX_QUOTE) {
-        None => format!("{s:?}"),
-        Some((at, _)) => format!("{:?}...", &s[..at]),
-    }
-}
-
-/// The ErrorInfo domain of every status.
-pub const DOMAIN: &str = "bpfmapd";
 
 /// Everything a call can fail with.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// A malformed request; the message says what to fix.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A map path that names no map.
+    #[error(transparent)]
+    InvalidPath(#[from] InvalidPath),
     /// Nothing at that path or id.
     #[error("map {0} not found")]
     MapNotFound(MapRef),
@@ -110,7 +93,7 @@ pub enum Error {
         "this dump held its slot for {secs} s while other dumps were waiting for one, so the stream was ended; resume from the last cursor received"
     )]
     SlotExpired {
-        /// limits.max_slot_hold_secs.
+        /// limits.max_slot_hold.
         secs: u64,
     },
     /// An entry (or a hash bucket) too large for this server's limits.
@@ -168,75 +151,35 @@ pub enum Error {
 }
 
 impl Error {
-    /// The gRPC code a client acts on.
-    pub fn code(&self) -> Code {
-        match self {
-            Self::InvalidArgument(_) | Self::ResponseTooLarge { .. } => Code::InvalidArgument,
-            Self::SlotExpired { .. } => Code::Unavailable,
-            Self::EntryTooLarge { .. } => Code::FailedPrecondition,
-            Self::Cursor(c) => match c {
-                CursorError::OtherIdentity(_) => Code::PermissionDenied,
-                CursorError::MapReplaced { .. } => Code::Aborted,
-                CursorError::Encoding
-                | CursorError::NotAuthentic
-                | CursorError::Malformed
-                | CursorError::TooLong
-                | CursorError::OtherMap { .. } => Code::InvalidArgument,
-            },
-            Self::MapNotFound(_) => Code::NotFound,
-            Self::NotAMap { .. }
-            | Self::ByIdDisabled
-            | Self::NotIterable { .. }
-            | Self::Unsized { .. }
-            | Self::LookupUnsupported { .. }
-            | Self::Untyped { .. } => Code::FailedPrecondition,
-            Self::ResumeKeyDeleted(_) => Code::Aborted,
-            Self::ShuttingDown | Self::Stalled { .. } => Code::Unavailable,
-            Self::ResourceExhausted(_) => Code::ResourceExhausted,
-            Self::PermissionDenied { .. } => Code::PermissionDenied,
-            Self::Kernel { source, .. } => match source.errno() {
-                Some(libc::EPERM) | Some(libc::EACCES) => Code::FailedPrecondition,
-                _ => Code::Internal,
-            },
-            Self::Internal { .. } => Code::Internal,
-        }
+    /// A key of the wrong size (the `index`th of a request, when known).
+    pub(crate) fn key_size(
+        map: &MapRef,
+        index: Option<usize>,
+        got: usize,
+        expected: usize,
+    ) -> Self {
+        let which = index.map_or_else(|| "a key".to_owned(), |i| format!("key {i}"));
+        Self::InvalidArgument(format!(
+            "{which} is {got} bytes; map {map} has {expected}-byte keys"
+        ))
     }
 
-    /// Stable machine-readable reason (google.rpc.ErrorInfo.reason).
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::InvalidArgument(_) => "INVALID_REQUEST",
-            Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
-            Self::SlotExpired { .. } => "SLOT_EXPIRED",
-            Self::EntryTooLarge { .. } => "ENTRY_TOO_LARGE",
-            Self::MapNotFound(_) => "MAP_NOT_FOUND",
-            Self::NotAMap { .. } => "NOT_A_MAP",
-            Self::ByIdDisabled => "BY_ID_DISABLED",
-            Self::NotIterable { .. } => "MAP_NOT_ITERABLE",
-            Self::Unsized { .. } => "MAP_NOT_SIZED",
-            Self::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
-            Self::Untyped { .. } => "MAP_UNTYPED",
-            Self::Cursor(c) => match c {
-                CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
-                CursorError::OtherMap { .. } => "CURSOR_OTHER_MAP",
-                CursorError::MapReplaced { .. } => "MAP_REPLACED",
-                CursorError::Encoding
-                | CursorError::NotAuthentic
-                | CursorError::Malformed
-                | CursorError::TooLong => "CURSOR_INVALID",
-            },
-            Self::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
-            Self::ShuttingDown => "SHUTTING_DOWN",
-            Self::Stalled { .. } => "CLIENT_STALLED",
-            Self::ResourceExhausted(_) => "LIMIT_REACHED",
-            Self::PermissionDenied { .. } => "PERMISSION_DENIED",
-            Self::Kernel { .. } => "KERNEL_ERROR",
-            Self::Internal { .. } => "INTERNAL",
+    /// INVALID_ARGUMENT unless `key` has the size of `meta`'s keys.
+    pub(crate) fn check_key_size(
+        map: &MapRef,
+        meta: &bpfmap_kernel::MapMeta,
+        index: Option<usize>,
+        key: &[u8],
+    ) -> Result<(), Self> {
+        let expected = meta.key_size as usize;
+        if expected != 0 && key.len() != expected {
+            return Err(Self::key_size(map, index, key.len(), expected));
         }
+        Ok(())
     }
 
     /// A map that could not be opened.
-    pub fn from_open(map: &MapRef, e: OpenError) -> Self {
+    pub(crate) fn from_open(map: &MapRef, e: OpenError) -> Self {
         match e {
             OpenError::NotFound => Self::MapNotFound(map.clone()),
             OpenError::NotAMap => Self::NotAMap {
@@ -251,7 +194,7 @@ impl Error {
     }
 
     /// A walk that failed.
-    pub fn from_walk(map: &MapRef, e: WalkError) -> Self {
+    pub(crate) fn from_walk(map: &MapRef, e: WalkError) -> Self {
         match e {
             WalkError::NotIterable(map_type) => Self::NotIterable {
                 map: map.clone(),
@@ -278,7 +221,7 @@ impl Error {
     }
 
     /// A lookup that failed.
-    pub fn from_lookup(map: &MapRef, e: LookupError) -> Self {
+    pub(crate) fn from_lookup(map: &MapRef, e: LookupError) -> Self {
         match e {
             LookupError::Unsupported(map_type) => Self::LookupUnsupported {
                 map: map.clone(),
@@ -288,44 +231,11 @@ impl Error {
                 map: map.clone(),
                 reason,
             },
-            LookupError::KeySize { expected, got } => Self::InvalidArgument(format!(
-                "a key is {got} bytes; map {map} has {expected}-byte keys"
-            )),
+            LookupError::KeySize { expected, got } => Self::key_size(map, None, got, expected),
             LookupError::Syscall(source) => Self::Kernel {
                 map: map.clone(),
                 source,
             },
         }
-    }
-}
-
-impl From<Error> for Status {
-    fn from(e: Error) -> Self {
-        let code = e.code();
-        if code == Code::Internal {
-            tracing::error!(error = %e, "internal error");
-        }
-        Status::with_error_details(
-            code,
-            e.to_string(),
-            ErrorDetails::with_error_info(e.reason(), DOMAIN, []),
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quotes_are_bounded_and_escaped() {
-        assert_eq!(quote("demo/flows"), "\"demo/flows\"");
-        assert_eq!(quote("a\nb"), "\"a\\nb\"");
-        let long = "x".repeat(10_000);
-        let q = quote(&long);
-        assert_eq!(q.len(), MAX_QUOTE + 2 + 3);
-        assert!(q.ends_with("\"..."));
-        let wide = "é".repeat(100);
-        assert!(quote(&wide).starts_with("\"éé"));
     }
 }

@@ -2,46 +2,49 @@
 //! clients over gRPC, with batched kernel reads and resumable cursors.
 //!
 //! The binary is `bpfmapd`; this library is what it is made of, exposed for
-//! the end-to-end tests and the benchmark: the configuration and the server,
-//! and the [`kernel`] layer (reading maps, and creating the maps tests use).
-//! All unsafe code lives in `kernel` (the syscall seam and the two handle
-//! types that check buffers before calling it).
-#![deny(unsafe_code)]
+//! the end-to-end tests and the benchmark: the configuration, the server
+//! and the demo maps. Kernel access (every syscall and all unsafe code) is
+//! the crate `bpfmap-kernel`.
+//!
+//! The modules, from the bottom up (each uses only those before it):
+//! - [`model`]: the shared value types (map references, identities,
+//!   operations, RPC names).
+//! - `error`: what a call can fail with (no gRPC in it).
+//! - `config`: the command line and the configuration file.
+//! - `maps`: which maps are exposed, their types (BTF), the demo.
+//! - `limits`: dump slots, memory shares and the pool, allocator trimming.
+//! - `access`: the policy and the audit log.
+//! - `dump`: one DumpMap: the job, its producer, its cursors.
+//! - `net`: connections, TLS, authentication of a connection's caller.
+//! - `ops`: metrics, reload, sd_notify, capabilities.
+//! - `rpc`: the gRPC service, the mapping of errors to statuses, health.
+//! - `daemon`: the composition root (start, stop, reload) and `main`.
+#![forbid(unsafe_code)]
 
-mod audit;
-mod auth;
-pub mod btf;
-mod catalog;
+mod access;
 mod config;
-mod conn;
-mod cursor;
 pub mod daemon;
-mod demo;
 mod dump;
 mod error;
-mod health;
-pub mod kernel;
 mod limits;
-mod metrics;
-mod notify;
-mod privileges;
-mod proto;
-mod reload;
-mod server;
-mod service;
-mod tls;
-mod typed;
+mod maps;
+pub mod model;
+mod net;
+mod ops;
+mod rpc;
+mod wire;
 
-pub use auth::{Operation, RuleConfig};
+pub use access::RuleConfig;
 pub use config::{Args, Config, Limits, LogFormat};
-pub use demo::{Demo, flow_key, flow_value, typed_flows};
+pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
-pub use server::{Running, SERVICE_NAME, check_privileges, prepare_roots, start, start_on};
-pub use tls::TlsFiles;
+pub use maps::{Demo, btf, flow_key, flow_value, typed_flows};
+pub use model::{Operation, SERVICE_NAME};
+pub use net::TlsFiles;
 
 /// Rotates the cursor key in `state_dir` (see `bpfmapd --rotate-cursor-key`):
 /// the current key becomes the previous one, whose cursors stay valid until
 /// the next rotation, and a new key becomes current.
 pub fn rotate_cursor_key(state_dir: &std::path::Path) -> anyhow::Result<()> {
-    Ok(cursor::CursorKey::rotate(state_dir)?)
+    Ok(dump::CursorKey::rotate(state_dir)?)
 }

@@ -16,11 +16,11 @@ use std::{
 };
 
 use bpfmap_client::{Client, DumpOptions, MapName};
-use bpfmap_tests::{BpfFs, Daemon, MapType, OwnedMap, create_map, u64_hash, update_batch};
-use bpfmapd::kernel::{
+use bpfmap_kernel::{
     MapHandle, MapOps as _,
     walk::{Position, Walker},
 };
+use bpfmap_tests::{BpfFs, Daemon, MapType, OwnedMap, create_map, u64_hash, update_batch};
 
 /// Samples per case (more for cases under 100 ms). Cases compared with a
 /// baseline are timed alternately with it, so that a machine that slows
@@ -972,7 +972,7 @@ fn main() {
     println!(
         "medians of {RUNS} runs ({} under 100 ms); {} CPUs; a case and its baseline run alternately, and its ratio is of their medians",
         RUNS * 3,
-        bpfmapd::kernel::possible_cpus()
+        bpfmap_kernel::possible_cpus()
     );
     let mut report = Report {
         lines: Vec::new(),

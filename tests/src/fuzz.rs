@@ -6,8 +6,8 @@
 //! bytes given; every decoded value must be valid JSON.
 
 use bpfmap_proto::{
-    TypeInfo,
     typed::{JsonWriter, Layout},
+    v1::TypeInfo,
 };
 use prost::Message as _;
 

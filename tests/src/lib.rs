@@ -9,14 +9,12 @@ use std::{
 };
 
 use bpfmap_client::{Client, DumpOptions, Entry, MapName, Value};
-use bpfmapd::{
-    Config, Running,
-    kernel::{self, CreateMap},
-};
+use bpfmap_kernel::{self as kernel, CreateMap};
+use bpfmapd::{Config, Running};
 use futures::TryStreamExt as _;
 use tempfile::TempDir;
 
-pub use bpfmapd::kernel::{MapType, OwnedMap};
+pub use bpfmap_kernel::{MapType, OwnedMap};
 
 pub mod dns;
 pub mod fuzz;

@@ -381,7 +381,7 @@ fn the_configmap_holds_a_config_the_daemon_accepts_and_the_daemonset_matches() {
     config.validate().unwrap();
     assert!(!config.mount_bpffs, "the pod cannot mount bpffs");
     assert!(
-        config.watch_files_secs > 0,
+        config.watch_files().is_some(),
         "Secret updates must be picked up"
     );
     assert!(!config.rules.is_empty());

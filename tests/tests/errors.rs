@@ -103,7 +103,7 @@ async fn a_replaced_map_is_aborted_and_a_removed_map_not_found() {
 #[tokio::test]
 async fn a_trie_resumed_after_its_last_key_was_deleted_gives_exactly_the_rest() {
     let (fs, _state, daemon, client) = setup().await;
-    let fd = create_map_with(&bpfmapd::kernel::CreateMap {
+    let fd = create_map_with(&bpfmap_kernel::CreateMap {
         map_type: MapType::LPM_TRIE.0,
         key_size: 8,
         value_size: 8,
@@ -136,7 +136,7 @@ async fn a_trie_resumed_after_its_last_key_was_deleted_gives_exactly_the_rest() 
     // first key, and the daemon skips what the cursor already covered.
     let last = first
         .keys()
-        .max_by(|a, b| bpfmapd::kernel::walk::trie_order(a, b))
+        .max_by(|a, b| bpfmap_kernel::walk::trie_order(a, b))
         .unwrap()
         .clone();
     delete(&fd, &last);

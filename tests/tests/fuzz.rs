@@ -3,12 +3,12 @@
 //! over random type descriptions. They fail on a panic, a hang (the test
 //! times out) or decoded text that is not JSON.
 
-use bpfmap_proto::{
+use bpfmap_kernel::{BtfBuilder, BtfMember as M, IntEncoding as E};
+use bpfmap_proto::v1::{
     ArrayType, EnumType, Enumerator, IntType, Member, PointerType, RecordType, TypeInfo,
     type_info::Kind,
 };
 use bpfmap_tests::fuzz;
-use bpfmapd::kernel::{BtfBuilder, BtfMember as M, IntEncoding as E};
 use prost::Message as _;
 
 /// xorshift64*: deterministic, so a failure reproduces.

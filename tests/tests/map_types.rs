@@ -4,11 +4,11 @@
 use std::os::fd::AsFd;
 
 use bpfmap_client::{DumpOptions, MapName, Value, pb};
-use bpfmap_tests::*;
-use bpfmapd::kernel::{
+use bpfmap_kernel::{
     CreateMap, MapHandle, possible_cpus,
     walk::{Position, Walker},
 };
+use bpfmap_tests::*;
 
 fn cpus() -> usize {
     possible_cpus() as usize

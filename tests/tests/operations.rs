@@ -433,7 +433,7 @@ async fn certificates_and_policy_rotate_on_disk_without_cutting_streams() {
     secret.publish_server(&old, &old, &old);
     let metrics = free_addr("127.0.0.1");
     let extra = format!(
-        "metrics_listen = \"{metrics}\"\nwatch_files_secs = 1\n\
+        "metrics_listen = \"{metrics}\"\nwatch_files = \"1s\"\n\
          [tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n\
          [[rule]]\nidentities = [\"{ALICE}\"]\nmaps = [\"**\"]\noperations = [\"list\", \"dump\"]\n",
         secret.path("tls.crt").display(),
@@ -599,7 +599,7 @@ async fn the_cursor_key_rotates_and_the_previous_key_stays_valid_once() {
     drop(dump);
 
     // The operator's steps: rotate, then reload (SIGHUP; the file watch
-    // would pick the new key up by itself within watch_files_secs).
+    // would pick the new key up by itself within watch_files).
     let reloads = || {
         daemon
             .log()
@@ -674,7 +674,7 @@ async fn sigterm_and_a_restart_mid_dump_cost_the_client_nothing() {
         fs.path(),
         state.path(),
         free_addr("127.0.0.1"),
-        &format!("health_listen = \"{health}\"\n[limits]\nshutdown_grace_secs = 1\n"),
+        &format!("health_listen = \"{health}\"\n[limits]\nshutdown_grace = \"1s\"\n"),
     );
     let client = Client::connect(&daemon.url())
         .await
@@ -905,7 +905,7 @@ mod systemd {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    pub fn run_the_unit() {
+    pub(crate) fn run_the_unit() {
         let id = std::process::id();
         let unit = format!("bpfmapd-test-{id}");
         let pins = Path::new("/sys/fs/bpf").join(&unit);

@@ -20,14 +20,12 @@ use std::{
 };
 
 use bpfmap_client::{DumpOptions, Entry, RetryPolicy, ValueRef, pb};
+use bpfmap_kernel::{MapHandle, MapOps as _, walk::trie_order};
 use bpfmap_tests::{
     process::{DaemonProcess, free_addr},
     *,
 };
-use bpfmapd::{
-    Config, Limits,
-    kernel::{MapHandle, MapOps as _, walk::trie_order},
-};
+use bpfmapd::{Config, Limits};
 use futures::TryStreamExt as _;
 use tonic::Code;
 
@@ -212,7 +210,7 @@ async fn silent_connections_are_closed_and_new_clients_still_get_in() {
         fs.path(),
         state.path(),
         free_addr("127.0.0.1"),
-        "[limits]\nhandshake_timeout_secs = 1\nmax_connections = 100\n",
+        "[limits]\nhandshake_timeout = \"1s\"\nmax_connections = 100\n",
     );
     // 300 connections that never send a byte: 100 fill the limit, the rest
     // are closed at once.
@@ -281,7 +279,7 @@ async fn slow_clients_cannot_keep_everyone_else_out() {
     let (_m, expected) = u64_hash(&fs, "m", 300_000, 524_288);
     let daemon = Daemon::start_with(Config {
         limits: Limits {
-            max_slot_hold_secs: 2,
+            max_slot_hold: Duration::from_secs(2),
             ..Limits::default()
         },
         ..Daemon::config(fs.path(), state.path())
@@ -371,7 +369,7 @@ async fn idle_connections_are_closed_and_clients_reconnect() {
     let state = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(Config {
         limits: Limits {
-            idle_timeout_secs: 1,
+            idle_timeout: Duration::from_secs(1),
             ..Limits::default()
         },
         ..Daemon::config(fs.path(), state.path())
@@ -458,7 +456,7 @@ fn trie_key(len: u32, addr: [u8; 4]) -> Vec<u8> {
 }
 
 fn new_trie(max_entries: u32) -> OwnedMap {
-    create_map_with(&bpfmapd::kernel::CreateMap {
+    create_map_with(&bpfmap_kernel::CreateMap {
         map_type: MapType::LPM_TRIE.0,
         key_size: 8,
         value_size: 8,

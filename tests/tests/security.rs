@@ -398,7 +398,7 @@ async fn a_client_that_never_reads_is_cut_off_and_can_resume() {
     let (_m, expected) = u64_hash(&fs, "m", 1_000_000, 1_000_000);
     let daemon = Daemon::start_with(Config {
         limits: Limits {
-            stall_timeout_secs: 1,
+            stall_timeout: Duration::from_secs(1),
             ..Limits::default()
         },
         ..Daemon::config(fs.path(), state.path())
@@ -477,7 +477,7 @@ async fn garbage_plaintext_and_silent_clients_on_the_tls_port() {
     let s = Secure::start(
         vec![rule(&[OPS], &["**"], &all_ops())],
         Limits {
-            handshake_timeout_secs: 1,
+            handshake_timeout: Duration::from_secs(1),
             ..Limits::default()
         },
     )

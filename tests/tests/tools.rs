@@ -120,7 +120,7 @@ async fn grpcurl_lists_describes_and_dumps_through_reflection() {
     let first = &json_stream(&out)[0]["entries"][0];
     assert_eq!(
         first["perCpuValues"].as_array().unwrap().len(),
-        bpfmapd::kernel::possible_cpus() as usize
+        bpfmap_kernel::possible_cpus() as usize
     );
     let a = addr.clone();
     let (ok, _, err) = tokio::task::spawn_blocking(move || {

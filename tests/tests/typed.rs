@@ -10,8 +10,8 @@ use std::{
 };
 
 use bpfmap_client::{Client, DumpOptions, MapTypes, Value, pb};
+use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
 use bpfmap_tests::*;
-use bpfmapd::kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
 use clap::Parser as _;
 use serde_json::{Value as Json, json};
 use tonic::Code;
@@ -723,7 +723,7 @@ async fn per_cpu_values_decode_one_per_cpu_or_summed_exactly() {
         (4, 24, 2),
         counter_types,
     );
-    let cpus = bpfmapd::kernel::possible_cpus() as usize;
+    let cpus = bpfmap_kernel::possible_cpus() as usize;
     let mut values = Vec::new();
     for cpu in 0..cpus {
         let mut v = vec![0u8; 24];
@@ -1028,7 +1028,7 @@ async fn maps_of_a_clang_compiled_object_dump_decoded() {
     counter[8..16].copy_from_slice(&200u64.to_le_bytes());
     counter[16..20].copy_from_slice(&7u32.to_le_bytes());
     counter[20..24].copy_from_slice(&(5u32 | 1 << 31).to_le_bytes());
-    let cpus = bpfmapd::kernel::possible_cpus() as usize;
+    let cpus = bpfmap_kernel::possible_cpus() as usize;
     let mut counters: aya::maps::PerCpuArray<_, [u8; 24]> =
         aya::maps::PerCpuArray::try_from(ebpf.map_mut("counters").expect("map counters")).unwrap();
     counters

@@ -45,7 +45,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Parses a hex key ("0x" allowed).
-pub fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
     let digits = s.strip_prefix("0x").unwrap_or(s);
     faster_hex::hex_decode_vec(digits.as_bytes()).map_err(|e| {
         anyhow::anyhow!("key {s:?} is not a hex string (two hex digits per byte): {e}")
@@ -104,7 +104,7 @@ fn found_value(r: &pb::LookupResult) -> Option<ValueRef<'_>> {
 
 /// Writes results in one format.
 #[derive(Debug)]
-pub struct Printer {
+pub(crate) struct Printer {
     format: Format,
     per_cpu: PerCpu,
     target_width: usize,
@@ -193,7 +193,7 @@ fn cells(
 
 impl Printer {
     /// A printer; `target_width` aligns the target column of tables.
-    pub fn new(format: Format, per_cpu: PerCpu, target_width: usize) -> Self {
+    pub(crate) fn new(format: Format, per_cpu: PerCpu, target_width: usize) -> Self {
         Self {
             format,
             per_cpu,
@@ -305,7 +305,7 @@ impl Printer {
     }
 
     /// One dump entry, decoded through `types` when given.
-    pub fn typed_entry(
+    pub(crate) fn typed_entry(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
@@ -335,7 +335,7 @@ impl Printer {
     }
 
     /// A lookup result, decoded through `types` when given.
-    pub fn typed_lookup(
+    pub(crate) fn typed_lookup(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
@@ -379,7 +379,7 @@ impl Printer {
 
     /// One dump entry, written straight into the line (no JSON value or
     /// string per entry).
-    pub fn entry(
+    pub(crate) fn entry(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
@@ -470,7 +470,7 @@ impl Printer {
     }
 
     /// A lookup result.
-    pub fn lookup(
+    pub(crate) fn lookup(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
@@ -521,7 +521,7 @@ impl Printer {
     }
 
     /// Map descriptions (ListMaps, GetMap).
-    pub fn maps(
+    pub(crate) fn maps(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
@@ -609,7 +609,7 @@ impl Printer {
 /// A progress display on stderr (only when stderr is a terminal): targets
 /// done out of all, entries, failures.
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     bar: Option<indicatif::ProgressBar>,
     entries: std::cell::Cell<u64>,
     failed: std::cell::Cell<u64>,
@@ -617,7 +617,7 @@ pub struct Progress {
 
 impl Progress {
     /// A display for `targets` targets, shown if `terminal`.
-    pub fn new(terminal: bool, targets: usize) -> Self {
+    pub(crate) fn new(terminal: bool, targets: usize) -> Self {
         let bar = terminal.then(|| {
             let bar = indicatif::ProgressBar::new(targets as u64);
             bar.set_style(
@@ -647,13 +647,13 @@ impl Progress {
     }
 
     /// Entries received.
-    pub fn entries(&self, n: u64) {
+    pub(crate) fn entries(&self, n: u64) {
         self.entries.set(self.entries.get() + n);
         self.message();
     }
 
     /// A target is done.
-    pub fn done(&self, report: &TargetReport) {
+    pub(crate) fn done(&self, report: &TargetReport) {
         if !report.is_ok() {
             self.failed.set(self.failed.get() + 1);
         }
@@ -664,7 +664,7 @@ impl Progress {
     }
 
     /// Removes the display.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

@@ -35,7 +35,7 @@ use std::{collections::HashSet, fmt};
 pub use encode::EncodeError;
 pub use sink::{JsonWriter, Sink, ValueBuilder, write_json_string};
 
-use crate::{TypeInfo, type_info::Kind};
+use crate::v1::{TypeInfo, type_info::Kind};
 
 /// Most levels of nesting a description may have.
 pub const MAX_DEPTH: usize = 24;
@@ -478,7 +478,7 @@ impl Compiler {
     #[allow(clippy::too_many_arguments)]
     fn record(
         &mut self,
-        r: &crate::RecordType,
+        r: &crate::v1::RecordType,
         base_bits: usize,
         size: usize,
         path: &str,

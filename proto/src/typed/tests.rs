@@ -2,7 +2,7 @@ use prost_types::{Value, value::Kind as V};
 use serde_json::json;
 
 use super::*;
-use crate::{
+use crate::v1::{
     ArrayType, BoolType, CharType, EnumType, Enumerator, FloatType, IntType, Member, OpaqueType,
     PointerType, RecordType,
 };

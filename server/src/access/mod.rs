@@ -1,0 +1,11 @@
+//! Access: the policy that says which identity may do which operation on
+//! which map (deny by default), and the audit log of every call.
+//! Authenticating a connection's caller is `net`'s; this module only
+//! decides and records.
+
+mod audit;
+mod policy;
+
+pub(crate) use audit::Record;
+pub(crate) use policy::Policy;
+pub use policy::RuleConfig;

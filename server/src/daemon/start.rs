@@ -1,0 +1,485 @@
+//! The composition root: builds every part of the server from the
+//! configuration, wires them together and starts the listeners (the main
+//! one with MapService, health and reflection; the optional health-only
+//! and metrics listeners).
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, atomic::Ordering},
+};
+
+use anyhow::Context as _;
+use bpfmap_proto::v1::map_service_server::MapServiceServer;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+};
+use tokio::{
+    net::TcpListener,
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use super::Running;
+use crate::{
+    access::Policy,
+    config::{Config, Limits},
+    dump::{CursorKey, DumpEnv, DumpLimits, DumpStats},
+    limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
+    maps::Catalog,
+    model::SERVICE_NAME,
+    net::{AcceptConfig, ConnRegistry, CountCalls, SharedTls, accept_loop, authenticate},
+    ops::{self, Metrics, Reloader, SharedKeys, SharedPolicy},
+    rpc::{MapServiceImpl, ServiceParts, health_service},
+};
+
+type ServeTask = JoinHandle<Result<(), tonic::transport::Error>>;
+
+/// Checks the process has the capabilities this configuration needs, and
+/// says which one is missing and what for.
+pub fn check_privileges(config: &Config) -> anyhow::Result<()> {
+    let must_mount = config.mount_bpffs
+        && config
+            .roots
+            .iter()
+            .any(|r| !r.exists() || !bpfmap_kernel::is_bpffs(r).unwrap_or(false));
+    let effective = ops::effective().context("cannot read the capability set")?;
+    let missing = ops::missing(
+        effective,
+        ops::unprivileged_bpf_allowed(),
+        config.allow_by_id,
+        must_mount,
+    );
+    if !missing.is_empty() {
+        let all: Vec<String> = missing
+            .iter()
+            .map(|m| format!("{} (needed for {})", m.capability, m.needed_for))
+            .collect();
+        anyhow::bail!("missing capability: {}", all.join("; "));
+    }
+    Ok(())
+}
+
+/// Makes sure every root is a mounted bpffs, mounting one if allowed.
+pub fn prepare_roots(config: &Config) -> anyhow::Result<()> {
+    for root in &config.roots {
+        if root.exists() && bpfmap_kernel::is_bpffs(root).unwrap_or(false) {
+            continue;
+        }
+        anyhow::ensure!(
+            config.mount_bpffs,
+            "{} is not a mounted bpffs (mount it with `mount -t bpf bpf {0}`, or allow mount_bpffs)",
+            root.display()
+        );
+        std::fs::create_dir_all(root)
+            .with_context(|| format!("cannot create {}", root.display()))?;
+        bpfmap_kernel::mount_bpffs(root).with_context(|| {
+            format!(
+                "cannot mount bpffs on {} (needs CAP_SYS_ADMIN)",
+                root.display()
+            )
+        })?;
+        tracing::info!(root = %root.display(), "mounted bpffs");
+    }
+    Ok(())
+}
+
+/// Binds `config.listen` and starts serving.
+pub async fn start(config: &Config) -> anyhow::Result<Running> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    start_on(config, listener).await
+}
+
+/// What reloads replace: the cursor keys, the TLS configuration, the
+/// policy.
+struct Reloadable {
+    keys: SharedKeys,
+    tls: Option<SharedTls>,
+    policy: SharedPolicy,
+}
+
+impl Reloadable {
+    fn load(config: &Config) -> anyhow::Result<Self> {
+        let keys = CursorKey::load_or_create(&config.state_dir)?;
+        let tls = match &config.tls {
+            Some(files) => Some(Arc::new(arc_swap::ArcSwap::new(crate::net::server_config(
+                files,
+            )?))),
+            None => None,
+        };
+        let policy = Policy::new(&config.rules, tls.is_some())?;
+        warn_about_access(config, &policy, tls.is_some());
+        Ok(Self {
+            keys: Arc::new(arc_swap::ArcSwap::from_pointee(keys)),
+            tls,
+            policy: Arc::new(arc_swap::ArcSwap::from_pointee(policy)),
+        })
+    }
+}
+
+/// Says at start what the access settings let through.
+fn warn_about_access(config: &Config, policy: &Policy, tls: bool) {
+    if !tls {
+        if config.insecure && !config.listen.ip().is_loopback() {
+            tracing::warn!(listen = %config.listen, "serving PLAINTEXT on a non-loopback address (insecure = true): anyone who can reach it reads the exposed maps");
+        } else if policy.is_open() {
+            tracing::warn!(
+                "plaintext on loopback without rules: every local user can read every exposed map; configure [tls] and [[rule]] for anything else"
+            );
+        }
+    } else if config.rules.is_empty() {
+        tracing::warn!("TLS is on but no [[rule]] is configured: every request will be denied");
+    }
+    if let Some(off) = ops::effective().ok().and_then(ops::typed_maps_off) {
+        tracing::warn!(
+            "no {}: {} (the systemd drop-in deploy/systemd/bpfmapd.service.d/cap-sys-admin.conf adds it)",
+            off.capability,
+            off.needed_for
+        );
+    }
+}
+
+/// The signals of a stop: `draining` when the server stops taking calls,
+/// `stop_dumps` when dumps in flight must end.
+struct Stopping {
+    draining: watch::Sender<bool>,
+    stop_dumps: watch::Sender<bool>,
+}
+
+impl Stopping {
+    fn new() -> Self {
+        Self {
+            draining: watch::channel(false).0,
+            stop_dumps: watch::channel(false).0,
+        }
+    }
+
+    /// Resolves once `signal` is set.
+    fn when(signal: &watch::Sender<bool>) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = signal.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}
+
+/// Starts serving on an already bound listener.
+pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<Running> {
+    config.validate()?;
+    let addr = listener.local_addr()?;
+    let reloadable = Reloadable::load(config)?;
+    let stopping = Stopping::new();
+    let limits = &config.limits;
+    raise_fd_limit(limits.max_connections);
+    let stats = Arc::new(DumpStats::default());
+    let slots = Arc::new(DumpSlots::new(
+        limits.max_dumps,
+        limits.max_dumps_per_identity,
+    ));
+    let conns = ConnRegistry::default();
+    let metrics = Metrics::new(Some(Box::new(Live {
+        stats: stats.clone(),
+        slots: slots.clone(),
+        conns: conns.clone(),
+    })));
+    let (share, pool_bytes) = split_memory(limits.max_queued_bytes, limits.max_dumps);
+    let budget = Budget::new(pool_bytes);
+    let service = MapServiceImpl::new(ServiceParts {
+        catalog: Catalog::new(config.roots.clone(), config.allow_by_id),
+        keys: reloadable.keys.clone(),
+        policy: reloadable.policy.clone(),
+        slots: slots.clone(),
+        lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
+        pool: budget.clone(),
+        trimmer: Trimmer::default(),
+        dumps: DumpEnv {
+            stop: stopping.stop_dumps.subscribe(),
+            stats: stats.clone(),
+            stall_timeout: limits.stall_timeout,
+            limits: DumpLimits {
+                share,
+                pool: pool_bytes,
+                max_message_bytes: limits.max_message_bytes,
+            },
+            slots,
+            max_slot_hold: limits.max_slot_hold,
+        },
+        draining: stopping.draining.subscribe(),
+        metrics: metrics.clone(),
+    });
+    let reporter = HealthReporter::new();
+    set_health(&reporter, ServingStatus::Serving).await;
+    let mut tasks = Vec::new();
+    let health_addr = match config.health_listen {
+        Some(listen) => Some(serve_health(listen, &reporter, &stopping, &mut tasks).await?),
+        None => None,
+    };
+    let accept = AcceptConfig {
+        stall_timeout: limits.stall_timeout,
+        tls: reloadable.tls.clone(),
+        handshake_timeout: limits.handshake_timeout,
+        idle_timeout: limits.idle_timeout,
+        max_connections: limits.max_connections,
+        metrics: metrics.clone(),
+    };
+    tasks.push(serve_main(
+        listener,
+        (service, limits, accept),
+        &reporter,
+        &stopping,
+        conns.clone(),
+    )?);
+    let metrics_addr = match config.metrics_listen {
+        Some(listen) => Some(serve_metrics(listen, &metrics, &stopping).await?),
+        None => None,
+    };
+    tracing::info!(
+        %addr,
+        tls = reloadable.tls.is_some(),
+        roots = ?config.roots,
+        allow_by_id = config.allow_by_id,
+        "bpfmapd listening"
+    );
+    Ok(Running {
+        addr,
+        health_addr,
+        metrics_addr,
+        stats,
+        reloader: Reloader {
+            policy: reloadable.policy,
+            tls: reloadable.tls,
+            keys: reloadable.keys,
+            state_dir: config.state_dir.clone(),
+            metrics,
+        },
+        watcher: None,
+        conns,
+        budget,
+        grace: limits.shutdown_grace,
+        draining: stopping.draining,
+        stop_dumps: stopping.stop_dumps,
+        tasks,
+    })
+}
+
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    for name in [SERVICE_NAME, ""] {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
+/// Server reflection (v1 and v1alpha: grpcurl 1.8 speaks only v1alpha) of
+/// the map service, health, and google.rpc.ErrorInfo (so that grpcurl can
+/// show error details).
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(bpfmap_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// The plaintext health-only listener: it answers (NOT_SERVING) until the
+/// dumps are cut, with reflection of the health schema only, so grpcurl
+/// works there too.
+async fn serve_health(
+    listen: SocketAddr,
+    reporter: &HealthReporter,
+    stopping: &Stopping,
+    tasks: &mut Vec<ServeTask>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} (health_listen)"))?;
+    let addr = listener.local_addr()?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let probe_reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let health = health_service(reporter.clone(), stopping.stop_dumps.subscribe());
+    tasks.push(tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(probe_reflection)
+            .serve_with_incoming_shutdown(incoming, Stopping::when(&stopping.stop_dumps)),
+    ));
+    Ok(addr)
+}
+
+/// The main listener: MapService, health and reflection, behind the
+/// connection limits, on the connections the accept loop hands over.
+fn serve_main(
+    listener: TcpListener,
+    (service, limits, accept): (MapServiceImpl, &Limits, AcceptConfig),
+    reporter: &HealthReporter,
+    stopping: &Stopping,
+    conns: ConnRegistry,
+) -> anyhow::Result<ServeTask> {
+    let map_service = MapServiceServer::new(service)
+        .max_decoding_message_size(limits.max_request_bytes)
+        .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
+    let metrics = accept.metrics.clone();
+    let router = tonic::transport::Server::builder()
+        .layer(CountCalls(metrics))
+        .max_concurrent_streams(Some(limits.max_streams_per_connection))
+        .http2_max_local_error_reset_streams(Some(1024))
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        .add_service(InterceptedService::new(map_service, authenticate))
+        .add_service(health_service(
+            reporter.clone(),
+            stopping.stop_dumps.subscribe(),
+        ))
+        .add_service(InterceptedService::new(
+            reflection().build_v1()?,
+            authenticate,
+        ))
+        .add_service(InterceptedService::new(
+            reflection().build_v1alpha()?,
+            authenticate,
+        ));
+    let (conn_tx, conn_rx) = mpsc::channel(64);
+    let accepting = tokio::spawn(accept_loop(
+        listener,
+        accept,
+        conns,
+        conn_tx,
+        stopping.draining.subscribe(),
+    ));
+    // NOT_SERVING as soon as draining starts and the listener is closed, in
+    // a task of its own (the router may stop polling its shutdown signal
+    // once the accept loop has ended its stream of connections): a client
+    // told NOT_SERVING that connects again is refused (UNAVAILABLE), never
+    // taken into the backlog of a listener about to close and reset.
+    let draining = Stopping::when(&stopping.draining);
+    let reporter = reporter.clone();
+    tokio::spawn(async move {
+        draining.await;
+        let _ = accepting.await;
+        set_health(&reporter, ServingStatus::NotServing).await;
+    });
+    Ok(tokio::spawn(router.serve_with_incoming_shutdown(
+        ReceiverStream::new(conn_rx),
+        Stopping::when(&stopping.draining),
+    )))
+}
+
+/// The Prometheus endpoint.
+async fn serve_metrics(
+    listen: SocketAddr,
+    metrics: &Metrics,
+    stopping: &Stopping,
+) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} (metrics_listen)"))?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(ops::serve_metrics(
+        listener,
+        metrics.clone(),
+        stopping.stop_dumps.subscribe(),
+    ));
+    Ok(addr)
+}
+
+/// Raises the open-file limit to its maximum, and warns when it stays too
+/// low for `max_connections` (every connection is a descriptor).
+fn raise_fd_limit(max_connections: usize) {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < max_connections as u64 + 64 => tracing::warn!(
+            limit,
+            max_connections,
+            "the open-file limit is below limits.max_connections + 64: new connections will fail before the connection limit is reached"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read or raise the open-file limit"),
+    }
+}
+
+/// What the metrics read from the daemon at each scrape: the dumps'
+/// counters, the dump slots, the open connections.
+#[derive(Debug)]
+struct Live {
+    stats: Arc<DumpStats>,
+    slots: Arc<DumpSlots>,
+    conns: ConnRegistry,
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.stats;
+        let counters: [(&str, &str, u64); 8] = [
+            (
+                "bpfmapd_dump_entries",
+                "Entries handed to clients by dumps",
+                s.entries_sent.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_dump_bytes",
+                "Bytes of dump messages handed to clients",
+                s.bytes_sent.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_kernel_batch_calls",
+                "BPF_MAP_LOOKUP_BATCH calls made",
+                s.batch_calls.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_enospc_retries",
+                "Batch calls retried with a larger batch after ENOSPC",
+                s.enospc.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_stalled_clients",
+                "Dumps ended because the client took no chunk for the stall timeout",
+                s.stalled.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_dump_slots_expired",
+                "Dumps ended because they held their slot too long while others waited",
+                s.slots_expired.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_walk_restarts",
+                "Times a walk found the kernel had restarted it from the first key",
+                s.walk_restarts.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_dump_slots_refused",
+                "Dumps refused a slot (RESOURCE_EXHAUSTED)",
+                self.slots.refused(),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        let gauges: [(&str, &str, i64); 3] = [
+            (
+                "bpfmapd_streams_active",
+                "Dumps whose producer is running",
+                s.active.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "bpfmapd_dump_slots_in_use",
+                "Dump slots held",
+                self.slots.in_use() as i64,
+            ),
+            (
+                "bpfmapd_connections_open",
+                "Connections open on the main listener",
+                self.conns.len() as i64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
+        }
+        Ok(())
+    }
+}

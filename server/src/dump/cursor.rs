@@ -1,0 +1,812 @@
+//! Opaque, authenticated resume tokens.
+//!
+//! A cursor binds the map reference it was issued for, the map's kernel id
+//! and fingerprint (type, sizes, flags, name) and the walk position. It is
+//! sealed with ChaCha20-Poly1305 under a key kept in the state directory, so
+//! it survives daemon restarts, and a client can neither read, forge nor
+//! alter one. The encoding is the letter "c" then URL-safe base64 of a random
+//! nonce and the sealed, versioned binary record; the format is private to
+//! the server.
+
+use std::{
+    fs,
+    io::{self, Read, Write},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+};
+
+use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
+use ring::{
+    aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey},
+    rand::{SecureRandom, SystemRandom},
+};
+
+use bpfmap_kernel::{MapMeta, walk::Position};
+
+use crate::model::{Identity, MapRef};
+
+/// The record format written now. Version 2 (the map reference as a
+/// "path:..." / "id:N" string) is still read, so cursors issued before an
+/// upgrade keep working.
+const VERSION: u8 = 3;
+const VERSION_2: u8 = 2;
+const KEY_FILE: &str = "cursor.key";
+const PREVIOUS_KEY_FILE: &str = "cursor.key.previous";
+const KEY_LEN: usize = 32;
+/// Longest cursor accepted (a cursor holds at most one map key).
+pub(super) const MAX_CURSOR_LEN: usize = 4096;
+/// The first character of every cursor: a letter, so that a cursor never
+/// starts with "-" (which command lines take for an option). Cursors issued
+/// without it are still read.
+const PREFIX: char = 'c';
+
+/// What a cursor is bound to: who it was issued to, for which map
+/// reference, and which kernel map that reference named then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Binding {
+    /// Digest of the identity: constant size, whatever the certificate says.
+    identity: [u8; 16],
+    map: MapRef,
+    map_id: u32,
+    fingerprint: [u8; 8],
+}
+
+impl Binding {
+    /// The binding of cursors issued to `identity` for a dump of `map`, whose
+    /// map is described by `meta`.
+    pub(crate) fn new(identity: &Identity, map: &MapRef, meta: &MapMeta) -> Self {
+        Self {
+            identity: identity_digest(identity),
+            map: map.clone(),
+            map_id: meta.id,
+            fingerprint: meta.fingerprint(),
+        }
+    }
+}
+
+/// Seals the cursors of one dump: a key and the dump's binding.
+#[derive(Debug, Clone)]
+pub(crate) struct Sealer {
+    key: CursorKey,
+    binding: Binding,
+}
+
+impl Sealer {
+    /// Cursors issued to `identity` for a dump of `map` (described by `meta`).
+    pub(crate) fn new(key: CursorKey, identity: &Identity, map: &MapRef, meta: &MapMeta) -> Self {
+        Self {
+            key,
+            binding: Binding::new(identity, map, meta),
+        }
+    }
+
+    /// The cursor that resumes at `position`.
+    pub(crate) fn seal(&self, position: &Position) -> String {
+        self.key.seal(&self.binding, position)
+    }
+}
+
+/// A cursor that is authentic and was issued to this caller for this map
+/// reference; [`Opened::resume`] checks it against the map as it is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Opened {
+    map: MapRef,
+    map_id: u32,
+    fingerprint: [u8; 8],
+    position: Position,
+}
+
+impl Opened {
+    /// The position to resume from, unless the map behind the reference was
+    /// replaced since the cursor was issued.
+    pub(crate) fn resume(self, meta: &MapMeta) -> Result<Position, CursorError> {
+        if self.map_id != meta.id {
+            return Err(CursorError::MapReplaced {
+                map: self.map,
+                detail: format!("kernel id was {}, now {}", self.map_id, meta.id),
+            });
+        }
+        if self.fingerprint != meta.fingerprint() {
+            return Err(CursorError::MapReplaced {
+                map: self.map,
+                detail: "its type, sizes, flags or name changed".into(),
+            });
+        }
+        Ok(self.position)
+    }
+}
+
+/// Why a cursor cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum CursorError {
+    /// Not URL-safe base64.
+    #[error("cursor is not valid base64")]
+    Encoding,
+    /// Altered, or sealed under another key.
+    #[error("cursor is corrupt or was not issued by this server")]
+    NotAuthentic,
+    /// Authentic but unreadable (a format this server does not know).
+    #[error("cursor is malformed")]
+    Malformed,
+    /// Longer than any cursor this server issues.
+    #[error("cursor is longer than {MAX_CURSOR_LEN} characters")]
+    TooLong,
+    /// Issued to another identity.
+    #[error("cursor was issued to another identity, not to {0}")]
+    OtherIdentity(Identity),
+    /// Issued for another map reference.
+    #[error("cursor was issued for map {issued_for}, not for {requested}")]
+    OtherMap {
+        /// The reference the cursor was issued for.
+        issued_for: MapRef,
+        /// The reference in the request.
+        requested: MapRef,
+    },
+    /// The map behind the reference is not the one the cursor was issued for.
+    #[error(
+        "map {map} was replaced since the cursor was issued ({detail}); restart the dump without a cursor"
+    )]
+    MapReplaced {
+        /// The reference.
+        map: MapRef,
+        /// What changed.
+        detail: String,
+    },
+}
+
+/// Seals and opens cursors.
+#[derive(Clone)]
+pub(crate) struct CursorKey {
+    key: std::sync::Arc<LessSafeKey>,
+    /// The key before the last rotation: its cursors are still accepted.
+    previous: Option<std::sync::Arc<LessSafeKey>>,
+    rng: SystemRandom,
+}
+
+impl std::fmt::Debug for CursorKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CursorKey(..)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KeyError {
+    #[error("cannot create state directory {path}: {error}")]
+    Dir { path: PathBuf, error: io::Error },
+    #[error("cannot read or create cursor key {path}: {error}")]
+    File { path: PathBuf, error: io::Error },
+    #[error("cursor key {path} must be {KEY_LEN} bytes, found {len}")]
+    Length { path: PathBuf, len: usize },
+    #[error(
+        "cursor key {path} is accessible by group or others (mode {mode:o}); run chmod 600 on it"
+    )]
+    Permissions { path: PathBuf, mode: u32 },
+    #[error("no system randomness to create a cursor key")]
+    Random,
+}
+
+impl CursorKey {
+    /// The files that hold the keys in `state_dir` (the current and the
+    /// previous key).
+    pub(crate) fn files(state_dir: &Path) -> [PathBuf; 2] {
+        [state_dir.join(KEY_FILE), state_dir.join(PREVIOUS_KEY_FILE)]
+    }
+
+    /// A key from raw bytes: the first 32 bytes are used, shorter input is
+    /// zero-padded (tests use short keys).
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
+        let raw = pad(bytes);
+        Self {
+            key: std::sync::Arc::new(aead_key(&raw)),
+            previous: None,
+            rng: SystemRandom::new(),
+        }
+    }
+
+    /// Loads the key from `state_dir` (and the previous one, if a rotation
+    /// left it), creating the directory (0700) and a random key (0600) on
+    /// first start.
+    pub(crate) fn load_or_create(state_dir: &Path) -> Result<Self, KeyError> {
+        let mut key = Self::load_or_create_current(state_dir)?;
+        let previous = state_dir.join(PREVIOUS_KEY_FILE);
+        if previous.exists() {
+            let bytes = read_key(&previous)?;
+            key.previous = Some(std::sync::Arc::new(aead_key(&bytes)));
+        }
+        Ok(key)
+    }
+
+    /// Rotates the cursor key in `state_dir`: the current key becomes the
+    /// previous one (its cursors stay valid until the next rotation) and a
+    /// new random key becomes current. A running daemon picks the new key
+    /// up when it reloads (on SIGHUP, or by itself when it watches files).
+    pub(crate) fn rotate(state_dir: &Path) -> Result<(), KeyError> {
+        Self::load_or_create_current(state_dir)?;
+        let (current, previous, next) = (
+            state_dir.join(KEY_FILE),
+            state_dir.join(PREVIOUS_KEY_FILE),
+            state_dir.join(format!("{KEY_FILE}.new")),
+        );
+        let err = |path: &Path| {
+            let path = path.to_owned();
+            move |error| KeyError::File { path, error }
+        };
+        let _ = fs::remove_file(&next);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&next)
+            .map_err(err(&next))?;
+        let mut bytes = [0u8; KEY_LEN];
+        SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|_| KeyError::Random)?;
+        f.write_all(&bytes).map_err(err(&next))?;
+        f.sync_all().map_err(err(&next))?;
+        fs::rename(&current, &previous).map_err(err(&previous))?;
+        fs::rename(&next, &current).map_err(err(&current))?;
+        fs::File::open(state_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(err(state_dir))?;
+        tracing::info!(dir = %state_dir.display(), "rotated the cursor key");
+        Ok(())
+    }
+
+    fn load_or_create_current(state_dir: &Path) -> Result<Self, KeyError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)
+            .map_err(|error| KeyError::Dir {
+                path: state_dir.into(),
+                error,
+            })?;
+        let path = state_dir.join(KEY_FILE);
+        let file_err = |error| KeyError::File {
+            path: path.clone(),
+            error,
+        };
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                let mut bytes = [0u8; KEY_LEN];
+                SystemRandom::new()
+                    .fill(&mut bytes)
+                    .map_err(|_| KeyError::Random)?;
+                f.write_all(&bytes).map_err(file_err)?;
+                f.sync_all().map_err(file_err)?;
+                tracing::info!(path = %path.display(), "created a new cursor key");
+                Ok(Self::from_bytes(&bytes))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                Ok(Self::from_bytes(&read_key(&path)?))
+            }
+            Err(e) => Err(file_err(e)),
+        }
+    }
+
+    /// Seals a position of a dump bound to `binding` into a cursor.
+    pub(crate) fn seal(&self, binding: &Binding, position: &Position) -> String {
+        let mut buf = Vec::with_capacity(64);
+        buf.push(VERSION);
+        buf.extend_from_slice(&binding.identity);
+        match &binding.map {
+            MapRef::Path(p) => {
+                buf.push(0);
+                put_bytes(&mut buf, p.as_bytes());
+            }
+            MapRef::Id(id) => {
+                buf.push(1);
+                buf.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+        buf.extend_from_slice(&binding.map_id.to_le_bytes());
+        buf.extend_from_slice(&binding.fingerprint);
+        match position {
+            Position::Start => buf.push(0),
+            Position::After(token) => {
+                buf.push(1);
+                put_bytes(&mut buf, token);
+            }
+            Position::End => buf.push(2),
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng.fill(&mut nonce).expect("system randomness");
+        self.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+            .expect("sealing a short buffer");
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&buf);
+        format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(out))
+    }
+
+    /// Opens a cursor presented by `identity` with a request for `map`: it
+    /// must be authentic, issued to that identity, for that reference.
+    pub(crate) fn open(
+        &self,
+        token: &str,
+        identity: &Identity,
+        map: &MapRef,
+    ) -> Result<Opened, CursorError> {
+        let (digest, version, opened) = self.unseal(token)?;
+        // Version 2 bound the identity's name without its kind ("alice",
+        // not "cn:alice").
+        let expected = match version {
+            VERSION_2 => legacy_identity_digest(identity),
+            _ => identity_digest(identity),
+        };
+        if digest != expected {
+            return Err(CursorError::OtherIdentity(identity.clone()));
+        }
+        if opened.map != *map {
+            return Err(CursorError::OtherMap {
+                issued_for: opened.map,
+                requested: map.clone(),
+            });
+        }
+        Ok(opened)
+    }
+
+    fn unseal(&self, s: &str) -> Result<([u8; 16], u8, Opened), CursorError> {
+        if s.len() > MAX_CURSOR_LEN {
+            return Err(CursorError::TooLong);
+        }
+        match s.strip_prefix(PREFIX) {
+            Some(rest) => self.unseal_raw(rest).or_else(|e| {
+                // An unprefixed cursor from before the prefix that happens
+                // to start with the prefix letter.
+                self.unseal_raw(s).map_err(|_| e)
+            }),
+            None => self.unseal_raw(s),
+        }
+    }
+
+    fn unseal_raw(&self, s: &str) -> Result<([u8; 16], u8, Opened), CursorError> {
+        let raw = URL_SAFE_NO_PAD
+            .decode(s)
+            .map_err(|_| CursorError::Encoding)?;
+        if raw.len() < NONCE_LEN + CHACHA20_POLY1305.tag_len() + 1 {
+            return Err(CursorError::Malformed);
+        }
+        let (nonce, sealed) = raw.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| CursorError::Malformed)?;
+        // Authenticate before parsing: nothing a client made is interpreted.
+        let mut sealed = sealed.to_vec();
+        let body = match self.key.open_in_place(nonce, Aad::empty(), &mut sealed) {
+            Ok(body) => body,
+            Err(_) => {
+                let previous = self.previous.as_ref().ok_or(CursorError::NotAuthentic)?;
+                let nonce = Nonce::try_assume_unique_for_key(&raw[..NONCE_LEN])
+                    .map_err(|_| CursorError::Malformed)?;
+                sealed = raw[NONCE_LEN..].to_vec();
+                previous
+                    .open_in_place(nonce, Aad::empty(), &mut sealed)
+                    .map_err(|_| CursorError::NotAuthentic)?
+            }
+        };
+        let mut r = Reader(body);
+        let version = r.u8()?;
+        let identity = r.take(16)?.try_into().expect("16 bytes");
+        let map = match version {
+            VERSION => match r.u8()? {
+                0 => MapRef::Path(r.string()?),
+                1 => MapRef::Id(r.u32()?),
+                _ => return Err(CursorError::Malformed),
+            },
+            VERSION_2 => {
+                let s = r.string()?;
+                if let Some(p) = s.strip_prefix("path:") {
+                    MapRef::Path(p.to_owned())
+                } else if let Some(id) = s.strip_prefix("id:") {
+                    MapRef::Id(id.parse().map_err(|_| CursorError::Malformed)?)
+                } else {
+                    return Err(CursorError::Malformed);
+                }
+            }
+            _ => return Err(CursorError::Malformed),
+        };
+        let map_id = r.u32()?;
+        let fingerprint = r.take(8)?.try_into().expect("8 bytes");
+        let position = match r.u8()? {
+            0 => Position::Start,
+            1 => Position::After(r.bytes()?.to_vec()),
+            2 => Position::End,
+            _ => return Err(CursorError::Malformed),
+        };
+        if !r.0.is_empty() {
+            return Err(CursorError::Malformed);
+        }
+        Ok((
+            identity,
+            version,
+            Opened {
+                map,
+                map_id,
+                fingerprint,
+                position,
+            },
+        ))
+    }
+}
+
+fn pad(bytes: &[u8]) -> [u8; KEY_LEN] {
+    let mut raw = [0u8; KEY_LEN];
+    for (d, s) in raw.iter_mut().zip(bytes) {
+        *d = *s;
+    }
+    raw
+}
+
+fn aead_key(raw: &[u8]) -> LessSafeKey {
+    LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, raw).expect("32-byte key"))
+}
+
+/// Reads a key file: owner-only, exactly 32 bytes.
+fn read_key(path: &Path) -> Result<Vec<u8>, KeyError> {
+    let file_err = |error| KeyError::File {
+        path: path.to_owned(),
+        error,
+    };
+    let mut f = fs::File::open(path).map_err(file_err)?;
+    let mode = f.metadata().map_err(file_err)?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(KeyError::Permissions {
+            path: path.to_owned(),
+            mode,
+        });
+    }
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(file_err)?;
+    if bytes.len() != KEY_LEN {
+        return Err(KeyError::Length {
+            path: path.to_owned(),
+            len: bytes.len(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The digest of an identity that a cursor binds.
+fn identity_digest(identity: &Identity) -> [u8; 16] {
+    digest16(identity.to_string().as_bytes())
+}
+
+/// The digest version-2 cursors bound: the name alone.
+fn legacy_identity_digest(identity: &Identity) -> [u8; 16] {
+    let name = match identity {
+        Identity::Anonymous => "anonymous",
+        Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => n,
+    };
+    digest16(name.as_bytes())
+}
+
+fn digest16(bytes: &[u8]) -> [u8; 16] {
+    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = [0; 16];
+    out.copy_from_slice(&d.as_ref()[..16]);
+    out
+}
+
+fn put_bytes(buf: &mut Vec<u8>, b: &[u8]) {
+    let len = u16::try_from(b.len()).expect("cursor fields are shorter than 64 KiB");
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(b);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CursorError> {
+        if self.0.len() < n {
+            return Err(CursorError::Malformed);
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8, CursorError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, CursorError> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], CursorError> {
+        let len = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes"));
+        self.take(len as usize)
+    }
+
+    fn string(&mut self) -> Result<String, CursorError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| CursorError::Malformed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bpfmap_kernel::MapType;
+
+    fn alice() -> Identity {
+        Identity::Spiffe("spiffe://example.org/ops".into())
+    }
+
+    fn flows() -> MapRef {
+        MapRef::Path("demo/flows".into())
+    }
+
+    fn meta() -> MapMeta {
+        MapMeta {
+            id: 42,
+            name: "flows".into(),
+            map_type: MapType::HASH,
+            key_size: 16,
+            value_size: 16,
+            max_entries: 1024,
+            flags: 0,
+            btf_id: 0,
+            btf_key_type_id: 0,
+            btf_value_type_id: 0,
+            possible_cpus: 2,
+        }
+    }
+
+    fn binding() -> Binding {
+        Binding::new(&alice(), &flows(), &meta())
+    }
+
+    fn sample(key: &CursorKey) -> String {
+        key.seal(&binding(), &Position::After(vec![9, 0, 0, 0]))
+    }
+
+    fn open(key: &CursorKey, s: &str) -> Result<Position, CursorError> {
+        key.open(s, &alice(), &flows())?.resume(&meta())
+    }
+
+    /// The sealed bytes of a cursor.
+    fn raw(s: &str) -> Vec<u8> {
+        URL_SAFE_NO_PAD
+            .decode(s.strip_prefix(PREFIX).unwrap())
+            .unwrap()
+    }
+
+    /// A cursor made of sealed bytes.
+    fn token(raw: &[u8]) -> String {
+        format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(raw))
+    }
+
+    #[test]
+    fn no_cursor_starts_with_a_dash_and_unprefixed_cursors_are_read() {
+        let key = CursorKey::from_bytes(b"k");
+        for _ in 0..500 {
+            let s = sample(&key);
+            assert!(s.starts_with(PREFIX), "{s}");
+            // The same sealed bytes without the prefix (as issued before).
+            let bare = URL_SAFE_NO_PAD.encode(raw(&s));
+            assert_eq!(
+                open(&key, &bare).unwrap(),
+                Position::After(vec![9, 0, 0, 0])
+            );
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let key = CursorKey::from_bytes(b"k");
+        for position in [Position::After(vec![1; 16]), Position::End] {
+            let s = key.seal(&binding(), &position);
+            assert_eq!(open(&key, &s).unwrap(), position);
+        }
+        let by_id = Binding::new(&alice(), &MapRef::Id(42), &meta());
+        let s = key.seal(&by_id, &Position::End);
+        let opened = key.open(&s, &alice(), &MapRef::Id(42)).unwrap();
+        assert_eq!(opened.resume(&meta()).unwrap(), Position::End);
+    }
+
+    #[test]
+    fn a_cursor_is_checked_against_its_caller_its_map_and_the_map_now() {
+        let key = CursorKey::from_bytes(b"k");
+        let s = sample(&key);
+        let bob = Identity::Cn("bob".into());
+        assert_eq!(
+            key.open(&s, &bob, &flows()),
+            Err(CursorError::OtherIdentity(bob))
+        );
+        let other = MapRef::Path("demo/other".into());
+        assert_eq!(
+            key.open(&s, &alice(), &other),
+            Err(CursorError::OtherMap {
+                issued_for: flows(),
+                requested: other
+            })
+        );
+        assert_eq!(
+            key.open(&s, &alice(), &MapRef::Id(42)).unwrap_err(),
+            CursorError::OtherMap {
+                issued_for: flows(),
+                requested: MapRef::Id(42)
+            },
+            "a path and an id are different references"
+        );
+        let opened = key.open(&s, &alice(), &flows()).unwrap();
+        let recreated = MapMeta { id: 43, ..meta() };
+        assert!(matches!(
+            opened.clone().resume(&recreated),
+            Err(CursorError::MapReplaced { detail, .. }) if detail == "kernel id was 42, now 43"
+        ));
+        let reshaped = MapMeta {
+            value_size: 8,
+            ..meta()
+        };
+        assert!(matches!(
+            opened.resume(&reshaped),
+            Err(CursorError::MapReplaced { .. })
+        ));
+    }
+
+    #[test]
+    fn version_2_cursors_are_still_read() {
+        let key = CursorKey::from_bytes(b"k");
+        let mut body = vec![VERSION_2];
+        body.extend_from_slice(&legacy_identity_digest(&alice()));
+        put_bytes(&mut body, b"path:demo/flows");
+        body.extend_from_slice(&42u32.to_le_bytes());
+        body.extend_from_slice(&meta().fingerprint());
+        body.push(1);
+        put_bytes(&mut body, &[7, 0, 0, 0]);
+        let nonce = [3u8; NONCE_LEN];
+        key.key
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut body)
+            .unwrap();
+        let mut raw = nonce.to_vec();
+        raw.extend_from_slice(&body);
+        let s = URL_SAFE_NO_PAD.encode(raw);
+        assert_eq!(open(&key, &s).unwrap(), Position::After(vec![7, 0, 0, 0]));
+        assert_eq!(
+            open(&key, &token(&URL_SAFE_NO_PAD.decode(&s).unwrap())).unwrap(),
+            Position::After(vec![7, 0, 0, 0])
+        );
+    }
+
+    #[test]
+    fn cursor_does_not_reveal_its_contents() {
+        let key = CursorKey::from_bytes(b"k");
+        let raw = raw(&sample(&key));
+        let needle = b"demo/flows";
+        assert!(!raw.windows(needle.len()).any(|w| w == needle));
+        // Two cursors for the same position differ (random nonce).
+        assert_ne!(sample(&key), sample(&key));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_rejected() {
+        let key = CursorKey::from_bytes(b"k");
+        let raw = raw(&sample(&key));
+        for i in 0..raw.len() {
+            for bit in 0..8 {
+                let mut bad = raw.clone();
+                bad[i] ^= 1 << bit;
+                let s = token(&bad);
+                assert_eq!(
+                    open(&key, &s),
+                    Err(CursorError::NotAuthentic),
+                    "byte {i} bit {bit}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn another_key_or_garbage_is_rejected() {
+        let s = sample(&CursorKey::from_bytes(b"a"));
+        assert_eq!(
+            open(&CursorKey::from_bytes(b"b"), &s),
+            Err(CursorError::NotAuthentic)
+        );
+        let key = CursorKey::from_bytes(b"a");
+        assert_eq!(open(&key, "not base64!"), Err(CursorError::Encoding));
+        assert_eq!(open(&key, ""), Err(CursorError::Malformed));
+        assert_eq!(open(&key, "AAAA"), Err(CursorError::Malformed));
+        assert_eq!(
+            open(&key, &"A".repeat(MAX_CURSOR_LEN + 1)),
+            Err(CursorError::TooLong)
+        );
+        // Truncations of a valid cursor.
+        for n in 0..s.len() {
+            assert!(open(&key, &s[..n]).is_err(), "prefix of {n} accepted");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn arbitrary_strings_are_rejected_without_panicking(s in "\\PC{0,300}") {
+            proptest::prop_assert!(open(&CursorKey::from_bytes(b"k"), &s).is_err());
+        }
+
+        #[test]
+        fn arbitrary_bytes_are_rejected_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)
+        ) {
+            let s = URL_SAFE_NO_PAD.encode(&bytes);
+            proptest::prop_assert!(open(&CursorKey::from_bytes(b"k"), &s).is_err());
+        }
+
+        #[test]
+        fn mutated_cursors_are_rejected(
+            at in proptest::prelude::any::<proptest::sample::Index>(),
+            byte in 1u8..=255,
+            op in 0u8..3,
+        ) {
+            let key = CursorKey::from_bytes(b"k");
+            let mut raw = raw(&sample(&key));
+            let i = at.index(raw.len());
+            match op {
+                0 => raw[i] ^= byte,       // change a byte
+                1 => { raw.remove(i); }     // drop a byte
+                _ => raw.insert(i, byte),   // add a byte
+            }
+            let s = token(&raw);
+            proptest::prop_assert!(open(&key, &s).is_err());
+        }
+    }
+
+    #[test]
+    fn a_rotated_key_still_opens_the_previous_key_s_cursors_until_the_next_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let k1 = CursorKey::load_or_create(dir.path()).unwrap();
+        let old = sample(&k1);
+        CursorKey::rotate(dir.path()).unwrap();
+        let k2 = CursorKey::load_or_create(dir.path()).unwrap();
+        assert_eq!(open(&k2, &old).unwrap(), Position::After(vec![9, 0, 0, 0]));
+        let new = sample(&k2);
+        assert_eq!(
+            open(&k1, &new),
+            Err(CursorError::NotAuthentic),
+            "sealed with the new key"
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path().join(KEY_FILE)), 0o600);
+        assert_eq!(mode(&dir.path().join(PREVIOUS_KEY_FILE)), 0o600);
+        CursorKey::rotate(dir.path()).unwrap();
+        let k3 = CursorKey::load_or_create(dir.path()).unwrap();
+        assert_eq!(
+            open(&k3, &old),
+            Err(CursorError::NotAuthentic),
+            "two rotations ago"
+        );
+        assert!(open(&k3, &new).is_ok(), "one rotation ago");
+    }
+
+    #[test]
+    fn key_is_created_once_with_owner_only_permissions_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let k1 = CursorKey::load_or_create(&state).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&state), 0o700);
+        assert_eq!(mode(&state.join(KEY_FILE)), 0o600);
+        let k2 = CursorKey::load_or_create(&state).unwrap();
+        let s = sample(&k1);
+        assert_eq!(
+            open(&k2, &s).unwrap(),
+            Position::After(vec![9, 0, 0, 0]),
+            "same key after restart"
+        );
+
+        fs::set_permissions(state.join(KEY_FILE), fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(matches!(
+            CursorKey::load_or_create(&state),
+            Err(KeyError::Permissions { mode: 0o644, .. })
+        ));
+    }
+}

@@ -1,0 +1,458 @@
+//! The producer of one dump: on a thread of the blocking pool, it reads
+//! chunks from the kernel and queues them for the transport, within the
+//! dump's memory share (see the module documentation of `dump`).
+
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use bpfmap_kernel::{
+    MapMeta, MapOps,
+    walk::{Chunk, Position, WalkError, WalkStats, Walker},
+};
+use bpfmap_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{CHANNEL_DEPTH, ChunkSizes, DumpJob, DumpLimits, DumpStats, Sealer, job::per_entry};
+use crate::{
+    error::Error,
+    limits::{DumpSlots, Reservation, Share, Slot},
+    maps::Decoder,
+    model::MapRef,
+    wire::{ChunkMessage, IntoProto as _},
+};
+
+/// What every dump shares.
+#[derive(Debug, Clone)]
+pub(crate) struct DumpEnv {
+    /// Becomes true when dumps in flight must end (after the shutdown grace).
+    pub(crate) stop: watch::Receiver<bool>,
+    /// Shared counters.
+    pub(crate) stats: Arc<DumpStats>,
+    /// End the stream when the client takes no chunk for this long.
+    pub(crate) stall_timeout: Duration,
+    /// Each dump's share of memory, and the largest message.
+    pub(crate) limits: DumpLimits,
+    /// The dump slots (to know when a slot is wanted by others).
+    pub(crate) slots: Arc<DumpSlots>,
+    /// How long a dump may hold its slot while others wait.
+    pub(crate) max_slot_hold: Duration,
+}
+
+/// A queued message and the memory it holds.
+pub(crate) type Queued = (pb::DumpMapResponse, Option<Reservation>);
+/// Where a failed producer's error goes: after the chunks already queued.
+pub(crate) type Tail = oneshot::Receiver<Error>;
+
+/// What the response stream reads from a started producer.
+#[derive(Debug)]
+pub(crate) struct Started {
+    /// The chunks, in order.
+    pub(crate) rx: mpsc::Receiver<Queued>,
+    /// The producer's error, if it fails, after the chunks.
+    pub(crate) tail: Tail,
+    /// The dump's memory share: told of every message taken, so that a
+    /// producer waiting for room (or for an empty queue) looks again.
+    pub(crate) share: Arc<Share>,
+}
+
+/// Starts the producer of `job` on a thread of the blocking pool (the call
+/// began at `started`, for the summary's elapsed time).
+pub(crate) fn spawn<M: MapOps + Send + 'static>(
+    job: DumpJob<M>,
+    started: Instant,
+    env: DumpEnv,
+) -> Started {
+    let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
+    let (tail_tx, tail) = oneshot::channel();
+    let share = Share::new(env.limits.share);
+    let producer = Producer::new(job, started, tx, share.clone(), env);
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = runtime.block_on(producer.run()) {
+            // Delivered after the chunks already queued, even when the
+            // channel is full (a client that stopped reading).
+            let _ = tail_tx.send(e);
+        }
+    });
+    Started { rx, tail, share }
+}
+
+/// One dump's producer and its progress.
+struct Producer<M> {
+    map: MapRef,
+    meta: MapMeta,
+    walker: Walker<M>,
+    layout: pb::Layout,
+    decoder: Option<Decoder>,
+    chunk: ChunkSizes,
+    limit: u64,
+    sealer: Sealer,
+    slot: Option<Slot>,
+    large: bool,
+    _large_memory: Option<Reservation>,
+    per_entry: usize,
+    started: Instant,
+    tx: mpsc::Sender<Queued>,
+    share: Arc<Share>,
+    env: DumpEnv,
+    /// Entries and chunks queued so far.
+    sent: u64,
+    chunks: u64,
+    /// The walker's counters when last added to the shared ones.
+    seen: WalkStats,
+    /// The next chunk's size (the slow start).
+    next: u32,
+}
+
+impl<M: MapOps> Producer<M> {
+    fn new(
+        job: DumpJob<M>,
+        started: Instant,
+        tx: mpsc::Sender<Queued>,
+        share: Arc<Share>,
+        env: DumpEnv,
+    ) -> Self {
+        let meta = job.walker.meta().clone();
+        let per_entry = per_entry(&meta, job.layout, job.decoder.as_ref());
+        // A limit that fits one chunk is read at once: the slow start is
+        // for the first entries of a long dump.
+        let next = if job.limit != 0 && job.limit <= u64::from(job.chunk.steady) {
+            job.chunk.steady
+        } else {
+            job.chunk.first
+        };
+        Self {
+            seen: job.walker.stats(),
+            map: job.map,
+            meta,
+            walker: job.walker,
+            layout: job.layout,
+            decoder: job.decoder,
+            chunk: job.chunk,
+            limit: job.limit,
+            sealer: job.sealer,
+            slot: job.slot,
+            large: job.large.is_some(),
+            _large_memory: job.large_memory,
+            per_entry,
+            started,
+            tx,
+            share,
+            env,
+            sent: 0,
+            chunks: 0,
+            next,
+        }
+    }
+
+    /// Runs the dump until the map ends, the limit is reached, the client
+    /// leaves, stalls, the slot expires, or the server stops. A client that
+    /// left is not an error. Runs on a thread where blocking is allowed: it
+    /// reads the kernel in place.
+    async fn run(mut self) -> Result<(), Error> {
+        let stats = self.env.stats.clone();
+        stats.active.fetch_add(1, Ordering::SeqCst);
+        let _guard = ActiveGuard(stats.clone());
+        let result = self.produce().await;
+        if matches!(result, Err(Error::Stalled { .. })) {
+            stats.stalled.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn produce(&mut self) -> Result<(), Error> {
+        loop {
+            if !self.may_go_on()? {
+                return Ok(());
+            }
+            let remaining = (self.limit != 0).then(|| self.limit - self.sent);
+            let (want, reservation) = self.reserve_next(remaining).await?;
+            // Past the first chunk of a limited call, stop short of a hash
+            // bucket that would overshoot the limit: the next call gets it
+            // whole.
+            let cap = remaining
+                .filter(|_| self.sent > 0)
+                .map(|r| r.min(u64::from(u32::MAX)) as u32);
+            let read = read_chunk(&mut self.walker, want, cap);
+            self.count_reads();
+            let chunk = read.map_err(|e| Error::from_walk(&self.map, e))?;
+            let position = self.walker.position().clone();
+            let complete = position == Position::End;
+            // An empty chunk short of the end: the next bucket would
+            // overshoot.
+            let limit_reached = self.limit != 0
+                && (self.sent + chunk.as_ref().map_or(0, |c| c.count as u64) >= self.limit
+                    || chunk.as_ref().is_some_and(|c| c.count == 0) && !complete);
+            let cursor = self.sealer.seal(&position);
+            if let Some(c) = chunk.filter(|c| c.count > 0)
+                && !self.queue_chunk(c, cursor.clone(), reservation).await?
+            {
+                return Ok(());
+            }
+            if complete || limit_reached {
+                return self.queue_summary(cursor, complete).await;
+            }
+        }
+    }
+
+    /// Whether to read on: not once the server stops (UNAVAILABLE), the
+    /// client left (`false`), or the slot was held too long while others
+    /// waited (UNAVAILABLE: resume later).
+    fn may_go_on(&self) -> Result<bool, Error> {
+        if *self.env.stop.borrow() {
+            return Err(Error::ShuttingDown);
+        }
+        if self.tx.is_closed() {
+            return Ok(false);
+        }
+        if let Some(slot) = &self.slot
+            && slot.held() >= self.env.max_slot_hold
+            && self.env.slots.contended(slot, self.env.max_slot_hold)
+        {
+            self.env.stats.slots_expired.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::SlotExpired {
+                secs: self.env.max_slot_hold.as_secs(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// The next chunk's entries and its memory (none for large entries,
+    /// whose memory was taken for the whole dump: one at a time, read once
+    /// nothing is queued).
+    async fn reserve_next(
+        &mut self,
+        remaining: Option<u64>,
+    ) -> Result<(u32, Option<Reservation>), Error> {
+        let next = self.next;
+        let mut want = remaining.map_or(next, |r| r.min(u64::from(next)) as u32);
+        self.next = next.saturating_mul(4).min(self.chunk.steady);
+        if self.large {
+            wait_until_drained(&self.share, &self.tx, &mut self.env).await?;
+            return Ok((want, None));
+        }
+        let bytes = want as usize * self.per_entry;
+        let r = reserve(&self.share, bytes, self.per_entry, &self.tx, &mut self.env).await?;
+        want = want.min((r.bytes() / self.per_entry).max(1) as u32);
+        Ok((want, Some(r)))
+    }
+
+    /// Adds the walker's counters since the last read to the shared ones.
+    fn count_reads(&mut self) {
+        let stats = &self.env.stats;
+        stats.chunks_read.fetch_add(1, Ordering::Relaxed);
+        let w = self.walker.stats();
+        let seen = std::mem::replace(&mut self.seen, w);
+        stats
+            .walk_restarts
+            .fetch_add(w.restarts - seen.restarts, Ordering::Relaxed);
+        stats
+            .batch_calls
+            .fetch_add(w.syscalls - seen.syscalls, Ordering::Relaxed);
+        stats
+            .enospc
+            .fetch_add(w.enospc - seen.enospc, Ordering::Relaxed);
+    }
+
+    /// Queues a chunk with its cursor; `false` when the client left.
+    async fn queue_chunk(
+        &mut self,
+        c: Chunk,
+        cursor: String,
+        mut reservation: Option<Reservation>,
+    ) -> Result<bool, Error> {
+        let count = c.count as u64;
+        // A hash bucket is never split: it may hold more than asked for.
+        let bytes = c.count * self.per_entry;
+        let max = self.env.limits.max_message_bytes;
+        if bytes > max {
+            return Err(Error::EntryTooLarge {
+                map: self.map.clone(),
+                bytes,
+                why: format!(
+                    "a hash bucket holds {} entries, more than the largest message this server sends ({max} bytes, limits.max_message_bytes)",
+                    c.count
+                ),
+            });
+        }
+        if let Some(r) = reservation.as_mut() {
+            self.share.grow(r, bytes.saturating_sub(r.bytes()));
+        }
+        let msg = ChunkMessage {
+            meta: &self.meta,
+            chunk: c,
+            layout: self.layout,
+            decoder: self.decoder.as_ref(),
+            cursor,
+        }
+        .into_proto();
+        if !send(&self.tx, &mut self.env, msg, reservation).await? {
+            return Ok(false);
+        }
+        self.sent += count;
+        self.chunks += 1;
+        Ok(true)
+    }
+
+    /// Queues the last message: the cursor and the summary.
+    async fn queue_summary(&mut self, cursor: String, complete: bool) -> Result<(), Error> {
+        let summary = pb::DumpSummary {
+            entries: self.sent,
+            chunks: self.chunks,
+            elapsed: prost_types::Duration::try_from(self.started.elapsed()).ok(),
+            complete,
+        };
+        let last = pb::DumpMapResponse {
+            cursor,
+            done: true,
+            summary: Some(summary),
+            ..Default::default()
+        };
+        send(&self.tx, &mut self.env, last, None).await?;
+        Ok(())
+    }
+}
+
+/// Entries read from the kernel per call at most. A batched read runs in the
+/// kernel without yielding the CPU, and the threads that send the chunks
+/// before it may be waiting for that CPU: calls of this size keep them
+/// waiting for at most a fraction of a millisecond, and cost the kernel no
+/// more per entry than larger ones (see the benchmark's batch section).
+const MAX_READ: u32 = 1024;
+
+/// Reads a chunk of `want` entries (at most `cap` when capped) in calls of
+/// at most [`MAX_READ`] entries. Only the first call may take a hash bucket
+/// larger than asked for; the others stop before a bucket that would
+/// overshoot `want`, as one call of `want` entries would. A call that fails
+/// after others succeeded ends the chunk; the next read meets the failure
+/// again.
+fn read_chunk<M: MapOps>(
+    walker: &mut Walker<M>,
+    want: u32,
+    cap: Option<u32>,
+) -> Result<Option<Chunk>, WalkError> {
+    let mut acc: Option<Chunk> = None;
+    let mut got = 0u32;
+    while got < want {
+        let n = (want - got).min(MAX_READ);
+        let read = match (cap, acc.is_some()) {
+            (Some(cap), false) => walker.next_chunk_capped(n, cap),
+            (None, false) => walker.next_chunk(n),
+            (cap, true) => {
+                let left = cap.map_or(want, |c| c.min(want)).saturating_sub(got);
+                if left == 0 {
+                    break;
+                }
+                walker.next_chunk_capped(n.min(left), left)
+            }
+        };
+        let c = match read {
+            Ok(Some(c)) => c,
+            Ok(None) => break,
+            Err(e) if acc.is_none() => return Err(e),
+            Err(_) => break,
+        };
+        if c.count == 0 {
+            // The next bucket would overshoot the cap.
+            if acc.is_none() {
+                acc = Some(c);
+            }
+            break;
+        }
+        got = got.saturating_add(c.count as u32);
+        match acc.as_mut() {
+            None => acc = Some(c),
+            Some(a) => {
+                if a.keys.capacity() == a.keys.len() {
+                    // Room for the whole chunk at once, not a growth per call.
+                    let rest = (want as usize).saturating_sub(a.count).max(c.count);
+                    a.keys.reserve(rest * (c.keys.len() / c.count));
+                    a.values.reserve(rest * (c.values.len() / c.count));
+                }
+                a.count += c.count;
+                a.keys.extend_from_slice(&c.keys);
+                a.values.extend_from_slice(&c.values);
+            }
+        }
+        if cap.is_some_and(|cap| got >= cap) {
+            break;
+        }
+    }
+    Ok(acc)
+}
+
+/// Reserves a chunk's memory from the dump's share, waiting for the client
+/// to take queued chunks when the share is full (at most the stall
+/// timeout). When nothing is queued, what the share holds is in the
+/// transport: the producer goes on rather than wait on it.
+async fn reserve(
+    share: &Arc<Share>,
+    want: usize,
+    floor: usize,
+    tx: &mpsc::Sender<Queued>,
+    env: &mut DumpEnv,
+) -> Result<Reservation, Error> {
+    let deadline = tokio::time::Instant::now() + env.stall_timeout;
+    loop {
+        if let Some(r) = share.try_reserve(want, floor) {
+            return Ok(r);
+        }
+        if tx.capacity() == tx.max_capacity() {
+            return Ok(share.force(floor));
+        }
+        tokio::select! {
+            _ = share.released() => {}
+            _ = tokio::time::sleep_until(deadline) => return Err(Error::Stalled {
+                secs: env.stall_timeout.as_secs(),
+            }),
+            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+        }
+    }
+}
+
+/// Waits (at most the stall timeout) until nothing this dump produced is
+/// queued any more.
+async fn wait_until_drained(
+    share: &Arc<Share>,
+    tx: &mpsc::Sender<Queued>,
+    env: &mut DumpEnv,
+) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + env.stall_timeout;
+    while tx.capacity() < tx.max_capacity() {
+        tokio::select! {
+            _ = share.released() => {}
+            _ = tokio::time::sleep_until(deadline) => return Err(Error::Stalled {
+                secs: env.stall_timeout.as_secs(),
+            }),
+            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+        }
+    }
+    Ok(())
+}
+
+/// Queues one message, waiting at most the stall timeout for room. `false`
+/// when the client went away.
+async fn send(
+    tx: &mpsc::Sender<Queued>,
+    env: &mut DumpEnv,
+    msg: pb::DumpMapResponse,
+    reservation: Option<Reservation>,
+) -> Result<bool, Error> {
+    tokio::select! {
+        r = tx.send((msg, reservation)) => Ok(r.is_ok()),
+        _ = tokio::time::sleep(env.stall_timeout) => Err(Error::Stalled {
+            secs: env.stall_timeout.as_secs(),
+        }),
+        _ = env.stop.wait_for(|s| *s) => Err(Error::ShuttingDown),
+    }
+}
+
+struct ActiveGuard(Arc<DumpStats>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,12 @@
+//! The maps: which are exposed and how clients name them (the catalog),
+//! their key and value types (read from BTF and checked), how a call's
+//! entries are decoded, and the demo maps.
+
+pub mod btf;
+mod catalog;
+mod demo;
+mod types;
+
+pub(crate) use catalog::{Catalog, Resolved};
+pub use demo::{Demo, flow_key, flow_value, typed_flows};
+pub(crate) use types::{Decoder, TypeCache, Types};

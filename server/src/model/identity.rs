@@ -1,0 +1,66 @@
+//! Who calls, and what they ask to do.
+//!
+//! An [`Identity`] is typed: a SPIFFE ID (URI SAN), a DNS name (DNS SAN), a
+//! certificate subject CN, or `anonymous` (plaintext). Its text form says
+//! which: `spiffe://example.org/ops/alice`, `dns:bob.example.org`,
+//! `cn:carol`, `anonymous`; policy patterns are written the same way.
+
+use std::{fmt, net::SocketAddr, sync::Arc};
+
+use serde::Deserialize;
+
+/// A verified caller identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Identity {
+    /// A plaintext caller.
+    Anonymous,
+    /// A SPIFFE ID from a URI SAN (the whole URI, `spiffe://...`).
+    Spiffe(Arc<str>),
+    /// A DNS SAN.
+    Dns(Arc<str>),
+    /// The subject common name.
+    Cn(Arc<str>),
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Anonymous => f.write_str("anonymous"),
+            Self::Spiffe(uri) => f.write_str(uri),
+            Self::Dns(name) => write!(f, "dns:{name}"),
+            Self::Cn(name) => write!(f, "cn:{name}"),
+        }
+    }
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Who.
+    pub identity: Identity,
+    /// From where.
+    pub peer: Option<SocketAddr>,
+}
+
+/// What a caller wants to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// ListMaps and GetMap.
+    List,
+    /// DumpMap.
+    Dump,
+    /// Lookup.
+    Lookup,
+}
+
+impl Operation {
+    /// The verb used in messages ("may not dump demo/flows").
+    pub fn verb(self) -> &'static str {
+        match self {
+            Self::List => "list",
+            Self::Dump => "dump",
+            Self::Lookup => "look up keys in",
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! The value types every layer shares, and nothing else: how a map is
+//! named ([`MapRef`], with path validation), who calls ([`Identity`],
+//! [`Caller`]), what they ask to do ([`Operation`]), which RPC they call
+//! ([`Rpc`]), and how request text is quoted in messages ([`quote`]).
+//!
+//! This is the leaf of the module tree: it uses no other module of the
+//! daemon, so every layer above can point down to it.
+
+mod identity;
+mod map_ref;
+mod quote;
+mod rpc;
+
+pub use identity::{Caller, Identity, Operation};
+pub use map_ref::{InvalidPath, MapRef};
+pub use quote::{MAX_QUOTE, quote};
+pub use rpc::{Rpc, RpcKind, SERVICE_NAME};

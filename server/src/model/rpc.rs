@@ -1,0 +1,125 @@
+//! The RPCs the daemon serves: one list for the audit log, the metrics and
+//! the policy's denials.
+
+use std::fmt;
+
+/// Name of the map service (in the health protocol, and in RPC paths).
+pub const SERVICE_NAME: &str = "bpfmap.v1.MapService";
+
+/// An RPC the daemon serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rpc {
+    /// MapService/ListMaps.
+    ListMaps,
+    /// MapService/GetMap.
+    GetMap,
+    /// MapService/DumpMap.
+    DumpMap,
+    /// MapService/Lookup.
+    Lookup,
+    /// grpc.health.v1.Health/Check.
+    HealthCheck,
+    /// grpc.health.v1.Health/Watch.
+    HealthWatch,
+    /// grpc.reflection.v1.ServerReflection/ServerReflectionInfo.
+    ReflectionV1,
+    /// grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo.
+    ReflectionV1Alpha,
+}
+
+/// How an RPC streams (the `grpc_type` of the usual gRPC metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RpcKind {
+    /// One request, one response.
+    Unary,
+    /// One request, a stream of responses.
+    ServerStream,
+    /// Streams both ways.
+    BidiStream,
+}
+
+impl RpcKind {
+    /// The name in metrics ("server_stream").
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unary => "unary",
+            Self::ServerStream => "server_stream",
+            Self::BidiStream => "bidi_stream",
+        }
+    }
+}
+
+impl Rpc {
+    /// Every RPC.
+    pub const ALL: [Rpc; 8] = [
+        Self::ListMaps,
+        Self::GetMap,
+        Self::DumpMap,
+        Self::Lookup,
+        Self::HealthCheck,
+        Self::HealthWatch,
+        Self::ReflectionV1,
+        Self::ReflectionV1Alpha,
+    ];
+
+    /// The service ("bpfmap.v1.MapService").
+    pub fn service(self) -> &'static str {
+        match self {
+            Self::ListMaps | Self::GetMap | Self::DumpMap | Self::Lookup => SERVICE_NAME,
+            Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
+            Self::ReflectionV1 => "grpc.reflection.v1.ServerReflection",
+            Self::ReflectionV1Alpha => "grpc.reflection.v1alpha.ServerReflection",
+        }
+    }
+
+    /// The method ("DumpMap").
+    pub fn method(self) -> &'static str {
+        match self {
+            Self::ListMaps => "ListMaps",
+            Self::GetMap => "GetMap",
+            Self::DumpMap => "DumpMap",
+            Self::Lookup => "Lookup",
+            Self::HealthCheck => "Check",
+            Self::HealthWatch => "Watch",
+            Self::ReflectionV1 | Self::ReflectionV1Alpha => "ServerReflectionInfo",
+        }
+    }
+
+    /// How it streams.
+    pub fn kind(self) -> RpcKind {
+        match self {
+            Self::DumpMap | Self::HealthWatch => RpcKind::ServerStream,
+            Self::ReflectionV1 | Self::ReflectionV1Alpha => RpcKind::BidiStream,
+            _ => RpcKind::Unary,
+        }
+    }
+
+    /// The RPC an HTTP/2 request path names ("/bpfmap.v1.MapService/DumpMap").
+    pub fn of_path(path: &str) -> Option<Self> {
+        let (service, method) = path.trim_start_matches('/').split_once('/')?;
+        Self::ALL
+            .into_iter()
+            .find(|r| r.service() == service && r.method() == method)
+    }
+}
+
+impl fmt::Display for Rpc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.method())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_rpcs() {
+        for rpc in Rpc::ALL {
+            let path = format!("/{}/{}", rpc.service(), rpc.method());
+            assert_eq!(Rpc::of_path(&path), Some(rpc), "{path}");
+        }
+        assert_eq!(Rpc::of_path("/bpfmap.v1.MapService/Nope"), None);
+        assert_eq!(Rpc::of_path("nonsense"), None);
+    }
+}

@@ -1,0 +1,49 @@
+//! Authentication of a call: who the connection's peer is (its client
+//! certificate's identity on TLS, `anonymous` on plaintext), stored in the
+//! request for the handlers.
+
+use tonic::{Request, Status};
+
+use super::{ConnInfo, Transport};
+use crate::model::{Caller, Identity};
+
+/// Interceptor for every service but health: resolves the caller's identity
+/// (UNAUTHENTICATED without one on TLS) and stores it in the request.
+pub(crate) fn authenticate(mut req: Request<()>) -> Result<Request<()>, Status> {
+    let info = req
+        .extensions()
+        .get::<ConnInfo>()
+        .cloned()
+        .unwrap_or_default();
+    let identity = match info.transport {
+        Transport::Plaintext => Identity::Anonymous,
+        Transport::Tls {
+            identity: Some(id), ..
+        } => id,
+        Transport::Tls { identity: None } => {
+            tracing::info!(
+                target: "bpfmapd::audit",
+                identity = "",
+                peer = info.remote.map(|p| p.to_string()).unwrap_or_default(),
+                code = ?tonic::Code::Unauthenticated,
+                "rpc rejected: no client certificate"
+            );
+            return Err(Status::unauthenticated(
+                "a client certificate signed by the server's client CA is required",
+            ));
+        }
+    };
+    req.extensions_mut().insert(Caller {
+        identity,
+        peer: info.remote,
+    });
+    Ok(req)
+}
+
+/// The caller [`authenticate`] stored in the request.
+pub(crate) fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
+    req.extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no caller identity"))
+}

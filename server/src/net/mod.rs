@@ -1,0 +1,14 @@
+//! The network side: accepting connections (TLS handshakes included),
+//! bounding and closing them, counting the calls on each, and
+//! authenticating each call's caller from its connection.
+
+mod authenticate;
+mod calls;
+mod conn;
+mod tls;
+
+pub(crate) use authenticate::{authenticate, caller_of};
+pub(crate) use calls::CountCalls;
+pub(crate) use conn::{AcceptConfig, ConnInfo, ConnRegistry, accept_loop};
+pub use tls::TlsFiles;
+pub(crate) use tls::{SharedTls, Transport, server_config};

@@ -1,0 +1,147 @@
+//! Applying a new configuration without a restart: certificates, key,
+//! client CA, policy and cursor keys, on SIGHUP or when the files change on
+//! disk (Kubernetes Secret volumes swap a symlink; cert-manager renews).
+//! Everything is built first; on any error nothing changes and the old
+//! configuration stays in force.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use arc_swap::ArcSwap;
+use tokio::{sync::watch, task::JoinHandle};
+
+use super::Metrics;
+use crate::{
+    access::Policy,
+    config::Config,
+    dump::CursorKey,
+    net::{SharedTls, server_config},
+};
+
+/// The authorization policy in force.
+pub(crate) type SharedPolicy = Arc<ArcSwap<Policy>>;
+/// The cursor keys in force.
+pub(crate) type SharedKeys = Arc<ArcSwap<CursorKey>>;
+
+/// What a reload replaces; clones share it with the service and the accept
+/// loop.
+#[derive(Debug, Clone)]
+pub(crate) struct Reloader {
+    pub(crate) policy: SharedPolicy,
+    pub(crate) tls: Option<SharedTls>,
+    pub(crate) keys: SharedKeys,
+    pub(crate) state_dir: PathBuf,
+    pub(crate) metrics: Metrics,
+}
+
+impl Reloader {
+    /// Applies `config`'s certificates, client CA, policy and cursor keys.
+    /// Other settings need a restart.
+    pub(crate) fn reload(&self, config: &Config) -> anyhow::Result<()> {
+        let result = self.try_reload(config);
+        self.metrics.reloaded(result.is_ok());
+        result
+    }
+
+    fn try_reload(&self, config: &Config) -> anyhow::Result<()> {
+        config.validate()?;
+        anyhow::ensure!(
+            config.tls.is_some() == self.tls.is_some(),
+            "turning TLS on or off needs a restart"
+        );
+        anyhow::ensure!(
+            config.state_dir == self.state_dir,
+            "moving the state directory needs a restart"
+        );
+        let policy = Policy::new(&config.rules, config.tls.is_some())?;
+        let tls = match &config.tls {
+            Some(files) => Some(server_config(files)?),
+            None => None,
+        };
+        let keys = CursorKey::load_or_create(&config.state_dir)?;
+        if let (Some(shared), Some(new)) = (&self.tls, tls) {
+            shared.store(new);
+        }
+        self.policy.store(Arc::new(policy));
+        self.keys.store(Arc::new(keys));
+        tracing::info!(
+            rules = config.rules.len(),
+            "reloaded certificates, policy and cursor keys"
+        );
+        Ok(())
+    }
+}
+
+/// The files a configuration depends on: the file itself, the TLS files,
+/// the cursor keys.
+fn watched(config_file: Option<&Path>, config: &Config) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = config_file.map(Path::to_owned).into_iter().collect();
+    if let Some(t) = &config.tls {
+        files.extend([t.cert.clone(), t.key.clone(), t.client_ca.clone()]);
+    }
+    files.extend(CursorKey::files(&config.state_dir));
+    files
+}
+
+/// A digest of the files' contents (through symlinks), "missing" for one
+/// that cannot be read.
+fn fingerprint(files: &[PathBuf]) -> [u8; 32] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for f in files {
+        ctx.update(f.as_os_str().as_encoded_bytes());
+        match std::fs::read(f) {
+            Ok(bytes) => {
+                ctx.update(&(bytes.len() as u64).to_le_bytes());
+                ctx.update(&bytes);
+            }
+            Err(_) => ctx.update(b"missing"),
+        }
+    }
+    let mut out = [0; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// Checks every `interval` whether a file the configuration depends on
+/// changed, and reloads when one did. `load` reads the configuration as at
+/// start (file and flags); a configuration that does not load, or does not
+/// apply, is logged and the old one stays in force until the files change
+/// again.
+pub(crate) fn watch_files(
+    reloader: Reloader,
+    config_file: Option<PathBuf>,
+    current: Config,
+    load: impl Fn() -> anyhow::Result<Config> + Send + 'static,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut config = current;
+        let mut last = fingerprint(&watched(config_file.as_deref(), &config));
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let loaded = load();
+            let basis = loaded.as_ref().unwrap_or(&config);
+            let now = fingerprint(&watched(config_file.as_deref(), basis));
+            if now == last {
+                continue;
+            }
+            last = now;
+            match loaded.and_then(|c| reloader.reload(&c).map(|()| c)) {
+                Ok(c) => {
+                    tracing::info!("configuration files changed on disk: reloaded");
+                    config = c;
+                }
+                Err(e) => tracing::error!(
+                    "configuration files changed on disk, but the reload was rejected; keeping the old configuration: {e:#}"
+                ),
+            }
+        }
+    })
+}

@@ -1,0 +1,12 @@
+//! The gRPC side: `bpfmap.v1.MapService` (thin handlers over the domain),
+//! the response stream of a dump, the one mapping of errors to statuses,
+//! and the health service.
+
+mod dump_stream;
+mod health;
+mod service;
+mod status;
+
+pub(crate) use health::service as health_service;
+pub(crate) use service::{MapServiceImpl, ServiceParts};
+pub(crate) use status::code;

@@ -1,0 +1,484 @@
+//! The gRPC handlers of `bpfmap.v1.MapService`: authenticate, audit, call
+//! the domain, turn its error into a status. Kernel work runs on the
+//! blocking pool; nothing here holds a lock across maps.
+
+use std::{sync::Arc, time::Duration};
+
+use bpfmap_kernel::{MapHandle, MapMeta, walk::Position};
+use bpfmap_proto::v1::{self as pb, map_service_server::MapService};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use super::{dump_stream::DumpStream, status::code_of};
+use crate::{
+    access,
+    dump::{self, DumpEnv, DumpJob, DumpLimits, Sealer},
+    error::Error,
+    limits::{Budget, DumpSlots, Held, LookupSlots, Trimmer},
+    maps::{Catalog, Decoder, Resolved, TypeCache, Types},
+    model::{Caller, MapRef, Operation, Rpc},
+    net::caller_of,
+    ops::{Metrics, SharedKeys, SharedPolicy},
+    wire::{self, IntoProto as _, LookupOutcome},
+};
+
+/// Most keys accepted in one Lookup call.
+pub(crate) const MAX_LOOKUP_KEYS: usize = 4096;
+/// Upper bound on a Lookup response, as for a dump chunk (below grpcurl's
+/// 4 MiB default), unless one entry alone is larger.
+pub(crate) const MAX_LOOKUP_RESPONSE: usize = dump::MAX_CHUNK_BYTES;
+/// How long a call waits for room in the memory pool.
+const POOL_WAIT: Duration = Duration::from_secs(2);
+
+/// What the service is made of.
+#[derive(Debug, Clone)]
+pub(crate) struct ServiceParts {
+    /// The exposed maps.
+    pub(crate) catalog: Catalog,
+    /// The cursor keys in force.
+    pub(crate) keys: SharedKeys,
+    /// The policy in force.
+    pub(crate) policy: SharedPolicy,
+    /// Dumps at once.
+    pub(crate) slots: Arc<DumpSlots>,
+    /// Lookups at once.
+    pub(crate) lookups: Arc<LookupSlots>,
+    /// The memory pool for lookup responses (shared with entries too large
+    /// for a dump's share).
+    pub(crate) pool: Budget,
+    /// Dumps and lookups in flight (free memory is handed back when none
+    /// are).
+    pub(crate) trimmer: Trimmer,
+    /// What every dump shares.
+    pub(crate) dumps: DumpEnv,
+    /// True once the server is shutting down: new calls get UNAVAILABLE.
+    pub(crate) draining: watch::Receiver<bool>,
+    /// Where denials and resumed dumps are counted.
+    pub(crate) metrics: Metrics,
+}
+
+/// `bpfmap.v1.MapService`.
+#[derive(Debug, Clone)]
+pub(crate) struct MapServiceImpl {
+    parts: Arc<ServiceParts>,
+    types: Arc<TypeCache>,
+}
+
+/// A map opened for a call, with its types when they were asked for.
+struct Opened {
+    map: MapRef,
+    handle: MapHandle,
+    types: Types,
+}
+
+impl MapServiceImpl {
+    /// The service made of `parts`.
+    pub(crate) fn new(parts: ServiceParts) -> Self {
+        Self {
+            parts: Arc::new(parts),
+            types: Arc::default(),
+        }
+    }
+
+    fn limits(&self) -> &DumpLimits {
+        &self.parts.dumps.limits
+    }
+
+    fn accepting(&self) -> Result<(), Error> {
+        if *self.parts.draining.borrow() {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// PERMISSION_DENIED unless the policy allows `op` on `map` (checked
+    /// before the map is opened, so a denial says nothing about existence).
+    fn authorize(
+        &self,
+        caller: &Caller,
+        op: Operation,
+        rpc: Rpc,
+        map: &MapRef,
+    ) -> Result<(), Error> {
+        if self.parts.policy.load().allows(&caller.identity, op, map) {
+            return Ok(());
+        }
+        self.parts.metrics.denied(rpc);
+        Err(Error::PermissionDenied {
+            identity: caller.identity.clone(),
+            operation: op,
+            map: map.clone(),
+        })
+    }
+
+    /// Authorizes, then opens the map (with its types when `types`, read in
+    /// the same trip to the blocking pool: a trip costs more than the
+    /// syscalls). A path that resolves (through a symlink) to another map is
+    /// authorized under that map's name too.
+    async fn open_for(
+        &self,
+        caller: &Caller,
+        (op, rpc): (Operation, Rpc),
+        map: MapRef,
+        types: bool,
+    ) -> Result<Opened, Error> {
+        self.authorize(caller, op, rpc, &map)?;
+        let catalog = self.parts.catalog.clone();
+        let cache = self.types.clone();
+        let r = map.clone();
+        let (resolved, types): (Resolved, Types) = blocking(move || {
+            let resolved = catalog.open(&r)?;
+            let types = if types {
+                cache.get(resolved.handle.meta())
+            } else {
+                Types::None
+            };
+            Ok((resolved, types))
+        })
+        .await?;
+        if let Some(target) = &resolved.target {
+            // Named as requested: the symlink's target is not revealed.
+            self.authorize(caller, op, rpc, target)
+                .map_err(|_| Error::PermissionDenied {
+                    identity: caller.identity.clone(),
+                    operation: op,
+                    map: map.clone(),
+                })?;
+        }
+        Ok(Opened {
+            map,
+            handle: resolved.handle,
+            types,
+        })
+    }
+
+    async fn list(&self, caller: &Caller) -> Result<Vec<pb::MapInfo>, Error> {
+        self.accepting()?;
+        let catalog = self.parts.catalog.clone();
+        let maps = blocking(move || Ok(catalog.list())).await?;
+        let policy = self.parts.policy.load();
+        Ok(maps
+            .iter()
+            .filter(|(map, _)| policy.allows(&caller.identity, Operation::List, map))
+            .map(|(map, meta)| (map, meta).into_proto())
+            .collect())
+    }
+
+    async fn get(&self, caller: &Caller, map: MapRef) -> Result<pb::MapInfo, Error> {
+        self.accepting()?;
+        let opened = self
+            .open_for(caller, (Operation::List, Rpc::GetMap), map, true)
+            .await?;
+        let mut info = (&opened.map, opened.handle.meta()).into_proto();
+        opened.types.fill(&mut info);
+        Ok(info)
+    }
+
+    async fn dump(
+        &self,
+        caller: &Caller,
+        map: MapRef,
+        req: pb::DumpMapRequest,
+    ) -> Result<DumpJob, Error> {
+        self.accepting()?;
+        let layout = dump_layout(&req)?;
+        // The cursor is checked before the map is touched: a bad cursor is a
+        // bad request whatever state the map is in.
+        let keys = self.parts.keys.load_full();
+        let cursor = match req.cursor.as_str() {
+            "" => None,
+            token => Some(keys.open(token, &caller.identity, &map)?),
+        };
+        let packed = layout == pb::Layout::Packed;
+        let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32;
+        let opened = self
+            .open_for(caller, (Operation::Dump, Rpc::DumpMap), map, decodes)
+            .await?;
+        let meta = opened.handle.meta().clone();
+        let position = match cursor {
+            None => Position::Start,
+            Some(c) => {
+                self.parts.metrics.dump_resumed();
+                c.resume(&meta)?
+            }
+        };
+        let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta);
+        let options = dump::Options {
+            layout,
+            decoder: Decoder::for_request(
+                &opened.map,
+                &meta,
+                &opened.types,
+                (req.raw, req.per_cpu),
+                packed,
+            )?,
+            chunk_hint: req.chunk_size,
+            limit: req.limit,
+        };
+        let mut job = DumpJob::new(
+            opened.map,
+            (opened.handle, meta),
+            position,
+            options,
+            sealer,
+            self.limits(),
+        )?;
+        // Last: a slot is only taken by a dump that will run.
+        let slot = self.parts.slots.try_acquire(caller)?;
+        job.reserve_memory(&self.parts.pool, POOL_WAIT).await?;
+        Ok(job.with_slot(slot))
+    }
+
+    /// The results, and what the response keeps until it is sent: its
+    /// memory and its lookup slot.
+    async fn lookup(
+        &self,
+        caller: &Caller,
+        map: MapRef,
+        mut req: pb::LookupRequest,
+    ) -> Result<(Vec<pb::LookupResult>, Held), Error> {
+        self.accepting()?;
+        check_key_count(&req)?;
+        let slot = self.parts.lookups.try_acquire()?;
+        let trim = self.parts.trimmer.enter();
+        let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
+        let opened = self
+            .open_for(
+                caller,
+                (Operation::Lookup, Rpc::Lookup),
+                map,
+                decodes || !req.json_keys.is_empty(),
+            )
+            .await?;
+        let Opened { map, handle, types } = opened;
+        let meta = handle.meta();
+        let decoder = Decoder::for_request(&map, meta, &types, (req.raw, req.per_cpu), false)?;
+        encode_json_keys(&map, &types, &mut req)?;
+        for (i, k) in req.keys.iter().enumerate() {
+            Error::check_key_size(&map, meta, Some(i), k)?;
+        }
+        let bytes = self.lookup_response_bytes(&map, meta, decoder.as_ref(), req.keys.len())?;
+        let memory = tokio::time::timeout(POOL_WAIT, self.parts.pool.reserve(bytes, bytes))
+            .await
+            .map_err(|_| {
+                Error::ResourceExhausted(
+                    "the server's memory for responses is in use (limits.max_queued_bytes); retry later".into(),
+                )
+            })?;
+        let results = blocking(move || look_up(&map, &handle, decoder.as_ref(), req.keys)).await?;
+        Ok((results, Held::new(slot, memory, trim)))
+    }
+
+    /// The size of a Lookup response of `keys` keys, bounded before anything
+    /// is read: every value has the map's fixed size.
+    fn lookup_response_bytes(
+        &self,
+        map: &MapRef,
+        meta: &MapMeta,
+        decoder: Option<&Decoder>,
+        keys: usize,
+    ) -> Result<usize, Error> {
+        let per_key = wire::entry_bytes(meta, pb::Layout::Entries, decoder);
+        let max = self.limits().max_message_bytes.min(self.limits().pool);
+        if per_key > max {
+            return Err(Error::EntryTooLarge {
+                map: map.clone(),
+                bytes: per_key,
+                why: format!(
+                    "more than the largest Lookup response this server builds ({max} bytes: limits.max_message_bytes, and a quarter of limits.max_queued_bytes)"
+                ),
+            });
+        }
+        let fit = (MAX_LOOKUP_RESPONSE / per_key).max(1);
+        let bytes = keys * per_key;
+        if keys > fit {
+            return Err(Error::ResponseTooLarge {
+                map: map.clone(),
+                keys,
+                bytes,
+                fit,
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// The layout a dump asks for, and its chunk size checked.
+fn dump_layout(req: &pb::DumpMapRequest) -> Result<pb::Layout, Error> {
+    let layout = pb::Layout::try_from(req.layout).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "unknown layout {}; use LAYOUT_ENTRIES (0) or LAYOUT_PACKED (1)",
+            req.layout
+        ))
+    })?;
+    if req.chunk_size > dump::MAX_CHUNK {
+        return Err(Error::InvalidArgument(format!(
+            "chunk_size {} is too large; use 1 to {}, or 0 for the server's default (chunks as large as the dump's memory allows)",
+            req.chunk_size,
+            dump::MAX_CHUNK,
+        )));
+    }
+    Ok(layout)
+}
+
+fn check_key_count(req: &pb::LookupRequest) -> Result<(), Error> {
+    let count = req.keys.len() + req.json_keys.len();
+    if count == 0 {
+        return Err(Error::InvalidArgument(
+            "no keys to look up; set keys (bytes) or json_keys".into(),
+        ));
+    }
+    if count > MAX_LOOKUP_KEYS {
+        return Err(Error::InvalidArgument(format!(
+            "{count} keys in one Lookup; at most {MAX_LOOKUP_KEYS} are allowed, split the request"
+        )));
+    }
+    Ok(())
+}
+
+/// Adds the request's JSON keys, encoded through the key's type, to its
+/// byte keys.
+fn encode_json_keys(map: &MapRef, types: &Types, req: &mut pb::LookupRequest) -> Result<(), Error> {
+    if req.json_keys.is_empty() {
+        return Ok(());
+    }
+    let layout = types.key_layout(map)?;
+    for (i, k) in req.json_keys.iter().enumerate() {
+        let key = layout.encode(k, "key").map_err(|e| {
+            Error::InvalidArgument(format!("json_keys[{i}] does not fit map {map}: {e}"))
+        })?;
+        req.keys.push(key);
+    }
+    Ok(())
+}
+
+/// Looks every key up (blocking).
+fn look_up(
+    map: &MapRef,
+    handle: &MapHandle,
+    decoder: Option<&Decoder>,
+    keys: Vec<Vec<u8>>,
+) -> Result<Vec<pb::LookupResult>, Error> {
+    let meta = handle.meta();
+    keys.into_iter()
+        .map(|key| {
+            let value = handle
+                .lookup_value(&key)
+                .map_err(|e| Error::from_lookup(map, e))?;
+            Ok(LookupOutcome {
+                meta,
+                key,
+                value,
+                decoder,
+            }
+            .into_proto())
+        })
+        .collect()
+}
+
+/// Runs kernel work on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal {
+            map: None,
+            message: format!("worker failed: {e}"),
+        })?
+}
+
+/// Starts a call: its caller, its audit record, and the map its request
+/// names (parsed once, for the audit log and the handler).
+fn start_call<T>(
+    request: &Request<T>,
+    rpc: Rpc,
+    map: Option<&pb::MapRef>,
+) -> Result<(Caller, access::Record, Result<MapRef, Error>), Status> {
+    let caller = caller_of(request)?;
+    let mut audit = access::Record::start(&caller, rpc);
+    let parsed = wire::map_ref(map);
+    audit.request_map(&parsed, map);
+    Ok((caller, audit, parsed))
+}
+
+#[tonic::async_trait]
+impl MapService for MapServiceImpl {
+    async fn list_maps(
+        &self,
+        request: Request<pb::ListMapsRequest>,
+    ) -> Result<Response<pb::ListMapsResponse>, Status> {
+        let caller = caller_of(&request)?;
+        let mut audit = access::Record::start(&caller, Rpc::ListMaps);
+        let result = self.list(&caller).await;
+        audit.add_entries(result.as_ref().map_or(0, |m| m.len() as u64));
+        audit.finish(code_of(&result));
+        Ok(Response::new(pb::ListMapsResponse { maps: result? }))
+    }
+
+    async fn get_map(
+        &self,
+        request: Request<pb::GetMapRequest>,
+    ) -> Result<Response<pb::MapInfo>, Status> {
+        let (caller, audit, map) =
+            start_call(&request, Rpc::GetMap, request.get_ref().map.as_ref())?;
+        let result = match map {
+            Ok(map) => self.get(&caller, map).await,
+            Err(e) => Err(e),
+        };
+        audit.finish(code_of(&result));
+        Ok(Response::new(result?))
+    }
+
+    type DumpMapStream = DumpStream;
+
+    async fn dump_map(
+        &self,
+        request: Request<pb::DumpMapRequest>,
+    ) -> Result<Response<Self::DumpMapStream>, Status> {
+        let (caller, audit, map) =
+            start_call(&request, Rpc::DumpMap, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let job = match map {
+            Ok(map) => self.dump(&caller, map, req).await,
+            Err(e) => Err(e),
+        };
+        match job {
+            // The stream finishes the audit record when it ends.
+            Ok(job) => {
+                let env = self.parts.dumps.clone();
+                let stats = env.stats.clone();
+                let started = dump::spawn(job, audit.started(), env);
+                let trim = self.parts.trimmer.enter();
+                Ok(Response::new(DumpStream::new(started, audit, trim, stats)))
+            }
+            Err(e) => {
+                audit.finish(super::code(&e));
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        let (caller, mut audit, map) =
+            start_call(&request, Rpc::Lookup, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let result = match map {
+            Ok(map) => self.lookup(&caller, map, req).await,
+            Err(e) => Err(e),
+        };
+        let found = result
+            .as_ref()
+            .map_or(0, |(r, _)| r.iter().filter(|x| x.found).count());
+        audit.add_entries(found as u64);
+        audit.finish(code_of(&result));
+        let (results, held) = result?;
+        let mut response = Response::new(pb::LookupResponse { results });
+        response.extensions_mut().insert(held);
+        Ok(response)
+    }
+}

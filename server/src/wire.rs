@@ -1,0 +1,205 @@
+//! Conversions between domain types and `bpfmap.v1` messages, in one place
+//! (for the handlers and the dump producer alike): nothing else builds a
+//! message field by field.
+
+use bpfmap_kernel::{MapMeta, WalkMethod, walk::Chunk};
+use bpfmap_proto::v1 as pb;
+
+use crate::{error::Error, maps::Decoder, model::MapRef};
+
+/// Turns a domain value into its proto message.
+pub(crate) trait IntoProto {
+    type Output;
+    fn into_proto(self) -> Self::Output;
+}
+
+/// About how many bytes one entry takes in a message of `layout` (the
+/// fields' tags and lengths included), for sizing chunks and responses.
+pub(crate) fn entry_bytes(meta: &MapMeta, layout: pb::Layout, decoder: Option<&Decoder>) -> usize {
+    let data = meta.key_size as usize + meta.wire_value_size();
+    let decoded = decoder.map_or(0, |d| d.extra_bytes(meta));
+    match layout {
+        pb::Layout::Packed => data.max(1),
+        pb::Layout::Entries if meta.per_cpu() => {
+            data + 8 + 4 * meta.possible_cpus as usize + decoded
+        }
+        pb::Layout::Entries => data + 12 + decoded,
+    }
+}
+
+/// The map reference of a request, validated.
+pub(crate) fn map_ref(r: Option<&pb::MapRef>) -> Result<MapRef, Error> {
+    match r.and_then(|r| r.r#ref.as_ref()) {
+        Some(pb::map_ref::Ref::Path(p)) => Ok(MapRef::parse(p)?),
+        Some(pb::map_ref::Ref::Id(id)) => Ok(MapRef::Id(*id)),
+        None => Err(Error::InvalidArgument(
+            "the request names no map: set map.path (e.g. {\"map\":{\"path\":\"demo/flows\"}}) or map.id".into(),
+        )),
+    }
+}
+
+/// A map as listed: how it is named, and what the kernel says of it.
+impl IntoProto for (&MapRef, &MapMeta) {
+    type Output = pb::MapInfo;
+
+    fn into_proto(self) -> pb::MapInfo {
+        let (map, m) = self;
+        let dump_method = match m.walk_method() {
+            WalkMethod::BatchBucket | WalkMethod::BatchKey => pb::DumpMethod::Batch,
+            WalkMethod::KeyByKey => pb::DumpMethod::KeyByKey,
+            WalkMethod::None => pb::DumpMethod::None,
+        };
+        pb::MapInfo {
+            path: match map {
+                MapRef::Path(p) => p.clone(),
+                MapRef::Id(_) => String::new(),
+            },
+            id: m.id,
+            name: m.name.clone(),
+            r#type: m.map_type.0 as i32,
+            type_name: m.map_type.name().into_owned(),
+            key_size: m.key_size,
+            value_size: m.value_size,
+            max_entries: m.max_entries,
+            flags: m.flags,
+            per_cpu: m.per_cpu(),
+            possible_cpus: m.possible_cpus,
+            btf_id: m.btf_id,
+            btf_key_type_id: m.btf_key_type_id,
+            btf_value_type_id: m.btf_value_type_id,
+            dump_method: dump_method as i32,
+            ..Default::default()
+        }
+    }
+}
+
+/// The outcome of looking one key up: the value in the wire layout, or
+/// `None` when the key is absent.
+pub(crate) struct LookupOutcome<'a> {
+    pub(crate) meta: &'a MapMeta,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Option<Vec<u8>>,
+    pub(crate) decoder: Option<&'a Decoder>,
+}
+
+impl IntoProto for LookupOutcome<'_> {
+    type Output = pb::LookupResult;
+
+    fn into_proto(self) -> pb::LookupResult {
+        let Some(value) = self.value else {
+            let decoded_key = self
+                .decoder
+                .and_then(|d| d.decode(self.meta, &self.key, &[]).0);
+            return pb::LookupResult {
+                key: self.key,
+                found: false,
+                decoded_key,
+                ..Default::default()
+            };
+        };
+        let (decoded_key, decoded_value) = self
+            .decoder
+            .map_or((None, None), |d| d.decode(self.meta, &self.key, &value));
+        let (value, per_cpu_values) = if self.meta.per_cpu() {
+            let cpus = self.meta.split_cpus(&value).map(<[u8]>::to_vec).collect();
+            (Vec::new(), cpus)
+        } else {
+            (value, Vec::new())
+        };
+        pb::LookupResult {
+            key: self.key,
+            found: true,
+            value,
+            per_cpu_values,
+            decoded_key,
+            decoded_value,
+        }
+    }
+}
+
+/// A chunk read from the kernel, with the cursor that resumes after it.
+pub(crate) struct ChunkMessage<'a> {
+    pub(crate) meta: &'a MapMeta,
+    pub(crate) chunk: Chunk,
+    pub(crate) layout: pb::Layout,
+    pub(crate) decoder: Option<&'a Decoder>,
+    pub(crate) cursor: String,
+}
+
+impl IntoProto for ChunkMessage<'_> {
+    type Output = pb::DumpMapResponse;
+
+    fn into_proto(self) -> pb::DumpMapResponse {
+        let Self {
+            meta,
+            chunk: c,
+            layout,
+            decoder,
+            cursor,
+        } = self;
+        let ks = meta.key_size as usize;
+        let kvs = meta.kernel_value_size();
+        let mut msg = pb::DumpMapResponse {
+            cursor,
+            ..Default::default()
+        };
+        match layout {
+            pb::Layout::Entries => {
+                msg.entries = (0..c.count)
+                    .map(|i| {
+                        let key = c.keys[i * ks..(i + 1) * ks].to_vec();
+                        let kernel_value = &c.values[i * kvs..(i + 1) * kvs];
+                        if meta.per_cpu() {
+                            let mut wire = Vec::with_capacity(meta.wire_value_size());
+                            meta.append_wire_values(kernel_value, &mut wire);
+                            let (decoded_key, decoded_value) =
+                                decoder.map_or((None, None), |d| d.decode(meta, &key, &wire));
+                            pb::Entry {
+                                key,
+                                value: Vec::new(),
+                                per_cpu_values: meta
+                                    .split_cpus(&wire)
+                                    .map(<[u8]>::to_vec)
+                                    .collect(),
+                                decoded_key,
+                                decoded_value,
+                            }
+                        } else {
+                            let (decoded_key, decoded_value) = decoder
+                                .map_or((None, None), |d| d.decode(meta, &key, kernel_value));
+                            pb::Entry {
+                                key,
+                                value: kernel_value.to_vec(),
+                                per_cpu_values: Vec::new(),
+                                decoded_key,
+                                decoded_value,
+                            }
+                        }
+                    })
+                    .collect();
+            }
+            pb::Layout::Packed => {
+                let values = if meta.per_cpu() {
+                    let mut out = Vec::with_capacity(c.count * meta.wire_value_size());
+                    meta.append_wire_values(&c.values, &mut out);
+                    out
+                } else {
+                    c.values
+                };
+                msg.packed = Some(pb::PackedEntries {
+                    count: c.count as u32,
+                    key_size: meta.key_size,
+                    value_stride: meta.wire_value_size() as u32,
+                    keys: c.keys.into(),
+                    values: values.into(),
+                    cpus: if meta.per_cpu() {
+                        meta.possible_cpus
+                    } else {
+                        0
+                    },
+                });
+            }
+        }
+        msg
+    }
+}
