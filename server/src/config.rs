@@ -405,6 +405,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn durations_are_humantime_and_the_old_seconds_still_work() {
+        let c = Config::from_toml(
+            "watch_files = \"0s\"\n[limits]\nstall_timeout = \"1m 30s\"\nidle_timeout = \"500ms\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.watch_files(), None);
+        assert_eq!(c.limits.stall_timeout, Duration::from_secs(90));
+        assert_eq!(c.limits.idle_timeout, Duration::from_millis(500));
+        assert!(c.deprecated.is_empty());
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("at least 1s"), "{e}");
+
+        let c =
+            Config::from_toml("watch_files_secs = 7\n[limits]\nshutdown_grace_secs = 3\n").unwrap();
+        assert_eq!(c.watch_files(), Some(Duration::from_secs(7)));
+        assert_eq!(c.limits.shutdown_grace, Duration::from_secs(3));
+        assert_eq!(
+            c.deprecated,
+            [
+                "watch_files_secs is deprecated: write watch_files = \"7s\" (durations like \"30s\", \"5m\")",
+                "limits.shutdown_grace_secs is deprecated: write limits.shutdown_grace = \"3s\" (durations like \"30s\", \"5m\")",
+            ]
+        );
+
+        let e = Config::from_toml("[limits]\nstall_timeout = \"5s\"\nstall_timeout_secs = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("both limits.stall_timeout and limits.stall_timeout_secs"),
+            "{e}"
+        );
+        let e = Config::from_toml("[limits]\nstall_timeout = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("stall_timeout"), "{e}");
+    }
+
+    #[test]
     fn example_config_parses() {
         let text = include_str!("../../deploy/bpfmapd.toml");
         let c = Config::from_toml(text).unwrap();
@@ -412,6 +450,7 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:50051".parse().unwrap());
         assert_eq!(c.roots, [PathBuf::from("/sys/fs/bpf")]);
         assert_eq!(c.limits, Limits::default());
+        assert!(c.deprecated.is_empty(), "{:?}", c.deprecated);
         assert_eq!(c.watch_files, Config::default().watch_files);
         assert_eq!(c.metrics_listen, None);
 

@@ -153,7 +153,9 @@ pub enum BtfError {
         /// Length of the string sections (with the base's).
         len: u32,
     },
-    /// A string that runs to the end of the string section.
+    /// A string that runs to the end of the string section (never for an
+    /// object from [`Btf::parse`], which checks that the section ends with
+    /// a NUL byte; kept so that lookups check what they read).
     #[error("the BTF string at offset {offset} is not NUL-terminated within the string section")]
     Unterminated {
         /// The offset looked up.
@@ -629,7 +631,17 @@ fn decode(kind: u32, w: &mut Words<'_>) -> Option<Type> {
         name_off,
         type_id: size_or_type,
     };
+    let h = Head {
+        kind,
+        name_off,
+        size_or_type,
+        vlen,
+        kind_flag,
+    };
     Some(match kind {
+        KIND_STRUCT | KIND_UNION | KIND_ENUM | KIND_FUNC_PROTO | KIND_DATASEC | KIND_ENUM64 => {
+            return decode_listed(&h, w);
+        }
         KIND_INT => {
             let data = w.next()?;
             Type::Int(Int {
@@ -646,49 +658,6 @@ fn decode(kind: u32, w: &mut Words<'_>) -> Option<Type> {
             index_type: w.next()?,
             len: w.next()?,
         }),
-        KIND_STRUCT | KIND_UNION => {
-            let mut members = Vec::with_capacity(vlen as usize);
-            for _ in 0..vlen {
-                let (name_off, type_id, offset) = (w.next()?, w.next()?, w.next()?);
-                let (bit_offset, bitfield_size) = if kind_flag {
-                    (offset & 0xff_ffff, offset >> 24)
-                } else {
-                    (offset, 0)
-                };
-                members.push(Member {
-                    name_off,
-                    type_id,
-                    bit_offset,
-                    bitfield_size,
-                });
-            }
-            let record = Record {
-                name_off,
-                size: size_or_type,
-                kind_flag,
-                members,
-            };
-            if kind == KIND_STRUCT {
-                Type::Struct(record)
-            } else {
-                Type::Union(record)
-            }
-        }
-        KIND_ENUM => {
-            let mut values = Vec::with_capacity(vlen as usize);
-            for _ in 0..vlen {
-                values.push(EnumValue {
-                    name_off: w.next()?,
-                    val: w.next()?,
-                });
-            }
-            Type::Enum(Enum {
-                name_off,
-                size: size_or_type,
-                signed: kind_flag,
-                values,
-            })
-        }
         KIND_FWD => Type::Fwd(Fwd {
             name_off,
             is_union: kind_flag,
@@ -702,39 +671,11 @@ fn decode(kind: u32, w: &mut Words<'_>) -> Option<Type> {
             proto_type: size_or_type,
             linkage: Linkage::from_raw(vlen),
         }),
-        KIND_FUNC_PROTO => {
-            let mut params = Vec::with_capacity(vlen as usize);
-            for _ in 0..vlen {
-                params.push(Param {
-                    name_off: w.next()?,
-                    type_id: w.next()?,
-                });
-            }
-            Type::FuncProto(FuncProto {
-                return_type: size_or_type,
-                params,
-            })
-        }
         KIND_VAR => Type::Var(Var {
             name_off,
             type_id: size_or_type,
             linkage: Linkage::from_raw(w.next()?),
         }),
-        KIND_DATASEC => {
-            let mut vars = Vec::with_capacity(vlen as usize);
-            for _ in 0..vlen {
-                vars.push(VarSecInfo {
-                    type_id: w.next()?,
-                    offset: w.next()?,
-                    size: w.next()?,
-                });
-            }
-            Type::DataSec(DataSec {
-                name_off,
-                size: size_or_type,
-                vars,
-            })
-        }
         KIND_FLOAT => Type::Float(Float {
             name_off,
             size: size_or_type,
@@ -745,23 +686,117 @@ fn decode(kind: u32, w: &mut Words<'_>) -> Option<Type> {
             component_idx: w.next()? as i32,
         }),
         KIND_TYPE_TAG => Type::TypeTag(r),
-        KIND_ENUM64 => {
-            let mut values = Vec::with_capacity(vlen as usize);
-            for _ in 0..vlen {
-                let (name_off, lo, hi) = (w.next()?, w.next()?, w.next()?);
-                values.push(Enum64Value {
-                    name_off,
-                    val: (u64::from(hi) << 32) | u64::from(lo),
-                });
-            }
-            Type::Enum64(Enum64 {
+        _ => return None,
+    })
+}
+
+/// The first three words of a type record, read.
+#[derive(Clone, Copy)]
+struct Head {
+    kind: u32,
+    name_off: u32,
+    size_or_type: u32,
+    vlen: u32,
+    kind_flag: bool,
+}
+
+/// A type whose record ends with a list of `vlen` entries.
+fn decode_listed(h: &Head, w: &mut Words<'_>) -> Option<Type> {
+    let Head {
+        kind,
+        name_off,
+        size_or_type,
+        vlen,
+        kind_flag,
+    } = *h;
+    Some(match kind {
+        KIND_STRUCT | KIND_UNION => {
+            let record = Record {
                 name_off,
                 size: size_or_type,
-                signed: kind_flag,
-                values,
-            })
+                kind_flag,
+                members: list(vlen, w, |w| member(w, kind_flag))?,
+            };
+            if kind == KIND_STRUCT {
+                Type::Struct(record)
+            } else {
+                Type::Union(record)
+            }
         }
+        KIND_ENUM => Type::Enum(Enum {
+            name_off,
+            size: size_or_type,
+            signed: kind_flag,
+            values: list(vlen, w, |w| {
+                Some(EnumValue {
+                    name_off: w.next()?,
+                    val: w.next()?,
+                })
+            })?,
+        }),
+        KIND_FUNC_PROTO => Type::FuncProto(FuncProto {
+            return_type: size_or_type,
+            params: list(vlen, w, |w| {
+                Some(Param {
+                    name_off: w.next()?,
+                    type_id: w.next()?,
+                })
+            })?,
+        }),
+        KIND_DATASEC => Type::DataSec(DataSec {
+            name_off,
+            size: size_or_type,
+            vars: list(vlen, w, |w| {
+                Some(VarSecInfo {
+                    type_id: w.next()?,
+                    offset: w.next()?,
+                    size: w.next()?,
+                })
+            })?,
+        }),
+        KIND_ENUM64 => Type::Enum64(Enum64 {
+            name_off,
+            size: size_or_type,
+            signed: kind_flag,
+            values: list(vlen, w, |w| {
+                let (name_off, lo, hi) = (w.next()?, w.next()?, w.next()?);
+                Some(Enum64Value {
+                    name_off,
+                    val: (u64::from(hi) << 32) | u64::from(lo),
+                })
+            })?,
+        }),
         _ => return None,
+    })
+}
+
+/// `vlen` entries of a record's trailing list, each read by `one`.
+fn list<T>(
+    vlen: u32,
+    w: &mut Words<'_>,
+    mut one: impl FnMut(&mut Words<'_>) -> Option<T>,
+) -> Option<Vec<T>> {
+    let mut out = Vec::with_capacity(vlen as usize);
+    for _ in 0..vlen {
+        out.push(one(w)?);
+    }
+    Some(out)
+}
+
+/// A struct or union member; with `kind_flag` its offset word holds the
+/// bitfield width in its top byte.
+fn member(w: &mut Words<'_>, kind_flag: bool) -> Option<Member> {
+    let (name_off, type_id, offset) = (w.next()?, w.next()?, w.next()?);
+    let (bit_offset, bitfield_size) = if kind_flag {
+        (offset & 0xff_ffff, offset >> 24)
+    } else {
+        (offset, 0)
+    };
+    Some(Member {
+        name_off,
+        type_id,
+        bit_offset,
+        bitfield_size,
     })
 }
 
@@ -885,9 +920,8 @@ impl Btf {
             .ok()
             .and_then(|len| str_start.checked_add(len))
             .ok_or(BtfError::TooLarge("string offsets"))?;
+        // Every id it gives fits in 32 bits, so last_id() does too.
         let types = parse_types(types, first_id)?;
-        // The last id must fit too (parse_types checked all but an empty
-        // object's, which adds none).
         Ok(Btf {
             inner: Arc::new(Inner {
                 base: base.cloned(),

@@ -1,6 +1,6 @@
 //! [`BtfBuilder`]: writes raw BTF (the kernel's type format) for the maps
 //! this process creates: the demo maps and the tests' maps. Reading BTF is
-//! done by the `btf-rs` crate; this is only the encoder.
+//! [`crate::btf`]'s; this is only the encoder.
 //!
 //! The layout follows `include/uapi/linux/btf.h`: a 24-byte header, the type
 //! section, then the string section, in native byte order. Type ids are

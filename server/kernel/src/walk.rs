@@ -23,7 +23,7 @@
 use std::{cmp::Ordering, collections::VecDeque, thread, time::Duration};
 
 use super::{
-    KeyWalk, MapMeta, MapOps, MapType, SyscallError, WalkMethod, batch_unsupported,
+    KeyWalk, MapMeta, MapOps, MapType, SysResult, SyscallError, WalkMethod, batch_unsupported,
     elem_unsupported,
 };
 
@@ -393,9 +393,6 @@ impl<O: MapOps> Walker<O> {
 
     /// `None` when the next hash bucket holds more than `cap` entries.
     fn batch(&mut self, want: u32, cap: Option<u32>) -> Result<Option<Chunk>, WalkError> {
-        let ks = self.meta.key_size as usize;
-        let vs = self.meta.kernel_value_size();
-        let bucket = self.method == WalkMethod::BatchBucket;
         let mut n = want.max(self.min_batch);
         if let Some(cap) = cap {
             if self.min_batch > cap {
@@ -406,169 +403,158 @@ impl<O: MapOps> Walker<O> {
         let mut retries = 0;
         loop {
             let after = self.continue_after().map(<[u8]>::to_vec);
-            let mut out_batch = vec![0u8; self.meta.token_size().max(4)];
-            let mut keys = vec![0u8; ks * n as usize];
-            let mut values = vec![0u8; vs * n as usize];
-            let mut count = n;
-            self.stats.syscalls += 1;
-            let res = self.ops.lookup_batch(
-                after.as_deref(),
-                &mut out_batch,
-                &mut keys,
-                &mut values,
-                &mut count,
-            );
-            let count = count.min(n) as usize;
+            let (res, raw, out_batch) = self.batch_call(after.as_deref(), n);
             let end = match res {
                 Ok(()) => false,
-                Err(e) => match e.errno() {
-                    Some(libc::ENOENT) => true,
-                    Some(libc::ENOSPC) if count == 0 => {
-                        // The next bucket holds more than `n` entries.
-                        let limit = self.meta.max_entries.saturating_add(1024).max(2);
-                        let ceiling = cap.unwrap_or(limit).min(limit);
-                        if n >= ceiling {
-                            return match cap {
-                                Some(c) if c < limit => Ok(None),
-                                _ => Err(WalkError::BucketTooLarge { tried: n }),
-                            };
-                        }
-                        n = n.saturating_mul(2).min(ceiling);
-                        self.stats.enospc += 1;
-                        self.min_batch = n;
-                        continue;
-                    }
-                    // The generic path answers EINTR when a key from
-                    // get_next_key cannot be looked up three times in a row
-                    // (deleted meanwhile, or an empty slot of an
-                    // array_of_maps). What it copied before is valid; the
-                    // missing key is stepped over one key at a time.
-                    Some(libc::EINTR) if !bucket && count > 0 => false,
-                    Some(libc::EINTR) if !bucket => {
-                        return self.key_by_key(1).map(Some);
-                    }
-                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                        if retries < MAX_RETRIES =>
-                    {
-                        retries += 1;
-                        backoff(retries);
-                        continue;
-                    }
-                    errno if batch_unsupported(errno) => {
-                        return Err(WalkError::NotIterable(self.meta.map_type));
-                    }
-                    _ => return Err(e.into()),
+                Err(e) => match self.after_batch_error(e, raw.count, (&mut n, cap), &mut retries) {
+                    AfterError::Retry => continue,
+                    AfterError::End => true,
+                    AfterError::Keep => false,
+                    AfterError::StepOver => return self.key_by_key(1).map(Some),
+                    AfterError::Stop(result) => return result,
                 },
             };
-            keys.truncate(ks * count);
-            values.truncate(vs * count);
             // A bucket that fit once is likely to fit again: shrink back.
             self.min_batch = 1;
-            let raw = Chunk {
-                count,
-                keys,
-                values,
-            };
-            if bucket {
-                out_batch.truncate(4);
-                if !end && count == 0 && after.as_deref() == Some(out_batch.as_slice()) {
-                    // No progress and no entries: the token is out of range.
-                    return Err(WalkError::BadToken);
+            return self.accept_batch(raw, after, out_batch, end).map(Some);
+        }
+    }
+
+    /// One `BPF_MAP_LOOKUP_BATCH` of up to `n` entries after `after`: its
+    /// result, the entries it copied, and the token it returned.
+    fn batch_call(&mut self, after: Option<&[u8]>, n: u32) -> (SysResult<()>, Chunk, Vec<u8>) {
+        let ks = self.meta.key_size as usize;
+        let vs = self.meta.kernel_value_size();
+        let mut out_batch = vec![0u8; self.meta.token_size().max(4)];
+        let mut keys = vec![0u8; ks * n as usize];
+        let mut values = vec![0u8; vs * n as usize];
+        let mut count = n;
+        self.stats.syscalls += 1;
+        let res = self
+            .ops
+            .lookup_batch(after, &mut out_batch, &mut keys, &mut values, &mut count);
+        let count = count.min(n) as usize;
+        keys.truncate(ks * count);
+        values.truncate(vs * count);
+        let raw = Chunk {
+            count,
+            keys,
+            values,
+        };
+        (res, raw, out_batch)
+    }
+
+    /// What to do after a batch call that failed with `e` having copied
+    /// `count` entries: `n`, the batch size, grows on ENOSPC up to `cap`.
+    fn after_batch_error(
+        &mut self,
+        e: SyscallError,
+        count: usize,
+        (n, cap): (&mut u32, Option<u32>),
+        retries: &mut u32,
+    ) -> AfterError {
+        let bucket = self.method == WalkMethod::BatchBucket;
+        match e.errno() {
+            Some(libc::ENOENT) => AfterError::End,
+            Some(libc::ENOSPC) if count == 0 => {
+                // The next bucket holds more than `n` entries.
+                let limit = self.meta.max_entries.saturating_add(1024).max(2);
+                let ceiling = cap.unwrap_or(limit).min(limit);
+                if *n >= ceiling {
+                    return AfterError::Stop(match cap {
+                        Some(c) if c < limit => Ok(None),
+                        _ => Err(WalkError::BucketTooLarge { tried: *n }),
+                    });
                 }
-                self.pos = if end {
-                    Position::End
-                } else {
-                    Position::After(out_batch)
-                };
-                return Ok(Some(raw));
+                *n = n.saturating_mul(2).min(ceiling);
+                self.stats.enospc += 1;
+                self.min_batch = *n;
+                AfterError::Retry
             }
-            if !end && count == 0 {
-                // The generic path reports success only with entries.
+            // The generic path answers EINTR when a key from get_next_key
+            // cannot be looked up three times in a row (deleted meanwhile,
+            // or an empty slot of an array_of_maps). What it copied before
+            // is valid; the missing key is stepped over one key at a time.
+            Some(libc::EINTR) if !bucket && count > 0 => AfterError::Keep,
+            Some(libc::EINTR) if !bucket => AfterError::StepOver,
+            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                if *retries < MAX_RETRIES =>
+            {
+                *retries += 1;
+                backoff(*retries);
+                AfterError::Retry
+            }
+            errno if batch_unsupported(errno) => {
+                AfterError::Stop(Err(WalkError::NotIterable(self.meta.map_type)))
+            }
+            _ => AfterError::Stop(Err(e.into())),
+        }
+    }
+
+    /// Takes the entries of a batch call (made after `after`, returning the
+    /// token `out_batch`; `end` when the map ended) and moves the position.
+    fn accept_batch(
+        &mut self,
+        raw: Chunk,
+        after: Option<Vec<u8>>,
+        mut out_batch: Vec<u8>,
+        end: bool,
+    ) -> Result<Chunk, WalkError> {
+        let ks = self.meta.key_size as usize;
+        let count = raw.count;
+        if self.method == WalkMethod::BatchBucket {
+            out_batch.truncate(4);
+            if !end && count == 0 && after.as_deref() == Some(out_batch.as_slice()) {
+                // No progress and no entries: the token is out of range.
                 return Err(WalkError::BadToken);
             }
-            let chunk = if let Some(order) = self.order() {
-                let last = (count > 0).then(|| raw.keys[ks * (count - 1)..].to_vec());
-                self.accept_ordered(order, raw, after, last)
+            self.pos = if end {
+                Position::End
             } else {
-                if count > 0 {
-                    self.pos = Position::After(raw.keys[ks * (count - 1)..].to_vec());
-                }
-                raw
+                Position::After(out_batch)
             };
-            if end {
-                self.pos = Position::End;
-            }
-            return Ok(Some(chunk));
+            return Ok(raw);
         }
+        if !end && count == 0 {
+            // The generic path reports success only with entries.
+            return Err(WalkError::BadToken);
+        }
+        let chunk = if let Some(order) = self.order() {
+            let last = (count > 0).then(|| raw.keys[ks * (count - 1)..].to_vec());
+            self.accept_ordered(order, raw, after, last)
+        } else {
+            if count > 0 {
+                self.pos = Position::After(raw.keys[ks * (count - 1)..].to_vec());
+            }
+            raw
+        };
+        if end {
+            self.pos = Position::End;
+        }
+        Ok(chunk)
     }
 
     fn key_by_key(&mut self, max: u32) -> Result<Chunk, WalkError> {
         self.check_resume_key()?;
-        let walk = self.meta.map_type.key_walk();
         let order = self.order();
         let ks = self.meta.key_size as usize;
-        let vs = self.meta.kernel_value_size();
         let start = self.continue_after().map(<[u8]>::to_vec);
         let mut prev = start.clone();
         let mut raw = Chunk::default();
         let mut next = vec![0u8; ks];
-        let mut head = vec![0u8; ks];
-        let mut value = vec![0u8; vs];
+        let mut value = vec![0u8; self.meta.kernel_value_size()];
         let mut examined = 0;
         let mut end = false;
         while examined < max {
-            match retry(|| self.ops.get_next_key(prev.as_deref(), &mut next)) {
-                Ok(()) => {}
-                Err(e) if e.errno() == Some(libc::ENOENT) => {
-                    // cgroup_storage answers ENOENT after a key that went
-                    // away, as at the end: tell the two apart.
-                    if walk == KeyWalk::EndsEarly
-                        && let Some(p) = prev.as_deref()
-                        && let Err(e) = retry(|| self.ops.lookup(p, &mut value))
-                        && e.errno() == Some(libc::ENOENT)
-                    {
-                        return Err(WalkError::ResumeKeyDeleted);
-                    }
-                    end = true;
-                    break;
-                }
-                Err(e) => return Err(self.not_iterable_or(e)),
-            }
-            if walk == KeyWalk::RestartsUnordered && prev.is_some() {
-                // A successor is never the first key: if it is, the key we
-                // stood on was deleted and the kernel started over.
-                match retry(|| self.ops.get_next_key(None, &mut head)) {
-                    Ok(()) if head == next => return Err(WalkError::ResumeKeyDeleted),
-                    Ok(()) => {}
-                    Err(e) if e.errno() == Some(libc::ENOENT) => {}
-                    Err(e) => return Err(self.not_iterable_or(e)),
-                }
+            if !self.next_key(prev.as_deref(), &mut next, &mut value)? {
+                end = true;
+                break;
             }
             examined += 1;
-            // A stack_trace bucket is briefly empty while another reader
-            // copies it: look again before taking it for deleted.
-            let tries = if walk == KeyWalk::RestartsInIdOrder {
-                4
-            } else {
-                1
-            };
-            let mut looked = retry(|| self.ops.lookup(&next, &mut value));
-            for _ in 1..tries {
-                if !matches!(&looked, Err(e) if e.errno() == Some(libc::ENOENT)) {
-                    break;
-                }
-                thread::sleep(Duration::from_micros(200));
-                looked = retry(|| self.ops.lookup(&next, &mut value));
-            }
-            match looked {
-                Ok(()) => {
-                    raw.keys.extend_from_slice(&next);
-                    raw.values.extend_from_slice(&value);
-                    raw.count += 1;
-                }
-                // Deleted since get_next_key, or an empty slot.
-                Err(e) if e.errno() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(self.not_iterable_or(e)),
+            if self.look_up(&next, &mut value)? {
+                raw.keys.extend_from_slice(&next);
+                raw.values.extend_from_slice(&value);
+                raw.count += 1;
             }
             prev = Some(next.clone());
             if order.is_none() {
@@ -586,6 +572,70 @@ impl<O: MapOps> Walker<O> {
         Ok(chunk)
     }
 
+    /// The key after `prev` into `next`; `false` at the end of the map.
+    /// (`value` is room for a lookup.)
+    fn next_key(
+        &self,
+        prev: Option<&[u8]>,
+        next: &mut [u8],
+        value: &mut [u8],
+    ) -> Result<bool, WalkError> {
+        let walk = self.meta.map_type.key_walk();
+        match retry(|| self.ops.get_next_key(prev, next)) {
+            Ok(()) => {}
+            Err(e) if e.errno() == Some(libc::ENOENT) => {
+                // cgroup_storage answers ENOENT after a key that went
+                // away, as at the end: tell the two apart.
+                if walk == KeyWalk::EndsEarly
+                    && let Some(p) = prev
+                    && let Err(e) = retry(|| self.ops.lookup(p, value))
+                    && e.errno() == Some(libc::ENOENT)
+                {
+                    return Err(WalkError::ResumeKeyDeleted);
+                }
+                return Ok(false);
+            }
+            Err(e) => return Err(self.not_iterable_or(e)),
+        }
+        if walk == KeyWalk::RestartsUnordered && prev.is_some() {
+            // A successor is never the first key: if it is, the key we
+            // stood on was deleted and the kernel started over.
+            let mut head = vec![0u8; next.len()];
+            match retry(|| self.ops.get_next_key(None, &mut head)) {
+                Ok(()) if head == next => return Err(WalkError::ResumeKeyDeleted),
+                Ok(()) => {}
+                Err(e) if e.errno() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(self.not_iterable_or(e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The value of `key` into `value`; `false` when it is gone (deleted
+    /// since get_next_key, or an empty slot).
+    fn look_up(&self, key: &[u8], value: &mut [u8]) -> Result<bool, WalkError> {
+        // A stack_trace bucket is briefly empty while another reader copies
+        // it: look again before taking it for deleted.
+        let tries = if self.meta.map_type.key_walk() == KeyWalk::RestartsInIdOrder {
+            4
+        } else {
+            1
+        };
+        let mut looked = retry(|| self.ops.lookup(key, value));
+        for _ in 1..tries {
+            if !matches!(&looked, Err(e) if e.errno() == Some(libc::ENOENT)) {
+                break;
+            }
+            thread::sleep(Duration::from_micros(200));
+            looked = retry(|| self.ops.lookup(key, value));
+        }
+        match looked {
+            Ok(()) => Ok(true),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(self.not_iterable_or(e)),
+        }
+    }
+
     fn not_iterable_or(&self, e: SyscallError) -> WalkError {
         if elem_unsupported(e.errno()) {
             WalkError::NotIterable(self.meta.map_type)
@@ -593,6 +643,20 @@ impl<O: MapOps> Walker<O> {
             e.into()
         }
     }
+}
+
+/// What a walk does after a failed batch call.
+enum AfterError {
+    /// Call again (with a larger batch after ENOSPC, or after a pause).
+    Retry,
+    /// The map ended: take what was copied.
+    End,
+    /// Take what was copied and go on.
+    Keep,
+    /// Step over a key that cannot be read, one key at a time.
+    StepOver,
+    /// Stop the read with this result.
+    Stop(Result<Option<Chunk>, WalkError>),
 }
 
 fn backoff(attempt: u32) {
@@ -627,7 +691,7 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
-    use crate::{ENOTSUPP, SysResult};
+    use crate::ENOTSUPP;
 
     use crate::fake::{ScriptedMap as Fake, err};
 

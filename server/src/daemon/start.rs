@@ -169,6 +169,80 @@ impl Stopping {
     }
 }
 
+/// The state every part shares: dump counters, slots, connections,
+/// metrics, and the memory split.
+struct Core {
+    stats: Arc<DumpStats>,
+    slots: Arc<DumpSlots>,
+    conns: ConnRegistry,
+    metrics: Metrics,
+    budget: Budget,
+    dump_limits: DumpLimits,
+}
+
+impl Core {
+    fn new(limits: &Limits) -> Self {
+        let stats = Arc::new(DumpStats::default());
+        let slots = Arc::new(DumpSlots::new(
+            limits.max_dumps,
+            limits.max_dumps_per_identity,
+        ));
+        let conns = ConnRegistry::default();
+        let metrics = Metrics::new(Some(Box::new(Live {
+            stats: stats.clone(),
+            slots: slots.clone(),
+            conns: conns.clone(),
+        })));
+        let (share, pool) = split_memory(limits.max_queued_bytes, limits.max_dumps);
+        Self {
+            stats,
+            slots,
+            conns,
+            metrics,
+            budget: Budget::new(pool),
+            dump_limits: DumpLimits {
+                share,
+                pool,
+                max_message_bytes: limits.max_message_bytes,
+            },
+        }
+    }
+
+    fn service(&self, config: &Config, r: &Reloadable, stopping: &Stopping) -> MapServiceImpl {
+        let limits = &config.limits;
+        MapServiceImpl::new(ServiceParts {
+            catalog: Catalog::new(config.roots.clone(), config.allow_by_id),
+            keys: r.keys.clone(),
+            policy: r.policy.clone(),
+            slots: self.slots.clone(),
+            lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
+            pool: self.budget.clone(),
+            trimmer: Trimmer::default(),
+            dumps: DumpEnv {
+                stop: stopping.stop_dumps.subscribe(),
+                stats: self.stats.clone(),
+                stall_timeout: limits.stall_timeout,
+                limits: self.dump_limits,
+                slots: self.slots.clone(),
+                max_slot_hold: limits.max_slot_hold,
+            },
+            draining: stopping.draining.subscribe(),
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    fn accept(&self, limits: &Limits, tls: Option<SharedTls>) -> AcceptConfig {
+        AcceptConfig {
+            stall_timeout: limits.stall_timeout,
+            tls,
+            handshake_timeout: limits.handshake_timeout,
+            idle_timeout: limits.idle_timeout,
+            max_connections: limits.max_connections,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
 /// Starts serving on an already bound listener.
 pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<Running> {
     config.validate()?;
@@ -177,42 +251,8 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let stopping = Stopping::new();
     let limits = &config.limits;
     raise_fd_limit(limits.max_connections);
-    let stats = Arc::new(DumpStats::default());
-    let slots = Arc::new(DumpSlots::new(
-        limits.max_dumps,
-        limits.max_dumps_per_identity,
-    ));
-    let conns = ConnRegistry::default();
-    let metrics = Metrics::new(Some(Box::new(Live {
-        stats: stats.clone(),
-        slots: slots.clone(),
-        conns: conns.clone(),
-    })));
-    let (share, pool_bytes) = split_memory(limits.max_queued_bytes, limits.max_dumps);
-    let budget = Budget::new(pool_bytes);
-    let service = MapServiceImpl::new(ServiceParts {
-        catalog: Catalog::new(config.roots.clone(), config.allow_by_id),
-        keys: reloadable.keys.clone(),
-        policy: reloadable.policy.clone(),
-        slots: slots.clone(),
-        lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
-        pool: budget.clone(),
-        trimmer: Trimmer::default(),
-        dumps: DumpEnv {
-            stop: stopping.stop_dumps.subscribe(),
-            stats: stats.clone(),
-            stall_timeout: limits.stall_timeout,
-            limits: DumpLimits {
-                share,
-                pool: pool_bytes,
-                max_message_bytes: limits.max_message_bytes,
-            },
-            slots,
-            max_slot_hold: limits.max_slot_hold,
-        },
-        draining: stopping.draining.subscribe(),
-        metrics: metrics.clone(),
-    });
+    let core = Core::new(limits);
+    let service = core.service(config, &reloadable, &stopping);
     let reporter = HealthReporter::new();
     set_health(&reporter, ServingStatus::Serving).await;
     let mut tasks = Vec::new();
@@ -220,23 +260,16 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         Some(listen) => Some(serve_health(listen, &reporter, &stopping, &mut tasks).await?),
         None => None,
     };
-    let accept = AcceptConfig {
-        stall_timeout: limits.stall_timeout,
-        tls: reloadable.tls.clone(),
-        handshake_timeout: limits.handshake_timeout,
-        idle_timeout: limits.idle_timeout,
-        max_connections: limits.max_connections,
-        metrics: metrics.clone(),
-    };
+    let accept = core.accept(limits, reloadable.tls.clone());
     tasks.push(serve_main(
         listener,
         (service, limits, accept),
         &reporter,
         &stopping,
-        conns.clone(),
+        core.conns.clone(),
     )?);
     let metrics_addr = match config.metrics_listen {
-        Some(listen) => Some(serve_metrics(listen, &metrics, &stopping).await?),
+        Some(listen) => Some(serve_metrics(listen, &core.metrics, &stopping).await?),
         None => None,
     };
     tracing::info!(
@@ -250,17 +283,17 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         addr,
         health_addr,
         metrics_addr,
-        stats,
+        stats: core.stats,
         reloader: Reloader {
             policy: reloadable.policy,
             tls: reloadable.tls,
             keys: reloadable.keys,
             state_dir: config.state_dir.clone(),
-            metrics,
+            metrics: core.metrics,
         },
         watcher: None,
-        conns,
-        budget,
+        conns: core.conns,
+        budget: core.budget,
         grace: limits.shutdown_grace,
         draining: stopping.draining,
         stop_dumps: stopping.stop_dumps,

@@ -456,3 +456,206 @@ impl Drop for ActiveGuard {
         self.0.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The producer over a scripted map: the paths a real map will not take
+    //! on demand (a failure after some chunks, ENOSPC, a bucket past the
+    //! limit, a client that leaves or stops reading, shutdown). Real maps
+    //! are dumped in the `tests` crate.
+    use bpfmap_kernel::fake::{self, ScriptedMap};
+
+    use super::*;
+    use crate::{
+        dump::{CursorKey, Options},
+        model::Identity,
+    };
+
+    const MAP: &str = "t";
+
+    fn env(stall: Duration) -> (DumpEnv, watch::Sender<bool>) {
+        let (stop_tx, stop) = watch::channel(false);
+        let env = DumpEnv {
+            stop,
+            stats: Arc::default(),
+            stall_timeout: stall,
+            limits: DumpLimits {
+                share: 1 << 20,
+                pool: 1 << 20,
+                max_message_bytes: 4 << 20,
+            },
+            slots: Arc::new(DumpSlots::new(4, 4)),
+            max_slot_hold: Duration::from_secs(60),
+        };
+        (env, stop_tx)
+    }
+
+    /// Starts a packed dump of `script` with chunks of `chunk` entries.
+    fn start(
+        script: ScriptedMap,
+        chunk: u32,
+        limit: u64,
+        env: DumpEnv,
+    ) -> (Started, &'static ScriptedMap) {
+        let script: &'static ScriptedMap = Box::leak(Box::new(script));
+        let map = MapRef::Path(MAP.into());
+        let meta = fake::meta();
+        let sealer = Sealer::new(
+            CursorKey::from_bytes(b"k"),
+            &Identity::Anonymous,
+            &map,
+            &meta,
+        );
+        let options = Options {
+            layout: pb::Layout::Packed,
+            decoder: None,
+            chunk_hint: chunk,
+            limit,
+        };
+        let job = DumpJob::new(
+            map,
+            (script, meta),
+            Position::Start,
+            options,
+            sealer,
+            &env.limits,
+        )
+        .expect("job");
+        (spawn(job, Instant::now(), env), script)
+    }
+
+    /// Where a cursor of [`start`]'s dumps resumes.
+    fn position(cursor: &str) -> Position {
+        CursorKey::from_bytes(b"k")
+            .open(cursor, &Identity::Anonymous, &MapRef::Path(MAP.into()))
+            .expect("a cursor of this dump")
+            .resume(&fake::meta())
+            .expect("its position")
+    }
+
+    fn keys_of(msg: &pb::DumpMapResponse) -> Vec<u32> {
+        msg.packed.as_ref().map_or_else(Vec::new, |p| {
+            p.keys
+                .chunks(4)
+                .map(|k| u32::from_le_bytes(k.try_into().unwrap()))
+                .collect()
+        })
+    }
+
+    /// Every message until the producer is done, then its error if any.
+    async fn drain(mut started: Started) -> (Vec<pb::DumpMapResponse>, Option<Error>) {
+        let mut msgs = Vec::new();
+        while let Some((msg, _)) = started.rx.recv().await {
+            started.share.wake();
+            msgs.push(msg);
+        }
+        (msgs, started.tail.await.ok())
+    }
+
+    #[tokio::test]
+    async fn a_failure_after_some_chunks_comes_after_them_with_their_cursors() {
+        let script = ScriptedMap::default();
+        script.push(&[(1, 10), (2, 20)], 3, Ok(()));
+        // The next bucket holds 3: ENOSPC, then the walker retries with room.
+        script.push(&[], 3, Err(libc::ENOSPC));
+        script.push(&[(3, 30), (4, 40), (5, 50)], 6, Ok(()));
+        script.push(&[], 6, Err(libc::EIO));
+        let (env, _stop) = env(Duration::from_secs(5));
+        let stats = env.stats.clone();
+        let (started, script) = start(script, 2, 0, env);
+        let (msgs, err) = drain(started).await;
+        let keys: Vec<Vec<u32>> = msgs.iter().map(keys_of).collect();
+        assert_eq!(keys, [vec![1, 2], vec![3, 4, 5]]);
+        assert!(msgs.iter().all(|m| !m.cursor.is_empty() && !m.done));
+        assert_ne!(msgs[0].cursor, msgs[1].cursor);
+        match err {
+            Some(Error::Kernel { map, source }) => {
+                assert_eq!(map.to_string(), MAP);
+                assert_eq!(source.errno(), Some(libc::EIO));
+            }
+            other => panic!("expected the kernel's EIO, got {other:?}"),
+        }
+        assert_eq!(script.unused(), 0);
+        assert_eq!(stats.enospc.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.active.load(Ordering::SeqCst), 0, "the producer ended");
+    }
+
+    #[tokio::test]
+    async fn a_bucket_past_the_limit_ends_the_call_short_of_it() {
+        let script = ScriptedMap::default();
+        script.push(&[(1, 10), (2, 20)], 1, Ok(()));
+        // One entry left under the limit; the next bucket holds two.
+        script.push(&[], 1, Err(libc::ENOSPC));
+        let (env, _stop) = env(Duration::from_secs(5));
+        let (started, _) = start(script, 2, 3, env);
+        let (msgs, err) = drain(started).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(keys_of(&msgs[0]), [1, 2]);
+        let summary = msgs[1].summary.as_ref().expect("summary");
+        assert!(msgs[1].done);
+        assert_eq!(
+            (summary.entries, summary.chunks, summary.complete),
+            (2, 1, false)
+        );
+        assert_eq!(
+            position(&msgs[1].cursor),
+            position(&msgs[0].cursor),
+            "the next call starts at that bucket"
+        );
+        assert_eq!(
+            position(&msgs[0].cursor),
+            Position::After(1u32.to_le_bytes().into())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_leaves_costs_only_the_reads_under_way() {
+        let script = ScriptedMap::default();
+        for i in 0..50 {
+            script.push(&[(i, i)], i + 1, Ok(()));
+        }
+        let (env, _stop) = env(Duration::from_secs(5));
+        let (mut started, script) = start(script, 1, 0, env);
+        let (first, _) = started.rx.recv().await.expect("a chunk");
+        assert_eq!(keys_of(&first), [0]);
+        drop(started.rx);
+        assert!(started.tail.await.is_err(), "leaving is not an error");
+        let reads = script.calls().len();
+        assert!(
+            reads <= 1 + CHANNEL_DEPTH + 2,
+            "{reads} reads for a client that took one chunk"
+        );
+        assert_eq!(script.unused(), 50 - reads);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_stops_reading_is_cut_off_after_the_stall_timeout() {
+        let script = ScriptedMap::default();
+        for i in 0..50 {
+            script.push(&[(i, i)], i + 1, Ok(()));
+        }
+        let (env, _stop) = env(Duration::from_millis(200));
+        let stats = env.stats.clone();
+        let (started, _) = start(script, 1, 0, env);
+        let t = Instant::now();
+        match started.tail.await {
+            Ok(Error::Stalled { .. }) => {}
+            other => panic!("expected a stall, got {other:?}"),
+        }
+        assert!(t.elapsed() >= Duration::from_millis(200));
+        assert_eq!(stats.stalled.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stopping_server_reads_nothing() {
+        let script = ScriptedMap::default();
+        let (env, stop) = env(Duration::from_secs(5));
+        stop.send_replace(true);
+        let (started, script) = start(script, 1, 0, env);
+        let (msgs, err) = drain(started).await;
+        assert!(msgs.is_empty());
+        assert!(matches!(err, Some(Error::ShuttingDown)), "{err:?}");
+        assert!(script.calls().is_empty());
+    }
+}

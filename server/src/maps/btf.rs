@@ -1,46 +1,48 @@
 //! Map key and value types, from the map's BTF, as [`TypeInfo`] for clients.
 //!
 //! [`TypeCache::map_types`] reads the BTF object a map names
-//! ([`MapMeta::btf_id`]) from the kernel, parses it with `btf-rs`,
-//! [`describe`]s the key and value types and keeps the result. A
-//! description is self-contained: typedefs and modifiers are resolved (the
-//! outermost name is kept), pointers are not followed (only the name of
-//! what they point to is given).
+//! ([`MapMeta::btf_id`]) from the kernel, parses it with
+//! `bpfmap_kernel::btf`, [`describe`]s the key and value types and keeps
+//! the result. A description is self-contained: typedefs and modifiers are
+//! resolved (the outermost name is kept), pointers are not followed (only
+//! the name of what they point to is given).
 //!
 //! The BTF comes from whatever program created the map, so it is treated as
-//! hostile. The header's sections are checked against the data before
-//! `btf-rs` reads it, parsing and describing run under `catch_unwind` (the
-//! crate makes no promise about malformed input), and a description is
-//! bounded: at most [`MAX_DEPTH`] levels and [`MAX_NODES`] types and
-//! enumerators, a loop in the type graph that is not through a pointer is
-//! refused, and every member, bitfield and array is checked to lie within
-//! its parent's size, so a decoder can trust the offsets and sizes it is
-//! given.
+//! hostile. The parser checks every section and record against the data,
+//! and every type id and name offset when it is looked up (malformed input
+//! is an error, never a panic: nothing here runs under `catch_unwind`), and
+//! a description is bounded: at most [`MAX_DEPTH`] levels and
+//! [`MAX_NODES`] types and enumerators, a loop in the type graph that is
+//! not through a pointer is refused, and every member, bitfield and array
+//! is checked to lie within its parent's size, so a decoder can trust the
+//! offsets and sizes it is given.
 //!
-//! Limitation: `btf-rs` does not expose an integer's bit count and offset,
-//! which the bitfield encoding that predates `kind_flag` (structs with
-//! kind_flag 0) puts in the member's integer type. Such a bitfield is
-//! recognised by its offset (not byte-aligned, or too close to the next
-//! member for its type's size), and its width is taken as the distance to
-//! the next member (or the end of the struct), at most its type's size: it
-//! includes any padding bits that follow it. Current compilers and pahole
-//! set kind_flag on structs with bitfields.
+//! Bitfields are read as the kernel reads them. In a struct or union with
+//! `kind_flag` set (what current compilers and pahole write when there are
+//! bitfields), each member carries its width. In one without (the encoding
+//! that predates `kind_flag`), the width is in the member's integer type
+//! (`btf_int_check_member`): a member whose integer, through typedefs and
+//! modifiers, has fewer bits than its size holds or a bit offset of its own,
+//! or that starts off a byte boundary, is a bitfield of the integer's bits,
+//! at the member's offset plus the integer's; any other member (an enum
+//! among them) is a plain one.
 #![forbid(unsafe_code)]
 
 use std::{
     collections::HashMap,
     fmt,
-    panic::{AssertUnwindSafe, catch_unwind},
     sync::{Arc, Mutex, OnceLock},
 };
 
+use bpfmap_kernel::btf::{Btf, Int, Record, Type};
 use bpfmap_proto::v1::{
     ArrayType, BoolType, CharType, EnumType, Enumerator, FloatType, IntType, Member, OpaqueType,
     PointerType, RecordType, TypeInfo, type_info::Kind,
 };
-use btf_rs::{Btf, BtfType, Type};
 
 use bpfmap_kernel::{self as kernel, BtfInfo, MAX_BTF_SIZE, MapMeta, SysResult};
+
+use super::{KnownTypes, MapTypes};
 
 /// Deepest description: TypeInfo levels, the outermost type being level 1.
 /// Clients decode with prost's recursion limit of 100, and each level costs
@@ -101,15 +103,6 @@ fn invalid(id: u32, reason: impl Into<String>) -> DescribeError {
 
 /// Describes type `type_id` of `btf` (see the module documentation).
 pub fn describe(btf: &Btf, type_id: u32) -> Result<TypeInfo, DescribeError> {
-    catch_unwind(AssertUnwindSafe(|| describe_unguarded(btf, type_id))).unwrap_or_else(|_| {
-        Err(invalid(
-            type_id,
-            "could not be described: the BTF parser panicked",
-        ))
-    })
-}
-
-fn describe_unguarded(btf: &Btf, type_id: u32) -> Result<TypeInfo, DescribeError> {
     let mut d = Describer {
         btf,
         nodes: 0,
@@ -131,57 +124,14 @@ fn describe_unguarded(btf: &Btf, type_id: u32) -> Result<TypeInfo, DescribeError
 }
 
 /// Parses raw BTF, split on `base` when given (a kernel module's BTF on
-/// vmlinux), after checking that its header's sections lie within `raw`.
+/// vmlinux): at most [`MAX_BTF_SIZE`] bytes, in this host's byte order
+/// (the only one the kernel hands out), every section and record within
+/// the data.
 pub fn parse(raw: &[u8], base: Option<&Btf>) -> Result<Btf, String> {
-    catch_unwind(AssertUnwindSafe(|| parse_unguarded(raw, base)))
-        .unwrap_or_else(|_| Err("the BTF parser panicked".into()))
-}
-
-fn parse_unguarded(raw: &[u8], base: Option<&Btf>) -> Result<Btf, String> {
-    check_header(raw)?;
-    match base {
-        None => Btf::from_bytes(raw),
-        Some(base) => Btf::from_split_bytes(raw, base),
-    }
-    .map_err(|e| format!("invalid BTF: {e}"))
-}
-
-/// Checks that the header's sections lie within the data (which `btf-rs`
-/// finds out only when a read fails, with an obscure message) and that the
-/// data is in this host's byte order, the only one the kernel hands out.
-fn check_header(raw: &[u8]) -> Result<(), String> {
-    const HEADER: usize = 24;
     if raw.len() > MAX_BTF_SIZE {
         return Err(format!("BTF of {} bytes is too large", raw.len()));
     }
-    let Some(h) = raw.get(..HEADER) else {
-        return Err(format!(
-            "BTF of {} bytes is shorter than its header",
-            raw.len()
-        ));
-    };
-    let word = |at: usize| u64::from(u32::from_ne_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]));
-    if u16::from_ne_bytes([h[0], h[1]]) != 0xeb9f {
-        return Err("not BTF in this host's byte order (bad magic)".into());
-    }
-    if h[2] != 1 || h[3] != 0 {
-        return Err(format!(
-            "unsupported BTF version {} (flags {:#x})",
-            h[2], h[3]
-        ));
-    }
-    let (hdr_len, len) = (word(4), raw.len() as u64);
-    if hdr_len < HEADER as u64 || hdr_len > len {
-        return Err(format!("invalid BTF header length {hdr_len}"));
-    }
-    for (what, off, size) in [("type", word(8), word(12)), ("string", word(16), word(20))] {
-        if hdr_len + off + size > len {
-            return Err(format!(
-                "the BTF {what} section ({size} bytes at {off}) runs past the end of the data ({len} bytes)"
-            ));
-        }
-    }
-    Ok(())
+    Btf::parse(raw, base).map_err(|e| e.to_string())
 }
 
 /// A described type and how many values a decoder produces for it.
@@ -206,22 +156,19 @@ fn is_integral(kind: Option<&Kind>) -> bool {
     )
 }
 
-impl Describer<'_> {
-    fn type_by_id(&self, id: u32) -> Result<Type, DescribeError> {
+impl<'a> Describer<'a> {
+    fn type_by_id(&self, id: u32) -> Result<&'a Type, DescribeError> {
         self.btf
-            .resolve_type_by_id(id)
+            .get(id)
             .map_err(|_| invalid(id, "does not exist in its BTF object"))
     }
 
-    /// The name of `t` (type `id`, or one of its members), "" when it has
-    /// none.
-    fn name(&mut self, id: u32, t: &dyn BtfType) -> Result<String, DescribeError> {
-        if t.get_name_offset().is_none() {
-            return Ok(String::new());
-        }
-        let name = self
-            .btf
-            .resolve_name(t)
+    /// The name at `name_off` (of type `id`, or of one of its members or
+    /// enumerators), "" for offset 0 (no name).
+    fn name(&mut self, id: u32, name_off: u32) -> Result<String, DescribeError> {
+        let btf = self.btf;
+        let name = btf
+            .name(name_off)
             .map_err(|e| invalid(id, format!("has an invalid name: {e}")))?;
         if name.len() > MAX_NAME {
             return Err(invalid(
@@ -233,7 +180,7 @@ impl Describer<'_> {
         if self.name_bytes > MAX_NAME_BYTES {
             return Err(DescribeError::TooLarge(id));
         }
-        Ok(name)
+        Ok(name.to_owned())
     }
 
     fn count_node(&mut self, id: u32) -> Result<(), DescribeError> {
@@ -274,160 +221,8 @@ impl Describer<'_> {
     }
 
     fn describe_on_path(&mut self, id: u32, depth: usize) -> Result<Described, DescribeError> {
-        // Typedefs and modifiers: the first typedef met names the type.
-        let mut outer_name = None;
-        let mut id = id;
-        let mut chain = 0;
-        let ty = loop {
-            self.enter(id)?;
-            let ty = self.type_by_id(id)?;
-            let next = match &ty {
-                Type::Typedef(t) => {
-                    if outer_name.is_none() {
-                        outer_name = Some(self.name(id, t)?);
-                    }
-                    t.get_type_id()
-                }
-                Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) => t.get_type_id(),
-                Type::TypeTag(t) => t.get_type_id(),
-                _ => break ty,
-            };
-            chain += 1;
-            if chain > MAX_CHAIN {
-                return Err(invalid(
-                    id,
-                    format!("ends a run of more than {MAX_CHAIN} typedefs and modifiers"),
-                ));
-            }
-            id = next.ok_or_else(|| invalid(id, "refers to no type"))?;
-        };
-        let int_sizes = [1, 2, 4, 8, 16];
-        let (own_name, size, kind, values) = match &ty {
-            Type::Int(t) => {
-                let name = self.name(id, t)?;
-                let size = t.size();
-                if !int_sizes.contains(&size) {
-                    return Err(invalid(
-                        id,
-                        format!("({name}) is an integer of {size} bytes"),
-                    ));
-                }
-                let kind = if t.is_bool() {
-                    Kind::Bool(BoolType {})
-                } else if size == 1 && (t.is_char() || name == "char") {
-                    Kind::Char(CharType {
-                        signed: t.is_signed(),
-                    })
-                } else {
-                    Kind::Int(IntType {
-                        signed: t.is_signed(),
-                    })
-                };
-                (name, size as u32, kind, 1)
-            }
-            Type::Float(t) => {
-                let name = self.name(id, t)?;
-                let size = t.size();
-                let kind = if size == 4 || size == 8 {
-                    Kind::Float(FloatType {})
-                } else {
-                    Kind::Opaque(OpaqueType {
-                        reason: format!("{size}-byte floating-point type"),
-                    })
-                };
-                (name, size as u32, kind, 1)
-            }
-            Type::Enum(t) => {
-                let name = self.name(id, t)?;
-                let signed = t.is_signed();
-                let values = t.members.iter().map(|m| {
-                    let v = if signed {
-                        i64::from(m.val() as i32)
-                    } else {
-                        i64::from(m.val())
-                    };
-                    (m as &dyn BtfType, v)
-                });
-                let kind = self.enumeration(id, signed, t.members.len(), values)?;
-                (name, self.enum_size(id, t.size())?, kind, 1)
-            }
-            Type::Enum64(t) => {
-                let name = self.name(id, t)?;
-                let values = t
-                    .members
-                    .iter()
-                    .map(|m| (m as &dyn BtfType, m.val() as i64));
-                let kind = self.enumeration(id, t.is_signed(), t.members.len(), values)?;
-                (name, self.enum_size(id, t.size())?, kind, 1)
-            }
-            Type::Struct(t) => {
-                let name = self.name(id, t)?;
-                let (record, values) = self.record(id, &name, t, false, depth)?;
-                (name, t.size() as u32, Kind::Struct(record), values)
-            }
-            Type::Union(t) => {
-                let name = self.name(id, t)?;
-                let (record, values) = self.record(id, &name, t, true, depth)?;
-                (name, t.size() as u32, Kind::Union(record), values)
-            }
-            Type::Array(t) => {
-                let element_id = t
-                    .get_type_id()
-                    .ok_or_else(|| invalid(id, "is an array of no type"))?;
-                let element = self.describe(element_id, depth + 1)?;
-                let length = t.len() as u32;
-                let size = element.info.size.checked_mul(length).ok_or_else(|| {
-                    invalid(
-                        id,
-                        format!(
-                            "is an array of {length} elements of {} bytes: its size overflows",
-                            element.info.size
-                        ),
-                    )
-                })?;
-                let values = element
-                    .values
-                    .saturating_mul(u64::from(length))
-                    .saturating_add(1);
-                let kind = Kind::Array(Box::new(ArrayType {
-                    element: Some(Box::new(element.info)),
-                    length,
-                }));
-                (String::new(), size, kind, values)
-            }
-            Type::Ptr(t) => {
-                let target = match t.get_type_id() {
-                    Some(target) => self.pointee_name(target)?,
-                    None => "void".into(),
-                };
-                let size = std::mem::size_of::<*const u8>() as u32;
-                (
-                    String::new(),
-                    size,
-                    Kind::Pointer(PointerType { target }),
-                    1,
-                )
-            }
-            Type::Fwd(t) => {
-                let name = self.name(id, t)?;
-                let what = if t.is_union() { "union" } else { "struct" };
-                return Err(invalid(
-                    id,
-                    format!("is a forward declaration of {what} {name}: its size is unknown"),
-                ));
-            }
-            Type::Void => return Err(invalid(id, "is void, which has no size")),
-            other => {
-                let name = match other.as_btf_type() {
-                    Some(t) => self.name(id, t)?,
-                    None => String::new(),
-                };
-                return Err(invalid(
-                    id,
-                    format!("is a {} ({name:?}), not a data type", other.name()),
-                ));
-            }
-        };
+        let (id, ty, outer_name) = self.resolve_modifiers(id)?;
+        let (own_name, size, kind, values) = self.describe_kind(id, ty, depth)?;
         Ok(Described {
             info: TypeInfo {
                 name: outer_name.unwrap_or(own_name),
@@ -438,19 +233,176 @@ impl Describer<'_> {
         })
     }
 
-    fn enum_size(&self, id: u32, size: usize) -> Result<u32, DescribeError> {
+    /// Follows typedefs and modifiers from `id` to the type they name: its
+    /// id, the type, and the name of the first typedef met (which names
+    /// the type).
+    fn resolve_modifiers(
+        &mut self,
+        mut id: u32,
+    ) -> Result<(u32, &'a Type, Option<String>), DescribeError> {
+        let mut outer_name = None;
+        let mut chain = 0;
+        loop {
+            self.enter(id)?;
+            let ty = self.type_by_id(id)?;
+            let next = match ty {
+                Type::Typedef(t) => {
+                    if outer_name.is_none() {
+                        outer_name = Some(self.name(id, t.name_off)?);
+                    }
+                    t.type_id
+                }
+                Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) | Type::TypeTag(t) => {
+                    t.type_id
+                }
+                _ => return Ok((id, ty, outer_name)),
+            };
+            chain += 1;
+            if chain > MAX_CHAIN {
+                return Err(invalid(
+                    id,
+                    format!("ends a run of more than {MAX_CHAIN} typedefs and modifiers"),
+                ));
+            }
+            id = next;
+        }
+    }
+
+    /// A data type's own name, size, kind and decoded values.
+    fn describe_kind(
+        &mut self,
+        id: u32,
+        ty: &'a Type,
+        depth: usize,
+    ) -> Result<(String, u32, Kind, u64), DescribeError> {
+        Ok(match ty {
+            Type::Int(t) => self.int(id, t)?,
+            Type::Float(t) => {
+                let name = self.name(id, t.name_off)?;
+                let size = t.size;
+                let kind = if size == 4 || size == 8 {
+                    Kind::Float(FloatType {})
+                } else {
+                    Kind::Opaque(OpaqueType {
+                        reason: format!("{size}-byte floating-point type"),
+                    })
+                };
+                (name, size, kind, 1)
+            }
+            Type::Enum(t) => {
+                let name = self.name(id, t.name_off)?;
+                let values = t.values.iter().map(|v| (v.name_off, t.value(v)));
+                let kind = self.enumeration(id, t.signed, t.values.len(), values)?;
+                (name, self.enum_size(id, t.size)?, kind, 1)
+            }
+            Type::Enum64(t) => {
+                let name = self.name(id, t.name_off)?;
+                let values = t.values.iter().map(|v| (v.name_off, v.val as i64));
+                let kind = self.enumeration(id, t.signed, t.values.len(), values)?;
+                (name, self.enum_size(id, t.size)?, kind, 1)
+            }
+            Type::Struct(t) | Type::Union(t) => {
+                let union = matches!(ty, Type::Union(_));
+                let name = self.name(id, t.name_off)?;
+                let (record, values) = self.record(id, &name, t, union, depth)?;
+                let kind = if union {
+                    Kind::Union(record)
+                } else {
+                    Kind::Struct(record)
+                };
+                (name, t.size, kind, values)
+            }
+            Type::Array(t) => self.array(id, t, depth)?,
+            Type::Ptr(t) => {
+                let target = self.pointee_name(t.type_id)?;
+                let size = std::mem::size_of::<*const u8>() as u32;
+                let kind = Kind::Pointer(PointerType { target });
+                (String::new(), size, kind, 1)
+            }
+            Type::Fwd(t) => {
+                let name = self.name(id, t.name_off)?;
+                let what = if t.is_union { "union" } else { "struct" };
+                return Err(invalid(
+                    id,
+                    format!("is a forward declaration of {what} {name}: its size is unknown"),
+                ));
+            }
+            Type::Void => return Err(invalid(id, "is void, which has no size")),
+            other => {
+                let name = self.name(id, other.name_off())?;
+                return Err(invalid(
+                    id,
+                    format!("is a {} ({name:?}), not a data type", other.kind_name()),
+                ));
+            }
+        })
+    }
+
+    fn int(&mut self, id: u32, t: &Int) -> Result<(String, u32, Kind, u64), DescribeError> {
+        let name = self.name(id, t.name_off)?;
+        let size = t.size;
+        if ![1, 2, 4, 8, 16].contains(&size) {
+            return Err(invalid(
+                id,
+                format!("({name}) is an integer of {size} bytes"),
+            ));
+        }
+        let kind = if t.is_bool() {
+            Kind::Bool(BoolType {})
+        } else if size == 1 && (t.is_char() || name == "char") {
+            Kind::Char(CharType {
+                signed: t.is_signed(),
+            })
+        } else {
+            Kind::Int(IntType {
+                signed: t.is_signed(),
+            })
+        };
+        Ok((name, size, kind, 1))
+    }
+
+    fn array(
+        &mut self,
+        id: u32,
+        t: &bpfmap_kernel::btf::Array,
+        depth: usize,
+    ) -> Result<(String, u32, Kind, u64), DescribeError> {
+        let element = self.describe(t.elem_type, depth + 1)?;
+        let length = t.len;
+        let size = element.info.size.checked_mul(length).ok_or_else(|| {
+            invalid(
+                id,
+                format!(
+                    "is an array of {length} elements of {} bytes: its size overflows",
+                    element.info.size
+                ),
+            )
+        })?;
+        let values = element
+            .values
+            .saturating_mul(u64::from(length))
+            .saturating_add(1);
+        let kind = Kind::Array(Box::new(ArrayType {
+            element: Some(Box::new(element.info)),
+            length,
+        }));
+        Ok((String::new(), size, kind, values))
+    }
+
+    fn enum_size(&self, id: u32, size: u32) -> Result<u32, DescribeError> {
         match size {
-            1 | 2 | 4 | 8 => Ok(size as u32),
+            1 | 2 | 4 | 8 => Ok(size),
             _ => Err(invalid(id, format!("is an enum of {size} bytes"))),
         }
     }
 
-    fn enumeration<'t>(
+    /// An enum of `count` enumerators, as (name offset, value).
+    fn enumeration(
         &mut self,
         id: u32,
         signed: bool,
         count: usize,
-        values: impl Iterator<Item = (&'t dyn BtfType, i64)>,
+        values: impl Iterator<Item = (u32, i64)>,
     ) -> Result<Kind, DescribeError> {
         if count > MAX_ENUMERATORS {
             return Err(invalid(
@@ -459,10 +411,10 @@ impl Describer<'_> {
             ));
         }
         let mut enumerators = Vec::with_capacity(count);
-        for (e, value) in values {
+        for (name_off, value) in values {
             self.count_node(id)?;
             enumerators.push(Enumerator {
-                name: self.name(id, e)?,
+                name: self.name(id, name_off)?,
                 value,
             });
         }
@@ -476,12 +428,11 @@ impl Describer<'_> {
         &mut self,
         id: u32,
         name: &str,
-        t: &btf_rs::Struct,
+        t: &Record,
         union: bool,
         depth: usize,
     ) -> Result<(RecordType, u64), DescribeError> {
         let what = if union { "union" } else { "struct" };
-        let size_bits = t.size() as u64 * 8;
         if t.members.len() > MAX_MEMBERS {
             return Err(invalid(
                 id,
@@ -493,80 +444,129 @@ impl Describer<'_> {
         }
         let mut members = Vec::with_capacity(t.members.len());
         let mut values: u64 = 1;
-        for (i, m) in t.members.iter().enumerate() {
-            let member_name = self.name(id, m)?;
-            let type_id = m
-                .get_type_id()
-                .ok_or_else(|| invalid(id, format!("member {member_name} has no type")))?;
-            let ty = self.describe(type_id, depth + 1)?;
-            let bit_offset = m.bit_offset();
-            let type_bits = u64::from(ty.info.size) * 8;
-            let bitfield_size = match m.bitfield_size() {
-                Some(bits) => bits,
-                None if !union && is_integral(ty.info.kind.as_ref()) => {
-                    // kind_flag 0: a bitfield shows only through its offset.
-                    let next = t.members[i + 1..]
-                        .iter()
-                        .map(|n| u64::from(n.bit_offset()))
-                        .find(|&o| o > u64::from(bit_offset))
-                        .unwrap_or(size_bits);
-                    let room = next.saturating_sub(u64::from(bit_offset));
-                    if bit_offset % 8 != 0 || room < type_bits {
-                        room.min(type_bits).min(64) as u32
-                    } else {
-                        0
-                    }
-                }
-                None => 0,
-            };
-            let end = if bitfield_size == 0 {
-                if bit_offset % 8 != 0 {
-                    return Err(invalid(
-                        id,
-                        format!(
-                            "({what} {name}): member {member_name:?} at bit {bit_offset} is not byte-aligned"
-                        ),
-                    ));
-                }
-                u64::from(bit_offset) + type_bits
-            } else {
-                if !is_integral(ty.info.kind.as_ref()) {
-                    return Err(invalid(
-                        id,
-                        format!(
-                            "({what} {name}): bitfield {member_name:?} is not of an integer or enum type"
-                        ),
-                    ));
-                }
-                if bitfield_size > 64 || u64::from(bitfield_size) > type_bits {
-                    return Err(invalid(
-                        id,
-                        format!(
-                            "({what} {name}): bitfield {member_name:?} of {bitfield_size} bits does not fit its {}-byte type",
-                            ty.info.size
-                        ),
-                    ));
-                }
-                u64::from(bit_offset) + u64::from(bitfield_size)
-            };
-            if end > size_bits {
+        let record = RecordAt { id, what, name, t };
+        for m in &t.members {
+            let (member, member_values) = self.member(&record, m, depth)?;
+            values = values.saturating_add(member_values);
+            members.push(member);
+        }
+        Ok((RecordType { members }, values))
+    }
+
+    /// One member of a record, placed and checked to lie within it.
+    fn member(
+        &mut self,
+        r: &RecordAt<'_>,
+        m: &bpfmap_kernel::btf::Member,
+        depth: usize,
+    ) -> Result<(Member, u64), DescribeError> {
+        let (id, what, name) = (r.id, r.what, r.name);
+        let member_name = self.name(id, m.name_off)?;
+        let ty = self.describe(m.type_id, depth + 1)?;
+        let type_bits = u64::from(ty.info.size) * 8;
+        let (bit_offset, bitfield_size) = self.member_bits(r, m, &member_name)?;
+        let end = if bitfield_size == 0 {
+            if bit_offset % 8 != 0 {
                 return Err(invalid(
                     id,
                     format!(
-                        "({what} {name}): member {member_name:?} (bits {bit_offset}..{end}) lies outside the {what}'s {} bytes",
-                        t.size()
+                        "({what} {name}): member {member_name:?} at bit {bit_offset} is not byte-aligned"
                     ),
                 ));
             }
-            values = values.saturating_add(ty.values);
-            members.push(Member {
-                name: member_name,
-                bit_offset,
-                bitfield_size,
-                r#type: Some(ty.info),
-            });
+            u64::from(bit_offset) + type_bits
+        } else {
+            if !is_integral(ty.info.kind.as_ref()) {
+                return Err(invalid(
+                    id,
+                    format!(
+                        "({what} {name}): bitfield {member_name:?} is not of an integer or enum type"
+                    ),
+                ));
+            }
+            if bitfield_size > 64 || u64::from(bitfield_size) > type_bits {
+                return Err(invalid(
+                    id,
+                    format!(
+                        "({what} {name}): bitfield {member_name:?} of {bitfield_size} bits does not fit its {}-byte type",
+                        ty.info.size
+                    ),
+                ));
+            }
+            u64::from(bit_offset) + u64::from(bitfield_size)
+        };
+        if end > u64::from(r.t.size) * 8 {
+            return Err(invalid(
+                id,
+                format!(
+                    "({what} {name}): member {member_name:?} (bits {bit_offset}..{end}) lies outside the {what}'s {} bytes",
+                    r.t.size
+                ),
+            ));
         }
-        Ok((RecordType { members }, values))
+        let member = Member {
+            name: member_name,
+            bit_offset,
+            bitfield_size,
+            r#type: Some(ty.info),
+        };
+        Ok((member, ty.values))
+    }
+
+    /// A member's bit offset and bitfield width (0: not a bitfield). With
+    /// kind_flag 0, a bitfield shows through its integer type: the width is
+    /// the integer's, which may start a few bits in (the kernel's
+    /// btf_int_check_member).
+    fn member_bits(
+        &self,
+        r: &RecordAt<'_>,
+        m: &bpfmap_kernel::btf::Member,
+        member_name: &str,
+    ) -> Result<(u32, u32), DescribeError> {
+        let legacy = if r.t.kind_flag {
+            None
+        } else {
+            self.int_of(m.type_id)
+                .filter(|int| !int.is_whole() || m.bit_offset % 8 != 0)
+        };
+        let Some(int) = legacy else {
+            return Ok((m.bit_offset, m.bitfield_size));
+        };
+        let (id, what, name) = (r.id, r.what, r.name);
+        if int.bits == 0 {
+            return Err(invalid(
+                id,
+                format!("({what} {name}): member {member_name:?} is of an integer type of 0 bits"),
+            ));
+        }
+        let offset = m
+            .bit_offset
+            .checked_add(u32::from(int.bit_offset))
+            .ok_or_else(|| {
+                invalid(
+                    id,
+                    format!(
+                        "({what} {name}): member {member_name:?} lies past bit {}",
+                        u32::MAX
+                    ),
+                )
+            })?;
+        Ok((offset, u32::from(int.bits)))
+    }
+
+    fn int_of(&self, mut id: u32) -> Option<&'a Int> {
+        for _ in 0..=MAX_CHAIN {
+            match self.btf.get(id).ok()? {
+                Type::Int(int) => return Some(int),
+                Type::Typedef(t)
+                | Type::Const(t)
+                | Type::Volatile(t)
+                | Type::Restrict(t)
+                | Type::TypeTag(t) => id = t.type_id,
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// How a pointer's target is named: the first name met through
@@ -586,28 +586,18 @@ impl Describer<'_> {
                 Type::Void => return Ok(spell("void", &stars, &suffix)),
                 Type::Ptr(t) => {
                     stars.push('*');
-                    match t.get_type_id() {
-                        Some(next) => next,
-                        None => return Ok(spell("void", &stars, &suffix)),
-                    }
+                    t.type_id
                 }
                 Type::Array(t) => {
-                    suffix = format!("[{}]{suffix}", t.len());
-                    t.get_type_id()
-                        .ok_or_else(|| invalid(id, "is an array of no type"))?
+                    suffix = format!("[{}]{suffix}", t.len);
+                    t.elem_type
                 }
-                Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) => t
-                    .get_type_id()
-                    .ok_or_else(|| invalid(id, "refers to no type"))?,
-                Type::TypeTag(t) => t
-                    .get_type_id()
-                    .ok_or_else(|| invalid(id, "refers to no type"))?,
+                Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) | Type::TypeTag(t) => {
+                    t.type_id
+                }
                 Type::FuncProto(_) => return Ok(spell("function", &stars, &suffix)),
                 other => {
-                    let name = match other.as_btf_type() {
-                        Some(t) => self.name(id, t)?,
-                        None => String::new(),
-                    };
+                    let name = self.name(id, other.name_off())?;
                     return Ok(spell(&name, &stars, &suffix));
                 }
             };
@@ -620,52 +610,21 @@ impl Describer<'_> {
     }
 }
 
+/// A record being described: its type id, kind ("struct" or "union"),
+/// name and BTF.
+struct RecordAt<'r> {
+    id: u32,
+    what: &'static str,
+    name: &'r str,
+    t: &'r Record,
+}
+
 fn spell(name: &str, stars: &str, suffix: &str) -> String {
     match (stars.is_empty(), suffix.is_empty()) {
         (true, true) => name.to_owned(),
         (false, true) => format!("{name} {stars}"),
         (true, false) => format!("{name}{suffix}"),
         (false, false) => format!("{name} ({stars}){suffix}"),
-    }
-}
-
-/// The key and value types of a map.
-#[derive(Debug, Clone, PartialEq)]
-pub struct KeyValueTypes {
-    /// The key type; `None` for maps without keys (bloom filter, and the
-    /// keyless BTF of global data sections).
-    pub key: Option<TypeInfo>,
-    /// The value type (one CPU's value for per-CPU maps).
-    pub value: TypeInfo,
-}
-
-/// What is known of a map's types; cheap to clone.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MapTypes {
-    /// The map has no BTF.
-    None,
-    /// The key and value types, checked against the map's sizes.
-    Typed(Arc<KeyValueTypes>),
-    /// The map has BTF but its types cannot be given: why (for
-    /// `MapInfo.types_unavailable`).
-    Unavailable(Arc<str>),
-}
-
-impl MapTypes {
-    /// The types, when known.
-    pub fn types(&self) -> Option<&KeyValueTypes> {
-        match self {
-            Self::Typed(t) => Some(t),
-            _ => None,
-        }
-    }
-
-    /// Why the types are unavailable, when they are.
-    pub fn unavailable(&self) -> Option<&str> {
-        match self {
-            Self::Unavailable(why) => Some(why),
-            _ => None,
-        }
     }
 }
 
@@ -684,14 +643,14 @@ const CACHED_DESCRIPTIONS: usize = 1024;
 
 type Shared<T> = Result<Arc<T>, Arc<str>>;
 
-struct Slot<T> {
+struct LruEntry<T> {
     value: T,
     last_used: u64,
 }
 
 /// A small map that forgets its least recently used entries.
 struct Lru<K, V> {
-    entries: HashMap<K, Slot<V>>,
+    entries: HashMap<K, LruEntry<V>>,
     tick: u64,
 }
 
@@ -714,7 +673,7 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> Lru<K, V> {
         self.tick += 1;
         self.entries.insert(
             key,
-            Slot {
+            LruEntry {
                 value,
                 last_used: self.tick,
             },
@@ -722,7 +681,7 @@ impl<K: std::hash::Hash + Eq + Copy, V: Clone> Lru<K, V> {
     }
 
     /// Forgets the least recently used entries while `over` says so.
-    fn evict_while(&mut self, mut over: impl FnMut(&HashMap<K, Slot<V>>) -> bool) {
+    fn evict_while(&mut self, mut over: impl FnMut(&HashMap<K, LruEntry<V>>) -> bool) {
         while over(&self.entries) {
             let Some(oldest) = self
                 .entries
@@ -741,7 +700,7 @@ struct Cached {
     /// Parsed BTF objects by kernel id, with their raw size.
     objects: Lru<u32, (Shared<Btf>, usize)>,
     /// Descriptions by (BTF object id, key type id, value type id).
-    descriptions: Lru<(u32, u32, u32), Shared<KeyValueTypes>>,
+    descriptions: Lru<(u32, u32, u32), Shared<MapTypes>>,
 }
 
 /// The types of maps, from their BTF, cached by BTF object.
@@ -820,19 +779,19 @@ impl TypeCache {
 
     /// The key and value types of the map `meta` describes, checked against
     /// its key and value sizes.
-    pub fn map_types(&self, meta: &MapMeta) -> MapTypes {
+    pub fn map_types(&self, meta: &MapMeta) -> KnownTypes {
         if meta.btf_id == 0 {
-            return MapTypes::None;
+            return KnownTypes::None;
         }
         let (key_id, value_id) = (meta.btf_key_type_id, meta.btf_value_type_id);
         if value_id == 0 {
-            return MapTypes::Unavailable(
+            return KnownTypes::Unavailable(
                 "the map's BTF gives no value type (the map was declared by sizes)".into(),
             );
         }
         let types = match self.describe_map(meta.btf_id, key_id, value_id) {
             Ok(types) => types,
-            Err(why) => return MapTypes::Unavailable(why),
+            Err(why) => return KnownTypes::Unavailable(why),
         };
         let mismatch = |what: &str, t: &TypeInfo, expected: u32| {
             let name = if t.name.is_empty() {
@@ -840,7 +799,7 @@ impl TypeCache {
             } else {
                 format!(" {}", t.name)
             };
-            MapTypes::Unavailable(
+            KnownTypes::Unavailable(
                 format!(
                     "the {what} type{name} is {} bytes but the map's {what}s are {expected} bytes",
                     t.size
@@ -856,10 +815,10 @@ impl TypeCache {
         if types.value.size != meta.value_size {
             return mismatch("value", &types.value, meta.value_size);
         }
-        MapTypes::Typed(types)
+        KnownTypes::Typed(types)
     }
 
-    fn describe_map(&self, btf_id: u32, key_id: u32, value_id: u32) -> Shared<KeyValueTypes> {
+    fn describe_map(&self, btf_id: u32, key_id: u32, value_id: u32) -> Shared<MapTypes> {
         let slot = (btf_id, key_id, value_id);
         if let Some(known) = self.lock().descriptions.get(&slot) {
             return known;
@@ -877,7 +836,7 @@ impl TypeCache {
                 id => Some(one("key", id)?),
             };
             let value = one("value", value_id)?;
-            Ok(Arc::new(KeyValueTypes { key, value }))
+            MapTypes::new(key, value).map(Arc::new).map_err(Arc::from)
         });
         let mut cached = self.lock();
         cached.descriptions.insert(slot, described.clone());
@@ -1391,9 +1350,9 @@ mod tests {
         .unwrap_or_else(|e| panic!("cannot create a typed {map_type} map: {e}"))
     }
 
-    fn typed(types: MapTypes) -> Arc<KeyValueTypes> {
+    fn typed(types: KnownTypes) -> Arc<MapTypes> {
         match types {
-            MapTypes::Typed(t) => t,
+            KnownTypes::Typed(t) => t,
             other => panic!("expected types, got {other:?}"),
         }
     }
@@ -1422,7 +1381,7 @@ mod tests {
     }
 
     #[test]
-    fn legacy_bitfields_take_their_width_from_the_next_member() {
+    fn legacy_bitfields_take_their_width_from_their_integer_type() {
         let mut b = BtfBuilder::new();
         let u32_ = b.add_int("unsigned int", 4, Unsigned);
         let three = b.add_int_bits("unsigned int", 4, Unsigned, 0, 3);
@@ -1447,8 +1406,7 @@ mod tests {
                 8,
                 vec![
                     bf("a", 0, 3, uint()),
-                    // 5 bits in fact: the padding up to c is included.
-                    bf("b", 3, 29, uint()),
+                    bf("b", 3, 5, uint()),
                     m("c", 32, uint()),
                 ],
             ),
@@ -1514,9 +1472,9 @@ mod tests {
         )
     }
 
-    fn unavailable(types: MapTypes) -> String {
+    fn unavailable(types: KnownTypes) -> String {
         match types {
-            MapTypes::Unavailable(why) => why.to_string(),
+            KnownTypes::Unavailable(why) => why.to_string(),
             other => panic!("expected a reason, got {other:?}"),
         }
     }
@@ -1525,7 +1483,10 @@ mod tests {
     fn map_types_say_why_they_are_missing() {
         let rich = rich_btf();
         let (cache, reads) = fake_cache(rich.raw.clone(), false, None);
-        assert_eq!(cache.map_types(&meta(0, (8, 272), (0, 0))), MapTypes::None);
+        assert!(matches!(
+            cache.map_types(&meta(0, (8, 272), (0, 0))),
+            KnownTypes::None
+        ));
         let why = unavailable(cache.map_types(&meta(7, (8, 272), (0, 0))));
         assert!(why.contains("no value type"), "{why}");
         assert_eq!(
@@ -1838,7 +1799,7 @@ mod tests {
         let mut lying = raw.clone();
         // str_len past the end.
         lying[20..24].copy_from_slice(&(u32::MAX / 2).to_ne_bytes());
-        let e = parse(&lying, None).err().expect("refused");
+        let e = parse(&lying, None).expect_err("refused");
         assert!(e.contains("string section"), "{e}");
         let mut lying = raw.clone();
         lying[4..8].copy_from_slice(&4u32.to_ne_bytes());
@@ -1856,14 +1817,14 @@ mod tests {
         );
     }
 
-    /// Parses and describes every type id of `raw`, outside `catch_unwind`
-    /// so that a panic in btf-rs or here fails the test.
+    /// Parses and describes every type id of `raw`: a panic in the parser
+    /// or here fails the test.
     fn describe_everything(raw: &[u8]) {
-        let Ok(btf) = parse_unguarded(raw, None) else {
+        let Ok(btf) = parse(raw, None) else {
             return;
         };
         for id in 0..200 {
-            let _ = describe_unguarded(&btf, id);
+            let _ = describe(&btf, id);
         }
     }
 
@@ -1923,9 +1884,75 @@ mod tests {
     }
 
     #[test]
+    fn legacy_bitfields_are_read_as_the_kernel_reads_them() {
+        let mut b = BtfBuilder::new();
+        let u8_ = b.add_int("unsigned char", 1, Unsigned);
+        let u32_ = b.add_int("unsigned int", 4, Unsigned);
+        // Six bits, four bits into the integer's bytes.
+        let shifted = b.add_int_bits("unsigned int", 4, Unsigned, 4, 6);
+        let two = b.add_int_bits("unsigned char", 1, Unsigned, 0, 2);
+        let two_t = b.add_typedef("two_t", two);
+        let c_two = b.add_const(two_t);
+        let s = b.add_struct(
+            "legacy",
+            8,
+            &[
+                BtfMember::new("a", shifted, 0),
+                BtfMember::new("b", c_two, 16),
+                // A whole integer off a byte boundary: a bitfield of its bits.
+                BtfMember::new("c", u8_, 19),
+                BtfMember::new("d", u32_, 32),
+            ],
+        );
+        assert_same(
+            &describe_raw(&b, s).unwrap(),
+            &record(
+                "legacy",
+                8,
+                vec![
+                    bf("a", 4, 6, int("unsigned int", 4, false)),
+                    bf("b", 16, 2, int("two_t", 1, false)),
+                    bf("c", 19, 8, int("unsigned char", 1, false)),
+                    m("d", 32, int("unsigned int", 4, false)),
+                ],
+            ),
+        );
+        // In a union too.
+        let u = b.add_union("u", 4, &[BtfMember::new("x", shifted, 0)]);
+        assert_eq!(
+            describe_raw(&b, u).unwrap(),
+            union("u", 4, vec![bf("x", 4, 6, int("unsigned int", 4, false))])
+        );
+
+        let refused = |b: &BtfBuilder, id: u32, needle: &str| {
+            let e = describe_raw(b, id).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e} (wanted {needle:?})");
+        };
+        // Enums are never bitfields without kind_flag (as in the kernel).
+        let e = b.add_enum("e", 4, false, &[("A", 1)]);
+        let s = b.add_struct("s", 8, &[BtfMember::new("e", e, 3)]);
+        refused(&b, s, "member \"e\" at bit 3 is not byte-aligned");
+        // Bits past the struct, wider than the type, or none.
+        let s = b.add_struct("s", 4, &[BtfMember::new("a", shifted, 24)]);
+        refused(&b, s, "(bits 28..34) lies outside the struct's 4 bytes");
+        let wide = b.add_int_bits("unsigned int", 4, Unsigned, 0, 40);
+        let s = b.add_struct("s", 8, &[BtfMember::new("w", wide, 0)]);
+        refused(
+            &b,
+            s,
+            "bitfield \"w\" of 40 bits does not fit its 4-byte type",
+        );
+        let none = b.add_int_bits("unsigned int", 4, Unsigned, 0, 0);
+        let s = b.add_struct("s", 8, &[BtfMember::new("z", none, 0)]);
+        refused(&b, s, "of an integer type of 0 bits");
+        let s = b.add_struct("s", 8, &[BtfMember::new("far", shifted, u32::MAX - 1)]);
+        refused(&b, s, "lies past bit 4294967295");
+    }
+
+    #[test]
     fn the_cache_can_be_shared_between_threads() {
         fn shared<T: Send + Sync>() {}
         shared::<TypeCache>();
-        shared::<MapTypes>();
+        shared::<KnownTypes>();
     }
 }

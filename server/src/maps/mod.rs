@@ -7,6 +7,8 @@ mod catalog;
 mod demo;
 mod types;
 
+pub(crate) use btf::TypeCache;
 pub(crate) use catalog::{Catalog, Resolved};
 pub use demo::{Demo, flow_key, flow_value, typed_flows};
-pub(crate) use types::{Decoder, TypeCache, Types};
+pub(crate) use types::Decoder;
+pub(crate) use types::{KnownTypes, MapTypes};

@@ -1,6 +1,7 @@
-//! Typed maps in the service: a map's types as checked layouts, and the
-//! decoding a dump or a lookup asked for (the rules themselves are
-//! `bpfmap_proto::typed`, shared with the client).
+//! Typed maps: a map's key and value types ([`MapTypes`], read from BTF by
+//! [`TypeCache`](super::TypeCache)), what is known of them
+//! ([`KnownTypes`]), and the decoding a dump or a lookup asked for (the
+//! rules themselves are `bpfmap_proto::typed`, shared with the client).
 
 use std::sync::Arc;
 
@@ -13,49 +14,39 @@ use bpfmap_kernel::MapMeta;
 
 use crate::{error::Error, model::MapRef};
 
-/// A map's key and value types, described and checked.
+/// A map's key and value types: their descriptions (as MapInfo carries
+/// them) and the layouts that decode and encode them, checked against each
+/// other.
 #[derive(Debug)]
-pub(crate) struct TypedMap {
-    /// As sent in MapInfo; `None` for maps without keys (bloom filter).
-    pub(crate) key: Option<pb::TypeInfo>,
-    /// As sent in MapInfo (one CPU's value for per-CPU maps).
-    pub(crate) value: pb::TypeInfo,
+pub struct MapTypes {
+    /// The key type; `None` for maps without keys (bloom filter, and the
+    /// keyless BTF of global data sections).
+    pub key: Option<pb::TypeInfo>,
+    /// The value type (one CPU's value for per-CPU maps).
+    pub value: pb::TypeInfo,
     /// Ready to decode and encode keys.
     pub(crate) key_layout: Option<Layout>,
     /// Ready to decode values.
     pub(crate) value_layout: Layout,
 }
 
-impl TypedMap {
-    /// Checks the descriptions against each other and against the map's
-    /// sizes; the error is the reason shown in MapInfo.types_unavailable.
-    pub(crate) fn new(
-        meta: &MapMeta,
-        key: Option<pb::TypeInfo>,
-        value: pb::TypeInfo,
-    ) -> Result<Self, String> {
+impl PartialEq for MapTypes {
+    fn eq(&self, other: &Self) -> bool {
+        // The layouts follow from the descriptions.
+        self.key == other.key && self.value == other.value
+    }
+}
+
+impl MapTypes {
+    /// Builds the layouts of `key` and `value`; the error is the reason
+    /// shown in MapInfo.types_unavailable.
+    pub(crate) fn new(key: Option<pb::TypeInfo>, value: pb::TypeInfo) -> Result<Self, String> {
         let key_layout = key
             .as_ref()
             .map(|k| Layout::new(k, "key"))
             .transpose()
             .map_err(|e| e.to_string())?;
         let value_layout = Layout::new(&value, "value").map_err(|e| e.to_string())?;
-        if let Some(k) = &key_layout
-            && k.size() != meta.key_size as usize
-        {
-            return Err(format!(
-                "the key type is {} bytes, the map's keys {}",
-                k.size(),
-                meta.key_size
-            ));
-        }
-        if value_layout.size() != meta.value_size as usize {
-            return Err(format!(
-                "the value type is {} bytes, the map's values {}",
-                value_layout.size(),
-                meta.value_size
-            ));
-        }
         Ok(Self {
             key,
             value,
@@ -65,72 +56,59 @@ impl TypedMap {
     }
 }
 
-/// A map's types, read from the kernel's BTF (cached by BTF object) and
-/// checked.
-#[derive(Debug, Default)]
-pub(crate) struct TypeCache {
-    cache: super::btf::TypeCache,
-}
-
-impl TypeCache {
-    /// The types of the map `meta` describes. Blocks (syscalls, parsing)
-    /// the first time a BTF object is seen.
-    pub(crate) fn get(&self, meta: &MapMeta) -> Types {
-        use super::btf::MapTypes;
-        match self.cache.map_types(meta) {
-            MapTypes::None => Types::None,
-            MapTypes::Unavailable(why) => Types::Unavailable(why),
-            MapTypes::Typed(kv) => match TypedMap::new(meta, kv.key.clone(), kv.value.clone()) {
-                Ok(t) => Types::Typed(Arc::new(t)),
-                Err(why) => Types::Unavailable(why.into()),
-            },
-        }
-    }
-}
-
-/// What the service knows of a map's types.
+/// What is known of a map's types; cheap to clone.
 #[derive(Debug, Clone)]
-pub(crate) enum Types {
+pub enum KnownTypes {
     /// The map carries no BTF.
     None,
-    /// Its key and value types.
-    Typed(Arc<TypedMap>),
-    /// It carries BTF the server cannot use; why.
+    /// Its key and value types, checked against the map's sizes.
+    Typed(Arc<MapTypes>),
+    /// It carries BTF the server cannot use: why (for
+    /// `MapInfo.types_unavailable`).
     Unavailable(Arc<str>),
 }
 
-impl Types {
-    /// Fills MapInfo's type fields.
-    pub(crate) fn fill(&self, info: &mut pb::MapInfo) {
+impl KnownTypes {
+    /// The types, when known.
+    pub fn types(&self) -> Option<&Arc<MapTypes>> {
         match self {
-            Types::None => {}
-            Types::Typed(t) => {
-                info.key_type = t.key.clone();
-                info.value_type = Some(t.value.clone());
-            }
-            Types::Unavailable(why) => info.types_unavailable = why.to_string(),
+            Self::Typed(t) => Some(t),
+            _ => None,
         }
     }
 
-    fn typed(&self) -> Option<&Arc<TypedMap>> {
+    /// Why the types are unavailable, when they are.
+    pub fn unavailable(&self) -> Option<&str> {
         match self {
-            Types::Typed(t) => Some(t),
+            Self::Unavailable(why) => Some(why),
             _ => None,
+        }
+    }
+
+    /// Fills MapInfo's type fields.
+    pub(crate) fn fill(&self, info: &mut pb::MapInfo) {
+        match self {
+            Self::None => {}
+            Self::Typed(t) => {
+                info.key_type = t.key.clone();
+                info.value_type = Some(t.value.clone());
+            }
+            Self::Unavailable(why) => info.types_unavailable = why.to_string(),
         }
     }
 
     /// The key layout for keys given as JSON, or why there is none.
     pub(crate) fn key_layout(&self, map: &MapRef) -> Result<&Layout, Error> {
         match self {
-            Types::Typed(t) => t.key_layout.as_ref().ok_or_else(|| Error::Untyped {
+            Self::Typed(t) => t.key_layout.as_ref().ok_or_else(|| Error::Untyped {
                 map: map.clone(),
                 why: "it has no keys".into(),
             }),
-            Types::None => Err(Error::Untyped {
+            Self::None => Err(Error::Untyped {
                 map: map.clone(),
                 why: "it carries no BTF; give keys as bytes".into(),
             }),
-            Types::Unavailable(why) => Err(Error::Untyped {
+            Self::Unavailable(why) => Err(Error::Untyped {
                 map: map.clone(),
                 why: format!("its types cannot be read ({why}); give keys as bytes"),
             }),
@@ -141,15 +119,15 @@ impl Types {
 /// How a call's entries are decoded (LAYOUT_ENTRIES and Lookup).
 #[derive(Debug, Clone)]
 pub(crate) struct Decoder {
-    key: Option<Arc<TypedMap>>,
+    key: Option<Arc<MapTypes>>,
     /// Values: per CPU, summed, or (untyped) summed as unsigned integers.
     value: ValueDecoding,
 }
 
 #[derive(Debug, Clone)]
 enum ValueDecoding {
-    Typed(Arc<TypedMap>),
-    Sum(Arc<TypedMap>),
+    Typed(Arc<MapTypes>),
+    Sum(Arc<MapTypes>),
     SumUnsigned(Arc<Layout>),
 }
 
@@ -161,7 +139,7 @@ impl Decoder {
     pub(crate) fn for_request(
         map: &MapRef,
         meta: &MapMeta,
-        types: &Types,
+        types: &KnownTypes,
         (raw, per_cpu): (bool, i32),
         packed: bool,
     ) -> Result<Option<Self>, Error> {
@@ -174,7 +152,7 @@ impl Decoder {
             if raw || packed {
                 return Ok(None);
             }
-            return Ok(types.typed().map(|t| Self {
+            return Ok(types.types().map(|t| Self {
                 key: Some(t.clone()),
                 value: ValueDecoding::Typed(t.clone()),
             }));
@@ -198,7 +176,7 @@ impl Decoder {
             )));
         }
         let value = match types {
-            Types::Typed(t) => {
+            KnownTypes::Typed(t) => {
                 t.value_layout.check_summable().map_err(|e| {
                     Error::InvalidArgument(format!(
                         "per_cpu = PER_CPU_SUM: the values of map {map} cannot be summed: {e}"
@@ -206,7 +184,7 @@ impl Decoder {
                 })?;
                 ValueDecoding::Sum(t.clone())
             }
-            Types::None => match Layout::unsigned(meta.value_size as usize) {
+            KnownTypes::None => match Layout::unsigned(meta.value_size as usize) {
                 Some(l) => ValueDecoding::SumUnsigned(Arc::new(l)),
                 None => {
                     return Err(Error::InvalidArgument(format!(
@@ -215,7 +193,7 @@ impl Decoder {
                     )));
                 }
             },
-            Types::Unavailable(why) => {
+            KnownTypes::Unavailable(why) => {
                 return Err(Error::Untyped {
                     map: map.clone(),
                     why: format!(
@@ -225,7 +203,7 @@ impl Decoder {
             }
         };
         Ok(Some(Self {
-            key: types.typed().cloned(),
+            key: types.types().cloned(),
             value,
         }))
     }

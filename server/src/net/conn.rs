@@ -432,61 +432,72 @@ pub(crate) async fn accept_loop(
             .with_time(Duration::from_secs(60))
             .with_interval(Duration::from_secs(10));
         let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
-        let tx = tx.clone();
-        let config = config.clone();
-        tokio::spawn(async move {
-            let (io, transport) = match &config.tls {
-                None => (Io::Plain(tcp), Transport::Plaintext),
-                Some(tls) => {
-                    let acceptor = tokio_rustls::TlsAcceptor::from(tls.load_full());
-                    let stream = match tokio::time::timeout(
-                        config.handshake_timeout,
-                        acceptor.accept(tcp),
-                    )
-                    .await
-                    {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            config.metrics.tls_failure(handshake_failure(&e));
-                            tracing::info!(%remote, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            config.metrics.tls_failure("timeout");
-                            tracing::info!(%remote, timeout = ?config.handshake_timeout, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    let identity = stream
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(|leaf| tls::identity_of(leaf));
-                    (Io::Tls(Box::new(stream)), Transport::Tls { identity })
+        tokio::spawn(handshake(
+            tcp,
+            remote,
+            (registration, state),
+            config.clone(),
+            tx.clone(),
+        ));
+    }
+}
+
+/// Makes an accepted connection ready (its TLS handshake, bounded by the
+/// handshake timeout), starts watching it, and hands it to `tx`.
+async fn handshake(
+    tcp: TcpStream,
+    remote: SocketAddr,
+    (registration, state): (Registration, Arc<ConnState>),
+    config: AcceptConfig,
+    tx: mpsc::Sender<io::Result<Conn>>,
+) {
+    let (io, transport) = match &config.tls {
+        None => (Io::Plain(tcp), Transport::Plaintext),
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.load_full());
+            let stream = match tokio::time::timeout(config.handshake_timeout, acceptor.accept(tcp))
+                .await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    config.metrics.tls_failure(handshake_failure(&e));
+                    tracing::info!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    config.metrics.tls_failure("timeout");
+                    tracing::info!(%remote, timeout = ?config.handshake_timeout, "TLS handshake timed out");
+                    return;
                 }
             };
-            tokio::spawn(watch_conn(
-                Arc::downgrade(&state),
-                remote,
-                config.handshake_timeout,
-                config.idle_timeout,
-                config.stall_timeout,
-                config.metrics.clone(),
-            ));
-            let conn = Conn {
-                io,
-                info: ConnInfo {
-                    remote: Some(remote),
-                    transport,
-                    state: Some(state.clone()),
-                },
-                state,
-                _registration: registration,
-            };
-            let _ = tx.send(Ok(conn)).await;
-        });
-    }
+            let identity = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|leaf| tls::identity_of(leaf));
+            (Io::Tls(Box::new(stream)), Transport::Tls { identity })
+        }
+    };
+    tokio::spawn(watch_conn(
+        Arc::downgrade(&state),
+        remote,
+        config.handshake_timeout,
+        config.idle_timeout,
+        config.stall_timeout,
+        config.metrics.clone(),
+    ));
+    let conn = Conn {
+        io,
+        info: ConnInfo {
+            remote: Some(remote),
+            transport,
+            state: Some(state.clone()),
+        },
+        state,
+        _registration: registration,
+    };
+    let _ = tx.send(Ok(conn)).await;
 }
 
 /// Closes a connection that sends nothing within `preface`, that has no call

@@ -109,6 +109,16 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics(Arc<Inner>);
 
+/// A metric family registered under `name`.
+fn registered<L, M>(registry: &mut Registry, name: &str, help: &str) -> Family<L, M>
+where
+    Family<L, M>: Default + prometheus_client::registry::Metric + Clone,
+{
+    let family = Family::default();
+    registry.register(name, help, family.clone());
+    family
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new(None)
@@ -123,17 +133,15 @@ impl Metrics {
         if let Some(live) = live {
             registry.register_collector(live);
         }
-        let started = Family::<RpcLabels, Counter>::default();
-        registry.register(
+        let started: Family<RpcLabels, Counter> = registered(
+            &mut registry,
             "grpc_server_started",
             "RPCs started on the server",
-            started.clone(),
         );
-        let handled = Family::<Handled, Counter>::default();
-        registry.register(
+        let handled: Family<Handled, Counter> = registered(
+            &mut registry,
             "grpc_server_handled",
             "RPCs completed on the server, by status code",
-            handled.clone(),
         );
         let handling: HistogramFamily = Family::new_with_constructor(handling_histogram);
         registry.register(
@@ -141,29 +149,25 @@ impl Metrics {
             "Time from an RPC's start to its last message (seconds)",
             handling.clone(),
         );
-        let tls_failures = Family::<Reason, Counter>::default();
-        registry.register(
+        let tls_failures: Family<Reason, Counter> = registered(
+            &mut registry,
             "bpfmapd_tls_handshake_failures",
             "TLS handshakes that failed, by reason",
-            tls_failures.clone(),
         );
-        let closed = Family::<Reason, Counter>::default();
-        registry.register(
+        let closed: Family<Reason, Counter> = registered(
+            &mut registry,
             "bpfmapd_connections_closed",
             "Connections the daemon closed, by reason",
-            closed.clone(),
         );
-        let denials = Family::<MethodLabel, Counter>::default();
-        registry.register(
+        let denials: Family<MethodLabel, Counter> = registered(
+            &mut registry,
             "bpfmapd_policy_denials",
             "Calls the policy denied (PERMISSION_DENIED), by method",
-            denials.clone(),
         );
-        let reloads = Family::<Outcome, Counter>::default();
-        registry.register(
+        let reloads: Family<Outcome, Counter> = registered(
+            &mut registry,
             "bpfmapd_reloads",
             "Configuration reloads, by result",
-            reloads.clone(),
         );
         let resumed = Counter::default();
         registry.register(

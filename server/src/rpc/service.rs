@@ -15,7 +15,7 @@ use crate::{
     dump::{self, DumpEnv, DumpJob, DumpLimits, Sealer},
     error::Error,
     limits::{Budget, DumpSlots, Held, LookupSlots, Trimmer},
-    maps::{Catalog, Decoder, Resolved, TypeCache, Types},
+    maps::{Catalog, Decoder, KnownTypes, Resolved, TypeCache},
     model::{Caller, MapRef, Operation, Rpc},
     net::caller_of,
     ops::{Metrics, SharedKeys, SharedPolicy},
@@ -68,7 +68,7 @@ pub(crate) struct MapServiceImpl {
 struct Opened {
     map: MapRef,
     handle: MapHandle,
-    types: Types,
+    types: KnownTypes,
 }
 
 impl MapServiceImpl {
@@ -127,12 +127,12 @@ impl MapServiceImpl {
         let catalog = self.parts.catalog.clone();
         let cache = self.types.clone();
         let r = map.clone();
-        let (resolved, types): (Resolved, Types) = blocking(move || {
+        let (resolved, types): (Resolved, KnownTypes) = blocking(move || {
             let resolved = catalog.open(&r)?;
             let types = if types {
-                cache.get(resolved.handle.meta())
+                cache.map_types(resolved.handle.meta())
             } else {
-                Types::None
+                KnownTypes::None
             };
             Ok((resolved, types))
         })
@@ -339,7 +339,11 @@ fn check_key_count(req: &pb::LookupRequest) -> Result<(), Error> {
 
 /// Adds the request's JSON keys, encoded through the key's type, to its
 /// byte keys.
-fn encode_json_keys(map: &MapRef, types: &Types, req: &mut pb::LookupRequest) -> Result<(), Error> {
+fn encode_json_keys(
+    map: &MapRef,
+    types: &KnownTypes,
+    req: &mut pb::LookupRequest,
+) -> Result<(), Error> {
     if req.json_keys.is_empty() {
         return Ok(());
     }
