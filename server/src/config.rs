@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use serde::Deserialize;
 
-use crate::{access::RuleConfig, net::TlsFiles};
+use crate::{access::RuleConfig, maps::RenderConfig, net::TlsFiles};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -53,6 +53,9 @@ pub struct Config {
     /// Authorization rules (`[[rule]]` tables); see deploy/README.md.
     #[serde(rename = "rule")]
     pub rules: Vec<RuleConfig>,
+    /// How members of matching maps are shown to every caller (`[[render]]`
+    /// tables: `maps` globs and `members` renderings).
+    pub render: Vec<RenderConfig>,
     /// What the configuration file spelled in a deprecated way, to warn of
     /// once logging is on.
     #[serde(skip)]
@@ -168,6 +171,7 @@ impl Default for Config {
             watch_files_secs: None,
             limits: Limits::default(),
             rules: Vec::new(),
+            render: Vec::new(),
             deprecated: Vec::new(),
         }
     }
@@ -396,6 +400,7 @@ impl Config {
             (64usize << 10) * l.max_dumps * 4 / 3 + 4
         );
         crate::access::Policy::new(&self.rules, self.tls.is_some())?;
+        crate::maps::RenderRules::new(&self.render).map_err(anyhow::Error::msg)?;
         Ok(())
     }
 }

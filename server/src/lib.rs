@@ -6,15 +6,17 @@
 //! and the demo maps. Kernel access (every syscall and all unsafe code) is
 //! the crate `bpfmap-kernel`.
 //!
-//! The modules, from the bottom up (each uses only those before it):
+//! The modules, each a folder whose `mod.rs` says what it owns; `crate::`
+//! imports between them form no cycle (a test in the `tests` crate checks):
 //! - [`model`]: the shared value types (map references, identities,
-//!   operations, RPC names).
-//! - `error`: what a call can fail with (no gRPC in it).
+//!   operations, RPC names); it uses no other module.
+//! - `error`: what a call can fail with, in the daemon's terms (no gRPC).
 //! - `config`: the command line and the configuration file.
 //! - `maps`: which maps are exposed, their types (BTF), the demo.
 //! - `limits`: dump slots, memory shares and the pool, allocator trimming.
 //! - `access`: the policy and the audit log.
 //! - `dump`: one DumpMap: the job, its producer, its cursors.
+//! - `wire`: domain values to `bpfmap.v1` messages.
 //! - `net`: connections, TLS, authentication of a connection's caller.
 //! - `ops`: metrics, reload, sd_notify, capabilities.
 //! - `rpc`: the gRPC service, the mapping of errors to statuses, health.
@@ -38,7 +40,7 @@ pub use access::RuleConfig;
 pub use config::{Args, Config, Limits, LogFormat};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
-pub use maps::{Demo, btf, flow_key, flow_value, typed_flows};
+pub use maps::{Demo, RenderConfig, btf, flow_key, flow_value, typed_flows};
 pub use model::{Operation, SERVICE_NAME};
 pub use net::TlsFiles;
 

@@ -15,14 +15,14 @@ pub struct EncodeError {
     pub message: String,
 }
 
-fn fail<T>(path: &str, message: impl Into<String>) -> Result<T, EncodeError> {
+pub(crate) fn fail<T>(path: &str, message: impl Into<String>) -> Result<T, EncodeError> {
     Err(EncodeError {
         path: path.to_owned(),
         message: message.into(),
     })
 }
 
-fn describe(v: &Value) -> String {
+pub(crate) fn describe(v: &Value) -> String {
     const MAX: usize = 40;
     let s = match &v.kind {
         None | Some(Kind::NullValue(_)) => "null".to_owned(),
@@ -53,7 +53,12 @@ fn range(bits: usize, signed: bool) -> (i128, u128) {
 /// An integer from a JSON number (integral) or a string (decimal, or hex
 /// with 0x), checked against the range of `bits` bits: its two's-complement
 /// bits.
-fn integer(v: &Value, bits: usize, signed: bool, path: &str) -> Result<u128, EncodeError> {
+pub(crate) fn integer(
+    v: &Value,
+    bits: usize,
+    signed: bool,
+    path: &str,
+) -> Result<u128, EncodeError> {
     let (min, max) = range(bits, signed);
     let kind = if signed { "signed" } else { "unsigned" };
     let out_of_range = || {
@@ -128,6 +133,18 @@ fn integer(v: &Value, bits: usize, signed: bool, path: &str) -> Result<u128, Enc
             return out_of_range();
         }
         Ok(magnitude)
+    }
+}
+
+/// Writes the `size`-byte integer `raw` at `offset`, in either byte order.
+pub(crate) fn put_int(out: &mut [u8], offset: usize, size: usize, raw: u128, big_endian: bool) {
+    if big_endian {
+        let bytes = raw.to_be_bytes();
+        if let Some(dst) = out.get_mut(offset..offset + size) {
+            dst.copy_from_slice(&bytes[16 - size..]);
+        }
+    } else {
+        put(out, offset, size, raw);
     }
 }
 
@@ -219,7 +236,15 @@ pub(crate) fn node(
     path: &mut String,
 ) -> Result<(), EncodeError> {
     match node {
-        Node::Int { size, signed } => put(out, offset, *size, integer(v, size * 8, *signed, path)?),
+        Node::Int {
+            size,
+            signed,
+            big_endian,
+        } => {
+            let raw = integer(v, size * 8, *signed, path)?;
+            put_int(out, offset, *size, raw, *big_endian);
+        }
+        Node::Rendered { how, node, size } => how.encode(node, *size, v, out, offset, path)?,
         Node::Char { signed } => {
             let raw = match &v.kind {
                 Some(Kind::StringValue(s)) if s.len() == 1 => u128::from(s.as_bytes()[0]),
@@ -384,7 +409,7 @@ fn field(
     result
 }
 
-fn hex_bytes(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     let s = s.strip_prefix("0x").unwrap_or(s);
     faster_hex::hex_decode_vec(s.as_bytes()).ok()
 }

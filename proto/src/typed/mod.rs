@@ -23,16 +23,25 @@
 //! - anything else is the hex string of its bytes.
 //!
 //! Values are read as little-endian, the byte order of the hosts bpfmapd
-//! runs on (x86-64, arm64).
+//! runs on (x86-64, arm64), except integers marked big-endian
+//! (`IntType.big_endian`: the kernel's `__be16`, `__be32`, `__be64`,
+//! `__sum16` and `__wsum`), which are read and written in network order.
+//!
+//! A member may be shown another way than its type says ([`Rendering`]:
+//! an IPv4 or IPv6 address, a MAC address, hex), when a call asks for it
+//! ([`Layout::with_renderings`]); its JSON form is then a string, and
+//! encoding accepts that string.
 #![forbid(unsafe_code)]
 
 mod encode;
 mod render;
+mod rendering;
 mod sink;
 
 use std::{collections::HashSet, fmt};
 
 pub use encode::EncodeError;
+pub use rendering::{Rendering, Renderings};
 pub use sink::{JsonWriter, Sink, ValueBuilder, write_json_string};
 
 use crate::v1::{TypeInfo, type_info::Kind};
@@ -68,6 +77,8 @@ pub(crate) enum Node {
     Int {
         size: usize,
         signed: bool,
+        /// Stored in network byte order.
+        big_endian: bool,
     },
     Bool {
         size: usize,
@@ -89,6 +100,12 @@ pub(crate) enum Node {
         size: usize,
     },
     Opaque {
+        size: usize,
+    },
+    /// A member shown another way than its type says ([`Rendering`]).
+    Rendered {
+        how: Rendering,
+        node: Box<Node>,
         size: usize,
     },
 }
@@ -167,6 +184,7 @@ impl Layout {
             root: Node::Int {
                 size,
                 signed: false,
+                big_endian: false,
             },
             size,
             name: String::new(),
@@ -223,6 +241,7 @@ impl Layout {
                 } => 4 + length * (hint(element) + 2),
                 Node::Pointer { .. } => 24,
                 Node::Opaque { size } => 2 * size + 4,
+                Node::Rendered { how, size, .. } => how.size_hint(*size),
             }
         }
         hint(&self.root)
@@ -235,6 +254,7 @@ impl Layout {
         fn check(node: &Node, path: &mut String) -> Result<(), TypeError> {
             match node {
                 Node::Int { size, .. } if *size <= 8 => Ok(()),
+                Node::Rendered { node, .. } => check(node, path),
                 Node::Int { .. } => Err(err(path, "128-bit integers are not summed")),
                 Node::Record(r) if !r.union => {
                     for f in &r.fields {
@@ -359,6 +379,7 @@ pub(crate) fn kind_name(node: &Node) -> &'static str {
         Node::Array { .. } => "an array",
         Node::Pointer { .. } => "a pointer",
         Node::Opaque { .. } => "an opaque type",
+        Node::Rendered { node, .. } => kind_name(node),
     }
 }
 
@@ -397,6 +418,7 @@ impl Compiler {
                 Node::Int {
                     size,
                     signed: i.signed,
+                    big_endian: i.big_endian,
                 }
             }
             Kind::Bool(_) => {

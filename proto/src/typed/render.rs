@@ -4,7 +4,7 @@ use super::{Field, Node, Sink};
 
 /// `bytes[offset..offset + n]`, or an empty slice when out of range (a
 /// checked [`Layout`](super::Layout) never is).
-fn slice(bytes: &[u8], offset: usize, n: usize) -> &[u8] {
+pub(crate) fn slice(bytes: &[u8], offset: usize, n: usize) -> &[u8] {
     offset
         .checked_add(n)
         .and_then(|end| bytes.get(offset..end))
@@ -91,11 +91,30 @@ fn is_text(b: &[u8]) -> Option<&str> {
         .flatten()
 }
 
+/// The integer of `size` bytes at `offset`, in either byte order.
+pub(crate) fn int_at(bytes: &[u8], offset: usize, size: usize, big_endian: bool) -> u128 {
+    let b = slice(bytes, offset, size);
+    if big_endian {
+        b.iter()
+            .take(16)
+            .fold(0u128, |acc, &x| (acc << 8) | u128::from(x))
+    } else {
+        uint(b)
+    }
+}
+
 pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sink) {
     match node {
-        Node::Int { size, signed } => {
-            int_value(uint(slice(bytes, offset, *size)), size * 8, *signed, sink)
-        }
+        Node::Int {
+            size,
+            signed,
+            big_endian,
+        } => int_value(
+            int_at(bytes, offset, *size, *big_endian),
+            size * 8,
+            *signed,
+            sink,
+        ),
         Node::Bool { size } => sink.bool(uint(slice(bytes, offset, *size)) != 0),
         Node::Char { signed } => {
             int_value(uint(slice(bytes, offset, 1)), 8, *signed, sink);
@@ -139,6 +158,7 @@ pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sin
         }
         Node::Pointer { size } => sink.pointer(uint(slice(bytes, offset, *size)) as u64),
         Node::Opaque { size } => sink.hex(slice(bytes, offset, *size)),
+        Node::Rendered { how, node, size } => sink.string(&how.show(node, *size, bytes, offset)),
     }
 }
 
@@ -162,14 +182,20 @@ fn field(f: &Field, bytes: &[u8], record: usize, sink: &mut impl Sink) {
 /// structs and arrays of them).
 pub(crate) fn sum(node: &Node, cpus: &[&[u8]], offset: usize, sink: &mut impl Sink) {
     match node {
-        Node::Int { size, signed } => {
+        Node::Int {
+            size,
+            signed,
+            big_endian,
+        } => {
             let bits = size * 8;
             let total: i128 = cpus
                 .iter()
-                .map(|b| sign_extend(uint(slice(b, offset, *size)), bits, *signed))
+                .map(|b| sign_extend(int_at(b, offset, *size, *big_endian), bits, *signed))
                 .sum();
             sum_out(total, bits, sink);
         }
+        // Sums are numbers whatever the rendering.
+        Node::Rendered { node, .. } => sum(node, cpus, offset, sink),
         Node::Record(r) => {
             sink.begin_object();
             for f in &r.fields {

@@ -15,7 +15,14 @@ fn ty(name: &str, size: u32, kind: Kind) -> TypeInfo {
     }
 }
 fn int(name: &str, size: u32, signed: bool) -> TypeInfo {
-    ty(name, size, Kind::Int(IntType { signed }))
+    ty(
+        name,
+        size,
+        Kind::Int(IntType {
+            signed,
+            big_endian: false,
+        }),
+    )
 }
 fn u(size: u32) -> TypeInfo {
     int(&format!("__u{}", size * 8), size, false)
@@ -600,4 +607,229 @@ fn descriptions_that_would_decode_into_millions_of_values_are_refused() {
     assert!(e.message.contains("more than 1048576 values"), "{e}");
     // A 64 KiB buffer is fine.
     assert!(Layout::new(&array(u(1), 65536), "value").is_ok());
+}
+
+fn be(name: &str, size: u32) -> TypeInfo {
+    ty(
+        name,
+        size,
+        Kind::Int(IntType {
+            signed: false,
+            big_endian: true,
+        }),
+    )
+}
+
+/// Cilium's `struct ipv4_ct_tuple`.
+fn ct_tuple() -> TypeInfo {
+    record(
+        "ipv4_ct_tuple",
+        14,
+        vec![
+            member("daddr", 0, be("__be32", 4)),
+            member("saddr", 4, be("__be32", 4)),
+            member("dport", 8, be("__be16", 2)),
+            member("sport", 10, be("__be16", 2)),
+            member("nexthdr", 12, u(1)),
+            member("flags", 13, u(1)),
+        ],
+    )
+}
+
+/// 10.0.0.1:443 <- 192.168.0.2:51234, TCP, as the kernel stores it.
+fn ct_bytes() -> Vec<u8> {
+    let mut b = vec![10, 0, 0, 1, 192, 168, 0, 2];
+    b.extend_from_slice(&443u16.to_be_bytes());
+    b.extend_from_slice(&51234u16.to_be_bytes());
+    b.extend_from_slice(&[6, 0]);
+    b
+}
+
+fn renderings(pairs: &[(&str, &str)]) -> Renderings {
+    let map: std::collections::BTreeMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    Renderings::parse(&map).unwrap()
+}
+
+fn decode_layout(l: &Layout, bytes: &[u8]) -> serde_json::Value {
+    let mut text = Vec::new();
+    l.write_json(bytes, &mut text);
+    let j: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    assert_eq!(j, to_json(&l.to_value(bytes)), "the two sinks differ");
+    j
+}
+
+#[test]
+fn network_order_integers_read_and_encode_as_numbers() {
+    let t = ct_tuple();
+    assert_eq!(
+        decode(&t, &ct_bytes()),
+        json!({"daddr": 167772161, "saddr": 3232235522u32, "dport": 443, "sport": 51234, "nexthdr": 6, "flags": 0})
+    );
+    let key = json!({"daddr": 167772161, "saddr": 3232235522u32, "dport": 443, "sport": 51234, "nexthdr": 6, "flags": 0});
+    assert_eq!(
+        layout(&t).encode(&from_json(&key), "key").unwrap(),
+        ct_bytes()
+    );
+    // 64 bits, and sums of per-CPU network-order counters.
+    let t64 = be("__be64", 8);
+    let bytes = 0x0102_0304_0506_0708u64.to_be_bytes();
+    assert_eq!(decode(&t64, &bytes), json!("72623859790382856"));
+    let l = layout(&be("__be16", 2));
+    let cpus: [&[u8]; 2] = [&[0x01, 0x00], &[0x00, 0x02]];
+    let mut sum = Vec::new();
+    l.render_sum(&cpus, &mut JsonWriter::new(&mut sum));
+    assert_eq!(String::from_utf8(sum).unwrap(), "258");
+}
+
+#[test]
+fn renderings_show_addresses_and_hex_and_accept_them_back() {
+    let l = layout(&ct_tuple())
+        .with_renderings(
+            &renderings(&[
+                ("key.daddr", "ipv4"),
+                ("key.saddr", "ipv4"),
+                ("key.flags", "hex"),
+            ]),
+            "key",
+        )
+        .unwrap();
+    let shown = json!({"daddr": "10.0.0.1", "saddr": "192.168.0.2", "dport": 443, "sport": 51234, "nexthdr": 6, "flags": "0x0"});
+    assert_eq!(decode_layout(&l, &ct_bytes()), shown);
+    assert_eq!(l.encode(&from_json(&shown), "key").unwrap(), ct_bytes());
+    // Numbers are still accepted for a rendered integer.
+    let numeric = json!({"daddr": 167772161, "saddr": "192.168.0.2", "dport": 443, "sport": 51234, "nexthdr": 6, "flags": 0});
+    assert_eq!(l.encode(&from_json(&numeric), "key").unwrap(), ct_bytes());
+    // A host-order integer holds the address as its value.
+    let host = layout(&record("k", 4, vec![member("saddr", 0, u(4))]))
+        .with_renderings(&renderings(&[("key.saddr", "ipv4")]), "key")
+        .unwrap();
+    let bytes = 167772160u32.to_le_bytes();
+    assert_eq!(decode_layout(&host, &bytes), json!({"saddr": "10.0.0.0"}));
+    assert_eq!(
+        host.encode(&from_json(&json!({"saddr": "10.0.0.0"})), "key")
+            .unwrap(),
+        bytes
+    );
+}
+
+#[test]
+fn ipv6_unions_mac_arrays_and_whole_keys_render() {
+    // Cilium's union v6addr.
+    let words = record(
+        "",
+        16,
+        (0..4)
+            .map(|i| member(&format!("p{}", i + 1), i * 4, u(4)))
+            .collect(),
+    );
+    let v6addr = union(
+        "v6addr",
+        16,
+        vec![member("", 0, words), member("addr", 0, array(u(1), 16))],
+    );
+    let t = record(
+        "k",
+        22,
+        vec![member("addr", 0, v6addr), member("mac", 16, array(u(1), 6))],
+    );
+    let l = layout(&t)
+        .with_renderings(
+            &renderings(&[("value.addr", "ipv6"), ("value.mac", "mac")]),
+            "value",
+        )
+        .unwrap();
+    let mut bytes = "fe80::1"
+        .parse::<std::net::Ipv6Addr>()
+        .unwrap()
+        .octets()
+        .to_vec();
+    bytes.extend_from_slice(&[0x02, 0x42, 0xac, 0x11, 0x00, 0x02]);
+    let shown = json!({"addr": "fe80::1", "mac": "02:42:ac:11:00:02"});
+    assert_eq!(decode_layout(&l, &bytes), shown);
+    assert_eq!(l.encode(&from_json(&shown), "value").unwrap(), bytes);
+    // The whole key, and hex of bytes.
+    let whole = layout(&be("__be32", 4))
+        .with_renderings(&renderings(&[("key", "ipv4")]), "key")
+        .unwrap();
+    assert_eq!(decode_layout(&whole, &[10, 1, 2, 3]), json!("10.1.2.3"));
+    let hex = layout(&array(u(1), 3))
+        .with_renderings(&renderings(&[("value", "hex")]), "value")
+        .unwrap();
+    assert_eq!(decode_layout(&hex, &[0xde, 0xad, 0x01]), json!("0xdead01"));
+    assert_eq!(
+        hex.encode(&from_json(&json!("0xdead01")), "value").unwrap(),
+        [0xde, 0xad, 0x01]
+    );
+    // Renderings under the other root do not apply.
+    let other = layout(&ct_tuple())
+        .with_renderings(&renderings(&[("value.daddr", "ipv4")]), "key")
+        .unwrap();
+    assert_eq!(
+        decode_layout(&other, &ct_bytes())["daddr"],
+        json!(167772161)
+    );
+}
+
+#[test]
+fn renderings_that_cannot_work_name_the_member() {
+    let t = record(
+        "k",
+        8,
+        vec![
+            member("a", 0, be("__be32", 4)),
+            member("b", 4, u(2)),
+            bits("c", 48, 4, u(2)),
+        ],
+    );
+    let e = |pairs: &[(&str, &str)]| {
+        layout(&t)
+            .with_renderings(&renderings(pairs), "key")
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        e(&[("key.x", "ipv4")]),
+        "key.x: no member named \"x\" (members: a, b, c)"
+    );
+    assert_eq!(
+        e(&[("key.b", "ipv4")]),
+        "key.b: ipv4 needs a member of 4 bytes; this one (an integer) has 2"
+    );
+    assert_eq!(
+        e(&[("key.c", "hex")]),
+        "key.c: a bitfield cannot be rendered"
+    );
+    assert_eq!(
+        e(&[("key.a.z", "hex")]),
+        "key.a.z: an integer has no members"
+    );
+    let map: std::collections::BTreeMap<String, String> =
+        [("key.a".to_owned(), "ipv5".to_owned())].into();
+    assert_eq!(
+        Renderings::parse(&map).unwrap_err().to_string(),
+        "key.a: unknown rendering \"ipv5\"; use ipv4, ipv6, mac or hex"
+    );
+    let map: std::collections::BTreeMap<String, String> =
+        [("daddr".to_owned(), "ipv4".to_owned())].into();
+    assert!(
+        Renderings::parse(&map)
+            .unwrap_err()
+            .to_string()
+            .contains("starts with \"key\"")
+    );
+    // A bad spelling in a JSON key names the member and the expected form.
+    let l = layout(&t)
+        .with_renderings(&renderings(&[("key.a", "ipv4")]), "key")
+        .unwrap();
+    let err = l
+        .encode(&from_json(&json!({"a": "10.0.0", "b": 1, "c": 1})), "key")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "key.a: expected ipv4 like \"10.0.0.1\", got \"10.0.0\""
+    );
 }

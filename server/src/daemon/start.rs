@@ -30,7 +30,7 @@ use crate::{
     config::{Config, Limits},
     dump::{CursorKey, DumpEnv, DumpLimits, DumpStats},
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
-    maps::Catalog,
+    maps::{Catalog, RenderRules},
     model::SERVICE_NAME,
     net::{AcceptConfig, ConnRegistry, CountCalls, SharedTls, accept_loop, authenticate},
     ops::{self, Metrics, Reloader, SharedKeys, SharedPolicy},
@@ -208,10 +208,16 @@ impl Core {
         }
     }
 
-    fn service(&self, config: &Config, r: &Reloadable, stopping: &Stopping) -> MapServiceImpl {
+    fn service(
+        &self,
+        config: &Config,
+        r: &Reloadable,
+        stopping: &Stopping,
+    ) -> anyhow::Result<MapServiceImpl> {
         let limits = &config.limits;
-        MapServiceImpl::new(ServiceParts {
+        Ok(MapServiceImpl::new(ServiceParts {
             catalog: Catalog::new(config.roots.clone(), config.allow_by_id),
+            renders: Arc::new(RenderRules::new(&config.render).map_err(anyhow::Error::msg)?),
             keys: r.keys.clone(),
             policy: r.policy.clone(),
             slots: self.slots.clone(),
@@ -228,7 +234,7 @@ impl Core {
             },
             draining: stopping.draining.subscribe(),
             metrics: self.metrics.clone(),
-        })
+        }))
     }
 
     fn accept(&self, limits: &Limits, tls: Option<SharedTls>) -> AcceptConfig {
@@ -252,7 +258,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let limits = &config.limits;
     raise_fd_limit(limits.max_connections);
     let core = Core::new(limits);
-    let service = core.service(config, &reloadable, &stopping);
+    let service = core.service(config, &reloadable, &stopping)?;
     let reporter = HealthReporter::new();
     set_health(&reporter, ServingStatus::Serving).await;
     let mut tasks = Vec::new();

@@ -3,7 +3,9 @@
 //! [`TypeCache::map_types`] reads the BTF object a map names
 //! ([`MapMeta::btf_id`]) from the kernel, parses it with
 //! `bpfmap_kernel::btf`, [`describe`]s the key and value types and keeps
-//! the result. A description is self-contained: typedefs and modifiers are
+//! the result. An integer reached through one of the kernel's network-order
+//! typedefs ([`NETWORK_ORDER`]) is described as big-endian. A description
+//! is self-contained: typedefs and modifiers are
 //! resolved (the outermost name is kept), pointers are not followed (only
 //! the name of what they point to is given).
 //!
@@ -68,6 +70,11 @@ const MAX_CHAIN: usize = 32;
 /// What goes beyond (zero-sized elements repeated) would let a small value
 /// decode into an unbounded amount of output.
 const VALUES_PER_BYTE: u64 = 16;
+
+/// The kernel's typedefs of integers stored in network byte order
+/// (include/uapi/linux/types.h): an integer reached through one of them is
+/// described as big-endian.
+pub const NETWORK_ORDER: [&str; 5] = ["__be16", "__be32", "__be64", "__sum16", "__wsum"];
 
 /// Why a map's types are unavailable when the daemon lacks CAP_SYS_ADMIN.
 pub const NEEDS_CAP_SYS_ADMIN: &str = "reading BTF needs CAP_SYS_ADMIN";
@@ -221,8 +228,12 @@ impl<'a> Describer<'a> {
     }
 
     fn describe_on_path(&mut self, id: u32, depth: usize) -> Result<Described, DescribeError> {
-        let (id, ty, outer_name) = self.resolve_modifiers(id)?;
-        let (own_name, size, kind, values) = self.describe_kind(id, ty, depth)?;
+        let (id, ty, typedefs) = self.resolve_modifiers(id)?;
+        let (own_name, size, mut kind, values) = self.describe_kind(id, ty, depth)?;
+        if let Kind::Int(int) = &mut kind {
+            int.big_endian = typedefs.iter().any(|t| NETWORK_ORDER.contains(&t.as_str()));
+        }
+        let outer_name = typedefs.into_iter().next();
         Ok(Described {
             info: TypeInfo {
                 name: outer_name.unwrap_or(own_name),
@@ -234,28 +245,26 @@ impl<'a> Describer<'a> {
     }
 
     /// Follows typedefs and modifiers from `id` to the type they name: its
-    /// id, the type, and the name of the first typedef met (which names
-    /// the type).
+    /// id, the type, and the names of the typedefs met, outermost first
+    /// (the first names the type).
     fn resolve_modifiers(
         &mut self,
         mut id: u32,
-    ) -> Result<(u32, &'a Type, Option<String>), DescribeError> {
-        let mut outer_name = None;
+    ) -> Result<(u32, &'a Type, Vec<String>), DescribeError> {
+        let mut typedefs = Vec::new();
         let mut chain = 0;
         loop {
             self.enter(id)?;
             let ty = self.type_by_id(id)?;
             let next = match ty {
                 Type::Typedef(t) => {
-                    if outer_name.is_none() {
-                        outer_name = Some(self.name(id, t.name_off)?);
-                    }
+                    typedefs.push(self.name(id, t.name_off)?);
                     t.type_id
                 }
                 Type::Const(t) | Type::Volatile(t) | Type::Restrict(t) | Type::TypeTag(t) => {
                     t.type_id
                 }
-                _ => return Ok((id, ty, outer_name)),
+                _ => return Ok((id, ty, typedefs)),
             };
             chain += 1;
             if chain > MAX_CHAIN {
@@ -356,6 +365,7 @@ impl<'a> Describer<'a> {
         } else {
             Kind::Int(IntType {
                 signed: t.is_signed(),
+                big_endian: false,
             })
         };
         Ok((name, size, kind, 1))
@@ -527,7 +537,7 @@ impl<'a> Describer<'a> {
             None
         } else {
             self.int_of(m.type_id)
-                .filter(|int| !int.is_whole() || m.bit_offset % 8 != 0)
+                .filter(|int| !int.is_whole() || !m.bit_offset.is_multiple_of(8))
         };
         let Some(int) = legacy else {
             return Ok((m.bit_offset, m.bitfield_size));
@@ -913,7 +923,14 @@ mod tests {
     }
 
     fn int(name: &str, size: u32, signed: bool) -> TypeInfo {
-        ty(name, size, Kind::Int(IntType { signed }))
+        ty(
+            name,
+            size,
+            Kind::Int(IntType {
+                signed,
+                big_endian: false,
+            }),
+        )
     }
 
     fn chr(name: &str, signed: bool) -> TypeInfo {
@@ -1592,6 +1609,57 @@ mod tests {
 
     fn describe_raw(b: &BtfBuilder, id: u32) -> Result<TypeInfo, DescribeError> {
         describe(&parse(&b.to_bytes(), None).expect("parse"), id)
+    }
+
+    #[test]
+    fn integers_through_network_order_typedefs_are_big_endian() {
+        let mut b = BtfBuilder::new();
+        let u16_ = b.add_int("unsigned short", 2, IntEncoding::Unsigned);
+        let u32_ = b.add_int("unsigned int", 4, IntEncoding::Unsigned);
+        let host16 = b.add_typedef("__u16", u16_);
+        let host32 = b.add_typedef("__u32", u32_);
+        let be16 = b.add_typedef("__be16", host16);
+        let be32 = b.add_typedef("__be32", host32);
+        let sum16 = b.add_typedef("__sum16", host16);
+        // A typedef of a network-order typedef is still in network order.
+        let port = b.add_typedef("port_t", be16);
+        let tuple = b.add_struct(
+            "ipv4_ct_tuple",
+            12,
+            &[
+                BtfMember::new("daddr", be32, 0),
+                BtfMember::new("dport", port, 32),
+                BtfMember::new("check", sum16, 48),
+                BtfMember::new("len", host16, 64),
+                BtfMember::new("seq", host32, 64),
+            ],
+        );
+        let info = describe_raw(&b, tuple).expect("described");
+        let Some(Kind::Struct(r)) = info.kind else {
+            panic!("a struct: {info:?}")
+        };
+        let order: Vec<(String, String, bool)> = r
+            .members
+            .iter()
+            .map(|m| {
+                let t = m.r#type.as_ref().unwrap();
+                let Some(Kind::Int(int)) = &t.kind else {
+                    panic!("an int: {t:?}")
+                };
+                (m.name.clone(), t.name.clone(), int.big_endian)
+            })
+            .collect();
+        let expect = |n: &str, t: &str, be: bool| (n.to_owned(), t.to_owned(), be);
+        assert_eq!(
+            order,
+            [
+                expect("daddr", "__be32", true),
+                expect("dport", "port_t", true),
+                expect("check", "__sum16", true),
+                expect("len", "__u16", false),
+                expect("seq", "__u32", false),
+            ]
+        );
     }
 
     #[test]

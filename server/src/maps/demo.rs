@@ -321,7 +321,10 @@ mod tests {
         TypeInfo {
             name: name.into(),
             size,
-            kind: Some(Kind::Int(IntType { signed: false })),
+            kind: Some(Kind::Int(IntType {
+                signed: false,
+                big_endian: false,
+            })),
         }
     }
 

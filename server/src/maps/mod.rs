@@ -5,10 +5,13 @@
 pub mod btf;
 mod catalog;
 mod demo;
+mod render;
 mod types;
 
 pub(crate) use btf::TypeCache;
 pub(crate) use catalog::{Catalog, Resolved};
 pub use demo::{Demo, flow_key, flow_value, typed_flows};
-pub(crate) use types::Decoder;
+pub use render::RenderConfig;
+pub(crate) use render::RenderRules;
+pub(crate) use types::{CallLayouts, Decoder};
 pub(crate) use types::{KnownTypes, MapTypes};

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use bpfmap_proto::{
-    typed::{Layout, ValueBuilder},
+    typed::{Layout, Renderings, ValueBuilder},
     v1 as pb,
 };
 
@@ -25,9 +25,9 @@ pub struct MapTypes {
     /// The value type (one CPU's value for per-CPU maps).
     pub value: pb::TypeInfo,
     /// Ready to decode and encode keys.
-    pub(crate) key_layout: Option<Layout>,
+    pub(crate) key_layout: Option<Arc<Layout>>,
     /// Ready to decode values.
-    pub(crate) value_layout: Layout,
+    pub(crate) value_layout: Arc<Layout>,
 }
 
 impl PartialEq for MapTypes {
@@ -43,10 +43,10 @@ impl MapTypes {
     pub(crate) fn new(key: Option<pb::TypeInfo>, value: pb::TypeInfo) -> Result<Self, String> {
         let key_layout = key
             .as_ref()
-            .map(|k| Layout::new(k, "key"))
+            .map(|k| Layout::new(k, "key").map(Arc::new))
             .transpose()
             .map_err(|e| e.to_string())?;
-        let value_layout = Layout::new(&value, "value").map_err(|e| e.to_string())?;
+        let value_layout = Arc::new(Layout::new(&value, "value").map_err(|e| e.to_string())?);
         Ok(Self {
             key,
             value,
@@ -97,13 +97,22 @@ impl KnownTypes {
         }
     }
 
-    /// The key layout for keys given as JSON, or why there is none.
-    pub(crate) fn key_layout(&self, map: &MapRef) -> Result<&Layout, Error> {
+    /// The key layout for keys given as JSON (`layouts`: the call's), or
+    /// why there is none.
+    pub(crate) fn key_layout<'a>(
+        &self,
+        map: &MapRef,
+        layouts: Option<&'a CallLayouts>,
+    ) -> Result<&'a Layout, Error> {
         match self {
-            Self::Typed(t) => t.key_layout.as_ref().ok_or_else(|| Error::Untyped {
-                map: map.clone(),
-                why: "it has no keys".into(),
-            }),
+            Self::Typed(_) => {
+                layouts
+                    .and_then(|l| l.key.as_deref())
+                    .ok_or_else(|| Error::Untyped {
+                        map: map.clone(),
+                        why: "it has no keys".into(),
+                    })
+            }
             Self::None => Err(Error::Untyped {
                 map: map.clone(),
                 why: "it carries no BTF; give keys as bytes".into(),
@@ -116,30 +125,83 @@ impl KnownTypes {
     }
 }
 
+/// A map's layouts as one call shows them: the map's own, or with the
+/// call's renderings.
+#[derive(Debug, Clone)]
+pub(crate) struct CallLayouts {
+    /// The key's, for decoding and for JSON keys.
+    pub(crate) key: Option<Arc<Layout>>,
+    /// The value's.
+    pub(crate) value: Arc<Layout>,
+}
+
+impl CallLayouts {
+    /// `types`' layouts with `renderings` applied (INVALID_ARGUMENT naming
+    /// the member that cannot be shown so).
+    pub(crate) fn new(
+        map: &MapRef,
+        types: &MapTypes,
+        renderings: &Renderings,
+    ) -> Result<Self, Error> {
+        if renderings.is_empty() {
+            return Ok(Self {
+                key: types.key_layout.clone(),
+                value: types.value_layout.clone(),
+            });
+        }
+        let bad = |e: bpfmap_proto::typed::TypeError| {
+            Error::InvalidArgument(format!("render: {e} (map {map})"))
+        };
+        let key = match &types.key_layout {
+            Some(k) => Some(Arc::new(k.with_renderings(renderings, "key").map_err(bad)?)),
+            None => {
+                if let Some((path, _)) = renderings.under("key").next() {
+                    let path = if path.is_empty() {
+                        "key".to_owned()
+                    } else {
+                        format!("key.{path}")
+                    };
+                    return Err(Error::InvalidArgument(format!(
+                        "render: {path}: map {map} has no keys"
+                    )));
+                }
+                None
+            }
+        };
+        let value = Arc::new(
+            types
+                .value_layout
+                .with_renderings(renderings, "value")
+                .map_err(bad)?,
+        );
+        Ok(Self { key, value })
+    }
+}
+
 /// How a call's entries are decoded (LAYOUT_ENTRIES and Lookup).
 #[derive(Debug, Clone)]
 pub(crate) struct Decoder {
-    key: Option<Arc<MapTypes>>,
+    key: Option<Arc<Layout>>,
     /// Values: per CPU, summed, or (untyped) summed as unsigned integers.
     value: ValueDecoding,
 }
 
 #[derive(Debug, Clone)]
 enum ValueDecoding {
-    Typed(Arc<MapTypes>),
-    Sum(Arc<MapTypes>),
+    Typed(Arc<Layout>),
+    Sum(Arc<Layout>),
     SumUnsigned(Arc<Layout>),
 }
 
 impl Decoder {
     /// The decoding a request asks for (`raw`, `per_cpu`) on a map with
-    /// `types`; `None` when nothing is decoded. INVALID_ARGUMENT (or
-    /// FAILED_PRECONDITION for types that cannot be read) for a sum that
-    /// cannot be made.
+    /// `types` shown as `layouts` says; `None` when nothing is decoded.
+    /// INVALID_ARGUMENT (or FAILED_PRECONDITION for types that cannot be
+    /// read) for a sum that cannot be made.
     pub(crate) fn for_request(
         map: &MapRef,
         meta: &MapMeta,
-        types: &KnownTypes,
+        (types, layouts): (&KnownTypes, Option<&CallLayouts>),
         (raw, per_cpu): (bool, i32),
         packed: bool,
     ) -> Result<Option<Self>, Error> {
@@ -152,9 +214,9 @@ impl Decoder {
             if raw || packed {
                 return Ok(None);
             }
-            return Ok(types.types().map(|t| Self {
-                key: Some(t.clone()),
-                value: ValueDecoding::Typed(t.clone()),
+            return Ok(layouts.map(|l| Self {
+                key: l.key.clone(),
+                value: ValueDecoding::Typed(l.value.clone()),
             }));
         }
         // PER_CPU_SUM.
@@ -175,16 +237,24 @@ impl Decoder {
                 meta.map_type
             )));
         }
-        let value = match types {
-            KnownTypes::Typed(t) => {
-                t.value_layout.check_summable().map_err(|e| {
+        let value = match (types, layouts) {
+            (KnownTypes::Typed(_), Some(l)) => {
+                l.value.check_summable().map_err(|e| {
                     Error::InvalidArgument(format!(
                         "per_cpu = PER_CPU_SUM: the values of map {map} cannot be summed: {e}"
                     ))
                 })?;
-                ValueDecoding::Sum(t.clone())
+                ValueDecoding::Sum(l.value.clone())
             }
-            KnownTypes::None => match Layout::unsigned(meta.value_size as usize) {
+            (KnownTypes::Unavailable(why), _) => {
+                return Err(Error::Untyped {
+                    map: map.clone(),
+                    why: format!(
+                        "its types cannot be read ({why}), so its values cannot be summed"
+                    ),
+                });
+            }
+            _ => match Layout::unsigned(meta.value_size as usize) {
                 Some(l) => ValueDecoding::SumUnsigned(Arc::new(l)),
                 None => {
                     return Err(Error::InvalidArgument(format!(
@@ -193,33 +263,21 @@ impl Decoder {
                     )));
                 }
             },
-            KnownTypes::Unavailable(why) => {
-                return Err(Error::Untyped {
-                    map: map.clone(),
-                    why: format!(
-                        "its types cannot be read ({why}), so its values cannot be summed"
-                    ),
-                });
-            }
         };
         Ok(Some(Self {
-            key: types.types().cloned(),
+            key: layouts.and_then(|l| l.key.clone()),
             value,
         }))
     }
 
     /// About how many more bytes an entry takes with its decoded forms.
     pub(crate) fn extra_bytes(&self, meta: &MapMeta) -> usize {
-        let key = self
-            .key
-            .as_ref()
-            .and_then(|t| t.key_layout.as_ref())
-            .map_or(0, Layout::encoded_size_hint);
+        let key = self.key.as_ref().map_or(0, |l| l.encoded_size_hint());
         let value = match &self.value {
-            ValueDecoding::Typed(t) if meta.per_cpu() => {
-                t.value_layout.encoded_size_hint() * meta.possible_cpus as usize + 8
+            ValueDecoding::Typed(l) if meta.per_cpu() => {
+                l.encoded_size_hint() * meta.possible_cpus as usize + 8
             }
-            ValueDecoding::Typed(t) | ValueDecoding::Sum(t) => t.value_layout.encoded_size_hint(),
+            ValueDecoding::Typed(l) | ValueDecoding::Sum(l) => l.encoded_size_hint(),
             ValueDecoding::SumUnsigned(l) => l.encoded_size_hint(),
         };
         key + value + 8
@@ -233,20 +291,15 @@ impl Decoder {
         key: &[u8],
         value: &[u8],
     ) -> (Option<prost_types::Value>, Option<prost_types::Value>) {
-        let key = self
-            .key
-            .as_ref()
-            .and_then(|t| t.key_layout.as_ref())
-            .map(|l| l.to_value(key));
+        let key = self.key.as_ref().map(|l| l.to_value(key));
         let value = match &self.value {
-            ValueDecoding::Typed(t) if meta.per_cpu() => {
+            ValueDecoding::Typed(l) if meta.per_cpu() => {
                 let mut b = ValueBuilder::default();
-                t.value_layout
-                    .render_per_cpu(meta.split_cpus(value), &mut b);
+                l.render_per_cpu(meta.split_cpus(value), &mut b);
                 Some(b.finish())
             }
-            ValueDecoding::Typed(t) => Some(t.value_layout.to_value(value)),
-            ValueDecoding::Sum(t) => Some(sum(&t.value_layout, meta, value)),
+            ValueDecoding::Typed(l) => Some(l.to_value(value)),
+            ValueDecoding::Sum(l) => Some(sum(l, meta, value)),
             ValueDecoding::SumUnsigned(l) => Some(sum(l, meta, value)),
         };
         (key, value)

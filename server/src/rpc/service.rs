@@ -5,7 +5,10 @@
 use std::{sync::Arc, time::Duration};
 
 use bpfmap_kernel::{MapHandle, MapMeta, walk::Position};
-use bpfmap_proto::v1::{self as pb, map_service_server::MapService};
+use bpfmap_proto::{
+    typed::Renderings,
+    v1::{self as pb, map_service_server::MapService},
+};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
@@ -15,7 +18,7 @@ use crate::{
     dump::{self, DumpEnv, DumpJob, DumpLimits, Sealer},
     error::Error,
     limits::{Budget, DumpSlots, Held, LookupSlots, Trimmer},
-    maps::{Catalog, Decoder, KnownTypes, Resolved, TypeCache},
+    maps::{CallLayouts, Catalog, Decoder, KnownTypes, RenderRules, Resolved, TypeCache},
     model::{Caller, MapRef, Operation, Rpc},
     net::caller_of,
     ops::{Metrics, SharedKeys, SharedPolicy},
@@ -35,6 +38,8 @@ const POOL_WAIT: Duration = Duration::from_secs(2);
 pub(crate) struct ServiceParts {
     /// The exposed maps.
     pub(crate) catalog: Catalog,
+    /// How members of the maps are shown unless a request says otherwise.
+    pub(crate) renders: Arc<RenderRules>,
     /// The cursor keys in force.
     pub(crate) keys: SharedKeys,
     /// The policy in force.
@@ -153,6 +158,39 @@ impl MapServiceImpl {
         })
     }
 
+    /// The layouts a call shows `opened`'s entries with: the configured
+    /// renderings for the map, overridden by the request's (`render`).
+    /// `decodes` says whether the call decodes anything.
+    fn call_layouts(
+        &self,
+        opened: &Opened,
+        render: &std::collections::HashMap<String, String>,
+        decodes: bool,
+    ) -> Result<Option<CallLayouts>, Error> {
+        let asked = Renderings::parse(render)
+            .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
+        if !asked.is_empty() && !decodes {
+            return Err(Error::InvalidArgument(
+                "render shows decoded entries: it cannot be combined with LAYOUT_PACKED or raw = true (clients that decode packed entries apply renderings themselves)".into(),
+            ));
+        }
+        let KnownTypes::Typed(types) = &opened.types else {
+            if asked.is_empty() {
+                return Ok(None);
+            }
+            return Err(Error::Untyped {
+                map: opened.map.clone(),
+                why: "render needs the map's types".into(),
+            });
+        };
+        let renderings = self
+            .parts
+            .renders
+            .for_map(&opened.map)
+            .overridden_by(&asked);
+        CallLayouts::new(&opened.map, types, &renderings).map(Some)
+    }
+
     async fn list(&self, caller: &Caller) -> Result<Vec<pb::MapInfo>, Error> {
         self.accepting()?;
         let catalog = self.parts.catalog.clone();
@@ -172,6 +210,13 @@ impl MapServiceImpl {
             .await?;
         let mut info = (&opened.map, opened.handle.meta()).into_proto();
         opened.types.fill(&mut info);
+        info.render = self
+            .parts
+            .renders
+            .for_map(&opened.map)
+            .iter()
+            .map(|(path, how)| (path.to_owned(), how.to_string()))
+            .collect();
         Ok(info)
     }
 
@@ -204,12 +249,13 @@ impl MapServiceImpl {
             }
         };
         let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta);
+        let layouts = self.call_layouts(&opened, &req.render, !(packed || req.raw))?;
         let options = dump::Options {
             layout,
             decoder: Decoder::for_request(
                 &opened.map,
                 &meta,
-                &opened.types,
+                (&opened.types, layouts.as_ref()),
                 (req.raw, req.per_cpu),
                 packed,
             )?,
@@ -251,10 +297,18 @@ impl MapServiceImpl {
                 decodes || !req.json_keys.is_empty(),
             )
             .await?;
+        let layouts =
+            self.call_layouts(&opened, &req.render, !req.raw || !req.json_keys.is_empty())?;
         let Opened { map, handle, types } = opened;
         let meta = handle.meta();
-        let decoder = Decoder::for_request(&map, meta, &types, (req.raw, req.per_cpu), false)?;
-        encode_json_keys(&map, &types, &mut req)?;
+        let decoder = Decoder::for_request(
+            &map,
+            meta,
+            (&types, layouts.as_ref()),
+            (req.raw, req.per_cpu),
+            false,
+        )?;
+        encode_json_keys(&map, (&types, layouts.as_ref()), &mut req)?;
         for (i, k) in req.keys.iter().enumerate() {
             Error::check_key_size(&map, meta, Some(i), k)?;
         }
@@ -341,13 +395,13 @@ fn check_key_count(req: &pb::LookupRequest) -> Result<(), Error> {
 /// byte keys.
 fn encode_json_keys(
     map: &MapRef,
-    types: &KnownTypes,
+    (types, layouts): (&KnownTypes, Option<&CallLayouts>),
     req: &mut pb::LookupRequest,
 ) -> Result<(), Error> {
     if req.json_keys.is_empty() {
         return Ok(());
     }
-    let layout = types.key_layout(map)?;
+    let layout = types.key_layout(map, layouts)?;
     for (i, k) in req.json_keys.iter().enumerate() {
         let key = layout.encode(k, "key").map_err(|e| {
             Error::InvalidArgument(format!("json_keys[{i}] does not fit map {map}: {e}"))

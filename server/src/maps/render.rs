@@ -1,0 +1,126 @@
+//! Renderings an operator configures per map (`[[render]]`), so that
+//! grpcurl users see addresses without asking: the maps' path globs and
+//! member renderings, matched in order (a later rule overrides an earlier
+//! one for the same member), then overridden by a request's own.
+
+use std::collections::BTreeMap;
+
+use bpfmap_proto::typed::Renderings;
+use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::Deserialize;
+
+use crate::model::MapRef;
+
+/// One `[[render]]` table as written in the configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenderConfig {
+    /// Map path globs, as in rules ("tc/globals/cilium_ct4*").
+    pub maps: Vec<String>,
+    /// Member path to rendering ("key.daddr" = "ipv4").
+    pub members: BTreeMap<String, String>,
+}
+
+/// The configured renderings, compiled.
+#[derive(Debug, Default)]
+pub(crate) struct RenderRules {
+    rules: Vec<(GlobSet, Renderings)>,
+}
+
+impl RenderRules {
+    /// Compiles the `[[render]]` tables; the error names the table and what
+    /// is wrong.
+    pub(crate) fn new(tables: &[RenderConfig]) -> Result<Self, String> {
+        let mut rules = Vec::new();
+        for (i, t) in tables.iter().enumerate() {
+            let mut set = GlobSetBuilder::new();
+            for p in &t.maps {
+                let glob: Glob = GlobBuilder::new(p)
+                    .literal_separator(true)
+                    .build()
+                    .map_err(|e| {
+                        format!("[[render]] {i}: invalid map pattern {p:?}: {}", e.kind())
+                    })?;
+                set.add(glob);
+            }
+            let set = set
+                .build()
+                .map_err(|e| format!("[[render]] {i}: {}", e.kind()))?;
+            let renderings =
+                Renderings::parse(&t.members).map_err(|e| format!("[[render]] {i}: {e}"))?;
+            rules.push((set, renderings));
+        }
+        Ok(Self { rules })
+    }
+
+    /// The renderings configured for `map`.
+    pub(crate) fn for_map(&self, map: &MapRef) -> Renderings {
+        let name = map.to_string();
+        self.rules
+            .iter()
+            .filter(|(maps, _)| maps.is_match(&name))
+            .fold(Renderings::default(), |acc, (_, r)| acc.overridden_by(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(maps: &[&str], members: &[(&str, &str)]) -> RenderConfig {
+        RenderConfig {
+            maps: maps.iter().map(|s| (*s).to_owned()).collect(),
+            members: members
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn later_tables_override_earlier_ones_for_the_maps_they_match() {
+        let rules = RenderRules::new(&[
+            table(
+                &["tc/globals/cilium_ct4*"],
+                &[("key.daddr", "ipv4"), ("key.saddr", "ipv4")],
+            ),
+            table(&["tc/globals/cilium_ct4_global"], &[("key.saddr", "hex")]),
+        ])
+        .unwrap();
+        let of = |path: &str| -> Vec<(String, String)> {
+            rules
+                .for_map(&MapRef::Path(path.into()))
+                .iter()
+                .map(|(p, r)| (p.to_owned(), r.to_string()))
+                .collect()
+        };
+        let pair = |p: &str, r: &str| (p.to_owned(), r.to_owned());
+        assert_eq!(
+            of("tc/globals/cilium_ct4_global"),
+            [pair("key.daddr", "ipv4"), pair("key.saddr", "hex")]
+        );
+        assert_eq!(
+            of("tc/globals/cilium_ct4_any"),
+            [pair("key.daddr", "ipv4"), pair("key.saddr", "ipv4")]
+        );
+        assert!(of("tc/globals/cilium_lb4").is_empty());
+        assert!(
+            of("other/tc/globals/cilium_ct4_x").is_empty(),
+            "globs match whole paths"
+        );
+    }
+
+    #[test]
+    fn bad_tables_are_refused_naming_them() {
+        let e = RenderRules::new(&[table(&["a"], &[("key.x", "ipv9")])]).unwrap_err();
+        assert_eq!(
+            e,
+            "[[render]] 0: key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+        );
+        let e = RenderRules::new(&[table(&["a["], &[])]).unwrap_err();
+        assert!(
+            e.starts_with("[[render]] 0: invalid map pattern \"a[\""),
+            "{e}"
+        );
+    }
+}
