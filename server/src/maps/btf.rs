@@ -336,6 +336,11 @@ impl<'a> Describer<'a> {
                     format!("is a forward declaration of {what} {name}: its size is unknown"),
                 ));
             }
+            Type::DataSec(d) => {
+                let name = self.name(id, d.name_off)?;
+                let (record, values) = self.datasec(id, &name, d, depth)?;
+                (name, d.size, Kind::Struct(record), values)
+            }
             Type::Void => return Err(invalid(id, "is void, which has no size")),
             other => {
                 let name = self.name(id, other.name_off())?;
@@ -345,6 +350,53 @@ impl<'a> Describer<'a> {
                 ));
             }
         })
+    }
+
+    /// A global data section (`.bss`, `.data`, `.rodata`): an object of its
+    /// variables, each at its offset.
+    fn datasec(
+        &mut self,
+        id: u32,
+        name: &str,
+        d: &bpfmap_kernel::btf::DataSec,
+        depth: usize,
+    ) -> Result<(RecordType, u64), DescribeError> {
+        if d.vars.len() > MAX_MEMBERS {
+            return Err(invalid(
+                id,
+                format!("(section {name}) has {} variables (at most {MAX_MEMBERS})", d.vars.len()),
+            ));
+        }
+        let mut members = Vec::with_capacity(d.vars.len());
+        let mut values: u64 = 1;
+        for v in &d.vars {
+            let Type::Var(var) = self.type_by_id(v.type_id)? else {
+                return Err(invalid(
+                    id,
+                    format!("(section {name}) lists type [{}], which is not a variable", v.type_id),
+                ));
+            };
+            let var_name = self.name(v.type_id, var.name_off)?;
+            let ty = self.describe(var.type_id, depth + 1)?;
+            let end = u64::from(v.offset) + u64::from(ty.info.size);
+            if ty.info.size != v.size || end > u64::from(d.size) {
+                return Err(invalid(
+                    id,
+                    format!(
+                        "(section {name}): variable {var_name:?} ({} bytes, {} in the section) at {} does not fit the section's {} bytes",
+                        ty.info.size, v.size, v.offset, d.size
+                    ),
+                ));
+            }
+            values = values.saturating_add(ty.values);
+            members.push(Member {
+                name: var_name,
+                bit_offset: v.offset * 8,
+                bitfield_size: 0,
+                r#type: Some(ty.info),
+            });
+        }
+        Ok((RecordType { members }, values))
     }
 
     fn int(&mut self, id: u32, t: &Int) -> Result<(String, u32, Kind, u64), DescribeError> {
@@ -1818,11 +1870,36 @@ mod tests {
         let proto = b.add_func_proto(int, &[("a", int)]);
         let func = b.add_func("main", proto, 1);
         let var = b.add_var("counter", int, 1);
-        let sec = b.add_datasec(".data", 4, &[(var, 0, 4)]);
+        let past = b.add_datasec(".data", 4, &[(var, 2, 4)]);
+        let not_var = b.add_datasec(".bss", 4, &[(int, 0, 4)]);
         refused(&b, func, "is a func (\"main\"), not a data type");
         refused(&b, var, "is a var (\"counter\"), not a data type");
-        refused(&b, sec, "is a datasec (\".data\"), not a data type");
+        refused(&b, past, "variable \"counter\" (4 bytes, 4 in the section) at 2 does not fit the section's 4 bytes");
+        refused(&b, not_var, "which is not a variable");
         refused(&b, 999, "type [999] does not exist");
+    }
+
+    #[test]
+    fn a_global_data_section_is_an_object_of_its_variables() {
+        let mut b = BtfBuilder::new();
+        let u32_ = b.add_int("unsigned int", 4, Unsigned);
+        let u64_ = b.add_int("unsigned long long", 8, Unsigned);
+        let hits = b.add_var("hits", u64_, 1);
+        let limit = b.add_var("limit", u32_, 1);
+        let sec = b.add_datasec(".bss", 16, &[(hits, 0, 8), (limit, 8, 4)]);
+        let info = describe_raw(&b, sec).expect("described");
+        assert_eq!(info.name, ".bss");
+        assert_eq!(info.size, 16);
+        let layout = bpfmap_proto::typed::Layout::new(&info, "value").expect("a layout");
+        let mut bytes = 7u64.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&100u32.to_le_bytes());
+        bytes.extend_from_slice(&[0; 4]);
+        let mut json = Vec::new();
+        layout.write_json(&bytes, &mut json);
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            r#"{"hits":"7","limit":100}"#
+        );
     }
 
     #[test]
