@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Packed chunks are read in place: their buffers are slices of the
         // received message, not copies of it.
         .bytes(".bpfmap.v1.PackedEntries")
+        // Entry is written by hand (src/entry.rs): its decoded forms can be
+        // carried already encoded.
+        .extern_path(".bpfmap.v1.Entry", "crate::entry::Entry")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

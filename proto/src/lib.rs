@@ -2,12 +2,15 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+mod entry;
 pub mod status;
 
 /// Package `bpfmap.v1`.
 pub mod v1 {
     #![allow(missing_debug_implementations, clippy::all, reason = "generated code")]
     tonic::include_proto!("bpfmap.v1");
+
+    pub use crate::entry::Entry;
 
     /// Encoded `FileDescriptorSet` of `bpfmap.v1` (and its imports), for
     /// server reflection.

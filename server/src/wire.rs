@@ -137,47 +137,12 @@ impl IntoProto for ChunkMessage<'_> {
             decoder,
             cursor,
         } = self;
-        let ks = meta.key_size as usize;
-        let kvs = meta.kernel_value_size();
         let mut msg = pb::DumpMapResponse {
             cursor,
             ..Default::default()
         };
         match layout {
-            pb::Layout::Entries => {
-                msg.entries = (0..c.count)
-                    .map(|i| {
-                        let key = c.keys[i * ks..(i + 1) * ks].to_vec();
-                        let kernel_value = &c.values[i * kvs..(i + 1) * kvs];
-                        if meta.per_cpu() {
-                            let mut wire = Vec::with_capacity(meta.wire_value_size());
-                            meta.append_wire_values(kernel_value, &mut wire);
-                            let (decoded_key, decoded_value) =
-                                decoder.map_or((None, None), |d| d.decode(meta, &key, &wire));
-                            pb::Entry {
-                                key,
-                                value: Vec::new(),
-                                per_cpu_values: meta
-                                    .split_cpus(&wire)
-                                    .map(<[u8]>::to_vec)
-                                    .collect(),
-                                decoded_key,
-                                decoded_value,
-                            }
-                        } else {
-                            let (decoded_key, decoded_value) = decoder
-                                .map_or((None, None), |d| d.decode(meta, &key, kernel_value));
-                            pb::Entry {
-                                key,
-                                value: kernel_value.to_vec(),
-                                per_cpu_values: Vec::new(),
-                                decoded_key,
-                                decoded_value,
-                            }
-                        }
-                    })
-                    .collect();
-            }
+            pb::Layout::Entries => msg.entries = entries(meta, &c, decoder),
             pb::Layout::Packed => {
                 let values = if meta.per_cpu() {
                     let mut out = Vec::with_capacity(c.count * meta.wire_value_size());
@@ -202,4 +167,51 @@ impl IntoProto for ChunkMessage<'_> {
         }
         msg
     }
+}
+
+/// A chunk's entries in the entries layout. Decoded forms are written
+/// straight into one buffer for the chunk (no `Value` tree per entry), and
+/// each entry carries its slice of it.
+fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> Vec<pb::Entry> {
+    let ks = meta.key_size as usize;
+    let kvs = meta.kernel_value_size();
+    let per_cpu = meta.per_cpu();
+    let mut decoded = Vec::with_capacity(decoder.map_or(0, |d| c.count * d.extra_bytes(meta)));
+    let mut ends = Vec::with_capacity(c.count);
+    let mut out: Vec<pb::Entry> = (0..c.count)
+        .map(|i| {
+            let key = c.keys[i * ks..(i + 1) * ks].to_vec();
+            let kernel_value = &c.values[i * kvs..(i + 1) * kvs];
+            let (value, per_cpu_values) = if per_cpu {
+                let mut wire = Vec::with_capacity(meta.wire_value_size());
+                meta.append_wire_values(kernel_value, &mut wire);
+                if let Some(d) = decoder {
+                    d.write_encoded(meta, (&key, &wire), (4, 5), &mut decoded);
+                }
+                (
+                    Vec::new(),
+                    meta.split_cpus(&wire).map(<[u8]>::to_vec).collect(),
+                )
+            } else {
+                if let Some(d) = decoder {
+                    d.write_encoded(meta, (&key, kernel_value), (4, 5), &mut decoded);
+                }
+                (kernel_value.to_vec(), Vec::new())
+            };
+            ends.push(decoded.len());
+            pb::Entry {
+                key,
+                value,
+                per_cpu_values,
+                ..Default::default()
+            }
+        })
+        .collect();
+    let decoded = bytes::Bytes::from(decoded);
+    let mut start = 0;
+    for (e, end) in out.iter_mut().zip(ends) {
+        e.encoded_decoded = decoded.slice(start..end);
+        start = end;
+    }
+    out
 }

@@ -37,12 +37,14 @@ mod encode;
 mod render;
 mod rendering;
 mod sink;
+mod value_writer;
 
 use std::{collections::HashSet, fmt};
 
 pub use encode::EncodeError;
 pub use rendering::{Rendering, Renderings};
 pub use sink::{JsonWriter, Sink, ValueBuilder, write_json_string};
+pub use value_writer::ValueWriter;
 
 use crate::v1::{TypeInfo, type_info::Kind};
 

@@ -108,19 +108,27 @@ fn layout(t: &TypeInfo) -> Layout {
     Layout::new(t, "value").unwrap()
 }
 
-/// The decoded JSON, checked to be the same through both sinks.
+/// A message whose field 4 is a `google.protobuf.Value`, as Entry's
+/// decoded_key is.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Holder {
+    #[prost(message, optional, tag = "4")]
+    v: Option<Value>,
+}
+
+/// What [`ValueWriter`] writes for `bytes`, read back by prost.
+fn through_the_wire(l: &Layout, bytes: &[u8]) -> Value {
+    use prost::Message as _;
+    let mut wire = vec![0x0a, 0x01, 0x07]; // another field before it
+    l.render(bytes, &mut ValueWriter::new(&mut wire, 4));
+    let held = Holder::decode(wire.as_slice())
+        .unwrap_or_else(|e| panic!("ValueWriter wrote an invalid message: {e}"));
+    held.v.expect("the value")
+}
+
+/// The decoded JSON, checked to be the same through every sink.
 fn decode(t: &TypeInfo, bytes: &[u8]) -> serde_json::Value {
-    let l = layout(t);
-    let mut text = Vec::new();
-    l.write_json(bytes, &mut text);
-    let from_text: serde_json::Value = serde_json::from_slice(&text)
-        .unwrap_or_else(|e| panic!("invalid JSON {}: {e}", String::from_utf8_lossy(&text)));
-    assert_eq!(
-        from_text,
-        to_json(&l.to_value(bytes)),
-        "the two sinks differ"
-    );
-    from_text
+    decode_layout(&layout(t), bytes)
 }
 
 fn to_json(v: &Value) -> serde_json::Value {
@@ -656,9 +664,31 @@ fn renderings(pairs: &[(&str, &str)]) -> Renderings {
 fn decode_layout(l: &Layout, bytes: &[u8]) -> serde_json::Value {
     let mut text = Vec::new();
     l.write_json(bytes, &mut text);
-    let j: serde_json::Value = serde_json::from_slice(&text).unwrap();
-    assert_eq!(j, to_json(&l.to_value(bytes)), "the two sinks differ");
+    let j: serde_json::Value = serde_json::from_slice(&text)
+        .unwrap_or_else(|e| panic!("invalid JSON {}: {e}", String::from_utf8_lossy(&text)));
+    let built = l.to_value(bytes);
+    assert_eq!(j, to_json(&built), "the JSON and Value sinks differ");
+    assert_eq!(
+        through_the_wire(l, bytes),
+        built,
+        "the wire and Value sinks differ"
+    );
     j
+}
+
+#[test]
+fn long_values_take_lengths_of_several_bytes() {
+    let t = array(
+        record("r", 8, vec![member("a", 0, u(4)), member("b", 4, s(4))]),
+        64,
+    );
+    let bytes: Vec<u8> = (0..512u32).map(|i| i as u8).collect();
+    let l = layout(&t);
+    assert_eq!(through_the_wire(&l, &bytes), l.to_value(&bytes));
+    let text = layout(&array(char_(), 300));
+    let mut chars = vec![b'x'; 299];
+    chars.push(0);
+    assert_eq!(through_the_wire(&text, &chars), text.to_value(&chars));
 }
 
 #[test]

@@ -364,7 +364,10 @@ impl<'a> Describer<'a> {
         if d.vars.len() > MAX_MEMBERS {
             return Err(invalid(
                 id,
-                format!("(section {name}) has {} variables (at most {MAX_MEMBERS})", d.vars.len()),
+                format!(
+                    "(section {name}) has {} variables (at most {MAX_MEMBERS})",
+                    d.vars.len()
+                ),
             ));
         }
         let mut members = Vec::with_capacity(d.vars.len());
@@ -373,7 +376,10 @@ impl<'a> Describer<'a> {
             let Type::Var(var) = self.type_by_id(v.type_id)? else {
                 return Err(invalid(
                     id,
-                    format!("(section {name}) lists type [{}], which is not a variable", v.type_id),
+                    format!(
+                        "(section {name}) lists type [{}], which is not a variable",
+                        v.type_id
+                    ),
                 ));
             };
             let var_name = self.name(v.type_id, var.name_off)?;
@@ -1874,7 +1880,11 @@ mod tests {
         let not_var = b.add_datasec(".bss", 4, &[(int, 0, 4)]);
         refused(&b, func, "is a func (\"main\"), not a data type");
         refused(&b, var, "is a var (\"counter\"), not a data type");
-        refused(&b, past, "variable \"counter\" (4 bytes, 4 in the section) at 2 does not fit the section's 4 bytes");
+        refused(
+            &b,
+            past,
+            "variable \"counter\" (4 bytes, 4 in the section) at 2 does not fit the section's 4 bytes",
+        );
         refused(&b, not_var, "which is not a variable");
         refused(&b, 999, "type [999] does not exist");
     }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use bpfmap_proto::{
-    typed::{Layout, Renderings, ValueBuilder},
+    typed::{Layout, Renderings, ValueBuilder, ValueWriter},
     v1 as pb,
 };
 
@@ -303,6 +303,35 @@ impl Decoder {
             ValueDecoding::SumUnsigned(l) => Some(sum(l, meta, value)),
         };
         (key, value)
+    }
+}
+
+impl Decoder {
+    /// The decoded key and value of one entry written straight into `out`
+    /// as fields 4 and 5 of `bpfmap.v1.Entry` (or LookupResult's
+    /// decoded_key and decoded_value, numbered 5 and 6 there: `fields`),
+    /// the same values [`decode`](Self::decode) builds.
+    pub(crate) fn write_encoded(
+        &self,
+        meta: &MapMeta,
+        (key, value): (&[u8], &[u8]),
+        fields: (u32, u32),
+        out: &mut Vec<u8>,
+    ) {
+        if let Some(l) = &self.key {
+            l.render(key, &mut ValueWriter::new(out, fields.0));
+        }
+        let mut w = ValueWriter::new(out, fields.1);
+        match &self.value {
+            ValueDecoding::Typed(l) if meta.per_cpu() => {
+                l.render_per_cpu(meta.split_cpus(value), &mut w)
+            }
+            ValueDecoding::Typed(l) => l.render(value, &mut w),
+            ValueDecoding::Sum(l) | ValueDecoding::SumUnsigned(l) => {
+                let cpus: Vec<&[u8]> = meta.split_cpus(value).collect();
+                l.render_sum(&cpus, &mut w);
+            }
+        }
     }
 }
 
