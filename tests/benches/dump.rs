@@ -20,7 +20,7 @@ use bpfmap_kernel::{
     MapHandle, MapOps as _,
     walk::{Position, Walker},
 };
-use bpfmap_tests::{BpfFs, Daemon, MapType, OwnedMap, create_map, u64_hash, update_batch};
+use bpfmap_tests::{BpfFs, Daemon, MapType, OwnedMap, create_map, median, u64_hash, update_batch};
 
 /// Samples per case (more for cases under 100 ms). Cases compared with a
 /// baseline are timed alternately with it, so that a machine that slows
@@ -34,11 +34,6 @@ fn runs(first: Duration) -> usize {
     } else {
         RUNS
     }
-}
-
-fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
-    v.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
-    v[v.len() / 2]
 }
 
 fn once(f: &mut dyn FnMut() -> u64) -> Duration {
@@ -141,7 +136,7 @@ fn batch_walk_by(path: &Path, batch: u32) -> u64 {
 
 async fn library_dump(client: &Client, map: &str, options: DumpOptions) -> u64 {
     let map: MapName = map.parse().unwrap();
-    let mut dump = client.dump(map, options);
+    let mut dump = client.dump(&map, options);
     while dump.next_chunk().await.unwrap().is_some() {}
     dump.received()
 }
@@ -217,11 +212,7 @@ fn bpfmapctl(url: &str, args: &[&str]) -> u64 {
         .stdout(file.reopen().unwrap())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    bpfmap_tests::process::assert_success(&out);
     file.as_file().metadata().unwrap().len()
 }
 
@@ -304,17 +295,11 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
         for (name, options) in [
             (
                 "library, chunk_size 1024 (the old default)",
-                DumpOptions {
-                    chunk_size: 1024,
-                    ..Default::default()
-                },
+                DumpOptions::default().with_chunk_size(1024),
             ),
             (
                 "library, entries layout (grpcurl's)",
-                DumpOptions {
-                    packed: false,
-                    ..Default::default()
-                },
+                DumpOptions::default().with_packed(false),
             ),
         ] {
             let (d, r) = paired_async(floor, || library_dump(&client, "m", options.clone())).await;
@@ -361,7 +346,7 @@ fn u64_hash_case(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
                 let fresh = daemon.client().await;
                 fresh.get_map(&"m".parse().unwrap()).await.unwrap();
                 let t = Instant::now();
-                let mut dump = fresh.dump("m".parse().unwrap(), DumpOptions::default());
+                let mut dump = fresh.dump(&"m".parse().unwrap(), DumpOptions::default());
                 assert!(dump.next_chunk().await.unwrap().is_some());
                 samples.push(t.elapsed());
                 drop(dump);
@@ -651,7 +636,10 @@ fn catalog(rt: &tokio::runtime::Runtime, report: &mut Report) {
             assert_eq!(client.list_maps().await.unwrap().len(), 2000);
             lists.push(t.elapsed());
             let t = Instant::now();
-            assert_eq!(client.get_map(&map).await.unwrap().path, "app7/map1007");
+            assert_eq!(
+                client.get_map(&map).await.unwrap().path(),
+                Some("app7/map1007")
+            );
             gets.push(t.elapsed());
         }
         let (list, get) = (median(lists), median(gets));
@@ -684,12 +672,13 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
         let daemon = Daemon::start(fs.path(), state.path()).await;
         let client = daemon.client().await;
         let name: MapName = "flows".parse().unwrap();
-        let types = client.map_types(&name).await.unwrap().expect("typed");
+        let info = client.get_map(&name).await.unwrap();
+        let types = info.types().unwrap().expect("typed");
         let transfer = time_dump(&client, "flows").await;
         let (mut decodes, mut by_daemons) = (Vec::new(), Vec::new());
         for _ in 0..RUNS {
             let t = Instant::now();
-            let mut dump = client.dump(name.clone(), DumpOptions::default());
+            let mut dump = client.dump(&name, DumpOptions::default());
             let mut out = Vec::with_capacity(1 << 20);
             while let Some(chunk) = dump.next_chunk().await.unwrap() {
                 for e in &chunk {
@@ -861,14 +850,14 @@ async fn profile_dumps(client: &Client, path: &Path, n: u32, what: &str) {
     for _ in 0..runs {
         let cpu = thread_cpu();
         let start = Instant::now();
-        let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+        let mut dump = client.dump(&"m".parse().unwrap(), DumpOptions::default());
         dump.next_chunk().await.unwrap();
         first.push(start.elapsed());
         while dump.next_chunk().await.unwrap().is_some() {}
         total.push(start.elapsed());
         assert_eq!(dump.received(), u64::from(n));
-        let elapsed = dump.summary().and_then(|s| s.elapsed).unwrap_or_default();
-        daemon_time.push(Duration::new(elapsed.seconds as u64, elapsed.nanos as u32));
+        let elapsed = dump.summary().and_then(|s| s.elapsed());
+        daemon_time.push(elapsed.unwrap_or_default());
         let between = thread_cpu();
         daemon_cpu += between.0 - cpu.0;
         client_cpu += between.1 - cpu.1;

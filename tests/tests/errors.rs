@@ -1,7 +1,10 @@
 //! Bad requests and changed maps get the status code a client can act on.
 
 use base64::Engine as _;
-use bpfmap_client::{Client, DumpOptions, MapName, RetryPolicy, Value, pb};
+use bpfmap_client::{
+    Client, ConnectOptions, DumpMethod, DumpOptions, Key, LookupOptions, MapName, RetryPolicy,
+    Value, pb,
+};
 use bpfmap_tests::*;
 use std::time::{Duration, Instant};
 
@@ -10,28 +13,24 @@ use tonic::Code;
 /// A daemon on a private bpffs, and a client that does not resume (errors
 /// surface at once).
 async fn setup() -> (BpfFs, tempfile::TempDir, Daemon, Client) {
-    let (fs, state, daemon, client) = bpfmap_tests::setup().await;
-    (fs, state, daemon, client.with_retry(RetryPolicy::never()))
+    let (fs, state, daemon, _) = bpfmap_tests::setup().await;
+    let options = ConnectOptions::default().with_retry(RetryPolicy::never());
+    let client = daemon.client_with(options).await;
+    (fs, state, daemon, client)
 }
 
 /// Dumps `map` from `cursor`; the error of the first chunk, if any.
 async fn dump_from(client: &Client, map: &str, cursor: &str) -> Result<(), bpfmap_client::Error> {
-    let options = DumpOptions {
-        cursor: Some(cursor.to_owned()),
-        ..Default::default()
-    };
-    let mut dump = client.dump(map.parse().unwrap(), options);
+    let options = DumpOptions::default().with_cursor(cursor.to_owned());
+    let mut dump = client.dump(&map.parse().unwrap(), options);
     while dump.next_chunk().await?.is_some() {}
     Ok(())
 }
 
 /// A cursor from the middle of a dump of `map`.
 async fn mid_cursor(client: &Client, map: &str) -> String {
-    let options = DumpOptions {
-        chunk_size: 10,
-        ..Default::default()
-    };
-    let mut dump = client.dump(map.parse().unwrap(), options);
+    let options = DumpOptions::default().with_chunk_size(10);
+    let mut dump = client.dump(&map.parse().unwrap(), options);
     dump.next_chunk().await.unwrap().expect("a first chunk");
     dump.cursor().to_owned()
 }
@@ -121,12 +120,10 @@ async fn a_trie_resumed_after_its_last_key_was_deleted_gives_exactly_the_rest() 
     }
     fs.pin(&fd, "trie");
     let mut dump = client.dump(
-        "trie".parse().unwrap(),
-        DumpOptions {
-            chunk_size: 10,
-            packed: false,
-            ..Default::default()
-        },
+        &"trie".parse().unwrap(),
+        DumpOptions::default()
+            .with_chunk_size(10)
+            .with_packed(false),
     );
     let first = collect_unique(dump.next_chunk().await.unwrap().unwrap());
     assert_eq!(first.len(), 10);
@@ -143,11 +140,9 @@ async fn a_trie_resumed_after_its_last_key_was_deleted_gives_exactly_the_rest() 
     let rest = dump_all(
         &client,
         "trie",
-        DumpOptions {
-            cursor: Some(cursor),
-            chunk_size: 4,
-            ..Default::default()
-        },
+        DumpOptions::default()
+            .with_cursor(cursor)
+            .with_chunk_size(4),
     )
     .await;
     let mut expected = all.clone();
@@ -166,11 +161,8 @@ async fn a_devmap_hash_resumed_after_its_last_key_was_deleted_is_aborted() {
     }
     fs.pin(&map, "devs");
     let mut dump = client.dump(
-        "devs".parse().unwrap(),
-        DumpOptions {
-            chunk_size: 5,
-            ..Default::default()
-        },
+        &"devs".parse().unwrap(),
+        DumpOptions::default().with_chunk_size(5),
     );
     let first = dump.next_chunk().await.unwrap().unwrap();
     assert_eq!(first.len(), 5);
@@ -313,17 +305,17 @@ async fn by_id_access_when_enabled() {
     let id = fd.id();
     let unpinned_id = unpinned.id();
     let info = client.get_map(&MapName::Id(id)).await.unwrap();
-    assert_eq!((info.id, info.key_size), (id, 8));
+    assert_eq!((info.id(), info.key_size()), (id, 8));
     assert_eq!(
         dump_all(&client, &format!("id:{id}"), DumpOptions::default()).await,
         expected
     );
     let listed = client.list_maps().await.unwrap();
-    assert!(listed.iter().any(|m| m.id == id && m.path == "m"));
+    assert!(listed.iter().any(|m| m.id() == id && m.path() == Some("m")));
     assert!(
         listed
             .iter()
-            .any(|m| m.id == unpinned_id && m.path.is_empty())
+            .any(|m| m.id() == unpinned_id && m.path().is_none())
     );
     // A cursor issued for the path is not valid for the id.
     let cursor = mid_cursor(&client, "m").await;
@@ -350,13 +342,17 @@ async fn non_iterable_types_are_failed_precondition_naming_the_type() {
     }
     for (name, _) in &maps {
         let info = client.get_map(&name.parse().unwrap()).await.unwrap();
-        assert_eq!(info.dump_method(), pb::DumpMethod::None, "{name}");
+        assert_eq!(info.dump_method(), DumpMethod::Unsupported, "{name}");
         let e = dump_from(&client, name, "").await.unwrap_err();
         assert_eq!(code_of(&e), Code::FailedPrecondition, "{name}: {e}");
         assert_eq!(reason_of(&e), "MAP_NOT_ITERABLE");
         assert!(e.to_string().contains(&format!("type {name}")), "{e}");
         let e = client
-            .lookup(&name.parse().unwrap(), vec![vec![]])
+            .lookup(
+                &name.parse().unwrap(),
+                vec![vec![]],
+                LookupOptions::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(code_of(&e), Code::FailedPrecondition, "{name}: {e}");
@@ -369,16 +365,22 @@ async fn bad_lookup_and_dump_requests_are_invalid_argument() {
     let (fs, _state, daemon, client) = setup().await;
     let _m = u64_hash(&fs, "m", 10, 16);
     let map: MapName = "m".parse().unwrap();
-    let e = client.lookup(&map, vec![vec![1, 2, 3]]).await.unwrap_err();
+    let e = client
+        .lookup(&map, vec![vec![1, 2, 3]], LookupOptions::default())
+        .await
+        .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
     assert!(
         e.to_string().contains("3 bytes") && e.to_string().contains("8-byte"),
         "{e}"
     );
-    let e = client.lookup(&map, vec![]).await.unwrap_err();
+    let e = client
+        .lookup(&map, Vec::<Key>::new(), LookupOptions::default())
+        .await
+        .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
     let e = client
-        .lookup(&map, vec![vec![0; 8]; 4097])
+        .lookup(&map, vec![vec![0; 8]; 4097], LookupOptions::default())
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);

@@ -14,8 +14,8 @@ use std::{
 };
 
 use bpfmap_client::{
-    ClientTls, Code, ConnectOptions, DumpOptions, Fleet, FleetEvent, FleetOptions, MapName,
-    RetryPolicy, Target, TargetReport, Value,
+    ClientTls, Code, ConnectOptions, DumpOptions, Fleet, FleetDumpOptions, FleetEvent,
+    FleetOptions, LookupOptions, MapName, RetryPolicy, Target, TargetReport, Value,
 };
 use bpfmap_tests::{
     dns::{DnsServer, Zone},
@@ -40,27 +40,9 @@ fn rules() -> Vec<RuleConfig> {
 
 /// Host `n`'s map: `entries` keys n * 1,000,000 + i (u64 LE) -> key * 7.
 fn host_map(fs: &BpfFs, n: u64, entries: u64) -> (OwnedMap, Entries) {
-    let map = create_map(
-        MapType::HASH,
-        8,
-        8,
-        (entries as u32).next_power_of_two().max(64),
-    );
-    let (mut keys, mut values, mut expected) = (Vec::new(), Vec::new(), Entries::new());
-    for i in 0..entries {
-        let k = n * 1_000_000 + i;
-        keys.extend_from_slice(&k.to_le_bytes());
-        values.extend_from_slice(&(k * 7).to_le_bytes());
-        expected.insert(
-            k.to_le_bytes().to_vec(),
-            Value::Single((k * 7).to_le_bytes().to_vec()),
-        );
-    }
-    for (k, v) in keys.chunks(8 * 50_000).zip(values.chunks(8 * 50_000)) {
-        update_batch(&map, k, v);
-    }
-    fs.pin(&map, MAP);
-    (map, expected)
+    let first = n * 1_000_000;
+    let max_entries = (entries as u32).next_power_of_two().max(64);
+    u64_hash_of(fs, MAP, first..first + entries, |k| k * 7, max_entries)
 }
 
 /// One host: its bpffs, state, daemon (in process or a process of its own).
@@ -149,12 +131,18 @@ fn common_port() -> u16 {
 }
 
 fn tls(pki: &Pki) -> ClientTls {
-    ClientTls {
-        // Every daemon's certificate carries "localhost": the fleet's shared
-        // name, checked whatever address a target has.
-        server_name: Some("localhost".into()),
-        ..pki.client("reader", Name::Spiffe(READER), Validity::Now)
-    }
+    // Every daemon's certificate carries "localhost": the fleet's shared
+    // name, checked whatever address a target has.
+    pki.client("reader", Name::Spiffe(READER), Validity::Now)
+        .with_server_name("localhost")
+}
+
+/// A report's error as text ("" when OK).
+fn text(r: &TargetReport) -> String {
+    r.error
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default()
 }
 
 fn target(ip: &str, port: u16) -> Target {
@@ -167,20 +155,16 @@ async fn dump(
     fleet: &Fleet,
     mut on_chunk: impl FnMut(&Target),
 ) -> BTreeMap<Target, (Entries, TargetReport)> {
-    let mut run = fleet.dump(
-        &MAP.parse::<MapName>().unwrap(),
-        DumpOptions {
-            chunk_size: 500,
-            ..Default::default()
-        },
-    );
+    let options =
+        FleetDumpOptions::default().with_dump(DumpOptions::default().with_chunk_size(500));
+    let mut run = fleet.dump(&MAP.parse::<MapName>().unwrap(), options);
     let mut entries: HashMap<Target, Vec<bpfmap_client::Entry>> = HashMap::new();
     let mut out = BTreeMap::new();
     while let Some(event) = run.next().await {
         match event {
             FleetEvent::Answer { target, answer } => {
                 on_chunk(&target);
-                entries.entry(target).or_default().extend(answer);
+                entries.entry(target).or_default().extend(answer.chunk);
             }
             FleetEvent::Done(report) => {
                 let got = collect_unique(entries.remove(&report.target).unwrap_or_default());
@@ -189,6 +173,7 @@ async fn dump(
                     "two reports"
                 );
             }
+            other => panic!("{other:?}"),
         }
     }
     out
@@ -263,21 +248,21 @@ async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries()
     targets.push(targets[0].clone());
     let fleet = Fleet::new(
         targets,
-        ConnectOptions {
-            tls: Some(tls(&pki)),
-            connect_timeout: Duration::from_secs(1),
-        },
+        ConnectOptions::default()
+            .with_tls(tls(&pki))
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_retry(
+                RetryPolicy::default()
+                    .with_max_attempts(20)
+                    .with_min_delay(Duration::from_millis(50))
+                    .with_max_delay(Duration::from_millis(500)),
+            ),
     )
-    .with_options(FleetOptions {
-        concurrency: 8,
-        connect_timeout: Duration::from_secs(2),
-        retry: RetryPolicy {
-            max_attempts: 20,
-            min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(500),
-        },
-        ..FleetOptions::default()
-    });
+    .with_options(
+        FleetOptions::default()
+            .with_concurrency(8)
+            .with_answer_timeout(Duration::from_secs(2)),
+    );
     assert_eq!(fleet.targets().len(), hosts.len() + 6);
 
     // Kill the restarting daemon once its first chunk has arrived; bring it
@@ -317,7 +302,7 @@ async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries()
     };
     for (t, host) in &hosts {
         let (got, r) = &results[t];
-        assert_eq!(r.code, Code::Ok, "{t}: {}", r.message);
+        assert_eq!(r.code(), Code::Ok, "{t}: {}", text(r));
         assert!(r.complete, "{t}");
         assert_eq!(r.entries, host.expected.len() as u64, "{t}");
         assert_eq!(
@@ -329,7 +314,7 @@ async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries()
         assert!(report(t).resumes >= 1, "{t}: the cuts forced resumes");
     }
     let (got, r) = &results[&restarted];
-    assert_eq!(r.code, Code::Ok, "restarted: {}", r.message);
+    assert_eq!(r.code(), Code::Ok, "restarted: {}", text(r));
     assert!(r.resumes >= 1, "the restarted daemon's dump resumed");
     assert_eq!(
         got, &restarted_host.expected,
@@ -337,32 +322,39 @@ async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries()
     );
 
     let r = report(&stopped);
-    assert_eq!(r.code, Code::Unavailable, "stopped: {}", r.message);
-    assert!(
-        r.message.to_lowercase().contains("connect"),
-        "{}",
-        r.message
+    assert_eq!(r.code(), Code::Unavailable, "stopped: {}", text(r));
+    assert!(text(r).to_lowercase().contains("connect"), "{}", text(r));
+    // The report holds the error as the call ended with it: the transport's
+    // status, and under it the refused connection.
+    let e = r.error.as_ref().unwrap();
+    assert_eq!(e.status().map(|s| s.code()), Some(Code::Unavailable));
+    let refused = std::iter::successors(std::error::Error::source(e), |e| e.source())
+        .find_map(|e| e.downcast_ref::<std::io::Error>());
+    assert_eq!(
+        refused.map(std::io::Error::kind),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "{e:?}"
     );
     let r = report(&frozen);
-    assert_eq!(r.code, Code::DeadlineExceeded, "frozen: {}", r.message);
+    assert_eq!(r.code(), Code::DeadlineExceeded, "frozen: {}", text(r));
     let r = report(&foreign);
-    assert_eq!(r.code, Code::Unavailable, "another CA: {}", r.message);
+    assert_eq!(r.code(), Code::Unavailable, "another CA: {}", text(r));
     assert!(
-        r.message.to_lowercase().contains("certificate"),
+        text(r).to_lowercase().contains("certificate"),
         "{}",
-        r.message
+        text(r)
     );
     assert_eq!(
-        report(&denier).code,
+        report(&denier).code(),
         Code::PermissionDenied,
         "{}",
-        report(&denier).message
+        text(report(&denier))
     );
     assert_eq!(
-        report(&bare).code,
+        report(&bare).code(),
         Code::NotFound,
         "{}",
-        report(&bare).message
+        text(report(&bare))
     );
     // The frozen host cost its timeout, not the run: the others went on.
     assert!(took < Duration::from_secs(60), "{took:?}");
@@ -374,15 +366,16 @@ async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries()
         .collect();
     let run = Fleet::new(
         hosts.keys().cloned(),
-        ConnectOptions {
-            tls: Some(tls(&pki)),
-            ..ConnectOptions::default()
-        },
+        ConnectOptions::default().with_tls(tls(&pki)),
     )
-    .lookup(&MAP.parse().unwrap(), keys.clone());
+    .lookup(
+        &MAP.parse().unwrap(),
+        keys.clone(),
+        LookupOptions::default(),
+    );
     for (report, answers) in run.collect().await {
-        assert!(report.is_ok(), "{}: {}", report.target, report.message);
-        let found: Vec<bool> = answers[0].iter().map(|r| r.found).collect();
+        assert!(report.is_ok(), "{}: {}", report.target, text(&report));
+        let found: Vec<bool> = answers[0].iter().map(|r| r.found()).collect();
         let n: u64 = report
             .target
             .as_str()
@@ -422,18 +415,11 @@ async fn dropping_a_fleet_dump_stops_every_daemon_s_dump() {
     }
     let fleet = Fleet::new(
         (2..=6).map(|n| target(&format!("127.0.0.{n}"), port)),
-        ConnectOptions {
-            tls: Some(tls(&pki)),
-            ..ConnectOptions::default()
-        },
+        ConnectOptions::default().with_tls(tls(&pki)),
     );
-    let mut run = fleet.dump(
-        &MAP.parse().unwrap(),
-        DumpOptions {
-            chunk_size: 100,
-            ..Default::default()
-        },
-    );
+    let options =
+        FleetDumpOptions::default().with_dump(DumpOptions::default().with_chunk_size(100));
+    let mut run = fleet.dump(&MAP.parse().unwrap(), options);
     let mut chunks = 0;
     while chunks < 20 {
         if let Some(FleetEvent::Answer { .. }) = run.next().await {
@@ -479,26 +465,6 @@ async fn dropping_a_fleet_dump_stops_every_daemon_s_dump() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// Runs bpfmapctl in process.
-async fn ctl(args: &[&str]) -> (anyhow::Result<()>, String, String) {
-    let mut argv = vec!["bpfmapctl"];
-    argv.extend_from_slice(args);
-    let cli = <bpfmapctl::Cli as clap::Parser>::try_parse_from(argv).expect("valid command line");
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
-    (
-        result,
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
-}
-
-fn json_lines(s: &str) -> Vec<Json> {
-    s.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -741,11 +707,7 @@ async fn an_interrupted_fleet_dump_completes_later_from_another_process() {
     let result = ctl(&["--resume", cursors.to_str().unwrap()], &second)
         .wait_with_output()
         .unwrap();
-    assert!(
-        result.status.success(),
-        "{}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    process::assert_success(&result);
     let mut got: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for f in [&first, &second] {
         for line in std::fs::read_to_string(f).unwrap().lines() {

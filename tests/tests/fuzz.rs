@@ -97,7 +97,10 @@ fn int(size: u32, signed: bool) -> TypeInfo {
     TypeInfo {
         name: String::new(),
         size,
-        kind: Some(Kind::Int(IntType { signed })),
+        kind: Some(Kind::Int(IntType {
+            signed,
+            big_endian: false,
+        })),
     }
 }
 

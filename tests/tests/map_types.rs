@@ -3,7 +3,9 @@
 
 use std::os::fd::AsFd;
 
-use bpfmap_client::{DumpOptions, MapName, Value, pb};
+use bpfmap_client::{
+    DumpMethod, DumpOptions, LookupOptions, MapName, PerCpuValues, Value, ValueRef,
+};
 use bpfmap_kernel::{
     CreateMap, MapHandle, possible_cpus,
     walk::{Position, Walker},
@@ -38,7 +40,7 @@ struct Case {
     fd: OwnedMap,
     expected: Entries,
     type_name: &'static str,
-    method: pb::DumpMethod,
+    method: DumpMethod,
     /// Inner maps that must stay alive while the outer map references them.
     _keep: Vec<OwnedMap>,
 }
@@ -49,7 +51,7 @@ fn case(name: &'static str, fd: OwnedMap, expected: Entries, type_name: &'static
         fd,
         expected,
         type_name,
-        method: pb::DumpMethod::Batch,
+        method: DumpMethod::Batch,
         _keep: Vec::new(),
     }
 }
@@ -226,7 +228,7 @@ fn cases() -> Vec<Case> {
         );
     }
     cases.push(Case {
-        method: pb::DumpMethod::KeyByKey,
+        method: DumpMethod::KeyByKey,
         ..case("devmap", fd, expected, "devmap")
     });
     let fd = create_map(MapType::DEVMAP_HASH, 4, 4, 8);
@@ -239,7 +241,7 @@ fn cases() -> Vec<Case> {
         );
     }
     cases.push(Case {
-        method: pb::DumpMethod::KeyByKey,
+        method: DumpMethod::KeyByKey,
         ..case("devmap_hash", fd, expected, "devmap_hash")
     });
     cases
@@ -266,16 +268,14 @@ async fn every_map_type_dumps_exactly_its_entries_in_both_layouts() {
     for c in &cases {
         let path = format!("types/{}", c.name);
         let info = client.get_map(&path.parse().unwrap()).await.unwrap();
-        assert_eq!(info.type_name, c.type_name, "{path}");
+        assert_eq!(info.type_name(), c.type_name, "{path}");
         assert_eq!(info.dump_method(), c.method, "{path}");
-        assert_eq!(info.path, path);
-        assert_eq!(info.possible_cpus as usize, cpus());
+        assert_eq!(info.path(), Some(path.as_str()));
+        assert_eq!(info.possible_cpus() as usize, cpus());
         for (packed, chunk_size) in [(true, 0), (false, 0), (true, 7), (false, 1)] {
-            let options = DumpOptions {
-                packed,
-                chunk_size,
-                ..Default::default()
-            };
+            let options = DumpOptions::default()
+                .with_packed(packed)
+                .with_chunk_size(chunk_size);
             let got = dump_all(&client, &path, options).await;
             assert_eq!(
                 got, c.expected,
@@ -324,11 +324,11 @@ async fn empty_maps_give_no_entries_and_a_complete_summary() {
     }
     for (name, _) in &maps {
         let map: MapName = format!("empty/{name}").parse().unwrap();
-        let mut dump = client.dump(map, DumpOptions::default());
+        let mut dump = client.dump(&map, DumpOptions::default());
         assert_eq!(dump.next_chunk().await.unwrap(), None, "{name}");
         let s = dump.summary().expect("summary");
-        assert!(s.complete, "{name}");
-        assert_eq!((s.entries, s.chunks), (0, 0), "{name}");
+        assert!(s.complete(), "{name}");
+        assert_eq!((s.entries(), s.chunks()), (0, 0), "{name}");
     }
     daemon.stop().await;
 }
@@ -338,7 +338,7 @@ async fn a_million_entry_hash_map_dumps_completely() {
     let (fs, _state, daemon, client) = setup().await;
     let (_fd, expected) = u64_hash(&fs, "big", 1_000_000, 1_000_000);
     let map: MapName = "big".parse().unwrap();
-    let mut dump = client.dump(map, DumpOptions::default());
+    let mut dump = client.dump(&map, DumpOptions::default());
     let mut got = Entries::new();
     while let Some(chunk) = dump.next_chunk().await.unwrap() {
         for e in chunk {
@@ -348,8 +348,8 @@ async fn a_million_entry_hash_map_dumps_completely() {
     assert_eq!(got.len(), 1_000_000);
     assert!(got == expected, "entries differ from what was written");
     let s = dump.summary().unwrap();
-    assert_eq!(s.entries, 1_000_000);
-    assert!(s.complete);
+    assert_eq!(s.entries(), 1_000_000);
+    assert!(s.complete());
     daemon.stop().await;
 }
 
@@ -382,11 +382,9 @@ async fn chunk_size_one_over_grpc_gives_every_entry_of_colliding_buckets() {
     let (fs, _state, daemon, client) = setup().await;
     let (_fd, expected) = u64_hash(&fs, "collide", 512, 512);
     for packed in [true, false] {
-        let options = DumpOptions {
-            chunk_size: 1,
-            packed,
-            ..Default::default()
-        };
+        let options = DumpOptions::default()
+            .with_chunk_size(1)
+            .with_packed(packed);
         assert_eq!(dump_all(&client, "collide", options).await, expected);
     }
     daemon.stop().await;
@@ -400,20 +398,30 @@ async fn lookup_reports_present_and_absent_keys_in_order() {
     fs.pin(&pc.fd, "pc");
     let map: MapName = "m".parse().unwrap();
     let keys = vec![5u64.to_le_bytes().to_vec(), 500u64.to_le_bytes().to_vec()];
-    let r = client.lookup(&map, keys.clone()).await.unwrap();
+    let r = client
+        .lookup(&map, keys.clone(), LookupOptions::default())
+        .await
+        .unwrap();
     assert_eq!(r.len(), 2);
-    assert_eq!((r[0].key.clone(), r[0].found), (keys[0].clone(), true));
-    assert_eq!(r[0].value, 15u64.to_le_bytes());
-    assert_eq!((r[1].key.clone(), r[1].found), (keys[1].clone(), false));
-    assert!(r[1].value.is_empty());
+    assert_eq!((r[0].key(), r[0].found()), (&keys[0][..], true));
+    assert_eq!(r[0].value(), Some(ValueRef::Single(&15u64.to_le_bytes())));
+    assert_eq!((r[1].key(), r[1].found()), (&keys[1][..], false));
+    assert_eq!(r[1].value(), None);
 
     let r = client
-        .lookup(&"pc".parse().unwrap(), vec![1u32.to_le_bytes().to_vec()])
+        .lookup(
+            &"pc".parse().unwrap(),
+            vec![1u32.to_le_bytes().to_vec()],
+            LookupOptions::default(),
+        )
         .await
         .unwrap();
     let Value::PerCpu(expected) = &pc.expected[&1u32.to_le_bytes().to_vec()] else {
         unreachable!()
     };
-    assert_eq!(&r[0].per_cpu_values, expected);
+    assert_eq!(
+        r[0].value(),
+        Some(ValueRef::PerCpu(PerCpuValues::from_slices(expected)))
+    );
     daemon.stop().await;
 }

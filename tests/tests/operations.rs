@@ -14,7 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bpfmap_client::{Client, ClientTls, DumpOptions, Entry, RetryPolicy, Value, pb};
+use bpfmap_client::{
+    Client, ClientTls, ConnectOptions, DumpOptions, Entry, RetryPolicy, Value, pb,
+};
 use bpfmap_tests::{
     pki::{Name, Pki, Validity},
     process::{DaemonProcess, Launch, free_addr},
@@ -28,12 +30,6 @@ use tonic_health::pb::{
 };
 
 const ALICE: &str = "spiffe://example.org/ops/alice";
-
-fn map_ref(path: &str) -> Option<pb::MapRef> {
-    Some(pb::MapRef {
-        r#ref: Some(pb::map_ref::Ref::Path(path.into())),
-    })
-}
 
 fn dump_request(path: &str, chunk_size: u32, cursor: &str) -> pb::DumpMapRequest {
     pb::DumpMapRequest {
@@ -289,9 +285,17 @@ async fn metrics_count_exactly_the_work_done() {
         assert!(!m.0.contains(forbidden), "{forbidden} in\n{}", m.0);
     }
 
-    // The only dump slot held by a stream that is not read; the next dump
-    // is refused.
-    let mut held = raw
+    // The only dump slot held by a stream that is not read (on a connection
+    // whose flow-control windows hold a few of its 100 chunks, so that it
+    // cannot all be in flight); the next dump is refused.
+    let narrow = tonic::transport::Endpoint::from_shared(daemon.addr())
+        .unwrap()
+        .initial_stream_window_size(Some(2048))
+        .initial_connection_window_size(Some(2048))
+        .connect()
+        .await
+        .unwrap();
+    let mut held = pb::map_service_client::MapServiceClient::new(narrow)
         .dump_map(dump_request("demo/a", 10, ""))
         .await
         .unwrap()
@@ -363,9 +367,10 @@ impl SecretVolume {
 }
 
 async fn tls_client(addr: SocketAddr, tls: &ClientTls) -> Result<Client, bpfmap_client::Error> {
-    let client =
-        Client::connect_with(&format!("https://127.0.0.1:{}", addr.port()), Some(tls)).await?;
-    Ok(client.with_retry(RetryPolicy::never()))
+    let options = ConnectOptions::default()
+        .with_tls(tls.clone())
+        .with_retry(RetryPolicy::never());
+    Client::connect(&format!("https://127.0.0.1:{}", addr.port()), options).await
 }
 
 /// Whether a new connection with `tls` is served (TLS 1.3 reports the
@@ -377,20 +382,26 @@ async fn served(addr: SocketAddr, tls: &ClientTls) -> bool {
     }
 }
 
-/// One TLS connection with `client`'s certificate, trusting `ca`: a
-/// handshake, then a read; the error the server's rejection gives (with
-/// TLS 1.3 a client learns of it only after its handshake).
-async fn one_handshake(addr: SocketAddr, ca: &[u8], client: &ClientTls) -> std::io::Result<()> {
+/// One TLS connection with the certificate `cert` and its `key` (PEM),
+/// trusting `ca`: a handshake, then a read; the error the server's
+/// rejection gives (with TLS 1.3 a client learns of it only after its
+/// handshake).
+async fn one_handshake(
+    addr: SocketAddr,
+    ca: &[u8],
+    cert: &[u8],
+    key: &[u8],
+) -> std::io::Result<()> {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject as _};
     use tokio::io::AsyncReadExt as _;
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca) {
         roots.add(c.unwrap()).unwrap();
     }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&client.cert)
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
         .map(Result::unwrap)
         .collect();
-    let key = PrivateKeyDer::from_pem_slice(&client.key).unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key).unwrap();
     let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -451,11 +462,8 @@ async fn certificates_and_policy_rotate_on_disk_without_cutting_streams() {
     let alice_new = new.client("alice", Name::Spiffe(ALICE), Validity::Now);
     let client = tls_client(daemon.addr, &alice_old).await.unwrap();
     let mut dump = client.dump(
-        "m".parse().unwrap(),
-        DumpOptions {
-            chunk_size: 1000,
-            ..Default::default()
-        },
+        &"m".parse().unwrap(),
+        DumpOptions::default().with_chunk_size(1000),
     );
     let mut got: Vec<Entry> = Vec::new();
     for _ in 0..3 {
@@ -463,11 +471,13 @@ async fn certificates_and_policy_rotate_on_disk_without_cutting_streams() {
     }
 
     // One TLS handshake with a certificate the server does not trust.
-    let stranger = other.client("stranger", Name::Spiffe(ALICE), Validity::Now);
+    other.client("stranger", Name::Spiffe(ALICE), Validity::Now);
+    let read = |pki: &Pki, file: &str| std::fs::read(pki.path(file)).unwrap();
     let refused = one_handshake(
         daemon.addr,
-        &std::fs::read(old.path("ca.pem")).unwrap(),
-        &stranger,
+        &read(&old, "ca.pem"),
+        &read(&other, "stranger.pem"),
+        &read(&other, "stranger.key"),
     )
     .await;
     assert!(
@@ -553,7 +563,7 @@ async fn certificates_and_policy_rotate_on_disk_without_cutting_streams() {
     std::fs::rename(&tmp, daemon.config_path()).unwrap();
     let alice = tls_client(daemon.addr, &alice_new).await.unwrap();
     wait_for("the narrower policy in force", async || {
-        let mut d = alice.dump("m".parse().unwrap(), DumpOptions::default());
+        let mut d = alice.dump(&"m".parse().unwrap(), DumpOptions::default());
         matches!(d.next_chunk().await, Err(e) if code_of(&e) == Code::PermissionDenied)
     })
     .await;
@@ -574,23 +584,18 @@ async fn the_cursor_key_rotates_and_the_previous_key_stays_valid_once() {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let (_a, expected) = u64_array(&fs, "a", 1000);
-    let daemon = DaemonProcess::start(
-        daemon_bin!(),
-        fs.path(),
-        state.path(),
-        free_addr("127.0.0.1"),
-        "",
-    );
-    let client = Client::connect(&daemon.url())
-        .await
-        .unwrap()
-        .with_retry(RetryPolicy::never());
-    let options = |cursor: Option<String>| DumpOptions {
-        chunk_size: 100,
-        cursor,
-        ..Default::default()
+    let daemon = DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
+    let client = Client::connect(
+        &daemon.url(),
+        ConnectOptions::default().with_retry(RetryPolicy::never()),
+    )
+    .await
+    .unwrap();
+    let options = |cursor: Option<String>| match cursor {
+        Some(c) => DumpOptions::default().with_chunk_size(100).with_cursor(c),
+        None => DumpOptions::default().with_chunk_size(100),
     };
-    let mut dump = client.dump("a".parse().unwrap(), options(None));
+    let mut dump = client.dump(&"a".parse().unwrap(), options(None));
     let mut got = Vec::new();
     for _ in 0..3 {
         got.extend(dump.next_chunk().await.unwrap().unwrap());
@@ -615,11 +620,7 @@ async fn the_cursor_key_rotates_and_the_previous_key_stays_valid_once() {
             .arg("--rotate-cursor-key")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        process::assert_success(&out);
         assert!(
             String::from_utf8_lossy(&out.stdout).contains("rotated the cursor key"),
             "{out:?}"
@@ -630,7 +631,7 @@ async fn the_cursor_key_rotates_and_the_previous_key_stays_valid_once() {
     rotate().await;
     // A cursor of the previous key resumes exactly where it was.
     let mut dump = client.dump(
-        "a".parse().unwrap(),
+        &"a".parse().unwrap(),
         options(Some(first_key_cursor.clone())),
     );
     let mut rest: Vec<Entry> = dump
@@ -651,11 +652,11 @@ async fn the_cursor_key_rotates_and_the_previous_key_stays_valid_once() {
     // After a second rotation the first key's cursors are refused; the
     // second key's still work.
     rotate().await;
-    let mut d = client.dump("a".parse().unwrap(), options(Some(first_key_cursor)));
+    let mut d = client.dump(&"a".parse().unwrap(), options(Some(first_key_cursor)));
     let e = d.next_chunk().await.unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
     assert!(e.to_string().contains("not issued by this server"), "{e}");
-    let mut d = client.dump("a".parse().unwrap(), options(Some(second_key_cursor)));
+    let mut d = client.dump(&"a".parse().unwrap(), options(Some(second_key_cursor)));
     let mut n = 0;
     while let Some(chunk) = d.next_chunk().await.unwrap() {
         n += chunk.len();
@@ -676,20 +677,16 @@ async fn sigterm_and_a_restart_mid_dump_cost_the_client_nothing() {
         free_addr("127.0.0.1"),
         &format!("health_listen = \"{health}\"\n[limits]\nshutdown_grace = \"1s\"\n"),
     );
-    let client = Client::connect(&daemon.url())
+    let retry = RetryPolicy::default()
+        .with_max_attempts(100)
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_millis(300));
+    let client = Client::connect(&daemon.url(), ConnectOptions::default().with_retry(retry))
         .await
-        .unwrap()
-        .with_retry(RetryPolicy {
-            max_attempts: 100,
-            min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_millis(300),
-        });
+        .unwrap();
     let mut dump = client.dump(
-        "m".parse().unwrap(),
-        DumpOptions {
-            chunk_size: 1000,
-            ..Default::default()
-        },
+        &"m".parse().unwrap(),
+        DumpOptions::default().with_chunk_size(1000),
     );
     let mut got = Vec::new();
     for _ in 0..5 {
@@ -860,7 +857,9 @@ async fn the_daemon_serves_with_only_the_units_user_and_capabilities() {
     );
     assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
 
-    let client = Client::connect(&daemon.url()).await.unwrap();
+    let client = Client::connect(&daemon.url(), ConnectOptions::default())
+        .await
+        .unwrap();
     assert_eq!(client.list_maps().await.unwrap().len(), 1);
     let entries = dump_all(&client, "m", DumpOptions::default()).await;
     assert_eq!(entries, expected);
@@ -964,9 +963,12 @@ mod systemd {
         let result = std::panic::catch_unwind(|| {
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async {
-                let client = bpfmap_client::Client::connect(&format!("http://{addr}"))
-                    .await
-                    .unwrap();
+                let client = bpfmap_client::Client::connect(
+                    &format!("http://{addr}"),
+                    bpfmap_client::ConnectOptions::default(),
+                )
+                .await
+                .unwrap();
                 let got = dump_all(&client, "m", bpfmap_client::DumpOptions::default()).await;
                 assert_eq!(got, expected);
             });

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bpfmap_client::{DumpOptions, Entry, RetryPolicy, ValueRef, pb};
+use bpfmap_client::{ConnectOptions, DumpOptions, Entry, LookupOptions, RetryPolicy, ValueRef, pb};
 use bpfmap_kernel::{MapHandle, MapOps as _, walk::trie_order};
 use bpfmap_tests::{
     process::{DaemonProcess, free_addr},
@@ -30,12 +30,6 @@ use futures::TryStreamExt as _;
 use tonic::Code;
 
 const MIB: u64 = 1024;
-
-fn map_ref(path: &str) -> Option<pb::MapRef> {
-    Some(pb::MapRef {
-        r#ref: Some(pb::map_ref::Ref::Path(path.into())),
-    })
-}
 
 /// An array of `n` values of `value_size` bytes (value i filled with i).
 fn big_array(fs: &BpfFs, rel: &str, n: u32, value_size: u32) -> OwnedMap {
@@ -53,13 +47,7 @@ async fn hostile_lookups_and_slow_streams_stay_within_the_memory_budget() {
     let state = tempfile::tempdir().unwrap();
     // 512 values of 64 KiB: a chunk holds one (a dump's share is 576 KiB).
     let _big = big_array(&fs, "big", 512, 64 << 10);
-    let daemon = DaemonProcess::start(
-        daemon_bin!(),
-        fs.path(),
-        state.path(),
-        free_addr("127.0.0.1"),
-        "",
-    );
+    let daemon = DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (base, _) = daemon.rss_kib();
 
@@ -265,7 +253,7 @@ async fn silent_connections_are_closed_and_new_clients_still_get_in() {
 }
 
 async fn daemon_client(d: &DaemonProcess) -> bpfmap_client::Client {
-    bpfmap_client::Client::connect(&d.url())
+    bpfmap_client::Client::connect(&d.url(), ConnectOptions::default())
         .await
         .expect("client connects")
 }
@@ -292,15 +280,12 @@ async fn slow_clients_cannot_keep_everyone_else_out() {
     let hurry = Arc::new(AtomicBool::new(false));
     let mut slow = Vec::new();
     for _ in 0..8 {
-        let client = client_from(&daemon.addr(), "127.0.0.1").await;
+        let client = client_from(&daemon.addr(), "127.0.0.1", ConnectOptions::default()).await;
         let hurry = hurry.clone();
         slow.push(tokio::spawn(async move {
             let mut dump = client.dump(
-                "m".parse().unwrap(),
-                DumpOptions {
-                    chunk_size: 1000,
-                    ..Default::default()
-                },
+                &"m".parse().unwrap(),
+                DumpOptions::default().with_chunk_size(1000),
             );
             let mut got = Vec::new();
             while let Some(c) = dump.next_chunk().await.unwrap() {
@@ -321,9 +306,8 @@ async fn slow_clients_cannot_keep_everyone_else_out() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Another address has slots of its own: served at the first try.
-    let other = client_from(&daemon.addr(), "127.0.0.2")
-        .await
-        .with_retry(RetryPolicy::never());
+    let never = ConnectOptions::default().with_retry(RetryPolicy::never());
+    let other = client_from(&daemon.addr(), "127.0.0.2", never).await;
     let t = Instant::now();
     assert_eq!(
         dump_all(&other, "m", DumpOptions::default()).await,
@@ -337,7 +321,7 @@ async fn slow_clients_cannot_keep_everyone_else_out() {
     );
     // The same address: refused at first, then served once a slow reader's
     // slot expires (the library retries RESOURCE_EXHAUSTED with backoff).
-    let same = client_from(&daemon.addr(), "127.0.0.1").await;
+    let same = client_from(&daemon.addr(), "127.0.0.1", ConnectOptions::default()).await;
     let t = Instant::now();
     assert_eq!(dump_all(&same, "m", DumpOptions::default()).await, expected);
     let expired = stats.slots_expired.load(Ordering::SeqCst);
@@ -394,13 +378,7 @@ async fn sigterm_stops_the_daemon_quickly_whatever_its_clients_do() {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let (_m, _) = u64_hash(&fs, "m", 200_000, 262_144);
-    let mut daemon = DaemonProcess::start(
-        daemon_bin!(),
-        fs.path(),
-        state.path(),
-        free_addr("127.0.0.1"),
-        "",
-    );
+    let mut daemon = DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
     // A reader that stopped reading, an idle connection, a silent one.
     let channel = channel_from(&daemon.url(), "127.0.0.1").await;
     let mut raw = pb::map_service_client::MapServiceClient::new(channel);
@@ -562,11 +540,8 @@ async fn trie_and_hash_dumps_under_a_churning_writer_deliver_stable_keys_exactly
         for map in ["trie", "hash"] {
             let entries: Vec<Entry> = client
                 .dump(
-                    map.parse().unwrap(),
-                    DumpOptions {
-                        chunk_size: chunk,
-                        ..Default::default()
-                    },
+                    &map.parse().unwrap(),
+                    DumpOptions::default().with_chunk_size(chunk),
                 )
                 .into_entries()
                 .try_collect()
@@ -610,13 +585,7 @@ async fn bpfmapctl_cut_off_by_a_failing_daemon_keeps_every_line_and_resumes_exac
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let (_m, expected) = u64_hash(&fs, "m", 1_500_000, 2_000_000);
-    let mut daemon = DaemonProcess::start(
-        daemon_bin!(),
-        fs.path(),
-        state.path(),
-        free_addr("127.0.0.1"),
-        "",
-    );
+    let mut daemon = DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
     let out = tempfile::tempdir().unwrap();
     let url = daemon.url();
     let ctl = |args: &[&str], stdout: &std::path::Path| {
@@ -682,11 +651,7 @@ async fn bpfmapctl_cut_off_by_a_failing_daemon_keeps_every_line_and_resumes_exac
     let rest = ctl(&["dump", "m", "--cursor", &cursor], &second)
         .wait_with_output()
         .unwrap();
-    assert!(
-        rest.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rest.stderr)
-    );
+    process::assert_success(&rest);
     for line in std::fs::read_to_string(&second).unwrap().lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         assert!(
@@ -708,8 +673,10 @@ async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
     // With the default memory (a 12 MiB pool), a dump of such entries, which
     // holds up to four of them, is refused, saying what to raise.
     let daemon = Daemon::start(fs.path(), state.path()).await;
-    let client = daemon.client().await.with_retry(RetryPolicy::never());
-    let mut dump = client.dump("big".parse().unwrap(), DumpOptions::default());
+    let client = daemon
+        .client_with(ConnectOptions::default().with_retry(RetryPolicy::never()))
+        .await;
+    let mut dump = client.dump(&"big".parse().unwrap(), DumpOptions::default());
     let e = dump.next_chunk().await.unwrap_err();
     assert_eq!(code_of(&e), Code::FailedPrecondition, "{e}");
     assert_eq!(reason_of(&e), "ENTRY_TOO_LARGE");
@@ -720,10 +687,15 @@ async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
     // One at a time, a Lookup can still read one.
     let map = "big".parse().unwrap();
     let one = client
-        .lookup(&map, vec![1u32.to_le_bytes().to_vec()])
+        .lookup(
+            &map,
+            vec![1u32.to_le_bytes().to_vec()],
+            LookupOptions::default(),
+        )
         .await
         .unwrap();
-    assert_eq!(one[0].value, vec![1u8; value_size as usize]);
+    let want = vec![1u8; value_size as usize];
+    assert!(one[0].value() == Some(ValueRef::Single(&want)));
     daemon.stop().await;
 
     // With more memory they are served, one per message.
@@ -736,7 +708,7 @@ async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
     })
     .await;
     let client = daemon.client().await;
-    let mut dump = client.dump("big".parse().unwrap(), DumpOptions::default());
+    let mut dump = client.dump(&"big".parse().unwrap(), DumpOptions::default());
     let mut seen = 0;
     while let Some(chunk) = dump.next_chunk().await.unwrap() {
         assert_eq!(chunk.len(), 1, "one entry per message");
@@ -750,14 +722,23 @@ async fn entries_larger_than_a_chunk_travel_alone_and_lookups_are_bounded() {
     }
     assert_eq!(seen, 3);
     let keys: Vec<Vec<u8>> = (0u32..3).map(|i| i.to_le_bytes().to_vec()).collect();
-    let e = client.lookup(&map, keys.clone()).await.unwrap_err();
+    let e = client
+        .lookup(&map, keys.clone(), LookupOptions::default())
+        .await
+        .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
     assert_eq!(reason_of(&e), "RESPONSE_TOO_LARGE");
     assert!(
         e.to_string().contains("only one key of this map fits"),
         "{e}"
     );
-    let one = client.lookup(&map, keys[2..].to_vec()).await.unwrap();
-    assert_eq!(one[0].value.len(), value_size as usize);
+    let one = client
+        .lookup(&map, keys[2..].to_vec(), LookupOptions::default())
+        .await
+        .unwrap();
+    let Some(ValueRef::Single(v)) = one[0].value() else {
+        panic!("found, not per-CPU")
+    };
+    assert_eq!(v.len(), value_size as usize);
     daemon.stop().await;
 }

@@ -4,7 +4,10 @@
 
 use std::{sync::atomic::Ordering, time::Duration};
 
-use bpfmap_client::{Client, ClientTls, DumpOptions, MapName, RetryPolicy, pb};
+use bpfmap_client::{
+    Client, ClientTls, ConnectOptions, DumpOptions, LookupOptions, MapInfo, MapName, RetryPolicy,
+    pb,
+};
 use bpfmap_tests::{
     pki::{Name, Pki, Validity},
     *,
@@ -58,11 +61,12 @@ impl Secure {
 
     async fn client(&self, stem: &str, name: Name<'_>) -> Client {
         let tls = self.pki.client(stem, name, Validity::Now);
-        self.daemon
-            .tls_client(&tls)
+        let options = ConnectOptions::default()
+            .with_tls(tls)
+            .with_retry(RetryPolicy::never());
+        Client::connect(&self.daemon.tls_addr(), options)
             .await
             .unwrap()
-            .with_retry(RetryPolicy::never())
     }
 }
 
@@ -159,12 +163,11 @@ async fn certificates_from_another_ca_expired_or_not_yet_valid_are_refused() {
     )
     .await;
     let other = Pki::new();
-    let foreign = other.client("foreign", Name::Spiffe(OPS), Validity::Now);
+    other.client("foreign", Name::Spiffe(OPS), Validity::Now);
     // Trust our CA for the server, present the other CA's certificate.
-    let foreign = ClientTls {
-        ca: std::fs::read(s.pki.path("ca.pem")).unwrap(),
-        ..foreign
-    };
+    let foreign = s
+        .pki
+        .client_tls(&other.path("foreign.pem"), &other.path("foreign.key"));
     let expired = s
         .pki
         .client("expired", Name::Spiffe(OPS), Validity::Expired);
@@ -212,7 +215,11 @@ async fn the_policy_decides_who_sees_and_reads_what() {
     let nobody = s.client("nobody", Name::Cn("mallory")).await;
 
     // ListMaps shows only what the caller may list.
-    let paths = |maps: Vec<pb::MapInfo>| maps.into_iter().map(|m| m.path).collect::<Vec<_>>();
+    let paths = |maps: Vec<MapInfo>| {
+        maps.iter()
+            .map(|m| m.path().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
     // (Symlinks are not listed; they resolve when named.)
     assert_eq!(paths(ops.list_maps().await.unwrap()), ["demo/a", "demo/b"]);
     assert!(nobody.list_maps().await.unwrap().is_empty());
@@ -225,10 +232,7 @@ async fn the_policy_decides_who_sees_and_reads_what() {
     // Dumping needs no other permission, in either layout.
     let dumper = s.client("dumper", Name::Cn("dumper")).await;
     for packed in [true, false] {
-        let options = DumpOptions {
-            packed,
-            ..Default::default()
-        };
+        let options = DumpOptions::default().with_packed(packed);
         assert_eq!(dump_all(&dumper, "demo/a", options).await, expected_a);
     }
     assert!(dumper.list_maps().await.unwrap().is_empty());
@@ -240,7 +244,7 @@ async fn the_policy_decides_who_sees_and_reads_what() {
         let c = c.clone();
         let m: MapName = m.parse().unwrap();
         async move {
-            let mut d = c.dump(m, DumpOptions::default());
+            let mut d = c.dump(&m, DumpOptions::default());
             d.next_chunk().await.map(|_| ())
         }
     };
@@ -263,9 +267,13 @@ async fn the_policy_decides_who_sees_and_reads_what() {
     // Operation not granted; identity without rules.
     let key = vec![0u8; 8];
     denied(
-        ops.lookup(&"demo/a".parse().unwrap(), vec![key.clone()])
-            .await
-            .unwrap_err(),
+        ops.lookup(
+            &"demo/a".parse().unwrap(),
+            vec![key.clone()],
+            LookupOptions::default(),
+        )
+        .await
+        .unwrap_err(),
     );
     denied(dump(&nobody, "demo/a").await.unwrap_err());
     // A certificate whose only name is a CN that reads like an allowed SPIFFE
@@ -282,10 +290,14 @@ async fn the_policy_decides_who_sees_and_reads_what() {
     );
     // The DNS-named identity may look up in other/*, nothing else.
     let r = reader
-        .lookup(&"other/c".parse().unwrap(), vec![key])
+        .lookup(
+            &"other/c".parse().unwrap(),
+            vec![key],
+            LookupOptions::default(),
+        )
         .await
         .unwrap();
-    assert!(r[0].found);
+    assert!(r[0].found());
     denied(dump(&reader, "other/c").await.unwrap_err());
     s.daemon.stop().await;
 }
@@ -301,20 +313,14 @@ async fn a_cursor_replayed_by_another_identity_is_rejected() {
     let alice = s.client("alice", Name::Spiffe(OPS)).await;
     let bob = s.client("bob", Name::Spiffe(OPS2)).await;
     let mut d = alice.dump(
-        "m".parse().unwrap(),
-        DumpOptions {
-            chunk_size: 100,
-            ..Default::default()
-        },
+        &"m".parse().unwrap(),
+        DumpOptions::default().with_chunk_size(100),
     );
     let first = d.next_chunk().await.unwrap().unwrap();
     let cursor = d.cursor().to_owned();
     drop(d);
-    let options = DumpOptions {
-        cursor: Some(cursor.clone()),
-        ..Default::default()
-    };
-    let mut stolen = bob.dump("m".parse().unwrap(), options.clone());
+    let options = DumpOptions::default().with_cursor(cursor.clone());
+    let mut stolen = bob.dump(&"m".parse().unwrap(), options.clone());
     let e = stolen.next_chunk().await.unwrap_err();
     assert_eq!(code_of(&e), Code::PermissionDenied, "{e}");
     assert_eq!(reason_of(&e), "CURSOR_OTHER_IDENTITY");
@@ -340,16 +346,15 @@ async fn dumps_beyond_the_limit_get_resource_exhausted_and_the_rest_are_served()
         ..Daemon::config(fs.path(), state.path())
     })
     .await;
-    let client = daemon.client().await.with_retry(RetryPolicy::never());
+    let client = daemon
+        .client_with(ConnectOptions::default().with_retry(RetryPolicy::never()))
+        .await;
     // Twice the limit, at once; each reads one chunk and holds its stream.
     let opened = futures::future::join_all((0..8).map(|_| {
         let client = client.clone();
         async move {
-            let options = DumpOptions {
-                chunk_size: 10,
-                ..Default::default()
-            };
-            let mut d = client.dump("m".parse().unwrap(), options);
+            let options = DumpOptions::default().with_chunk_size(10);
+            let mut d = client.dump(&"m".parse().unwrap(), options);
             d.next_chunk().await.map(|c| (d, c.unwrap()))
         }
     }))
@@ -458,15 +463,7 @@ async fn a_client_that_never_reads_is_cut_off_and_can_resume() {
     assert!(status.message().contains("resume"), "{}", status.message());
     // ... and resumes from its last cursor.
     let client = daemon.client().await;
-    let rest = dump_all(
-        &client,
-        "m",
-        DumpOptions {
-            cursor: Some(cursor),
-            ..Default::default()
-        },
-    )
-    .await;
+    let rest = dump_all(&client, "m", DumpOptions::default().with_cursor(cursor)).await;
     got.extend(rest);
     assert!(got == expected, "resumed dump differs from the map");
     daemon.stop().await;
@@ -507,7 +504,7 @@ async fn garbage_plaintext_and_silent_clients_on_the_tls_port() {
         "silent connection kept open"
     );
     // A plaintext gRPC client.
-    let plain = Client::connect_lazy(&s.daemon.addr()).unwrap();
+    let plain = Client::connect_lazy(&s.daemon.addr(), ConnectOptions::default()).unwrap();
     let e = plain.list_maps().await.unwrap_err();
     assert!(
         matches!(
@@ -538,25 +535,24 @@ async fn oversized_requests_and_bad_bounds_are_refused_with_what_is_allowed() {
         ..Daemon::config(fs.path(), state.path())
     })
     .await;
-    let client = daemon.client().await.with_retry(RetryPolicy::never());
+    let client = daemon
+        .client_with(ConnectOptions::default().with_retry(RetryPolicy::never()))
+        .await;
     let map: MapName = "m".parse().unwrap();
     // 4000 keys of 8 bytes: over 16 KiB.
     let e = client
-        .lookup(&map, vec![vec![0; 8]; 4000])
+        .lookup(&map, vec![vec![0; 8]; 4000], LookupOptions::default())
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::OutOfRange, "{e}");
     assert!(e.to_string().contains("16384"), "{e}");
     // Within the size, over the key count.
-    let daemon_ok = client.lookup(&map, vec![vec![0; 8]; 1000]).await.unwrap();
+    let daemon_ok = client
+        .lookup(&map, vec![vec![0; 8]; 1000], LookupOptions::default())
+        .await
+        .unwrap();
     assert_eq!(daemon_ok.len(), 1000);
-    let mut d = client.dump(
-        map,
-        DumpOptions {
-            chunk_size: 1_000_000,
-            ..Default::default()
-        },
-    );
+    let mut d = client.dump(&map, DumpOptions::default().with_chunk_size(1_000_000));
     let e = d.next_chunk().await.unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
     assert!(e.to_string().contains("65536"), "{e}");
@@ -608,11 +604,11 @@ async fn certificates_and_policy_reload_without_a_restart() {
         refused(&s.daemon, &old).await,
         "a certificate from the old CA is still accepted"
     );
-    let new = pki2.client("new", Name::Spiffe(OPS), Validity::Now);
-    let new = ClientTls {
-        ca: std::fs::read(s.pki.path("ca.pem")).unwrap(), // the server cert is unchanged
-        ..new
-    };
+    pki2.client("new", Name::Spiffe(OPS), Validity::Now);
+    // The server's certificate is unchanged: trust its CA.
+    let new = s
+        .pki
+        .client_tls(&pki2.path("new.pem"), &pki2.path("new.key"));
     s.daemon
         .tls_client(&new)
         .await
@@ -654,43 +650,36 @@ async fn grpcurl_with_a_client_certificate_lists_and_dumps() {
     );
     let addr = s.daemon.running.local_addr().to_string();
     let dir = s.pki.path("");
-    let run = |stem: &'static str, flags: Vec<&'static str>, args: Vec<&'static str>| {
-        let (dir, addr) = (dir.clone(), addr.clone());
-        tokio::task::spawn_blocking(move || {
-            let file = |f: String| dir.join(f).into_os_string();
-            let mut argv = vec![
-                "-cacert".into(),
-                file("ca.pem".into()),
-                "-cert".into(),
-                file(format!("{stem}.pem")),
-                "-key".into(),
-                file(format!("{stem}.key")),
-            ];
-            argv.extend(flags.iter().map(Into::into));
-            argv.push(addr.into());
-            argv.extend(args.iter().map(Into::into));
-            grpcurl(&argv)
-        })
+    let run = async |stem: &str, flags: &[&str], args: &[&str]| {
+        let file = |f: String| dir.join(f).into_os_string();
+        let mut argv = vec![
+            "-cacert".into(),
+            file("ca.pem".into()),
+            "-cert".into(),
+            file(format!("{stem}.pem")),
+            "-key".into(),
+            file(format!("{stem}.key")),
+        ];
+        argv.extend(flags.iter().map(Into::into));
+        grpcurl(&argv, &addr, args).await
     };
-    let (ok, out, err) = run("grpcurl", vec![], vec!["list"]).await.unwrap();
+    let (ok, out, err) = run("grpcurl", &[], &["list"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("bpfmap.v1.MapService"), "{out}");
     let (ok, out, err) = run(
         "grpcurl",
-        vec!["-d", r#"{"map":{"path":"demo/m"}}"#],
-        vec!["bpfmap.v1.MapService/DumpMap"],
+        &["-d", r#"{"map":{"path":"demo/m"}}"#],
+        &["bpfmap.v1.MapService/DumpMap"],
     )
-    .await
-    .unwrap();
+    .await;
     assert!(ok, "{err}");
     assert_eq!(out.matches("\"key\"").count(), 30, "{out}");
     let (ok, _, err) = run(
         "stranger",
-        vec!["-d", r#"{"map":{"path":"demo/m"}}"#],
-        vec!["bpfmap.v1.MapService/DumpMap"],
+        &["-d", r#"{"map":{"path":"demo/m"}}"#],
+        &["bpfmap.v1.MapService/DumpMap"],
     )
-    .await
-    .unwrap();
+    .await;
     assert!(!ok);
     assert!(err.contains("PermissionDenied"), "{err}");
     s.daemon.stop().await;

@@ -8,20 +8,18 @@ use std::{
     time::Duration,
 };
 
-use bpfmap_client::{Client, DumpOptions, Entry, RetryPolicy};
+use bpfmap_client::{Client, ConnectOptions, DumpOptions, Entry, RetryPolicy};
 use bpfmap_tests::*;
 
 fn opts(chunk_size: u32, cursor: Option<String>) -> DumpOptions {
-    DumpOptions {
-        chunk_size,
-        cursor,
-        ..Default::default()
-    }
+    DumpOptions::default()
+        .with_chunk_size(chunk_size)
+        .with_cursor(cursor.unwrap_or_default())
 }
 
 /// Reads a whole dump chunk by chunk: (entries of each chunk, its cursor).
 async fn chunks(client: &Client, map: &str, options: DumpOptions) -> Vec<(Vec<Entry>, String)> {
-    let mut dump = client.dump(map.parse().unwrap(), options);
+    let mut dump = client.dump(&map.parse().unwrap(), options);
     let mut out = Vec::new();
     while let Some(c) = dump.next_chunk().await.unwrap() {
         assert_eq!(
@@ -74,7 +72,7 @@ async fn a_cursor_survives_a_daemon_restart() {
     let mut dump = first
         .client()
         .await
-        .dump("m".parse().unwrap(), opts(500, None));
+        .dump(&"m".parse().unwrap(), opts(500, None));
     let mut got = Vec::new();
     for _ in 0..3 {
         got.extend(dump.next_chunk().await.unwrap().unwrap());
@@ -86,16 +84,7 @@ async fn a_cursor_survives_a_daemon_restart() {
     let second = Daemon::start(fs.path(), state.path()).await;
     assert_ne!(second.addr(), "", "new daemon");
     let client = second.client().await;
-    let rest: Vec<Entry> = {
-        use futures::TryStreamExt as _;
-        client
-            .dump("m".parse().unwrap(), opts(500, Some(cursor)))
-            .into_entries()
-            .try_collect()
-            .await
-            .unwrap()
-    };
-    got.extend(rest);
+    got.extend(dump_entries(&client, "m", opts(500, Some(cursor))).await);
     assert_eq!(collect_unique(got), expected);
     second.stop().await;
 }
@@ -109,15 +98,18 @@ async fn the_client_resumes_by_itself_when_the_daemon_restarts_mid_stream() {
     let (_fd, expected) = u64_hash(&fs, "m", 200_000, 262_144);
     let first = Daemon::start(fs.path(), state.path()).await;
     let addr = first.running.local_addr();
-    let client = Client::connect(&first.addr())
-        .await
-        .unwrap()
-        .with_retry(RetryPolicy {
-            max_attempts: 50,
-            min_delay: Duration::from_millis(20),
-            max_delay: Duration::from_millis(200),
-        });
-    let mut dump = client.dump("m".parse().unwrap(), opts(100, None));
+    let client = Client::connect(
+        &first.addr(),
+        ConnectOptions::default().with_retry(
+            RetryPolicy::default()
+                .with_max_attempts(50)
+                .with_min_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(200)),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut dump = client.dump(&"m".parse().unwrap(), opts(100, None));
     let mut got = Vec::new();
     for _ in 0..3 {
         got.extend(dump.next_chunk().await.unwrap().unwrap());
@@ -144,15 +136,18 @@ async fn the_client_resumes_after_a_network_cut() {
     let (_fd, expected) = u64_hash(&fs, "m", 20_000, 32_768);
     // Cut the first connection after about 64 KiB from the server.
     let proxy = CutProxy::start(daemon.running.local_addr(), 64 * 1024).await;
-    let client = Client::connect(&format!("http://{}", proxy.addr))
-        .await
-        .unwrap()
-        .with_retry(RetryPolicy {
-            max_attempts: 20,
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(100),
-        });
-    let mut dump = client.dump("m".parse().unwrap(), opts(200, None));
+    let client = Client::connect(
+        &format!("http://{}", proxy.addr),
+        ConnectOptions::default().with_retry(
+            RetryPolicy::default()
+                .with_max_attempts(20)
+                .with_min_delay(Duration::from_millis(10))
+                .with_max_delay(Duration::from_millis(100)),
+        ),
+    )
+    .await
+    .unwrap();
+    let mut dump = client.dump(&"m".parse().unwrap(), opts(200, None));
     let mut got = Vec::new();
     while let Some(c) = dump.next_chunk().await.unwrap() {
         got.extend(c);
@@ -168,7 +163,7 @@ async fn cancelling_a_stream_stops_the_kernel_reads() {
     let (_fd, _) = u64_hash(&fs, "m", 200_000, 262_144);
     let stats = daemon.running.stats().clone();
     let before = stats.chunks_read.load(Ordering::SeqCst);
-    let mut dump = client.dump("m".parse().unwrap(), opts(10, None));
+    let mut dump = client.dump(&"m".parse().unwrap(), opts(10, None));
     for _ in 0..2 {
         dump.next_chunk().await.unwrap().unwrap();
     }
@@ -266,12 +261,8 @@ async fn a_limited_dump_with_small_chunks_reaches_its_limit_and_resumes_exactly(
     // 5000 keys in 8192 buckets: many buckets hold several keys.
     let (_m, expected) = u64_hash(&fs, "m", 5000, 8192);
     let mut dump = client.dump(
-        "m".parse().unwrap(),
-        DumpOptions {
-            chunk_size: 1,
-            limit: 500,
-            ..Default::default()
-        },
+        &"m".parse().unwrap(),
+        DumpOptions::default().with_chunk_size(1).with_limit(500),
     );
     let mut got = Vec::new();
     while let Some(c) = dump.next_chunk().await.unwrap() {
@@ -281,19 +272,8 @@ async fn a_limited_dump_with_small_chunks_reaches_its_limit_and_resumes_exactly(
     // A hash bucket is never split, so the call stops before a bucket that
     // would overshoot: a few entries short of the limit at most.
     assert!((495..=500).contains(&got.len()), "{} entries", got.len());
-    let rest: Vec<Entry> = {
-        use futures::TryStreamExt as _;
-        client
-            .dump(
-                "m".parse().unwrap(),
-                opts(64, Some(dump.cursor().to_owned())),
-            )
-            .into_entries()
-            .try_collect()
-            .await
-            .unwrap()
-    };
-    got.extend(rest);
+    let rest = opts(64, Some(dump.cursor().to_owned()));
+    got.extend(dump_entries(&client, "m", rest).await);
     assert_eq!(collect_unique(got), expected);
     daemon.stop().await;
 }
@@ -305,7 +285,7 @@ async fn default_chunks_start_small_and_grow_to_the_dumps_share() {
     let (_fd, expected) = u64_hash(&fs, "m", 100_000, 131_072);
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let client = daemon.client().await;
-    let mut dump = client.dump("m".parse().unwrap(), DumpOptions::default());
+    let mut dump = client.dump(&"m".parse().unwrap(), DumpOptions::default());
     let (mut sizes, mut got) = (Vec::new(), Vec::new());
     while let Some(c) = dump.next_chunk().await.unwrap() {
         sizes.push(c.len());
@@ -339,12 +319,10 @@ async fn limited_dumps_with_default_chunks_never_exceed_their_limit_and_resume_e
     let (mut got, mut cursor, mut calls) = (Vec::new(), None, 0);
     loop {
         let mut dump = client.dump(
-            "m".parse().unwrap(),
-            DumpOptions {
-                limit: 1025,
-                cursor: cursor.clone(),
-                ..Default::default()
-            },
+            &"m".parse().unwrap(),
+            DumpOptions::default()
+                .with_limit(1025)
+                .with_cursor(cursor.clone().unwrap_or_default()),
         );
         let mut n = 0;
         while let Some(c) = dump.next_chunk().await.unwrap() {

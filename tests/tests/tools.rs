@@ -4,25 +4,7 @@
 use base64::Engine as _;
 use bpfmap_client::Value;
 use bpfmap_tests::*;
-use clap::Parser as _;
 use serde_json::Value as Json;
-
-/// Runs `grpcurl -plaintext FLAGS ADDR ARGS`; (success, stdout, stderr).
-fn run_grpcurl(addr: &str, flags: &[&str], args: &[&str]) -> (bool, String, String) {
-    let mut argv = vec!["-plaintext"];
-    argv.extend_from_slice(flags);
-    argv.push(addr);
-    argv.extend_from_slice(args);
-    grpcurl(&argv)
-}
-
-/// grpcurl prints a stream as concatenated JSON documents.
-fn json_stream(s: &str) -> Vec<Json> {
-    serde_json::Deserializer::from_str(s)
-        .into_iter::<Json>()
-        .collect::<Result<_, _>>()
-        .expect("grpcurl prints JSON")
-}
 
 fn b64(s: &Json) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
@@ -40,30 +22,17 @@ async fn grpcurl_lists_describes_and_dumps_through_reflection() {
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let addr = daemon.running.local_addr().to_string();
 
-    let addr2 = addr.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || run_grpcurl(&addr2, &[], &["list"]))
-        .await
-        .unwrap();
+    let (ok, out, err) = grpcurl_plain(&addr, &[], &["list"]).await;
     assert!(ok, "{err}");
     for svc in ["bpfmap.v1.MapService", "grpc.health.v1.Health"] {
         assert!(out.lines().any(|l| l == svc), "{svc} missing from:\n{out}");
     }
 
-    let a = addr.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        run_grpcurl(&a, &[], &["describe", "bpfmap.v1.MapService"])
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = grpcurl_plain(&addr, &[], &["describe", "bpfmap.v1.MapService"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("rpc DumpMap ( .bpfmap.v1.DumpMapRequest ) returns ( stream .bpfmap.v1.DumpMapResponse )"), "{out}");
 
-    let a = addr.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        run_grpcurl(&a, &[], &["bpfmap.v1.MapService/ListMaps"])
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = grpcurl_plain(&addr, &[], &["bpfmap.v1.MapService/ListMaps"]).await;
     assert!(ok, "{err}");
     let list = &json_stream(&out)[0]["maps"];
     let paths: Vec<&str> = list
@@ -76,16 +45,12 @@ async fn grpcurl_lists_describes_and_dumps_through_reflection() {
     assert_eq!(list[1]["typeName"], "hash");
     assert_eq!(list[1]["dumpMethod"], "DUMP_METHOD_BATCH");
 
-    let a = addr.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        run_grpcurl(
-            &a,
-            &["-d", r#"{"map":{"path":"demo/flows"},"chunk_size":100}"#],
-            &["bpfmap.v1.MapService/DumpMap"],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = grpcurl_plain(
+        &addr,
+        &["-d", r#"{"map":{"path":"demo/flows"},"chunk_size":100}"#],
+        &["bpfmap.v1.MapService/DumpMap"],
+    )
+    .await;
     assert!(ok, "{err}");
     let msgs = json_stream(&out);
     let mut got = Entries::new();
@@ -106,60 +71,50 @@ async fn grpcurl_lists_describes_and_dumps_through_reflection() {
     assert_eq!(last["summary"]["complete"], true);
 
     // Per-CPU values and errors as grpcurl shows them.
-    let a = addr.clone();
-    let (ok, out, err) = tokio::task::spawn_blocking(move || {
-        run_grpcurl(
-            &a,
-            &["-d", r#"{"map":{"path":"demo/counters"}}"#],
-            &["bpfmap.v1.MapService/DumpMap"],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, out, err) = grpcurl_plain(
+        &addr,
+        &["-d", r#"{"map":{"path":"demo/counters"}}"#],
+        &["bpfmap.v1.MapService/DumpMap"],
+    )
+    .await;
     assert!(ok, "{err}");
     let first = &json_stream(&out)[0]["entries"][0];
     assert_eq!(
         first["perCpuValues"].as_array().unwrap().len(),
         bpfmap_kernel::possible_cpus() as usize
     );
-    let a = addr.clone();
-    let (ok, _, err) = tokio::task::spawn_blocking(move || {
-        run_grpcurl(
-            &a,
-            &["-d", r#"{"map":{"path":"demo/nope"}}"#],
-            &["bpfmap.v1.MapService/DumpMap"],
-        )
-    })
-    .await
-    .unwrap();
+    let (ok, _, err) = grpcurl_plain(
+        &addr,
+        &["-d", r#"{"map":{"path":"demo/nope"}}"#],
+        &["bpfmap.v1.MapService/DumpMap"],
+    )
+    .await;
     assert!(!ok);
     assert!(
         err.contains("NotFound") && err.contains("demo/nope"),
         "{err}"
     );
 
-    let a = addr.clone();
-    let (ok, out, err) =
-        tokio::task::spawn_blocking(move || run_grpcurl(&a, &[], &["grpc.health.v1.Health/Check"]))
-            .await
-            .unwrap();
+    let (ok, out, err) = grpcurl_plain(&addr, &[], &["grpc.health.v1.Health/Check"]).await;
     assert!(ok, "{err}");
     assert_eq!(json_stream(&out)[0]["status"], "SERVING");
     daemon.stop().await;
 }
 
-async fn ctl(addr: &str, args: &[&str]) -> (anyhow::Result<()>, Vec<Json>, String) {
-    let mut argv = vec!["bpfmapctl", "--addr", addr];
+/// Runs bpfmapctl against `addr`: (its result, stdout as JSON lines,
+/// stderr).
+async fn ctl_at(addr: &str, args: &[&str]) -> (anyhow::Result<()>, Vec<Json>, String) {
+    let mut argv = vec!["--addr", addr];
     argv.extend_from_slice(args);
-    let cli = bpfmapctl::Cli::try_parse_from(argv).expect("valid command line");
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
-    let lines = String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
-        .collect();
-    (result, lines, String::from_utf8(err).unwrap())
+    let (result, out, err) = ctl(&argv).await;
+    (result, json_lines(&out), err)
+}
+
+/// `grpcurl -plaintext FLAGS ADDR ARGS`.
+async fn grpcurl_plain(addr: &str, flags: &[&str], args: &[&str]) -> (bool, String, String) {
+    let mut all = vec!["-plaintext"];
+    all.extend_from_slice(flags);
+    grpcurl(&all, addr, args).await
 }
 
 #[tokio::test]
@@ -170,14 +125,14 @@ async fn bpfmapctl_prints_json_lines() {
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let addr = daemon.addr();
 
-    let (r, lines, _) = ctl(&addr, &["list"]).await;
+    let (r, lines, _) = ctl_at(&addr, &["list"]).await;
     r.unwrap();
     assert_eq!(lines.len(), 1);
     assert_eq!(lines[0]["path"], "m");
     assert_eq!(lines[0]["type"], "hash");
     assert_eq!(lines[0]["dump_method"], "batch");
 
-    let (r, lines, summary) = ctl(&addr, &["dump", "m", "--chunk-size", "7"]).await;
+    let (r, lines, summary) = ctl_at(&addr, &["dump", "m", "--chunk-size", "7"]).await;
     r.unwrap();
     let got: Entries = lines
         .iter()
@@ -193,17 +148,17 @@ async fn bpfmapctl_prints_json_lines() {
     assert_eq!(summary["complete"], true);
 
     // --limit, then --cursor resumes after it.
-    let (r, first, summary) = ctl(&addr, &["dump", "m", "--limit", "20"]).await;
+    let (r, first, summary) = ctl_at(&addr, &["dump", "m", "--limit", "20"]).await;
     r.unwrap();
     assert!(first.len() <= 20 && !first.is_empty());
     let summary: Json = serde_json::from_str(summary.trim()).unwrap();
     assert_eq!(summary["complete"], false);
     let cursor = summary["cursor"].as_str().unwrap();
-    let (r, rest, _) = ctl(&addr, &["dump", "m", "--cursor", cursor]).await;
+    let (r, rest, _) = ctl_at(&addr, &["dump", "m", "--cursor", cursor]).await;
     r.unwrap();
     assert_eq!(first.len() + rest.len(), 50);
 
-    let (r, lines, _) = ctl(
+    let (r, lines, _) = ctl_at(
         &addr,
         &["lookup", "m", "0500000000000000", "ff00000000000000"],
     )
@@ -213,15 +168,15 @@ async fn bpfmapctl_prints_json_lines() {
     assert_eq!(lines[0]["value"], "0f00000000000000");
     assert_eq!(lines[1]["found"], false);
 
-    let (r, _, _) = ctl(&addr, &["show", "missing"]).await;
+    let (r, _, _) = ctl_at(&addr, &["show", "missing"]).await;
     let e = r.unwrap_err().to_string();
     assert!(e.starts_with("NOT_FOUND: map missing not found"), "{e}");
     // A cursor that starts with "-" is a value, not an option: the server
     // judges it (this one is not a cursor it issued).
-    let (r, _, _) = ctl(&addr, &["dump", "m", "--cursor", "-AAAA"]).await;
+    let (r, _, _) = ctl_at(&addr, &["dump", "m", "--cursor", "-AAAA"]).await;
     let e = r.unwrap_err().to_string();
     assert!(e.starts_with("INVALID_ARGUMENT: cursor"), "{e}");
-    let (r, _, _) = ctl(&addr, &["lookup", "m", "zz"]).await;
+    let (r, _, _) = ctl_at(&addr, &["lookup", "m", "zz"]).await;
     assert!(r.unwrap_err().to_string().contains("not a hex string"));
     daemon.stop().await;
 }

@@ -9,18 +9,11 @@ use std::{
     time::Duration,
 };
 
-use bpfmap_client::{Client, DumpOptions, MapTypes, Value, pb};
+use bpfmap_client::{Client, ConnectOptions, DumpOptions, LookupOptions, MapInfo, Value, pb};
 use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
 use bpfmap_tests::*;
-use clap::Parser as _;
 use serde_json::{Value as Json, json};
 use tonic::Code;
-
-fn map_ref(path: &str) -> Option<pb::MapRef> {
-    Some(pb::MapRef {
-        r#ref: Some(pb::map_ref::Ref::Path(path.into())),
-    })
-}
 
 /// A `google.protobuf.Value` as JSON (numbers that are integers as
 /// integers).
@@ -212,47 +205,6 @@ fn everything_json() -> Json {
     })
 }
 
-/// Runs bpfmapctl in-process; (ok, stdout lines as JSON or text, stderr).
-async fn ctl(args: &[&str]) -> (bool, String, String) {
-    let mut argv = vec!["bpfmapctl"];
-    argv.extend_from_slice(args);
-    let cli = bpfmapctl::Cli::try_parse_from(argv).expect("valid command line");
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
-    (
-        result.is_ok(),
-        String::from_utf8(out).unwrap(),
-        String::from_utf8(err).unwrap(),
-    )
-}
-
-fn lines(out: &str) -> Vec<Json> {
-    out.lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect()
-}
-
-/// grpcurl prints a stream as concatenated JSON documents.
-fn json_stream(s: &str) -> Vec<Json> {
-    serde_json::Deserializer::from_str(s)
-        .into_iter::<Json>()
-        .collect::<Result<_, _>>()
-        .unwrap_or_else(|e| panic!("grpcurl printed no JSON ({e}): {s}"))
-}
-
-async fn run_grpcurl(addr: String, args: Vec<String>) -> (bool, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let mut argv = vec!["-plaintext".to_owned()];
-        let split = args.iter().position(|a| a == "--").unwrap_or(0);
-        argv.extend(args[..split].iter().cloned());
-        argv.push(addr);
-        argv.extend(args[split..].iter().skip(1).cloned());
-        grpcurl(&argv)
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_grpcurl() {
     let (fs, _state, daemon, client) = setup().await;
@@ -262,8 +214,8 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
 
     // GetMap describes both types.
     let info = client.get_map(&"typed/all".parse().unwrap()).await.unwrap();
-    assert_eq!(info.types_unavailable, "");
-    let key = info.key_type.clone().expect("a key type");
+    assert_eq!(info.types_unavailable(), None);
+    let key = info.as_proto().key_type.clone().expect("a key type");
     assert_eq!(
         (key.name.as_str(), key.size),
         ("__u32", 4),
@@ -271,9 +223,12 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
     );
     assert!(matches!(
         key.kind,
-        Some(pb::type_info::Kind::Int(pb::IntType { signed: false }))
+        Some(pb::type_info::Kind::Int(pb::IntType {
+            signed: false,
+            big_endian: false
+        }))
     ));
-    let value = info.value_type.clone().expect("a value type");
+    let value = info.as_proto().value_type.clone().expect("a value type");
     assert_eq!((value.name.as_str(), value.size), ("everything", 144));
     let Some(pb::type_info::Kind::Struct(record)) = &value.kind else {
         panic!("{value:?}")
@@ -346,7 +301,13 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
 
     // The library: a packed dump, decoded on the client.
     let name = "typed/all".parse().unwrap();
-    let types = client.map_types(&name).await.unwrap().expect("types");
+    let types = client
+        .get_map(&name)
+        .await
+        .unwrap()
+        .types()
+        .unwrap()
+        .expect("types");
     let entries = dump_all(&client, "typed/all", DumpOptions::default()).await;
     let (k, v) = entries.iter().next().unwrap();
     assert_eq!(json_of(&types.decode_key(k)), json!(7));
@@ -366,24 +327,24 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
 
     // bpfmapctl: decoded by default, hex with --raw.
     let addr = daemon.addr();
-    let (ok, out, err) = ctl(&["--addr", &addr, "dump", "typed/all"]).await;
-    assert!(ok, "{err}");
+    let (r, out, err) = ctl(&["--addr", &addr, "dump", "typed/all"]).await;
+    assert!(r.is_ok(), "{err}");
     let target = addr.trim_start_matches("http://");
     assert_eq!(
-        lines(&out),
+        json_lines(&out),
         [json!({"target": target, "key": 7, "value": want})]
     );
-    let (ok, out, _) = ctl(&["--addr", &addr, "--raw", "dump", "typed/all"]).await;
-    assert!(ok);
+    let (r, out, _) = ctl(&["--addr", &addr, "--raw", "dump", "typed/all"]).await;
+    assert!(r.is_ok());
     assert_eq!(
-        lines(&out)[0]["value"],
+        json_lines(&out)[0]["value"],
         json!(faster_hex::hex_string(&everything_bytes()))
     );
     // Lookup by JSON key, and a key that is absent.
-    let (ok, out, err) = ctl(&["--addr", &addr, "lookup", "typed/all", "json:7", "json:8"]).await;
-    assert!(ok, "{err}");
+    let (r, out, err) = ctl(&["--addr", &addr, "lookup", "typed/all", "json:7", "json:8"]).await;
+    assert!(r.is_ok(), "{err}");
     assert_eq!(
-        lines(&out),
+        json_lines(&out),
         [
             json!({"target": target, "key": 7, "found": true, "value": want}),
             json!({"target": target, "key": 8, "found": false}),
@@ -392,28 +353,24 @@ async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_gr
 
     // grpcurl: nested JSON, and a lookup by JSON key.
     let host = daemon.running.local_addr().to_string();
-    let (ok, out, err) = run_grpcurl(
-        host.clone(),
-        vec![
-            "-d".into(),
-            r#"{"map":{"path":"typed/all"}}"#.into(),
-            "--".into(),
-            "bpfmap.v1.MapService/DumpMap".into(),
-        ],
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", r#"{"map":{"path":"typed/all"}}"#],
+        &host,
+        &["bpfmap.v1.MapService/DumpMap"],
     )
     .await;
     assert!(ok, "{err}");
     let docs = json_stream(&out);
     assert_eq!(docs[0]["entries"][0]["decodedKey"], json!(7));
     assert_eq!(docs[0]["entries"][0]["decodedValue"], want);
-    let (ok, out, err) = run_grpcurl(
-        host,
-        vec![
-            "-d".into(),
-            r#"{"map":{"path":"typed/all"},"jsonKeys":[7]}"#.into(),
-            "--".into(),
-            "bpfmap.v1.MapService/Lookup".into(),
+    let (ok, out, err) = grpcurl(
+        &[
+            "-plaintext",
+            "-d",
+            r#"{"map":{"path":"typed/all"},"jsonKeys":[7]}"#,
         ],
+        &host,
+        &["bpfmap.v1.MapService/Lookup"],
     )
     .await;
     assert!(ok, "{err}");
@@ -472,7 +429,7 @@ fn flow(saddr: u32, daddr: u32, sport: u16, dport: u16, proto: u8) -> Vec<u8> {
 /// by a GetMap on the dump's own connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_typed_fleet_dump_gives_each_target_its_types_over_one_connection() {
-    use bpfmap_client::{ConnectOptions, Fleet, FleetEvent};
+    use bpfmap_client::{ConnectOptions, Fleet, FleetDumpOptions, FleetEvent};
     use futures::StreamExt as _;
     let (typed_fs, untyped_fs) = (BpfFs::new(), BpfFs::new());
     let (typed_state, untyped_state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -534,11 +491,8 @@ async fn a_typed_fleet_dump_gives_each_target_its_types_over_one_connection() {
         [typed_target.clone(), untyped_target.clone()],
         ConnectOptions::default(),
     );
-    let mut run = fleet.dump_typed_from(
-        &"flows".parse().unwrap(),
-        DumpOptions::default(),
-        Default::default(),
-    );
+    let options = FleetDumpOptions::default().with_types(true);
+    let mut run = fleet.dump(&"flows".parse().unwrap(), options);
     let (mut got_typed, mut got_untyped, mut reports) = (BTreeMap::new(), BTreeSet::new(), vec![]);
     while let Some(event) = run.next().await {
         match event {
@@ -560,6 +514,7 @@ async fn a_typed_fleet_dump_gives_each_target_its_types_over_one_connection() {
                 }
             }
             FleetEvent::Done(r) => reports.push(r),
+            other => panic!("{other:?}"),
         }
     }
     assert_eq!(reports.len(), 2);
@@ -593,22 +548,22 @@ async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
 
     let key = json!({"saddr": 167772160, "daddr": 3232235521u32, "sport": 1024, "dport": 443, "proto": "IPPROTO_TCP", "pad": [0, 0, 0]});
     let found = client
-        .lookup_json(&name, vec![proto_of(&key)])
+        .lookup(&name, vec![proto_of(&key)], LookupOptions::default())
         .await
         .unwrap();
-    assert!(found[0].found);
+    assert!(found[0].found());
     assert_eq!(
-        json_of(found[0].decoded_value.as_ref().unwrap()),
+        json_of(found[0].decoded_value().unwrap()),
         json!({"packets": "10", "bytes": "1500"})
     );
-    assert_eq!(json_of(found[0].decoded_key.as_ref().unwrap()), key);
+    assert_eq!(json_of(found[0].decoded_key().unwrap()), key);
 
     let refused = |key: Json| {
         let client = client.clone();
         let name = name.clone();
         async move {
             let e = client
-                .lookup_json(&name, vec![proto_of(&key)])
+                .lookup(&name, vec![proto_of(&key)], LookupOptions::default())
                 .await
                 .unwrap_err();
             (code_of(&e), e.to_string())
@@ -638,7 +593,11 @@ async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
     );
     // A map without BTF takes bytes only.
     let e = client
-        .lookup_json(&"plain".parse().unwrap(), vec![proto_of(&json!(1))])
+        .lookup(
+            &"plain".parse().unwrap(),
+            vec![proto_of(&json!(1))],
+            LookupOptions::default(),
+        )
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::FailedPrecondition);
@@ -649,7 +608,7 @@ async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
 
     // The same through bpfmapctl.
     let addr = daemon.addr();
-    let (ok, out, err) = ctl(&[
+    let (r, out, err) = ctl(&[
         "--addr",
         &addr,
         "lookup",
@@ -657,17 +616,17 @@ async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
         r#"{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP","pad":[0,0,0]}"#,
     ])
     .await;
-    assert!(ok, "{err}");
+    assert!(r.is_ok(), "{err}");
     assert_eq!(
-        lines(&out)[0]["value"],
+        json_lines(&out)[0]["value"],
         json!({"packets": "10", "bytes": "1500"})
     );
-    let (ok, _, err) = ctl(&["--addr", &addr, "lookup", "flows", r#"{"saddr":1}"#]).await;
-    assert!(!ok);
+    let (r, _, err) = ctl(&["--addr", &addr, "lookup", "flows", r#"{"saddr":1}"#]).await;
+    assert!(r.is_err());
     assert!(err.contains("key.daddr: missing"), "{err}");
     // The table shows members as columns.
-    let (ok, out, err) = ctl(&["--addr", &addr, "--format", "table", "dump", "flows"]).await;
-    assert!(ok, "{err}");
+    let (r, out, err) = ctl(&["--addr", &addr, "--format", "table", "dump", "flows"]).await;
+    assert!(r.is_ok(), "{err}");
     let mut rows = out.lines();
     let header: Vec<&str> = rows.next().unwrap().split_whitespace().collect();
     assert_eq!(
@@ -818,17 +777,19 @@ async fn per_cpu_values_decode_one_per_cpu_or_summed_exactly() {
 
     // The library and bpfmapctl sum the same.
     let types = client
-        .map_types(&"pcpu".parse().unwrap())
+        .get_map(&"pcpu".parse().unwrap())
         .await
         .unwrap()
-        .unwrap();
+        .types()
+        .unwrap()
+        .expect("types");
     let entries = dump_all(&client, "pcpu", DumpOptions::default()).await;
     let v = &entries[&1u32.to_le_bytes().to_vec()];
     assert!(matches!(v, Value::PerCpu(_)));
     assert_eq!(json_of(&types.sum_value(v.view()).unwrap()), want);
-    let (ok, out, err) = ctl(&["--addr", &daemon.addr(), "--per-cpu", "sum", "dump", "pcpu"]).await;
-    assert!(ok, "{err}");
-    assert_eq!(lines(&out)[1]["value_sum"], want);
+    let (r, out, err) = ctl(&["--addr", &daemon.addr(), "--per-cpu", "sum", "dump", "pcpu"]).await;
+    assert!(r.is_ok(), "{err}");
+    assert_eq!(json_lines(&out)[1]["value_sum"], want);
     drop((map, untyped));
     daemon.stop().await;
 }
@@ -840,14 +801,14 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
     let demo = bpfmapd::Demo::start(fs.path()).expect("the demo starts");
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let host = daemon.running.local_addr().to_string();
-    let (ok, out, err) = run_grpcurl(
-        host.clone(),
-        vec![
-            "-d".into(),
-            r#"{"map":{"path":"demo/flows"},"limit":2}"#.into(),
-            "--".into(),
-            "bpfmap.v1.MapService/DumpMap".into(),
+    let (ok, out, err) = grpcurl(
+        &[
+            "-plaintext",
+            "-d",
+            r#"{"map":{"path":"demo/flows"},"limit":2}"#,
         ],
+        &host,
+        &["bpfmap.v1.MapService/DumpMap"],
     )
     .await;
     assert!(ok, "{err}");
@@ -888,14 +849,14 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
     // The issue's lookup, from grpcurl and bpfmapctl.
     let key =
         r#"{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP"}"#;
-    let (ok, out, err) = run_grpcurl(
-        host,
-        vec![
-            "-d".into(),
-            format!(r#"{{"map":{{"path":"demo/flows"}},"jsonKeys":[{key}]}}"#),
-            "--".into(),
-            "bpfmap.v1.MapService/Lookup".into(),
+    let (ok, out, err) = grpcurl(
+        &[
+            "-plaintext",
+            "-d",
+            &format!(r#"{{"map":{{"path":"demo/flows"}},"jsonKeys":[{key}]}}"#),
         ],
+        &host,
+        &["bpfmap.v1.MapService/Lookup"],
     )
     .await;
     assert!(ok, "{err}");
@@ -905,10 +866,10 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
         result["decodedValue"],
         json!({"packets": "1", "bytes": "1500"})
     );
-    let (ok, out, err) = ctl(&["--addr", &daemon.addr(), "lookup", "demo/flows", key]).await;
-    assert!(ok, "{err}");
+    let (r, out, err) = ctl(&["--addr", &daemon.addr(), "lookup", "demo/flows", key]).await;
+    assert!(r.is_ok(), "{err}");
     assert_eq!(
-        lines(&out)[0]["value"],
+        json_lines(&out)[0]["value"],
         json!({"packets": "1", "bytes": "1500"})
     );
     daemon.stop().await;
@@ -938,15 +899,14 @@ async fn without_cap_sys_admin_typed_maps_are_served_untyped_and_the_log_says_wh
             ..Launch::default()
         },
     );
-    let client = Client::connect(&daemon.url()).await.unwrap();
+    let client = Client::connect(&daemon.url(), ConnectOptions::default())
+        .await
+        .unwrap();
     let info = client.get_map(&"flows".parse().unwrap()).await.unwrap();
-    assert!(info.key_type.is_none() && info.value_type.is_none());
-    assert_ne!(info.btf_id, 0);
-    assert!(
-        info.types_unavailable.contains("CAP_SYS_ADMIN"),
-        "{}",
-        info.types_unavailable
-    );
+    assert!(info.types().unwrap().is_none());
+    assert!(info.btf_id().is_some());
+    let why = info.types_unavailable().unwrap_or_default();
+    assert!(why.contains("CAP_SYS_ADMIN"), "{why}");
     // Entries still come, as bytes.
     let entries = dump_all(&client, "flows", DumpOptions::default()).await;
     assert!(entries.is_empty());
@@ -962,11 +922,8 @@ async fn without_cap_sys_admin_typed_maps_are_served_untyped_and_the_log_says_wh
 
 #[test]
 fn map_types_from_an_info_without_types_are_none() {
-    assert!(
-        MapTypes::from_info(&pb::MapInfo::default())
-            .unwrap()
-            .is_none()
-    );
+    let info = MapInfo::from(pb::MapInfo::default());
+    assert!(info.types().unwrap().is_none());
 }
 
 /// Compiles tests/bpf/typed.bpf.c with clang (-g: the compiler emits BTF).
@@ -1042,10 +999,10 @@ async fn maps_of_a_clang_compiled_object_dump_decoded() {
     let daemon = Daemon::start(fs.path(), state.path()).await;
     let addr = daemon.addr();
     let target = addr.trim_start_matches("http://").to_owned();
-    let (ok, out, err) = ctl(&["--addr", &addr, "dump", "flows"]).await;
-    assert!(ok, "{err}");
+    let (r, out, err) = ctl(&["--addr", &addr, "dump", "flows"]).await;
+    assert!(r.is_ok(), "{err}");
     assert_eq!(
-        lines(&out),
+        json_lines(&out),
         [json!({
             "target": target,
             "key": {"saddr": 167772161, "daddr": 3232235522u32, "sport": 40000, "dport": 53, "proto": "L4_UDP", "pad": [0, 0, 0]},
@@ -1057,9 +1014,9 @@ async fn maps_of_a_clang_compiled_object_dump_decoded() {
             },
         })]
     );
-    let (ok, out, err) = ctl(&["--addr", &addr, "--per-cpu", "sum", "dump", "counters"]).await;
-    assert!(ok, "{err}");
-    let sums = lines(&out);
+    let (r, out, err) = ctl(&["--addr", &addr, "--per-cpu", "sum", "dump", "counters"]).await;
+    assert!(r.is_ok(), "{err}");
+    let sums = json_lines(&out);
     assert_eq!(sums.len(), 4, "{out}");
     assert_eq!(
         sums[2],
@@ -1069,14 +1026,15 @@ async fn maps_of_a_clang_compiled_object_dump_decoded() {
         })
     );
     // GetMap names the compiler's types.
-    let info = Client::connect(&addr)
+    let info = Client::connect(&addr, ConnectOptions::default())
         .await
         .unwrap()
         .get_map(&"flows".parse().unwrap())
         .await
         .unwrap();
-    assert_eq!(info.key_type.unwrap().name, "flow_key");
-    assert_eq!(info.value_type.unwrap().name, "flow_stats");
+    let types = info.into_proto();
+    assert_eq!(types.key_type.unwrap().name, "flow_key");
+    assert_eq!(types.value_type.unwrap().name, "flow_stats");
     daemon.stop().await;
     drop(ebpf);
 }

@@ -4,7 +4,7 @@
 use std::io;
 
 use bpfmap_client::{
-    EntryRef, MapTypes, PerCpuValues, Target, TargetReport, ValueRef, pb,
+    EntryRef, LookupResult, MapInfo, MapTypes, PerCpuValues, Target, TargetReport, ValueRef,
     typed::{JsonWriter, write_json_string},
 };
 use clap::ValueEnum;
@@ -87,17 +87,6 @@ fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<(String, Json)
         ValueRef::PerCpu(vs) => {
             let list: Vec<String> = vs.iter().map(hex).collect();
             (list.join(","), json!({ "per_cpu_values": list }))
-        }
-    })
-}
-
-/// A lookup result's value, borrowed; `None` when the key was not found.
-fn found_value(r: &pb::LookupResult) -> Option<ValueRef<'_>> {
-    r.found.then(|| {
-        if r.per_cpu_values.is_empty() {
-            ValueRef::Single(&r.value)
-        } else {
-            ValueRef::PerCpu(PerCpuValues::from_slices(&r.per_cpu_values))
         }
     })
 }
@@ -339,22 +328,22 @@ impl Printer {
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
-        r: &pb::LookupResult,
+        r: &LookupResult,
         types: Option<&MapTypes>,
     ) -> io::Result<()> {
         let Some(types) = types.filter(|_| self.format != Format::Hex) else {
             return self.lookup(out, target, r);
         };
-        let value = found_value(r);
+        let value = r.value();
         match self.format {
-            Format::Table => self.typed_row(out, target, types, &r.key, Some(r.found), value),
+            Format::Table => self.typed_row(out, target, types, r.key(), Some(r.found()), value),
             _ => {
                 let mut json = Vec::new();
                 json.extend_from_slice(b"{\"target\":");
                 write_json_string(&mut json, target.as_str());
                 json.extend_from_slice(b",\"key\":");
-                types.key().write_json(&r.key, &mut json);
-                json.extend_from_slice(if r.found {
+                types.key().write_json(r.key(), &mut json);
+                json.extend_from_slice(if r.found() {
                     b",\"found\":true" as &[u8]
                 } else {
                     b",\"found\":false"
@@ -386,87 +375,91 @@ impl Printer {
         e: EntryRef<'_>,
     ) -> io::Result<()> {
         match self.format {
-            Format::Json => {
-                self.start_json_line(target);
-                let line = &mut self.line;
-                line.extend_from_slice(b"\"key\":\"");
-                push_hex(line, e.key);
-                match e.value {
-                    ValueRef::Single(v) => {
-                        line.extend_from_slice(b"\",\"value\":\"");
-                        push_hex(line, v);
-                        line.push(b'"');
-                    }
-                    ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
-                        line.extend_from_slice(b"\",\"value_sum\":\"");
-                        line.extend_from_slice(sum(vs)?.as_bytes());
-                        line.push(b'"');
-                    }
-                    ValueRef::PerCpu(vs) => {
-                        line.extend_from_slice(b"\",\"per_cpu_values\":[");
-                        for (i, v) in vs.iter().enumerate() {
-                            if i > 0 {
-                                line.push(b',');
-                            }
-                            line.push(b'"');
-                            push_hex(line, v);
-                            line.push(b'"');
-                        }
-                        line.push(b']');
-                    }
-                }
-                line.extend_from_slice(b"}\n");
-            }
-            Format::Hex => {
-                let line = &mut self.line;
-                line.clear();
-                line.extend_from_slice(target.as_str().as_bytes());
-                line.push(b' ');
-                push_hex(line, e.key);
-                line.push(b' ');
-                match e.value {
-                    ValueRef::Single(v) => push_hex(line, v),
-                    ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
-                        line.extend_from_slice(sum(vs)?.as_bytes());
-                    }
-                    ValueRef::PerCpu(vs) => {
-                        for (i, v) in vs.iter().enumerate() {
-                            if i > 0 {
-                                line.push(b',');
-                            }
-                            push_hex(line, v);
-                        }
-                    }
-                }
-                line.push(b'\n');
-            }
-            Format::Table => {
-                let (value, _) = self.value_text(e.value)?;
-                if !self.header {
-                    self.header = true;
-                    writeln!(
-                        out,
-                        "{:tw$}  {:kw$}  VALUE",
-                        "TARGET",
-                        "KEY",
-                        tw = self.target_width,
-                        kw = e.key.len() * 2
-                    )?;
-                }
-                self.line.clear();
-                self.line.extend_from_slice(
-                    format!(
-                        "{:tw$}  {:kw$}  {value}\n",
-                        target.as_str(),
-                        hex(e.key),
-                        tw = self.target_width,
-                        kw = e.key.len() * 2
-                    )
-                    .as_bytes(),
-                );
-            }
+            Format::Json => self.json_entry(target, e)?,
+            Format::Hex => self.hex_entry(target, e)?,
+            Format::Table => self.table_entry(out, target, e)?,
         }
         out.write_all(&self.line)
+    }
+
+    /// `{"target":..,"key":"..","value":".."}` (or `"per_cpu_values"`,
+    /// `"value_sum"`) into the line.
+    fn json_entry(&mut self, target: &Target, e: EntryRef<'_>) -> io::Result<()> {
+        self.start_json_line(target);
+        let line = &mut self.line;
+        line.extend_from_slice(b"\"key\":\"");
+        push_hex(line, e.key);
+        match e.value {
+            ValueRef::Single(v) => {
+                line.extend_from_slice(b"\",\"value\":\"");
+                push_hex(line, v);
+                line.push(b'"');
+            }
+            ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
+                line.extend_from_slice(b"\",\"value_sum\":\"");
+                line.extend_from_slice(sum(vs)?.as_bytes());
+                line.push(b'"');
+            }
+            ValueRef::PerCpu(vs) => {
+                line.extend_from_slice(b"\",\"per_cpu_values\":[");
+                for (i, v) in vs.iter().enumerate() {
+                    if i > 0 {
+                        line.push(b',');
+                    }
+                    line.push(b'"');
+                    push_hex(line, v);
+                    line.push(b'"');
+                }
+                line.push(b']');
+            }
+        }
+        line.extend_from_slice(b"}\n");
+        Ok(())
+    }
+
+    /// `TARGET KEY VALUE` into the line.
+    fn hex_entry(&mut self, target: &Target, e: EntryRef<'_>) -> io::Result<()> {
+        let line = &mut self.line;
+        line.clear();
+        line.extend_from_slice(target.as_str().as_bytes());
+        line.push(b' ');
+        push_hex(line, e.key);
+        line.push(b' ');
+        match e.value {
+            ValueRef::Single(v) => push_hex(line, v),
+            ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
+                line.extend_from_slice(sum(vs)?.as_bytes());
+            }
+            ValueRef::PerCpu(vs) => {
+                for (i, v) in vs.iter().enumerate() {
+                    if i > 0 {
+                        line.push(b',');
+                    }
+                    push_hex(line, v);
+                }
+            }
+        }
+        line.push(b'\n');
+        Ok(())
+    }
+
+    /// A table row into the line (the header first, to `out`).
+    fn table_entry(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        e: EntryRef<'_>,
+    ) -> io::Result<()> {
+        let (value, _) = self.value_text(e.value)?;
+        let (tw, kw) = (self.target_width, e.key.len() * 2);
+        if !self.header {
+            self.header = true;
+            writeln!(out, "{:tw$}  {:kw$}  VALUE", "TARGET", "KEY")?;
+        }
+        self.line.clear();
+        let row = format!("{:tw$}  {:kw$}  {value}\n", target.as_str(), hex(e.key));
+        self.line.extend_from_slice(row.as_bytes());
+        Ok(())
     }
 
     /// A lookup result.
@@ -474,47 +467,34 @@ impl Printer {
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
-        r: &pb::LookupResult,
+        r: &LookupResult,
     ) -> io::Result<()> {
-        let value = found_value(r);
-        let text = value.map(|v| self.value_text(v)).transpose()?;
+        let text = r.value().map(|v| self.value_text(v)).transpose()?;
+        let key = hex(r.key());
         match self.format {
             Format::Json => {
-                let mut obj =
-                    json!({"target": target.as_str(), "key": hex(&r.key), "found": r.found});
+                let mut obj = json!({"target": target.as_str(), "key": key, "found": r.found()});
                 if let (Some(o), Some((_, Json::Object(v)))) = (obj.as_object_mut(), text) {
                     o.extend(v);
                 }
                 writeln!(out, "{obj}")
             }
-            Format::Hex => writeln!(
-                out,
-                "{} {} {}",
-                target,
-                hex(&r.key),
-                text.map_or("-".to_owned(), |(t, _)| t)
-            ),
+            Format::Hex => {
+                let value = text.map_or("-".to_owned(), |(t, _)| t);
+                writeln!(out, "{target} {key} {value}")
+            }
             Format::Table => {
+                let (tw, kw) = (self.target_width, key.len());
                 if !self.header {
                     self.header = true;
-                    writeln!(
-                        out,
-                        "{:tw$}  {:kw$}  FOUND  VALUE",
-                        "TARGET",
-                        "KEY",
-                        tw = self.target_width,
-                        kw = r.key.len() * 2
-                    )?;
+                    writeln!(out, "{:tw$}  {:kw$}  FOUND  VALUE", "TARGET", "KEY")?;
                 }
+                let found = if r.found() { "yes" } else { "no" };
+                let value = text.map_or(String::new(), |(t, _)| t);
                 writeln!(
                     out,
-                    "{:tw$}  {:kw$}  {:5}  {}",
-                    target.as_str(),
-                    hex(&r.key),
-                    if r.found { "yes" } else { "no" },
-                    text.map_or(String::new(), |(t, _)| t),
-                    tw = self.target_width,
-                    kw = r.key.len() * 2
+                    "{:tw$}  {key:kw$}  {found:5}  {value}",
+                    target.as_str()
                 )
             }
         }
@@ -525,85 +505,81 @@ impl Printer {
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
-        maps: &[pb::MapInfo],
+        maps: &[MapInfo],
     ) -> io::Result<()> {
         for m in maps {
-            let method = match pb::DumpMethod::try_from(m.dump_method) {
-                Ok(pb::DumpMethod::Batch) => "batch",
-                Ok(pb::DumpMethod::KeyByKey) => "key_by_key",
-                Ok(pb::DumpMethod::None) => "none",
-                _ => "unknown",
-            };
-            let name = if m.path.is_empty() {
-                format!("id:{}", m.id)
-            } else {
-                m.path.clone()
-            };
             match self.format {
-                Format::Json => writeln!(
-                    out,
-                    "{}",
-                    json!({
-                        "target": target.as_str(),
-                        "path": m.path,
-                        "id": m.id,
-                        "name": m.name,
-                        "type": m.type_name,
-                        "key_size": m.key_size,
-                        "value_size": m.value_size,
-                        "max_entries": m.max_entries,
-                        "flags": m.flags,
-                        "per_cpu": m.per_cpu,
-                        "possible_cpus": m.possible_cpus,
-                        "btf_id": m.btf_id,
-                        "btf_key_type_id": m.btf_key_type_id,
-                        "btf_value_type_id": m.btf_value_type_id,
-                        "dump_method": method,
-                        "types": match bpfmap_client::MapTypes::from_info(m) {
-                            Ok(Some(t)) => json!(t.to_string()),
-                            Ok(None) if !m.types_unavailable.is_empty() => json!(format!("unavailable: {}", m.types_unavailable)),
-                            Ok(None) => Json::Null,
-                            Err(e) => json!(format!("unusable: {e}")),
-                        },
-                    })
-                )?,
+                Format::Json => writeln!(out, "{}", map_json(target, m))?,
                 Format::Hex => writeln!(
                     out,
-                    "{target} {name} {} {} {} {} {}",
-                    m.type_name, m.id, m.key_size, m.value_size, m.max_entries
+                    "{target} {} {} {} {} {} {}",
+                    m.map_name(),
+                    m.type_name(),
+                    m.id(),
+                    m.key_size(),
+                    m.value_size(),
+                    m.max_entries()
                 )?,
-                Format::Table => {
-                    if !self.header {
-                        self.header = true;
-                        writeln!(
-                            out,
-                            "{:tw$}  {:32}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}",
-                            "TARGET",
-                            "MAP",
-                            "TYPE",
-                            "ID",
-                            "KEY",
-                            "VALUE",
-                            "MAX",
-                            tw = self.target_width
-                        )?;
-                    }
-                    writeln!(
-                        out,
-                        "{:tw$}  {name:32}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}",
-                        target.as_str(),
-                        m.type_name,
-                        m.id,
-                        m.key_size,
-                        m.value_size,
-                        m.max_entries,
-                        tw = self.target_width
-                    )?
-                }
+                Format::Table => self.map_row(out, target, m)?,
             }
         }
         Ok(())
     }
+
+    /// A map as a table row (the header first).
+    fn map_row(&mut self, out: &mut dyn io::Write, target: &Target, m: &MapInfo) -> io::Result<()> {
+        let tw = self.target_width;
+        if !self.header {
+            self.header = true;
+            writeln!(
+                out,
+                "{:tw$}  {:32}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}",
+                "TARGET", "MAP", "TYPE", "ID", "KEY", "VALUE", "MAX",
+            )?;
+        }
+        writeln!(
+            out,
+            "{:tw$}  {:32}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}",
+            target.as_str(),
+            m.map_name().to_string(),
+            m.type_name(),
+            m.id(),
+            m.key_size(),
+            m.value_size(),
+            m.max_entries(),
+        )
+    }
+}
+
+/// A map as a JSON line: everything GetMap says about it.
+fn map_json(target: &Target, m: &MapInfo) -> Json {
+    let types = match m.types() {
+        Ok(Some(t)) => json!(t.to_string()),
+        Ok(None) => match m.types_unavailable() {
+            Some(why) => json!(format!("unavailable: {why}")),
+            None => Json::Null,
+        },
+        Err(e) => json!(format!("unusable: {e}")),
+    };
+    let p = m.as_proto();
+    json!({
+        "target": target.as_str(),
+        "path": p.path,
+        "id": m.id(),
+        "name": m.name(),
+        "type": m.type_name(),
+        "key_size": m.key_size(),
+        "value_size": m.value_size(),
+        "max_entries": m.max_entries(),
+        "flags": m.flags(),
+        "per_cpu": m.per_cpu(),
+        "possible_cpus": m.possible_cpus(),
+        "btf_id": p.btf_id,
+        "btf_key_type_id": p.btf_key_type_id,
+        "btf_value_type_id": p.btf_value_type_id,
+        "dump_method": m.dump_method().as_str(),
+        "types": types,
+    })
 }
 
 /// A progress display on stderr (only when stderr is a terminal): targets

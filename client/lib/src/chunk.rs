@@ -5,7 +5,7 @@ use std::{fmt, iter::FusedIterator};
 
 use bytes::Bytes;
 
-use crate::{Entry, Error, Value, pb};
+use crate::{Error, pb};
 
 /// One chunk of a dump: its entries, read in place from the message that
 /// carried them, and the cursor that resumes the dump right after it.
@@ -202,6 +202,45 @@ impl IntoIterator for Chunk {
                 .collect::<Vec<_>>()
                 .into_iter(),
             Data::Packed { .. } => self.to_entries().into_iter(),
+        }
+    }
+}
+
+/// A map value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    /// The value of a map that is not per-CPU.
+    Single(Vec<u8>),
+    /// One value per possible CPU, in CPU order.
+    PerCpu(Vec<Vec<u8>>),
+}
+
+impl Value {
+    /// The value, borrowed.
+    pub fn view(&self) -> ValueRef<'_> {
+        match self {
+            Self::Single(v) => ValueRef::Single(v),
+            Self::PerCpu(v) => ValueRef::PerCpu(PerCpuValues::from_slices(v)),
+        }
+    }
+}
+
+/// One entry of a map, owned (a [`Chunk`] lends [`EntryRef`]s without
+/// copying).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The key, `key_size` bytes.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Value,
+}
+
+impl Entry {
+    /// The entry, borrowed.
+    pub fn view(&self) -> EntryRef<'_> {
+        EntryRef {
+            key: &self.key,
+            value: self.value.view(),
         }
     }
 }

@@ -1,6 +1,17 @@
 //! Targets from DNS (the `discovery` feature): every A and AAAA record of a
 //! name (a Kubernetes headless Service has one per node), or the SRV records
 //! of a service name.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use bpfmap_client::{ConnectOptions, Fleet, Resolver, TargetSpec};
+//!
+//! let spec: TargetSpec = "dns:bpfmapd.kube-system.svc.cluster.local.:50051".parse()?;
+//! let targets = Resolver::system()?.resolve(&[spec]).await?;
+//! let fleet = Fleet::new(targets, ConnectOptions::default());
+//! # let _ = fleet;
+//! # Ok(()) }
+//! ```
 
 use std::{
     collections::HashSet,
@@ -20,6 +31,7 @@ use crate::{Error, Target};
 
 /// Where targets come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TargetSpec {
     /// One daemon, `host:port`.
     Addr(Target),
@@ -69,6 +81,7 @@ impl FromStr for TargetSpec {
 
 /// Why a name gave no targets.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DiscoveryError {
     /// The name does not exist (NXDOMAIN).
     #[error("{name}: no such name")]

@@ -6,10 +6,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::Stream;
 use tonic::{Code, Status, Streaming, transport::Channel};
 
-use crate::{
-    Chunk, EntryRef, Error, MapName, PerCpuValues, ValueRef, pb,
-    pb::map_service_client::MapServiceClient,
-};
+use crate::{Chunk, Entry, Error, MapName, pb, pb::map_service_client::MapServiceClient};
 
 /// How calls are retried and dumps resumed.
 ///
@@ -23,25 +20,27 @@ use crate::{
 /// | ABORTED | stop: the map was replaced, the caller restarts the dump | stop |
 /// | everything else (INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, INTERNAL from the server, ...) | stop | stop |
 ///
-/// Backoff is exponential with jitter, from `min_delay` up to `max_delay`,
-/// for at most `max_attempts` consecutive failures (a dump that receives a
-/// chunk starts counting again).
+/// Backoff is exponential with jitter, from
+/// [`with_min_delay`](Self::with_min_delay) up to
+/// [`with_max_delay`](Self::with_max_delay), for at most
+/// [`with_max_attempts`](Self::with_max_attempts) consecutive failures (a
+/// dump that receives a chunk starts counting again). A
+/// [`Client`](crate::Client) takes its policy from its
+/// [`ConnectOptions`](crate::ConnectOptions).
 ///
 /// A status sent by the server arrives in trailers and carries no source
 /// error; one made by the local transport does. That is how a server's
 /// INTERNAL (a kernel error: retrying would repeat it) is told apart from a
 /// connection that broke.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RetryPolicy {
-    /// Consecutive failed attempts (without receiving a chunk in between)
-    /// before the dump gives up.
-    pub max_attempts: usize,
-    /// First delay.
-    pub min_delay: Duration,
-    /// Cap on one delay (jitter included).
-    pub max_delay: Duration,
+    max_attempts: usize,
+    min_delay: Duration,
+    max_delay: Duration,
 }
 
+/// 8 attempts, 100 ms to 5 s apart.
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
@@ -53,12 +52,38 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// No resuming at all: the first error ends the dump.
+    /// No retrying or resuming at all: the first error ends the call or
+    /// the dump.
     pub fn never() -> Self {
-        Self {
-            max_attempts: 0,
-            ..Self::default()
-        }
+        Self::default().with_max_attempts(0)
+    }
+
+    /// The policy of each target of a [`Fleet`](crate::Fleet) unless its
+    /// [`ConnectOptions`](crate::ConnectOptions) give one: 4 attempts,
+    /// 100 ms to 2 s apart, so that a target that is down is reported soon.
+    pub(crate) fn fleet() -> Self {
+        Self::default()
+            .with_max_attempts(4)
+            .with_max_delay(Duration::from_secs(2))
+    }
+
+    /// Consecutive failed attempts (without receiving a chunk in between)
+    /// before the call or the dump gives up (default 8).
+    pub fn with_max_attempts(mut self, attempts: usize) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The first delay (default 100 ms).
+    pub fn with_min_delay(mut self, delay: Duration) -> Self {
+        self.min_delay = delay;
+        self
+    }
+
+    /// The cap on one delay, jitter included (default 5 s).
+    pub fn with_max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
     }
 
     /// Whether a unary call that failed with `status` on attempt `attempt`
@@ -104,18 +129,15 @@ impl RetryPolicy {
 
 /// Options of one dump.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DumpOptions {
-    /// Entries per chunk (a hint; 0 = server default).
-    pub chunk_size: u32,
-    /// Stop after this many entries (0 = the whole map).
-    pub limit: u64,
-    /// Start after this cursor instead of at the beginning.
-    pub cursor: Option<String>,
-    /// Ask for the packed layout (less work on both sides). Chunks hold the
-    /// same entries either way.
-    pub packed: bool,
+    chunk_size: u32,
+    limit: u64,
+    cursor: Option<String>,
+    packed: bool,
 }
 
+/// The whole map from the beginning, chunks sized by the daemon, packed.
 impl Default for DumpOptions {
     fn default() -> Self {
         Self {
@@ -127,42 +149,82 @@ impl Default for DumpOptions {
     }
 }
 
-/// A map value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Value {
-    /// The value of a map that is not per-CPU.
-    Single(Vec<u8>),
-    /// One value per possible CPU, in CPU order.
-    PerCpu(Vec<Vec<u8>>),
-}
+impl DumpOptions {
+    /// Entries per chunk, a hint (default 0: the daemon sizes chunks).
+    pub fn with_chunk_size(mut self, entries: u32) -> Self {
+        self.chunk_size = entries;
+        self
+    }
 
-impl Value {
-    /// The value, borrowed.
-    pub fn view(&self) -> ValueRef<'_> {
-        match self {
-            Self::Single(v) => ValueRef::Single(v),
-            Self::PerCpu(v) => ValueRef::PerCpu(PerCpuValues::from_slices(v)),
-        }
+    /// Stop after this many entries (default 0: the whole map). The dump
+    /// is then not [`complete`](Dump::complete), and its
+    /// [`cursor`](Dump::cursor) continues it.
+    pub fn with_limit(mut self, entries: u64) -> Self {
+        self.limit = entries;
+        self
+    }
+
+    /// Start after this cursor (from [`Dump::cursor`] or
+    /// [`Chunk::cursor`]) instead of at the beginning; an empty cursor is
+    /// the beginning.
+    pub fn with_cursor(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// Ask for the packed layout (the default: less work on both sides) or
+    /// one message per entry. Chunks hold the same entries either way.
+    pub fn with_packed(mut self, packed: bool) -> Self {
+        self.packed = packed;
+        self
+    }
+
+    pub(crate) fn cursor(&self) -> Option<&str> {
+        self.cursor.as_deref()
     }
 }
 
-/// One entry of a map, owned (a [`Chunk`] lends [`EntryRef`]s without
-/// copying).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// The key, `key_size` bytes.
-    pub key: Vec<u8>,
-    /// The value.
-    pub value: Value,
+/// The daemon's summary of a dump's last call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DumpSummary(pb::DumpSummary);
+
+impl DumpSummary {
+    /// Entries sent by the last call (not by the earlier calls of a resumed
+    /// dump: [`Dump::received`] counts those).
+    pub fn entries(&self) -> u64 {
+        self.0.entries
+    }
+
+    /// Chunks sent by the last call.
+    pub fn chunks(&self) -> u64 {
+        self.0.chunks
+    }
+
+    /// The time the daemon took for the last call.
+    pub fn elapsed(&self) -> Option<Duration> {
+        self.0.elapsed.and_then(|d| Duration::try_from(d).ok())
+    }
+
+    /// Whether the walk reached the end of the map (false when the limit
+    /// stopped it).
+    pub fn complete(&self) -> bool {
+        self.0.complete
+    }
+
+    /// The message it came in.
+    pub fn as_proto(&self) -> &pb::DumpSummary {
+        &self.0
+    }
+
+    /// The message it came in, owned.
+    pub fn into_proto(self) -> pb::DumpSummary {
+        self.0
+    }
 }
 
-impl Entry {
-    /// The entry, borrowed.
-    pub fn view(&self) -> EntryRef<'_> {
-        EntryRef {
-            key: &self.key,
-            value: self.value.view(),
-        }
+impl From<pb::DumpSummary> for DumpSummary {
+    fn from(s: pb::DumpSummary) -> Self {
+        Self(s)
     }
 }
 
@@ -177,12 +239,12 @@ pub struct Dump {
     retry: RetryPolicy,
     cursor: String,
     stream: Option<Streaming<pb::DumpMapResponse>>,
-    summary: Option<pb::DumpSummary>,
+    summary: Option<DumpSummary>,
     received: u64,
     resumes: u32,
     finished: bool,
-    /// The last failure retried (code and message), while retrying.
-    last_failure: Option<(Code, String)>,
+    /// The last failure retried, while retrying.
+    last_failure: Option<Status>,
 }
 
 impl Dump {
@@ -195,7 +257,7 @@ impl Dump {
         Self {
             client,
             map,
-            cursor: options.cursor.clone().unwrap_or_default(),
+            cursor: options.cursor().unwrap_or_default().to_owned(),
             options,
             retry,
             stream: None,
@@ -217,10 +279,10 @@ impl Dump {
         self.received
     }
 
-    /// The failure the dump is retrying after, if it is: its code and
-    /// message (for a caller that gives up waiting).
-    pub fn last_failure(&self) -> Option<(Code, &str)> {
-        self.last_failure.as_ref().map(|(c, m)| (*c, m.as_str()))
+    /// The failure the dump is retrying after, if it is (for a caller that
+    /// gives up waiting).
+    pub fn last_failure(&self) -> Option<&Status> {
+        self.last_failure.as_ref()
     }
 
     /// How many times the dump resumed after a broken stream.
@@ -229,13 +291,13 @@ impl Dump {
     }
 
     /// The server's summary of the last call, once the dump has ended.
-    pub fn summary(&self) -> Option<&pb::DumpSummary> {
+    pub fn summary(&self) -> Option<&DumpSummary> {
         self.summary.as_ref()
     }
 
     /// Whether the whole map was read (false when the limit stopped it).
     pub fn complete(&self) -> bool {
-        self.summary.as_ref().is_some_and(|s| s.complete)
+        self.summary.as_ref().is_some_and(DumpSummary::complete)
     }
 
     async fn open(&mut self) -> Result<Streaming<pb::DumpMapResponse>, Status> {
@@ -249,7 +311,7 @@ impl Dump {
             pb::Layout::Entries
         };
         let req = pb::DumpMapRequest {
-            map: Some((&self.map).into()),
+            map: Some(self.map.to_proto()),
             cursor: self.cursor.clone(),
             chunk_size: self.options.chunk_size,
             limit,
@@ -288,7 +350,7 @@ impl Dump {
                 Ok(Some(msg)) => {
                     if msg.done {
                         self.cursor = msg.cursor;
-                        self.summary = msg.summary;
+                        self.summary = msg.summary.map(DumpSummary);
                         self.finished = true;
                         self.stream = None;
                         return Ok(None);
@@ -308,10 +370,10 @@ impl Dump {
             if !RetryPolicy::should_retry(&status) {
                 return Err(status.into());
             }
-            self.last_failure = Some((status.code(), crate::status_text(&status)));
             match delays.next() {
                 Some(delay) => {
                     tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "dump stream broke; resuming from the last cursor");
+                    self.last_failure = Some(status);
                     tokio::time::sleep(delay).await;
                     self.resumes += 1;
                 }
@@ -393,11 +455,9 @@ mod tests {
 
     #[test]
     fn delays_are_capped_and_counted() {
-        let p = RetryPolicy {
-            max_attempts: 20,
-            min_delay: Duration::from_millis(100),
-            max_delay: Duration::from_millis(800),
-        };
+        let p = RetryPolicy::default()
+            .with_max_attempts(20)
+            .with_max_delay(Duration::from_millis(800));
         let d: Vec<_> = p.delays().collect();
         assert_eq!(d.len(), 20);
         assert!(d.iter().all(|d| *d <= Duration::from_millis(800)), "{d:?}");

@@ -5,12 +5,12 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), bpfmap_client::Error> {
-//! use bpfmap_client::{Client, DumpOptions, MapName};
+//! use bpfmap_client::{Client, ConnectOptions, DumpOptions, MapName};
 //!
-//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let client = Client::connect("http://127.0.0.1:50051", ConnectOptions::default()).await?;
 //! let map: MapName = "demo/flows".parse()?;
-//! let types = client.map_types(&map).await?.expect("a map with BTF");
-//! let mut dump = client.dump(map, DumpOptions::default());
+//! let types = client.get_map(&map).await?.types()?.expect("a map with BTF");
+//! let mut dump = client.dump(&map, DumpOptions::default());
 //! let mut line = Vec::new();
 //! while let Some(chunk) = dump.next_chunk().await? {
 //!     for entry in &chunk {
@@ -38,9 +38,8 @@ pub struct MapTypes {
 }
 
 impl MapTypes {
-    /// The types GetMap described; `None` when the map has none (see
-    /// `MapInfo.types_unavailable` for why a map with BTF has none).
-    pub fn from_info(info: &pb::MapInfo) -> Result<Option<Self>, TypeError> {
+    /// The types GetMap described; `None` when the map has none.
+    pub(crate) fn from_proto(info: &pb::MapInfo) -> Result<Option<Self>, TypeError> {
         let (Some(key), Some(value)) = (&info.key_type, &info.value_type) else {
             return Ok(None);
         };

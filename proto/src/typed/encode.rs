@@ -8,6 +8,7 @@ use super::{Field, Node, push_member};
 /// Why a value does not fit its type; names the member.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
+#[non_exhaustive]
 pub struct EncodeError {
     /// The member (`key.proto`, `key.addr[2]`).
     pub path: String,

