@@ -3,7 +3,7 @@
 
 use prost_types::{Value, value::Kind};
 
-use super::{Field, Node, push_member};
+use super::{Field, Node, RecordNode, push_member};
 
 /// Why a value does not fit its type; names the member.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -268,93 +268,12 @@ pub(crate) fn node(
             _ => return fail(path, format!("expected a number, got {}", describe(v))),
         },
         Node::Enum(e) => put(out, offset, e.size, enumerator(e, v, e.size * 8, path)?),
-        Node::Record(r) => {
-            let Some(Kind::StructValue(s)) = &v.kind else {
-                return fail(path, format!("expected an object, got {}", describe(v)));
-            };
-            for name in s.fields.keys() {
-                if !r.fields.iter().any(|f| &f.name == name) {
-                    let names: Vec<&str> = r.fields.iter().map(|f| f.name.as_str()).collect();
-                    return fail(
-                        path,
-                        format!("no member named {name:?} (members: {})", names.join(", ")),
-                    );
-                }
-            }
-            if r.union {
-                let given: Vec<&Field> = r
-                    .fields
-                    .iter()
-                    .filter(|f| s.fields.contains_key(&f.name))
-                    .collect();
-                let [f] = given.as_slice() else {
-                    let names: Vec<&str> = r.fields.iter().map(|f| f.name.as_str()).collect();
-                    return fail(
-                        path,
-                        format!(
-                            "a union takes exactly one member ({}), {} given",
-                            names.join(", "),
-                            given.len()
-                        ),
-                    );
-                };
-                field(f, &s.fields[&f.name], out, offset, path)?;
-            } else {
-                for f in &r.fields {
-                    let Some(value) = s.fields.get(&f.name) else {
-                        let len = path.len();
-                        push_member(path, &f.name);
-                        let e = fail(path, "missing");
-                        path.truncate(len);
-                        return e;
-                    };
-                    field(f, value, out, offset, path)?;
-                }
-            }
-        }
+        Node::Record(r) => record(r, v, out, offset, path)?,
         Node::Array {
             element,
             element_size,
             length,
-        } => {
-            if element.is_char()
-                && let Some(Kind::StringValue(s)) = &v.kind
-            {
-                if s.len() >= *length {
-                    return fail(
-                        path,
-                        format!(
-                            "a string of {} bytes does not fit in char[{length}] with its NUL (at most {})",
-                            s.len(),
-                            length.saturating_sub(1)
-                        ),
-                    );
-                }
-                let bytes = s.as_bytes();
-                if let Some(dst) = out.get_mut(offset..offset + bytes.len()) {
-                    dst.copy_from_slice(bytes);
-                }
-                return Ok(());
-            }
-            let Some(Kind::ListValue(list)) = &v.kind else {
-                return fail(
-                    path,
-                    format!("expected a list of {length}, got {}", describe(v)),
-                );
-            };
-            if list.values.len() != *length {
-                return fail(
-                    path,
-                    format!("expected {length} elements, got {}", list.values.len()),
-                );
-            }
-            for (i, item) in list.values.iter().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
-                self::node(element, item, out, offset + i * element_size, path)?;
-                path.truncate(len);
-            }
-        }
+        } => array((element, *element_size, *length), v, out, offset, path)?,
         Node::Pointer { size } => {
             let raw = integer(v, size * 8, false, path)?;
             put(out, offset, *size, raw);
@@ -376,6 +295,108 @@ pub(crate) fn node(
                 dst.copy_from_slice(&bytes);
             }
         }
+    }
+    Ok(())
+}
+
+/// A struct or union: an object with exactly the members it has (a union:
+/// exactly one of them).
+fn record(
+    r: &RecordNode,
+    v: &Value,
+    out: &mut [u8],
+    offset: usize,
+    path: &mut String,
+) -> Result<(), EncodeError> {
+    let Some(Kind::StructValue(s)) = &v.kind else {
+        return fail(path, format!("expected an object, got {}", describe(v)));
+    };
+    for name in s.fields.keys() {
+        if !r.fields.iter().any(|f| &f.name == name) {
+            let names: Vec<&str> = r.fields.iter().map(|f| f.name.as_str()).collect();
+            return fail(
+                path,
+                format!("no member named {name:?} (members: {})", names.join(", ")),
+            );
+        }
+    }
+    if r.union {
+        let given: Vec<&Field> = r
+            .fields
+            .iter()
+            .filter(|f| s.fields.contains_key(&f.name))
+            .collect();
+        let [f] = given.as_slice() else {
+            let names: Vec<&str> = r.fields.iter().map(|f| f.name.as_str()).collect();
+            return fail(
+                path,
+                format!(
+                    "a union takes exactly one member ({}), {} given",
+                    names.join(", "),
+                    given.len()
+                ),
+            );
+        };
+        field(f, &s.fields[&f.name], out, offset, path)?;
+    } else {
+        for f in &r.fields {
+            let Some(value) = s.fields.get(&f.name) else {
+                let len = path.len();
+                push_member(path, &f.name);
+                let e = fail(path, "missing");
+                path.truncate(len);
+                return e;
+            };
+            field(f, value, out, offset, path)?;
+        }
+    }
+    Ok(())
+}
+
+/// An array: a list of its length, or a string for an array of char.
+fn array(
+    (element, element_size, length): (&Node, usize, usize),
+    v: &Value,
+    out: &mut [u8],
+    offset: usize,
+    path: &mut String,
+) -> Result<(), EncodeError> {
+    if element.is_char()
+        && let Some(Kind::StringValue(s)) = &v.kind
+    {
+        if s.len() >= length {
+            return fail(
+                path,
+                format!(
+                    "a string of {} bytes does not fit in char[{length}] with its NUL (at most {})",
+                    s.len(),
+                    length.saturating_sub(1)
+                ),
+            );
+        }
+        let bytes = s.as_bytes();
+        if let Some(dst) = out.get_mut(offset..offset + bytes.len()) {
+            dst.copy_from_slice(bytes);
+        }
+        return Ok(());
+    }
+    let Some(Kind::ListValue(list)) = &v.kind else {
+        return fail(
+            path,
+            format!("expected a list of {length}, got {}", describe(v)),
+        );
+    };
+    if list.values.len() != length {
+        return fail(
+            path,
+            format!("expected {length} elements, got {}", list.values.len()),
+        );
+    }
+    for (i, item) in list.values.iter().enumerate() {
+        let len = path.len();
+        path.push_str(&format!("[{i}]"));
+        self::node(element, item, out, offset + i * element_size, path)?;
+        path.truncate(len);
     }
     Ok(())
 }

@@ -358,6 +358,45 @@ fn values(node: &Node) -> usize {
     }
 }
 
+/// An integer, bool, char, float or pointer of `size` bytes.
+fn scalar(kind: &Kind, size: usize, path: &str) -> Result<Node, TypeError> {
+    Ok(match kind {
+        Kind::Int(i) => {
+            if !matches!(size, 1 | 2 | 4 | 8 | 16) {
+                return Err(err(path, format!("an integer of {size} bytes")));
+            }
+            Node::Int {
+                size,
+                signed: i.signed,
+                big_endian: i.big_endian,
+            }
+        }
+        Kind::Bool(_) => {
+            if !matches!(size, 1 | 2 | 4 | 8) {
+                return Err(err(path, format!("a bool of {size} bytes")));
+            }
+            Node::Bool { size }
+        }
+        Kind::Char(c) => {
+            if size != 1 {
+                return Err(err(path, format!("a char of {size} bytes")));
+            }
+            Node::Char { signed: c.signed }
+        }
+        Kind::Float(_) => match size {
+            4 | 8 => Node::Float { size },
+            _ => Node::Opaque { size },
+        },
+        Kind::Pointer(_) => {
+            if !matches!(size, 4 | 8) {
+                return Err(err(path, format!("a pointer of {size} bytes")));
+            }
+            Node::Pointer { size }
+        }
+        _ => return Err(err(path, "not a scalar type")),
+    })
+}
+
 fn err(path: &str, message: impl Into<String>) -> TypeError {
     TypeError {
         path: path.to_owned(),
@@ -414,32 +453,9 @@ impl Compiler {
             .as_ref()
             .ok_or_else(|| err(path, "the type has no kind"))?;
         let node = match kind {
-            Kind::Int(i) => {
-                if !matches!(size, 1 | 2 | 4 | 8 | 16) {
-                    return Err(err(path, format!("an integer of {size} bytes")));
-                }
-                Node::Int {
-                    size,
-                    signed: i.signed,
-                    big_endian: i.big_endian,
-                }
+            Kind::Int(_) | Kind::Bool(_) | Kind::Char(_) | Kind::Float(_) | Kind::Pointer(_) => {
+                scalar(kind, size, path)?
             }
-            Kind::Bool(_) => {
-                if !matches!(size, 1 | 2 | 4 | 8) {
-                    return Err(err(path, format!("a bool of {size} bytes")));
-                }
-                Node::Bool { size }
-            }
-            Kind::Char(c) => {
-                if size != 1 {
-                    return Err(err(path, format!("a char of {size} bytes")));
-                }
-                Node::Char { signed: c.signed }
-            }
-            Kind::Float(_) => match size {
-                4 | 8 => Node::Float { size },
-                _ => Node::Opaque { size },
-            },
             Kind::Enum(e) => {
                 if !matches!(size, 1 | 2 | 4 | 8) {
                     return Err(err(path, format!("an enum of {size} bytes")));
@@ -465,36 +481,36 @@ impl Compiler {
                 self.record(r, 0, size, path, depth, &mut fields, &mut names)?;
                 Node::Record(RecordNode { union, fields })
             }
-            Kind::Array(a) => {
-                let element = a
-                    .element
-                    .as_ref()
-                    .ok_or_else(|| err(path, "an array without an element type"))?;
-                let (node, element_size) = self.node(element, &format!("{path}[]"), depth + 1)?;
-                let length = a.length as usize;
-                if element_size.checked_mul(length) != Some(size) {
-                    return Err(err(
-                        path,
-                        format!(
-                            "{length} elements of {element_size} bytes do not make {size} bytes"
-                        ),
-                    ));
-                }
-                Node::Array {
-                    element: Box::new(node),
-                    element_size,
-                    length,
-                }
-            }
-            Kind::Pointer(_) => {
-                if !matches!(size, 4 | 8) {
-                    return Err(err(path, format!("a pointer of {size} bytes")));
-                }
-                Node::Pointer { size }
-            }
+            Kind::Array(a) => self.array(a, size, path, depth)?,
             Kind::Opaque(_) => Node::Opaque { size },
         };
         Ok((node, size))
+    }
+
+    fn array(
+        &mut self,
+        a: &crate::v1::ArrayType,
+        size: usize,
+        path: &str,
+        depth: usize,
+    ) -> Result<Node, TypeError> {
+        let element = a
+            .element
+            .as_ref()
+            .ok_or_else(|| err(path, "an array without an element type"))?;
+        let (node, element_size) = self.node(element, &format!("{path}[]"), depth + 1)?;
+        let length = a.length as usize;
+        if element_size.checked_mul(length) != Some(size) {
+            return Err(err(
+                path,
+                format!("{length} elements of {element_size} bytes do not make {size} bytes"),
+            ));
+        }
+        Ok(Node::Array {
+            element: Box::new(node),
+            element_size,
+            length,
+        })
     }
 
     /// Adds the members of `r` (a record at `base_bits` inside the record
