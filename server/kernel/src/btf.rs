@@ -30,25 +30,25 @@ pub const MAGIC: u16 = 0xeb9f;
 /// Length of the header (`struct btf_header`) this reader knows.
 pub const HEADER_LEN: usize = 24;
 
-const KIND_INT: u32 = 1;
-const KIND_PTR: u32 = 2;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_FWD: u32 = 7;
-const KIND_TYPEDEF: u32 = 8;
-const KIND_VOLATILE: u32 = 9;
-const KIND_CONST: u32 = 10;
-const KIND_RESTRICT: u32 = 11;
-const KIND_FUNC: u32 = 12;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_FLOAT: u32 = 16;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_TYPE_TAG: u32 = 18;
-const KIND_ENUM64: u32 = 19;
+pub(crate) const KIND_INT: u32 = 1;
+pub(crate) const KIND_PTR: u32 = 2;
+pub(crate) const KIND_ARRAY: u32 = 3;
+pub(crate) const KIND_STRUCT: u32 = 4;
+pub(crate) const KIND_UNION: u32 = 5;
+pub(crate) const KIND_ENUM: u32 = 6;
+pub(crate) const KIND_FWD: u32 = 7;
+pub(crate) const KIND_TYPEDEF: u32 = 8;
+pub(crate) const KIND_VOLATILE: u32 = 9;
+pub(crate) const KIND_CONST: u32 = 10;
+pub(crate) const KIND_RESTRICT: u32 = 11;
+pub(crate) const KIND_FUNC: u32 = 12;
+pub(crate) const KIND_FUNC_PROTO: u32 = 13;
+pub(crate) const KIND_VAR: u32 = 14;
+pub(crate) const KIND_DATASEC: u32 = 15;
+pub(crate) const KIND_FLOAT: u32 = 16;
+pub(crate) const KIND_DECL_TAG: u32 = 17;
+pub(crate) const KIND_TYPE_TAG: u32 = 18;
+pub(crate) const KIND_ENUM64: u32 = 19;
 
 /// Length of `struct btf_type`, the start of every record.
 const TYPE_LEN: usize = 12;

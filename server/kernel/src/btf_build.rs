@@ -9,30 +9,16 @@
 //! self-referential types are written (see [`BtfBuilder::next_id`]).
 #![forbid(unsafe_code)]
 
+use crate::btf::{
+    KIND_ARRAY, KIND_CONST, KIND_DATASEC, KIND_DECL_TAG, KIND_ENUM, KIND_ENUM64, KIND_FLOAT,
+    KIND_FUNC, KIND_FUNC_PROTO, KIND_FWD, KIND_INT, KIND_PTR, KIND_RESTRICT, KIND_STRUCT,
+    KIND_TYPE_TAG, KIND_TYPEDEF, KIND_UNION, KIND_VAR, KIND_VOLATILE,
+};
+
 use std::collections::HashMap;
 
 const MAGIC: u16 = 0xeb9f;
-const HEADER_LEN: u32 = 24;
-
-const KIND_INT: u32 = 1;
-const KIND_PTR: u32 = 2;
-const KIND_ARRAY: u32 = 3;
-const KIND_STRUCT: u32 = 4;
-const KIND_UNION: u32 = 5;
-const KIND_ENUM: u32 = 6;
-const KIND_FWD: u32 = 7;
-const KIND_TYPEDEF: u32 = 8;
-const KIND_VOLATILE: u32 = 9;
-const KIND_CONST: u32 = 10;
-const KIND_RESTRICT: u32 = 11;
-const KIND_FUNC: u32 = 12;
-const KIND_FUNC_PROTO: u32 = 13;
-const KIND_VAR: u32 = 14;
-const KIND_DATASEC: u32 = 15;
-const KIND_FLOAT: u32 = 16;
-const KIND_DECL_TAG: u32 = 17;
-const KIND_TYPE_TAG: u32 = 18;
-const KIND_ENUM64: u32 = 19;
+const HEADER_LEN: u32 = crate::btf::HEADER_LEN as u32;
 
 /// Largest vlen (members, enumerators, parameters) a record can hold.
 const MAX_VLEN: usize = 0xffff;
