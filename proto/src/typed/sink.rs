@@ -95,19 +95,16 @@ impl Sink for JsonWriter<'_> {
 
     fn int(&mut self, v: i64) {
         self.before_value();
-        let _ = write!(self.out, "{v}");
+        self.out
+            .extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
     }
 
     fn decimal(&mut self, v: i128) {
-        self.quoted(|out| {
-            let _ = write!(out, "{v}");
-        });
+        self.quoted(|out| out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()));
     }
 
     fn decimal_unsigned(&mut self, v: u128) {
-        self.quoted(|out| {
-            let _ = write!(out, "{v}");
-        });
+        self.quoted(|out| out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()));
     }
 
     fn float(&mut self, v: f64) {
@@ -177,6 +174,13 @@ impl Sink for JsonWriter<'_> {
 /// Writes `s` as a JSON string (quotes, escapes) to `out`.
 pub fn write_json_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    let plain = |b: &u8| *b >= 0x20 && *b != b'"' && *b != b'\\' && *b != 0x7f;
+    if s.as_bytes().iter().all(plain) {
+        // Member names and most strings: nothing to escape.
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     for &b in s.as_bytes() {
         match b {
             b'"' => out.extend_from_slice(b"\\\""),
