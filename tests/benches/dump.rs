@@ -658,109 +658,288 @@ fn catalog(rt: &tokio::runtime::Runtime, report: &mut Report) {
     drop(maps);
 }
 
-/// A typed map (the demo's flows) of `n` entries: the transfer alone, then
-/// decoded on the client (the library, packed chunks, to JSON text), by the
-/// daemon (grpcurl's layout), and by bpfmapctl writing JSON Lines.
+/// A hash map of `n` entries with Cilium's IPv4 connection tracking layout
+/// (`struct ipv4_ct_tuple` with its network-order members, `struct
+/// ct_entry` with its bitfields), filled with distinct tuples.
+fn cilium_ct4(n: u32) -> OwnedMap {
+    use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding::Unsigned, OwnedBtf};
+    let mut b = BtfBuilder::new();
+    let u8_ = b.add_int("unsigned char", 1, Unsigned);
+    let u16_ = b.add_int("unsigned short", 2, Unsigned);
+    let u32_ = b.add_int("unsigned int", 4, Unsigned);
+    let u64_ = b.add_int("unsigned long long", 8, Unsigned);
+    let (u8_t, u16_t) = (b.add_typedef("__u8", u8_), b.add_typedef("__u16", u16_));
+    let (u32_t, u64_t) = (b.add_typedef("__u32", u32_), b.add_typedef("__u64", u64_));
+    let (be16, be32) = (
+        b.add_typedef("__be16", u16_t),
+        b.add_typedef("__be32", u32_t),
+    );
+    let tuple = b.add_struct(
+        "ipv4_ct_tuple",
+        14,
+        &[
+            M::new("daddr", be32, 0),
+            M::new("saddr", be32, 32),
+            M::new("dport", be16, 64),
+            M::new("sport", be16, 80),
+            M::new("nexthdr", u8_t, 96),
+            M::new("flags", u8_t, 104),
+        ],
+    );
+    let mut members = Vec::new();
+    for (i, name) in ["reserved0", "backend_id", "packets", "bytes"]
+        .iter()
+        .enumerate()
+    {
+        members.push(M::new(name, u64_t, 64 * i as u32));
+    }
+    members.push(M::new("lifetime", u32_t, 256));
+    let flags = [
+        "rx_closing",
+        "tx_closing",
+        "reserved1",
+        "lb_loopback",
+        "seen_non_syn",
+        "node_port",
+    ];
+    for (i, name) in flags.iter().enumerate() {
+        members.push(M::bitfield(name, u16_t, 288 + i as u32, 1));
+    }
+    members.push(M::bitfield("reserved3", u16_t, 294, 10));
+    for (name, ty, bit) in [
+        ("rev_nat_index", u16_t, 304),
+        ("reserved4", u16_t, 320),
+        ("tx_flags_seen", u8_t, 336),
+        ("rx_flags_seen", u8_t, 344),
+        ("src_sec_id", u32_t, 352),
+        ("last_tx_report", u32_t, 384),
+        ("last_rx_report", u32_t, 416),
+    ] {
+        members.push(M::new(name, ty, bit));
+    }
+    let entry = b.add_struct("ct_entry", 56, &members);
+    let btf = OwnedBtf::load(&b.to_bytes()).unwrap();
+    let map = OwnedMap::create(&CreateMap {
+        map_type: MapType::HASH.0,
+        key_size: 14,
+        value_size: 56,
+        max_entries: n.max(1),
+        name: "cilium_ct4",
+        btf: Some(btf.for_map(tuple, entry)),
+        ..Default::default()
+    })
+    .unwrap();
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        keys.extend_from_slice(&[10, (i >> 16) as u8, (i >> 8) as u8, i as u8]);
+        keys.extend_from_slice(&[192, 168, 0, 2, 0x01, 0xbb]);
+        keys.extend_from_slice(&((i % 50_000) as u16 + 1024).to_be_bytes());
+        keys.extend_from_slice(&[6, 0]);
+        let mut v = [0u8; 56];
+        v[16..24].copy_from_slice(&u64::from(i).to_le_bytes());
+        v[24..32].copy_from_slice(&(u64::from(i) * 1500).to_le_bytes());
+        v[32..36].copy_from_slice(&3600u32.to_le_bytes());
+        values.extend_from_slice(&v);
+    }
+    for (k, v) in keys.chunks(14 << 15).zip(values.chunks(56 << 15)) {
+        update_batch(&map, k, v);
+    }
+    map
+}
+
+/// A typed map of `n` entries (the demo's flows, then a Cilium-shaped
+/// connection tracking map): the tools against the kernel's walk of the
+/// same map in a process of their own (bpfmapctl's typed JSON Lines,
+/// bpftool's dump, which prints its `formatted` form too), then the
+/// library: the packed transfer, decoded to JSON text on the client, and
+/// decoded by the daemon (grpcurl's entries layout).
 fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let flows = bpfmapd::typed_flows(n).unwrap();
+    typed_case(
+        n,
+        (
+            "flows",
+            "demo/flows types: 16-byte struct key, 16-byte struct value",
+            &flows,
+        ),
+        rt,
+        report,
+    );
+    drop(flows);
+    let ct = cilium_ct4(n);
+    typed_case(
+        n,
+        (
+            "cilium_ct4",
+            "Cilium's ipv4_ct_tuple -> ct_entry: 14 and 56 bytes, network order, bitfields",
+            &ct,
+        ),
+        rt,
+        report,
+    );
+}
+
+fn typed_case(
+    n: u32,
+    (name, what, map): (&str, &str, &OwnedMap),
+    rt: &tokio::runtime::Runtime,
+    report: &mut Report,
+) {
     let fs = BpfFs::new();
-    let map = bpfmapd::typed_flows(n).unwrap();
-    fs.pin(&map, "flows");
+    fs.pin(map, name);
+    let path = fs.path().join(name);
     let n64 = u64::from(n);
-    println!("{n} typed entries (demo/flows types: 16-byte struct key, 16-byte struct value):");
+    println!("{n} typed entries ({what}):");
+    let process_floor = || {
+        assert_eq!(walk_process(&path), n64);
+        n64
+    };
+    report.row(
+        "the walk in a process of its own (the tools' floor)",
+        time(process_floor),
+        n64,
+        None,
+    );
+    let bpftool = bpftool_installed().then(|| {
+        let (d, r) = paired(process_floor, || bpftool_dump(&path));
+        report.row(
+            "bpftool map dump -j > file (whole process)",
+            d,
+            n64,
+            Some(("the tools' floor", r)),
+        );
+        r
+    });
     rt.block_on(async {
         let state = tempfile::tempdir().unwrap();
         let daemon = Daemon::start(fs.path(), state.path()).await;
-        let client = daemon.client().await;
-        let name: MapName = "flows".parse().unwrap();
-        let info = client.get_map(&name).await.unwrap();
-        let types = info.types().unwrap().expect("typed");
-        let transfer = time_dump(&client, "flows").await;
-        let (mut decodes, mut by_daemons) = (Vec::new(), Vec::new());
-        for _ in 0..RUNS {
-            let t = Instant::now();
-            let mut dump = client.dump(&name, DumpOptions::default());
-            let mut out = Vec::with_capacity(1 << 20);
-            while let Some(chunk) = dump.next_chunk().await.unwrap() {
-                for e in &chunk {
-                    types.write_entry_json(e, &mut out);
-                    out.push(b'\n');
-                }
-                out.clear();
-            }
-            assert_eq!(dump.received(), n64);
-            decodes.push(t.elapsed());
-
-            let t = Instant::now();
-            use bpfmap_client::pb;
-            let channel = tonic::transport::Endpoint::from_shared(daemon.addr())
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            let mut raw = pb::map_service_client::MapServiceClient::new(channel)
-                .max_decoding_message_size(64 << 20);
-            let mut s = raw
-                .dump_map(pb::DumpMapRequest {
-                    map: Some(pb::MapRef {
-                        r#ref: Some(pb::map_ref::Ref::Path("flows".into())),
-                    }),
-                    ..Default::default()
-                })
-                .await
-                .unwrap()
-                .into_inner();
-            let mut count = 0u64;
-            while let Some(m) = s.message().await.unwrap() {
-                count += m
-                    .entries
-                    .iter()
-                    .filter(|e| e.decoded_value.is_some())
-                    .count() as u64;
-            }
-            assert_eq!(count, n64);
-            by_daemons.push(t.elapsed());
-        }
-        let (decoded, by_daemon) = (median(decodes), median(by_daemons));
-        report.row(
-            "library, packed, bytes only (the transfer)",
-            transfer,
-            n64,
-            None,
-        );
-        report.row(
-            "library, packed, decoded to JSON text on the client",
-            decoded,
-            n64,
-            Some(("the transfer", ratio(decoded, transfer))),
-        );
-        report.row(
-            "entries layout, decoded by the daemon (grpcurl's)",
-            by_daemon,
-            n64,
-            Some(("the transfer", ratio(by_daemon, transfer))),
-        );
         let url = daemon.addr();
-        let (raw_d, typed_d) = tokio::task::block_in_place(|| {
-            (
-                time(|| bpfmapctl(&url, &["--raw", "dump", "flows"])),
-                time(|| bpfmapctl(&url, &["dump", "flows"])),
-            )
+        let (ctl, r) = tokio::task::block_in_place(|| {
+            paired(process_floor, || bpfmapctl(&url, &["dump", name]))
         });
         report.row(
-            "bpfmapctl dump --raw > file (hex)",
-            raw_d,
+            "bpfmapctl dump > file (typed JSON Lines)",
+            ctl,
             n64,
-            Some(("the transfer", ratio(raw_d, transfer))),
+            Some(("the tools' floor", r)),
         );
-        report.row(
-            "bpfmapctl dump > file (typed JSON)",
-            typed_d,
-            n64,
-            Some(("the transfer", ratio(typed_d, transfer))),
+        report.target(
+            &format!("bpfmapctl typed dump of {name}, {n} entries, vs the tools' floor"),
+            r,
+            "x",
+            1.5,
+            true,
         );
+        if let Some(b) = bpftool {
+            report.target(
+                &format!(
+                    "bpfmapctl typed dump of {name}, {n} entries, faster than bpftool map dump -j"
+                ),
+                b / r,
+                "x",
+                15.0,
+                false,
+            );
+        }
+        typed_library(n, name, &daemon, report).await;
         daemon.stop().await;
     });
-    drop(map);
+}
+
+/// The library's rows of a typed case.
+async fn typed_library(n: u32, name: &str, daemon: &Daemon, report: &mut Report) {
+    let n64 = u64::from(n);
+    let client = daemon.client().await;
+    let map: MapName = name.parse().unwrap();
+    let types = client
+        .get_map(&map)
+        .await
+        .unwrap()
+        .types()
+        .unwrap()
+        .expect("typed");
+    let transfer = time_dump(&client, name).await;
+    let mut decodes = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let mut dump = client.dump(&map, DumpOptions::default());
+        let mut out = Vec::with_capacity(1 << 20);
+        while let Some(chunk) = dump.next_chunk().await.unwrap() {
+            for e in &chunk {
+                types.write_entry_json(e, &mut out);
+                out.push(b'\n');
+            }
+            out.clear();
+        }
+        assert_eq!(dump.received(), n64);
+        decodes.push(t.elapsed());
+    }
+    let decoded = median(decodes);
+    report.row(
+        "library, packed, bytes only (the transfer)",
+        transfer,
+        n64,
+        None,
+    );
+    report.row(
+        "library, packed, decoded to JSON text on the client",
+        decoded,
+        n64,
+        Some(("the transfer", ratio(decoded, transfer))),
+    );
+    let mut by_daemons = Vec::new();
+    for _ in 0..RUNS {
+        by_daemons.push(entries_dump(&daemon.addr(), name, n64).await);
+    }
+    let by_daemon = median(by_daemons);
+    let r = ratio(by_daemon, transfer);
+    report.row(
+        "entries layout, decoded by the daemon (grpcurl's)",
+        by_daemon,
+        n64,
+        Some(("the transfer", r)),
+    );
+    report.target(
+        &format!("entries layout of {name}, {n} entries, vs the packed transfer"),
+        r,
+        "x",
+        2.0,
+        true,
+    );
+}
+
+/// A dump in the entries layout, as grpcurl asks for it, read with the
+/// generated client: its time.
+async fn entries_dump(addr: &str, name: &str, n: u64) -> Duration {
+    use bpfmap_client::pb;
+    let t = Instant::now();
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw =
+        pb::map_service_client::MapServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut s = raw
+        .dump_map(pb::DumpMapRequest {
+            map: Some(pb::MapRef {
+                r#ref: Some(pb::map_ref::Ref::Path(name.into())),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut count = 0u64;
+    while let Some(m) = s.message().await.unwrap() {
+        count += m
+            .entries
+            .iter()
+            .filter(|e| e.decoded_value.is_some())
+            .count() as u64;
+    }
+    assert_eq!(count, n);
+    t.elapsed()
 }
 
 /// The median round trip of a health check on a connected channel: what
