@@ -142,6 +142,8 @@ pub(crate) struct RecordNode {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Field {
     pub name: String,
+    /// The name as a JSON object key, quoted and escaped, with its colon.
+    pub json_key: Box<[u8]>,
     /// Offset from the start of the record, in bits.
     pub bit_offset: usize,
     /// Width of a bitfield; 0 when the field is not one.
@@ -595,8 +597,12 @@ impl Compiler {
             if !names.insert(m.name.clone()) {
                 return Err(err(&member_path, "a second member of that name"));
             }
+            let mut json_key = Vec::with_capacity(m.name.len() + 3);
+            write_json_string(&mut json_key, &m.name);
+            json_key.push(b':');
             fields.push(Field {
                 name: m.name.clone(),
+                json_key: json_key.into(),
                 bit_offset: base_bits + bit_offset,
                 bitfield_size,
                 node,

@@ -29,6 +29,11 @@ pub trait Sink {
     fn begin_object(&mut self);
     /// The name of the next member.
     fn key(&mut self, name: &str);
+    /// The name of the next member of a record, also given as its JSON key
+    /// (quoted, escaped, with the colon) so that a JSON sink copies it.
+    fn field_key(&mut self, name: &str, _json_key: &[u8]) {
+        self.key(name);
+    }
     /// Ends an object.
     fn end_object(&mut self);
     /// Starts an array.
@@ -73,6 +78,17 @@ impl<'a> JsonWriter<'a> {
         }
     }
 
+    /// Before a key: a comma after the previous member.
+    fn before_key(&mut self) {
+        if let Some(Frame::Object { first }) = self.open.last_mut() {
+            if *first {
+                *first = false;
+            } else {
+                self.out.push(b',');
+            }
+        }
+    }
+
     fn quoted(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
         self.before_value();
         self.out.push(b'"');
@@ -104,7 +120,10 @@ impl Sink for JsonWriter<'_> {
     }
 
     fn decimal_unsigned(&mut self, v: u128) {
-        self.quoted(|out| out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()));
+        self.quoted(|out| match u64::try_from(v) {
+            Ok(v) => out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()),
+            Err(_) => out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes()),
+        });
     }
 
     fn float(&mut self, v: f64) {
@@ -143,15 +162,14 @@ impl Sink for JsonWriter<'_> {
     }
 
     fn key(&mut self, name: &str) {
-        if let Some(Frame::Object { first }) = self.open.last_mut() {
-            if *first {
-                *first = false;
-            } else {
-                self.out.push(b',');
-            }
-        }
+        self.before_key();
         write_json_string(self.out, name);
         self.out.push(b':');
+    }
+
+    fn field_key(&mut self, _name: &str, json_key: &[u8]) {
+        self.before_key();
+        self.out.extend_from_slice(json_key);
     }
 
     fn end_object(&mut self) {
