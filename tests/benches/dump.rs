@@ -892,6 +892,17 @@ async fn typed_library(n: u32, name: &str, daemon: &Daemon, report: &mut Report)
         by_daemons.push(entries_dump(&daemon.addr(), name, n64).await);
     }
     let by_daemon = median(by_daemons);
+    let mut undecoded = Vec::new();
+    for _ in 0..RUNS {
+        undecoded.push(entries_bytes(&daemon.addr(), name).await);
+    }
+    let undecoded = median(undecoded);
+    report.row(
+        "entries layout, received as bytes (no client decoding)",
+        undecoded,
+        n64,
+        Some(("the transfer", ratio(undecoded, transfer))),
+    );
     let r = ratio(by_daemon, transfer);
     report.row(
         "entries layout, decoded by the daemon (grpcurl's)",
@@ -906,6 +917,33 @@ async fn typed_library(n: u32, name: &str, daemon: &Daemon, report: &mut Report)
         2.0,
         true,
     );
+}
+
+/// A dump in the entries layout received as bytes (the messages framed,
+/// not decoded): the daemon's share of the entries layout.
+async fn entries_bytes(addr: &str, name: &str) -> Duration {
+    use bpfmap_client::pb;
+    use prost::Message as _;
+    let t = Instant::now();
+    let request = pb::DumpMapRequest {
+        map: Some(pb::MapRef {
+            r#ref: Some(pb::map_ref::Ref::Path(name.into())),
+        }),
+        ..Default::default()
+    };
+    let mut s = bpfmap_tests::raw_stream(
+        addr,
+        "/bpfmap.v1.MapService/DumpMap",
+        request.encode_to_vec(),
+    )
+    .await
+    .unwrap();
+    let mut bytes = 0usize;
+    while let Some(m) = s.message().await.unwrap() {
+        bytes += m.len();
+    }
+    assert!(bytes > 0);
+    t.elapsed()
 }
 
 /// A dump in the entries layout, as grpcurl asks for it, read with the

@@ -22,7 +22,7 @@ pub mod pki;
 pub mod process;
 mod tools;
 
-pub use tools::{ctl, grpcurl, json_lines, json_stream, map_ref};
+pub use tools::{ctl, grpcurl, json_lines, json_of, json_stream, map_ref, proto_of};
 
 /// A private bpffs mounted on a temporary directory; unmounted on drop.
 #[derive(Debug)]
@@ -164,6 +164,34 @@ pub fn collect_unique(entries: impl IntoIterator<Item = Entry>) -> Entries {
     out
 }
 
+/// Compiles `tests/bpf/FILE` (e.g. "typed.bpf.c") with clang into `dir`,
+/// as libbpf programs are built (`-g`: the compiler emits BTF), and returns
+/// the object. `$CLANG` names the compiler (default `clang`).
+pub fn compile_bpf_object(file: &str, dir: &Path) -> Vec<u8> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("bpf").join(file);
+    let obj = dir.join(file).with_extension("o");
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    let multiarch = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
+    let out = std::process::Command::new(&clang)
+        .args(["-g", "-O2", "-target", "bpf", "-I", &multiarch, "-c"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&obj)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {clang} ({e}): this test compiles a BPF object; install clang and libbpf-dev (`apt-get install clang libbpf-dev`; .ci/run does)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "clang failed on {} (is libbpf-dev installed, for bpf/bpf_helpers.h?):\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&obj).unwrap_or_else(|e| panic!("cannot read {}: {e}", obj.display()))
+}
+
 /// A daemon serving `roots` on 127.0.0.1 (a free port).
 #[derive(Debug)]
 pub struct Daemon {
@@ -250,6 +278,27 @@ pub async fn client_from(addr: &str, source: &str, options: ConnectOptions) -> C
     Client::from_channel(channel_from(addr, source).await, options)
 }
 
+/// Sends `body` as the request of a server-streaming call to `path` and
+/// returns the messages as they come, undecoded: what a call costs the
+/// daemon and the transport, without the client's decoding.
+pub async fn raw_stream(
+    addr: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<tonic::Streaming<Vec<u8>>, tonic::Status> {
+    let channel = tonic::transport::Endpoint::from_shared(addr.to_owned())
+        .expect("a valid address")
+        .connect()
+        .await
+        .expect("connects");
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
+    grpc.ready().await.expect("ready");
+    let path = http::uri::PathAndQuery::try_from(path).expect("a valid path");
+    grpc.server_streaming(tonic::Request::new(body), path, RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 /// Sends `body` as the request message of a unary call to `path` (e.g.
 /// "/bpfmap.v1.MapService/GetMap"), bytes as they are: for requests no
 /// well-behaved client would send.
@@ -269,7 +318,7 @@ pub async fn raw_call(addr: &str, path: &str, body: Vec<u8>) -> Result<Vec<u8>, 
 
 /// A codec that sends and receives message bytes as they are.
 #[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
+pub struct RawCodec;
 
 impl tonic::codec::Codec for RawCodec {
     type Encode = Vec<u8>;
