@@ -43,7 +43,7 @@ use std::{collections::HashSet, fmt};
 
 pub use encode::EncodeError;
 pub use rendering::{Rendering, Renderings};
-pub use sink::{JsonWriter, Sink, ValueBuilder, write_json_string};
+pub use sink::{FieldKey, JsonWriter, Sink, ValueBuilder, write_json_string};
 pub use value_writer::ValueWriter;
 
 use crate::v1::{TypeInfo, type_info::Kind};
@@ -142,8 +142,8 @@ pub(crate) struct RecordNode {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Field {
     pub name: String,
-    /// The name as a JSON object key, quoted and escaped, with its colon.
-    pub json_key: Box<[u8]>,
+    /// The name as the sinks write it.
+    pub key: FieldKey,
     /// Offset from the start of the record, in bits.
     pub bit_offset: usize,
     /// Width of a bitfield; 0 when the field is not one.
@@ -597,12 +597,9 @@ impl Compiler {
             if !names.insert(m.name.clone()) {
                 return Err(err(&member_path, "a second member of that name"));
             }
-            let mut json_key = Vec::with_capacity(m.name.len() + 3);
-            write_json_string(&mut json_key, &m.name);
-            json_key.push(b':');
             fields.push(Field {
                 name: m.name.clone(),
-                json_key: json_key.into(),
+                key: FieldKey::new(&m.name),
                 bit_offset: base_bits + bit_offset,
                 bitfield_size,
                 node,

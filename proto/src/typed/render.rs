@@ -134,7 +134,7 @@ pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sin
         Node::Record(r) => {
             sink.begin_object();
             for f in &r.fields {
-                sink.field_key(&f.name, &f.json_key);
+                sink.field_key(&f.key);
                 field(f, bytes, offset, sink);
             }
             sink.end_object();
@@ -199,7 +199,7 @@ pub(crate) fn sum(node: &Node, cpus: &[&[u8]], offset: usize, sink: &mut impl Si
         Node::Record(r) => {
             sink.begin_object();
             for f in &r.fields {
-                sink.field_key(&f.name, &f.json_key);
+                sink.field_key(&f.key);
                 if f.bitfield_size == 0 {
                     sum(&f.node, cpus, offset + f.bit_offset / 8, sink);
                 } else {

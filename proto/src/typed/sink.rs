@@ -29,10 +29,10 @@ pub trait Sink {
     fn begin_object(&mut self);
     /// The name of the next member.
     fn key(&mut self, name: &str);
-    /// The name of the next member of a record, also given as its JSON key
-    /// (quoted, escaped, with the colon) so that a JSON sink copies it.
-    fn field_key(&mut self, name: &str, _json_key: &[u8]) {
-        self.key(name);
+    /// The name of the next member of a record, with its encodings made
+    /// once, when the layout was built.
+    fn field_key(&mut self, key: &FieldKey) {
+        self.key(&key.name);
     }
     /// Ends an object.
     fn end_object(&mut self);
@@ -43,6 +43,48 @@ pub trait Sink {
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// A record member's name, and how the sinks write it: as a JSON object key
+/// (quoted, escaped, with its colon) and as the key field of a
+/// `google.protobuf.Struct` map entry (tag, length, bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldKey {
+    name: String,
+    json: Box<[u8]>,
+    proto: Box<[u8]>,
+}
+
+impl FieldKey {
+    /// The encodings of `name`.
+    pub fn new(name: &str) -> Self {
+        let mut json = Vec::with_capacity(name.len() + 3);
+        write_json_string(&mut json, name);
+        json.push(b':');
+        let mut proto = vec![0x0a];
+        let mut n = name.len() as u64;
+        while n >= 0x80 {
+            proto.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        proto.push(n as u8);
+        proto.extend_from_slice(name.as_bytes());
+        Self {
+            name: name.to_owned(),
+            json: json.into(),
+            proto: proto.into(),
+        }
+    }
+
+    /// The name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The key field of a Struct map entry: tag 1, length, the name.
+    pub fn proto(&self) -> &[u8] {
+        &self.proto
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 enum Frame {
@@ -167,9 +209,9 @@ impl Sink for JsonWriter<'_> {
         self.out.push(b':');
     }
 
-    fn field_key(&mut self, _name: &str, json_key: &[u8]) {
+    fn field_key(&mut self, key: &FieldKey) {
         self.before_key();
-        self.out.extend_from_slice(json_key);
+        self.out.extend_from_slice(&key.json);
     }
 
     fn end_object(&mut self) {

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::Sink;
+use super::{FieldKey, Sink};
 
 /// Wire types.
 const VARINT: u32 = 0;
@@ -202,6 +202,11 @@ impl Sink for ValueWriter<'_> {
     fn key(&mut self, name: &str) {
         self.open_len(STRUCT_FIELDS);
         self.string_field(ENTRY_KEY, name);
+    }
+
+    fn field_key(&mut self, key: &FieldKey) {
+        self.open_len(STRUCT_FIELDS);
+        self.out.extend_from_slice(key.proto());
     }
 
     fn end_object(&mut self) {
