@@ -18,6 +18,7 @@ pub use bpfmap_kernel::{MapType, OwnedMap};
 
 pub mod dns;
 pub mod fuzz;
+pub mod networking;
 pub mod pki;
 pub mod process;
 mod tools;

@@ -5,7 +5,7 @@ use std::ffi::{OsStr, OsString};
 
 use bpfmap_client::pb;
 use clap::Parser as _;
-use serde_json::Value as Json;
+use serde_json::{Value as Json, json};
 
 /// Runs bpfmapctl in-process with `args`, as if neither stdout nor stderr
 /// were a terminal: (its result, stdout, stderr).
@@ -71,4 +71,42 @@ pub fn map_ref(path: &str) -> Option<pb::MapRef> {
     Some(pb::MapRef {
         r#ref: Some(pb::map_ref::Ref::Path(path.into())),
     })
+}
+
+/// A `google.protobuf.Value` as JSON (numbers that are integers as
+/// integers).
+pub fn json_of(v: &prost_types::Value) -> Json {
+    use prost_types::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Json::Null,
+        Some(Kind::BoolValue(b)) => json!(b),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => json!(*n as i64),
+        Some(Kind::NumberValue(n)) => json!(n),
+        Some(Kind::StringValue(s)) => json!(s),
+        Some(Kind::ListValue(l)) => l.values.iter().map(json_of).collect(),
+        Some(Kind::StructValue(s)) => s
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), json_of(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    }
+}
+
+/// JSON as a `google.protobuf.Value`.
+pub fn proto_of(j: &Json) -> prost_types::Value {
+    use prost_types::value::Kind;
+    let kind = match j {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(b) => Kind::BoolValue(*b),
+        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap()),
+        Json::String(s) => Kind::StringValue(s.clone()),
+        Json::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(proto_of).collect(),
+        }),
+        Json::Object(o) => Kind::StructValue(prost_types::Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), proto_of(v))).collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
 }

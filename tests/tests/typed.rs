@@ -15,43 +15,6 @@ use bpfmap_tests::*;
 use serde_json::{Value as Json, json};
 use tonic::Code;
 
-/// A `google.protobuf.Value` as JSON (numbers that are integers as
-/// integers).
-fn json_of(v: &prost_types::Value) -> Json {
-    use prost_types::value::Kind;
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => Json::Null,
-        Some(Kind::BoolValue(b)) => json!(b),
-        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => json!(*n as i64),
-        Some(Kind::NumberValue(n)) => json!(n),
-        Some(Kind::StringValue(s)) => json!(s),
-        Some(Kind::ListValue(l)) => l.values.iter().map(json_of).collect(),
-        Some(Kind::StructValue(s)) => s
-            .fields
-            .iter()
-            .map(|(k, v)| (k.clone(), json_of(v)))
-            .collect::<serde_json::Map<_, _>>()
-            .into(),
-    }
-}
-
-fn proto_of(j: &Json) -> prost_types::Value {
-    use prost_types::value::Kind;
-    let kind = match j {
-        Json::Null => Kind::NullValue(0),
-        Json::Bool(b) => Kind::BoolValue(*b),
-        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap()),
-        Json::String(s) => Kind::StringValue(s.clone()),
-        Json::Array(a) => Kind::ListValue(prost_types::ListValue {
-            values: a.iter().map(proto_of).collect(),
-        }),
-        Json::Object(o) => Kind::StructValue(prost_types::Struct {
-            fields: o.iter().map(|(k, v)| (k.clone(), proto_of(v))).collect(),
-        }),
-    };
-    prost_types::Value { kind: Some(kind) }
-}
-
 /// A map of `map_type` typed by the BTF `build` writes (returning the key
 /// and value type ids), pinned at `rel`.
 fn typed_map(
@@ -926,35 +889,12 @@ fn map_types_from_an_info_without_types_are_none() {
     assert!(info.types().unwrap().is_none());
 }
 
-/// Compiles tests/bpf/typed.bpf.c with clang (-g: the compiler emits BTF).
-fn compile_bpf_object(dir: &std::path::Path) -> Vec<u8> {
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/bpf/typed.bpf.c");
-    let obj = dir.join("typed.bpf.o");
-    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
-    let multiarch = format!("/usr/include/{}-linux-gnu", std::env::consts::ARCH);
-    let out = std::process::Command::new(&clang)
-        .args(["-g", "-O2", "-target", "bpf", "-I", &multiarch, "-c", src, "-o"])
-        .arg(&obj)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run {clang} ({e}): this test compiles a BPF object; install clang and libbpf-dev (`apt-get install clang libbpf-dev`; .ci/run does)"
-            )
-        });
-    assert!(
-        out.status.success(),
-        "clang failed (is libbpf-dev installed, for bpf/bpf_helpers.h?):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(&obj).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maps_of_a_clang_compiled_object_dump_decoded() {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let build = tempfile::tempdir().unwrap();
-    let object = compile_bpf_object(build.path());
+    let object = compile_bpf_object("typed.bpf.c", build.path());
     // Loaded as libbpf loaders do: the object's BTF goes to the kernel with
     // the maps, pinned by name.
     let mut ebpf = aya::EbpfLoader::new()

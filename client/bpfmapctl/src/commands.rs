@@ -2,12 +2,14 @@
 
 use std::{collections::HashMap, io};
 
-use bpfmap_client::{FleetEvent, FleetRun, Key, LookupOptions, MapName, MapTypes, Target};
+use bpfmap_client::{Error, FleetEvent, FleetRun, Key, LookupOptions, MapName, MapTypes, Target};
 use futures::StreamExt as _;
 
 use crate::{
+    RenderArg,
     drive::{self, Io, drive},
     output::{self, Printer},
+    render_pairs,
     setup::{Setup, map_name},
     usage,
 };
@@ -28,12 +30,14 @@ pub(crate) async fn show(setup: Setup, io: Io<'_>, map: &str) -> anyhow::Result<
 }
 
 /// `lookup MAP KEY...`: the keys on every target, decoded through each
-/// target's types.
+/// target's types (with the renderings of `--render` over the configured
+/// ones).
 pub(crate) async fn lookup(
     setup: Setup,
     io: Io<'_>,
     map: &str,
     keys: &[String],
+    render: &[RenderArg],
 ) -> anyhow::Result<()> {
     let map = map_name(map)?;
     let keys = keys
@@ -41,13 +45,22 @@ pub(crate) async fn lookup(
         .map(|k| parse_key(k))
         .collect::<anyhow::Result<Vec<Key>>>()?;
     let fleet = setup.fleet();
-    let types = if setup.decode {
-        map_types(&fleet, &map).await
+    // Renderings that do not fit a target's types are refused before the
+    // lookup.
+    let mut types = if setup.decode || !render.is_empty() {
+        map_types(&fleet, &map, render).await?
     } else {
         HashMap::new()
     };
-    // Raw: the bytes are decoded here, as a dump's are.
-    let run = fleet.lookup(&map, keys, LookupOptions::default().with_raw(true));
+    if !setup.decode {
+        types.clear();
+    }
+    // Raw: the bytes are decoded here, as a dump's are; the renderings go
+    // along for JSON keys in their rendered spelling.
+    let options = LookupOptions::default()
+        .with_raw(true)
+        .with_render(render_pairs(render));
+    let run = fleet.lookup(&map, keys, options);
     print_all(setup, io, run, |p, out, t, results| {
         let types = types.get(t);
         results
@@ -77,19 +90,37 @@ async fn print_all<T>(
     drive::finish(io, &progress, reports, end)
 }
 
-/// Every target's types for `map` (GetMap); targets that fail or have no
-/// types are left out, and print hex.
-async fn map_types(fleet: &bpfmap_client::Fleet, map: &MapName) -> HashMap<Target, MapTypes> {
+/// Every target's types for `map` (GetMap), with `render` over the
+/// configured renderings; targets that fail or have no types are left out,
+/// and print hex. Renderings a target's types refuse are a usage error.
+async fn map_types(
+    fleet: &bpfmap_client::Fleet,
+    map: &MapName,
+    render: &[RenderArg],
+) -> anyhow::Result<HashMap<Target, MapTypes>> {
     let mut run = fleet.get_map(map);
     let mut types = HashMap::new();
+    let total = fleet.targets().len();
     while let Some(event) = run.next().await {
-        if let FleetEvent::Answer { target, answer } = event
-            && let Ok(Some(t)) = answer.types()
-        {
-            types.insert(target, t);
+        if let FleetEvent::Answer { target, answer } = event {
+            match answer.types_with(render_pairs(render)) {
+                Ok(Some(t)) => {
+                    types.insert(target, t);
+                }
+                // The command line's renderings; a daemon's own that do not
+                // fit leave its results in hex.
+                Err(e @ Error::Render { .. }) if !render.is_empty() => {
+                    return Err(usage(if total == 1 {
+                        e.to_string()
+                    } else {
+                        format!("{target}: {e}")
+                    }));
+                }
+                _ => {}
+            }
         }
     }
-    types
+    Ok(types)
 }
 
 /// A key from the command line: JSON (an argument starting with `{`, `[`

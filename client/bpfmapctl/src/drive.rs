@@ -8,7 +8,7 @@ use bpfmap_client::{FleetEvent, FleetRun, Target, TargetReport};
 use futures::StreamExt as _;
 use serde_json::json;
 
-use crate::{TargetsFailed, code_and_text, output::Progress};
+use crate::{TargetsFailed, code_and_text, output::Progress, refused_render};
 
 /// Where a command writes: results to `out`, summaries to `err`.
 pub(crate) struct Io<'a> {
@@ -90,7 +90,7 @@ pub(crate) fn finish(
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(TargetsFailed(failed, total).into())
+        Err(refused_render(&failed, total).unwrap_or_else(|| TargetsFailed(failed, total).into()))
     }
 }
 

@@ -13,6 +13,7 @@ use crate::{
     cursors::{CursorFile, SavedTarget},
     drive::{End, Io, drive, interrupted},
     output::{Printer, Progress},
+    refused_render, render_pairs,
     setup::{Setup, map_name},
     usage,
 };
@@ -78,6 +79,11 @@ pub(crate) async fn run(
     saved: Option<CursorFile>,
 ) -> anyhow::Result<()> {
     check(&args, &setup.targets, saved.as_ref())?;
+    if !args.render.is_empty() && !setup.decode {
+        return Err(usage(
+            "--render shows decoded members: it cannot be combined with --raw or --format hex",
+        ));
+    }
     let map = map_name(&args.map)?;
     let Setup {
         targets,
@@ -120,7 +126,15 @@ pub(crate) async fn run(
     match end {
         End::Failed(e) => Err(e.into()),
         End::Stopped(signal) => Err(Interrupted(signal).into()),
-        End::Done if !failed.is_empty() => Err(TargetsFailed(failed, total).into()),
+        // Renderings a target's types refuse: the command line's (a
+        // daemon's own are that target's failure).
+        End::Done if !failed.is_empty() => {
+            let refused = match args.render.is_empty() {
+                true => None,
+                false => refused_render(&failed, total),
+            };
+            Err(refused.unwrap_or_else(|| TargetsFailed(failed, total).into()))
+        }
         End::Done => Ok(()),
     }
 }
@@ -146,7 +160,8 @@ fn check(args: &DumpArgs, targets: &[Target], saved: Option<&CursorFile>) -> any
 fn dump_options(args: &DumpArgs, start: &Start, decode: bool) -> FleetDumpOptions {
     let mut dump = DumpOptions::default()
         .with_chunk_size(args.chunk_size)
-        .with_limit(args.limit);
+        .with_limit(args.limit)
+        .with_render(render_pairs(&args.render));
     if let Some(cursor) = &args.cursor {
         dump = dump.with_cursor(cursor);
     }

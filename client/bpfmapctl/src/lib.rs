@@ -15,7 +15,10 @@ use std::{
     path::PathBuf,
 };
 
-use bpfmap_client::{Error, TargetReport, code_name};
+use bpfmap_client::{
+    Error, TargetReport, code_name,
+    typed::{Rendering, Renderings},
+};
 use clap::{Args, Parser, Subcommand};
 
 use crate::output::{Format, PerCpu};
@@ -111,7 +114,43 @@ pub enum Command {
         /// '{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP"}'.
         #[arg(required = true)]
         keys: Vec<String>,
+        /// Show members another way than their types say, and read JSON
+        /// keys in that spelling (see `dump --render`).
+        #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+        render: Vec<RenderArg>,
     },
+}
+
+/// A member shown another way than its type says (`--render
+/// key.daddr=ipv4`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderArg {
+    /// The member: "key.daddr", "value.stats.bytes", "key" for the whole
+    /// key.
+    pub path: String,
+    /// How it is shown.
+    pub rendering: Rendering,
+}
+
+/// Parses `PATH=RENDERING`; the error names what is wrong.
+fn parse_render(arg: &str) -> Result<RenderArg, String> {
+    let Some((path, how)) = arg.split_once('=') else {
+        return Err(format!(
+            "expected PATH=RENDERING, like key.daddr=ipv4 (renderings: ipv4, ipv6, mac, hex), not {arg:?}"
+        ));
+    };
+    let one = std::collections::BTreeMap::from([(path.to_owned(), how.to_owned())]);
+    let parsed = Renderings::parse(&one).map_err(|e| e.to_string())?;
+    let (path, rendering) = parsed.iter().next().expect("one rendering parsed");
+    Ok(RenderArg {
+        path: path.to_owned(),
+        rendering,
+    })
+}
+
+/// The (path, rendering) pairs of `--render`.
+pub(crate) fn render_pairs(render: &[RenderArg]) -> impl Iterator<Item = (&str, Rendering)> {
+    render.iter().map(|r| (r.path.as_str(), r.rendering))
 }
 
 /// The arguments of `dump`.
@@ -141,6 +180,14 @@ pub struct DumpArgs {
     /// --target, the file's targets.
     #[arg(long, value_name = "FILE")]
     pub resume: Option<PathBuf>,
+    /// Show a member another way than its type says: PATH=RENDERING, PATH
+    /// a member ("key.daddr", "value.stats.bytes", "key" for the whole
+    /// key), RENDERING ipv4 (4 bytes), ipv6 (16 bytes), mac (6 bytes) or
+    /// hex (repeatable, or comma-separated). Over the renderings the
+    /// daemon's configuration gives the map; a member that does not exist
+    /// or fit is a usage error.
+    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+    pub render: Vec<RenderArg>,
 }
 
 /// Whether stdout and stderr are terminals (the output format and the
@@ -181,6 +228,21 @@ pub(crate) fn code_and_text(e: &Error) -> (&'static str, String) {
 fn error_line(e: &Error) -> String {
     let (code, text) = code_and_text(e);
     format!("{code}: {text}")
+}
+
+/// A usage error for the renderings some targets refused (a member their
+/// types do not have, or that does not fit), if any did: the command line
+/// needs fixing, not the targets.
+pub(crate) fn refused_render(failed: &[TargetReport], total: usize) -> Option<anyhow::Error> {
+    let (target, e) = failed.iter().find_map(|r| match &r.error {
+        Some(e @ Error::Render { .. }) => Some((&r.target, e)),
+        _ => None,
+    })?;
+    Some(if total == 1 {
+        usage(e.to_string())
+    } else {
+        usage(format!("{target}: {e}"))
+    })
 }
 
 /// A usage or configuration error (exit code 2).
@@ -266,7 +328,9 @@ pub async fn run_with(
     match cli.command {
         Command::List => commands::list(setup, io).await,
         Command::Show { map } => commands::show(setup, io, &map).await,
-        Command::Lookup { map, keys } => commands::lookup(setup, io, &map, &keys).await,
+        Command::Lookup { map, keys, render } => {
+            commands::lookup(setup, io, &map, &keys, &render).await
+        }
         Command::Dump(args) => dump::run(setup, io, args, saved).await,
     }
 }
@@ -292,6 +356,50 @@ mod tests {
         ] {
             assert!(help.contains(word), "{word}: {help}");
         }
+    }
+
+    #[test]
+    fn render_takes_paths_and_renderings_repeated_or_comma_separated() {
+        let cli = Cli::try_parse_from([
+            "bpfmapctl",
+            "dump",
+            "m",
+            "--render",
+            "key.daddr=ipv4,key.saddr=ipv4",
+            "--render",
+            "value.mac=mac",
+        ])
+        .unwrap();
+        let Command::Dump(args) = cli.command else {
+            panic!("dump")
+        };
+        let pairs: Vec<(&str, Rendering)> = render_pairs(&args.render).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("key.daddr", Rendering::Ipv4),
+                ("key.saddr", Rendering::Ipv4),
+                ("value.mac", Rendering::Mac)
+            ]
+        );
+        let cli =
+            Cli::try_parse_from(["bpfmapctl", "lookup", "m", "00", "--render", "key=hex"]).unwrap();
+        let Command::Lookup { render, .. } = cli.command else {
+            panic!("lookup")
+        };
+        assert_eq!(
+            render,
+            [RenderArg {
+                path: "key".into(),
+                rendering: Rendering::Hex
+            }]
+        );
+        assert_eq!(
+            parse_render("key.x=ipv9").unwrap_err(),
+            "key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+        );
+        assert!(parse_render("x=ipv4").is_err());
+        assert!(parse_render("key.x").is_err());
     }
 
     #[test]

@@ -579,6 +579,7 @@ fn map_json(target: &Target, m: &MapInfo) -> Json {
         "btf_value_type_id": p.btf_value_type_id,
         "dump_method": m.dump_method().as_str(),
         "types": types,
+        "render": p.render.iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
 }
 

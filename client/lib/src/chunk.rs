@@ -130,6 +130,27 @@ impl Chunk {
         }
     }
 
+    /// Entry `i`'s key as the daemon decoded it: only in the entries layout
+    /// when the daemon decodes, that is with renderings
+    /// ([`DumpOptions::with_render`](crate::DumpOptions::with_render) and
+    /// `with_packed(false)`), for a map with types; `None` otherwise
+    /// (packed entries are decoded with [`MapTypes`](crate::MapTypes)).
+    pub fn decoded_key(&self, i: usize) -> Option<&prost_types::Value> {
+        match &self.data {
+            Data::Entries(e) => e.get(i)?.decoded_key.as_ref(),
+            Data::Packed { .. } => None,
+        }
+    }
+
+    /// Entry `i`'s value as the daemon decoded it (per-CPU values as a
+    /// list), when [`decoded_key`](Self::decoded_key) says it does.
+    pub fn decoded_value(&self, i: usize) -> Option<&prost_types::Value> {
+        match &self.data {
+            Data::Entries(e) => e.get(i)?.decoded_value.as_ref(),
+            Data::Packed { .. } => None,
+        }
+    }
+
     /// The first entry, if any.
     pub fn first(&self) -> Option<EntryRef<'_>> {
         self.get(0)

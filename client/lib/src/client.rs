@@ -113,6 +113,7 @@ impl Client {
     }
 
     pub(crate) async fn lookup_call(&self, call: &LookupCall) -> Result<Vec<LookupResult>, Error> {
+        call.check()?;
         let resp = self
             .call(|mut c| {
                 let req = call.request.clone();

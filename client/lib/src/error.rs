@@ -72,6 +72,18 @@ pub enum Error {
     /// The daemon described types that cannot be used.
     #[error("the map's types cannot be used: {0}")]
     Types(#[from] TypeError),
+    /// Renderings that cannot be applied: an unknown rendering, a path
+    /// that does not start with "key" or "value", a member the map's type
+    /// does not have, a bitfield, or a member whose size or kind does not
+    /// fit the rendering ("render: key.dport: ipv4 needs a member of 4
+    /// bytes; this one (an integer) has 2").
+    #[error("render: {path}: {message}")]
+    Render {
+        /// The member ("key.dport").
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 impl From<Status> for Error {
@@ -81,6 +93,14 @@ impl From<Status> for Error {
 }
 
 impl Error {
+    /// The [`Render`](Error::Render) error of a rendering `e` refused.
+    pub(crate) fn render(e: TypeError) -> Self {
+        Self::Render {
+            path: e.path,
+            message: e.message,
+        }
+    }
+
     /// The gRPC status the daemon or the transport answered with: the
     /// error's own, or for a [`Timeout`](Error::Timeout), the one the call
     /// was retrying after.
@@ -95,7 +115,7 @@ impl Error {
     /// The gRPC code that describes the error: the status's code; for a
     /// timeout, the code of the failure it was retrying after, else
     /// DEADLINE_EXCEEDED; INVALID_ARGUMENT for what the caller gave
-    /// (address, map name, target); UNAVAILABLE for a failed connection;
+    /// (address, map name, target, renderings); UNAVAILABLE for a failed connection;
     /// INTERNAL for what the daemon sent that cannot be used.
     pub fn code(&self) -> Code {
         match self {
@@ -104,7 +124,9 @@ impl Error {
                 retrying: Some(s), ..
             } => s.code(),
             Self::Timeout { retrying: None, .. } | Self::Deadline { .. } => Code::DeadlineExceeded,
-            Self::Address { .. } | Self::MapName(_) | Self::Target(_) => Code::InvalidArgument,
+            Self::Address { .. } | Self::MapName(_) | Self::Target(_) | Self::Render { .. } => {
+                Code::InvalidArgument
+            }
             Self::Connect { .. } => Code::Unavailable,
             Self::Protocol(_) | Self::Types(_) => Code::Internal,
         }

@@ -14,7 +14,7 @@
 //! connection is closed and every dump on the daemons stops.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -107,7 +107,11 @@ impl FleetDumpOptions {
 
     /// Give each chunk with its target's [`MapTypes`], to decode it with
     /// (default: no types). They come from a GetMap sent beside the dump on
-    /// the same connection (no round trip of its own).
+    /// the same connection (no round trip of its own), and show members as
+    /// the target's configuration renders them
+    /// ([`MapInfo::render`](crate::MapInfo::render)), overridden by the
+    /// dump's renderings ([`DumpOptions::with_render`]); renderings that do
+    /// not fit a target's types fail that target with [`Error::Render`].
     pub fn with_types(mut self, types: bool) -> Self {
         self.types = types;
         self
@@ -275,7 +279,7 @@ async fn dump_target(
     answers.update(|p| p.cursor = start);
     let mut types = options
         .types
-        .then(|| types_beside(&client, &map, waits.first));
+        .then(|| types_beside(&client, &map, options.dump.render(), waits.first));
     let mut known = None;
     let mut dump = client.dump(&map, dump_options);
     let mut wait = waits.first;
@@ -283,7 +287,7 @@ async fn dump_target(
         wait = waits.idle;
         let (cursor, n, resumes) = (chunk.cursor().to_owned(), chunk.len(), dump.resumes());
         if let Some(task) = types.take() {
-            known = task.await;
+            known = task.await?;
         }
         let answer = FleetChunk {
             chunk,
@@ -297,6 +301,10 @@ async fn dump_target(
             p.cursor = cursor;
             p.resumes = resumes;
         });
+    }
+    // An empty map: renderings that do not fit still fail the target.
+    if let Some(task) = types.take() {
+        task.await?;
     }
     answers.update(|p| {
         p.complete = dump.complete();
@@ -320,18 +328,27 @@ async fn next_within(dump: &mut Dump, wait: Duration) -> Result<Option<Chunk>, E
 }
 
 /// The map's types, from a GetMap that goes out before the dump on the
-/// dump's connection (the first chunk waits for its answer); `None` when
-/// the map has none or GetMap failed. Dropping the handle (the run was
-/// dropped) cancels it.
+/// dump's connection (the first chunk waits for its answer), with the
+/// dump's renderings over the configured ones; `None` when the map has
+/// none or GetMap failed (the dump says why, if it fails too). Renderings
+/// that do not fit the types fail the target ([`Error::Render`]). Dropping
+/// the handle (the run was dropped) cancels it.
 fn types_beside(
     client: &Client,
     map: &MapName,
+    render: &BTreeMap<String, String>,
     timeout: Duration,
-) -> RemoteHandle<Option<Arc<MapTypes>>> {
-    let (client, map) = (client.clone(), map.clone());
+) -> RemoteHandle<Result<Option<Arc<MapTypes>>, Error>> {
+    let (client, map, render) = (client.clone(), map.clone(), render.clone());
     let (task, handle) = async move {
-        let info = timed(timeout, client.get_map(&map)).await.ok()?;
-        info.types().ok().flatten().map(Arc::new)
+        let Ok(info) = timed(timeout, client.get_map(&map)).await else {
+            return Ok(None);
+        };
+        match info.types_with(&render) {
+            Ok(types) => Ok(types.map(Arc::new)),
+            Err(e @ Error::Render { .. }) => Err(e),
+            Err(_) => Ok(None),
+        }
     }
     .remote_handle();
     tokio::spawn(task);

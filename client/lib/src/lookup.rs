@@ -1,6 +1,11 @@
 //! Lookups: keys as bytes or JSON, and what each one found.
 
-use crate::{Error, MapName, PerCpuValues, ValueRef, pb};
+use std::{collections::BTreeMap, fmt};
+
+use crate::{
+    Error, MapName, PerCpuValues, ValueRef, pb,
+    typed::{self, TypeError},
+};
 
 /// A key to look up: its bytes, or JSON through the map's key type.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,9 +17,11 @@ pub enum Key {
     /// `{"saddr": 167772160, "proto": "IPPROTO_TCP", ...}`. The daemon
     /// encodes it through the map's key type: every named member must be
     /// given, integers as numbers or decimal strings, enums by name or
-    /// number, char arrays as strings. A key that does not fit is
-    /// INVALID_ARGUMENT naming the member; a map without types refuses
-    /// JSON keys (FAILED_PRECONDITION).
+    /// number, char arrays as strings; a rendered member
+    /// ([`LookupOptions::with_render`], or the daemon's configuration) in
+    /// its rendered spelling too (`"daddr": "10.0.0.1"`). A key that does
+    /// not fit is INVALID_ARGUMENT naming the member; a map without types
+    /// refuses JSON keys (FAILED_PRECONDITION).
     Json(prost_types::Value),
 }
 
@@ -67,6 +74,7 @@ pub enum PerCpu {
 pub struct LookupOptions {
     raw: bool,
     per_cpu: PerCpu,
+    render: BTreeMap<String, String>,
 }
 
 impl LookupOptions {
@@ -84,6 +92,25 @@ impl LookupOptions {
         self.per_cpu = per_cpu;
         self
     }
+
+    /// Show members another way than their types say, in the decoded key
+    /// and value, and accept their rendered spelling in JSON keys
+    /// ([`Key::Json`]): (member path, rendering) pairs such as
+    /// `("key.daddr", "ipv4")` (see
+    /// [`Rendering`](crate::typed::Rendering)), over the renderings the
+    /// daemon's configuration gives the map. Added to those given before.
+    /// With [`with_raw`](Self::with_raw) the daemon decodes nothing, so the
+    /// renderings are sent only with JSON keys. An unknown rendering or a
+    /// path that does not start with "key" or "value" is [`Error::Render`]
+    /// before anything is sent; a member that does not exist or fit is
+    /// INVALID_ARGUMENT from the daemon, naming it.
+    pub fn with_render<K: AsRef<str>, V: fmt::Display>(
+        mut self,
+        render: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.render.extend(typed::render_map(render));
+        self
+    }
 }
 
 /// A Lookup request, and where each result goes back to.
@@ -93,6 +120,8 @@ pub(crate) struct LookupCall {
     /// The caller's position of each result the daemon sends (byte keys
     /// first, then JSON keys).
     order: Vec<usize>,
+    /// Renderings that cannot be parsed: the call fails with them.
+    bad_render: Option<TypeError>,
 }
 
 impl LookupCall {
@@ -124,9 +153,24 @@ impl LookupCall {
             }
         }
         bytes_at.extend(json_at);
+        let bad_render = typed::parse_render(&options.render).err();
+        // Raw byte-key lookups decode nothing: the daemon would refuse
+        // renderings it has no use for.
+        if !options.raw || !request.json_keys.is_empty() {
+            request.render = options.render.clone().into_iter().collect();
+        }
         Self {
             request,
             order: bytes_at,
+            bad_render,
+        }
+    }
+
+    /// The call's renderings cannot be parsed.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        match &self.bad_render {
+            Some(e) => Err(Error::render(e.clone())),
+            None => Ok(()),
         }
     }
 
@@ -243,6 +287,43 @@ mod tests {
             call.results(Vec::new()),
             Err(Error::Protocol(m)) if m == "0 results for 4 keys"
         ));
+    }
+
+    #[test]
+    fn renderings_go_where_the_daemon_uses_them() {
+        let map: MapName = "m".parse().unwrap();
+        let render = LookupOptions::default().with_render([("key.daddr", "ipv4")]);
+        let sent = |options: &LookupOptions, keys: Vec<Key>| {
+            LookupCall::new(&map, keys, options).request.render
+        };
+        let want = std::collections::HashMap::from([("key.daddr".into(), "ipv4".into())]);
+        // Decoded results, or JSON keys to encode: sent.
+        assert_eq!(sent(&render, vec![Key::from([1u8])]), want);
+        let raw = render.clone().with_raw(true);
+        assert_eq!(sent(&raw, vec![Key::from(json(1.0))]), want);
+        // Raw results of byte keys: nothing to render.
+        assert!(sent(&raw, vec![Key::from([1u8])]).is_empty());
+        // Renderings that are not ones fail before anything is sent.
+        let bad = LookupCall::new(
+            &map,
+            [Key::from([1u8])],
+            &LookupOptions::default().with_render([("key.daddr", "ipv9")]),
+        );
+        match bad.check() {
+            Err(Error::Render { path, message }) => {
+                assert_eq!(path, "key.daddr");
+                assert_eq!(
+                    message,
+                    "unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            LookupCall::new(&map, [Key::from([1u8])], &render)
+                .check()
+                .is_ok()
+        );
     }
 
     #[test]

@@ -3,7 +3,10 @@
 
 use std::{fmt, str::FromStr};
 
-use crate::{Error, MapTypes, pb, typed::TypeError};
+use crate::{
+    Error, MapTypes, pb,
+    typed::{self, Renderings, TypeError},
+};
 
 /// A map, by pin path (relative to the daemon's root) or by kernel id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -169,10 +172,35 @@ impl MapInfo {
     }
 
     /// The key and value types, to decode entries with (see
-    /// [`typed`](crate::typed)); `None` when the map has none (see
-    /// [`types_unavailable`](Self::types_unavailable)).
-    pub fn types(&self) -> Result<Option<MapTypes>, TypeError> {
-        MapTypes::from_proto(&self.0)
+    /// [`typed`](crate::typed)), showing members as the daemon's
+    /// configuration renders them ([`render`](Self::render)), so that
+    /// entries decode as the daemon shows them; `None` when the map has none
+    /// (see [`types_unavailable`](Self::types_unavailable)).
+    /// [`Error::Types`] is a description that cannot be used,
+    /// [`Error::Render`] a configured rendering that does not fit it.
+    pub fn types(&self) -> Result<Option<MapTypes>, Error> {
+        self.types_with(std::iter::empty::<(&str, &str)>())
+    }
+
+    /// The types as [`types`](Self::types) gives them, with the caller's
+    /// renderings over the configured ones: (member path, rendering) pairs
+    /// such as `("key.daddr", "ipv4")` or `("key.daddr", Rendering::Ipv4)`.
+    /// [`Error::Render`] names a member that cannot be shown so;
+    /// [`Error::Types`] is a description that cannot be used.
+    pub fn types_with<K: AsRef<str>, V: fmt::Display>(
+        &self,
+        render: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Option<MapTypes>, Error> {
+        let asked = typed::parse_render(&typed::render_map(render)).map_err(Error::render)?;
+        let configured = self.render().map_err(Error::render)?;
+        MapTypes::from_proto(&self.0, &configured.overridden_by(&asked))
+    }
+
+    /// The renderings the daemon's configuration gives this map's members
+    /// (`[[render]]`: member path to rendering), which the daemon applies
+    /// to the entries it decodes.
+    pub fn render(&self) -> Result<Renderings, TypeError> {
+        Renderings::parse(&self.0.render)
     }
 
     /// Why a map with BTF comes without types ("reading BTF needs
@@ -210,6 +238,101 @@ mod tests {
         assert_eq!("id:12".parse::<MapName>().unwrap(), MapName::Id(12));
         for bad in ["", "id:", "id:x"] {
             assert!(bad.parse::<MapName>().is_err(), "{bad:?}");
+        }
+    }
+
+    /// A map keyed by `struct { __be32 daddr; __be16 dport; }` whose
+    /// configuration renders daddr as ipv4, with a value of one __u32
+    /// (`key_type`: `None` for a map whose key has no type).
+    fn rendered_info(key_type: bool) -> MapInfo {
+        let int = |name: &str, size, big_endian| pb::TypeInfo {
+            name: name.into(),
+            size,
+            kind: Some(pb::type_info::Kind::Int(pb::IntType {
+                signed: false,
+                big_endian,
+            })),
+        };
+        let member = |name: &str, bit_offset, ty| pb::Member {
+            name: name.into(),
+            bit_offset,
+            bitfield_size: 0,
+            r#type: Some(ty),
+        };
+        let key = pb::TypeInfo {
+            name: "tuple".into(),
+            size: 6,
+            kind: Some(pb::type_info::Kind::Struct(pb::RecordType {
+                members: vec![
+                    member("daddr", 0, int("__be32", 4, true)),
+                    member("dport", 32, int("__be16", 2, true)),
+                ],
+            })),
+        };
+        MapInfo::from(pb::MapInfo {
+            key_size: if key_type { 6 } else { 4 },
+            value_size: 4,
+            key_type: key_type.then_some(key),
+            value_type: Some(int("__u32", 4, false)),
+            render: [("key.daddr".into(), "ipv4".into())].into(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn types_show_the_configured_renderings_and_the_callers_over_them() {
+        let info = rendered_info(true);
+        let key = [10, 0, 0, 1, 1, 187];
+        let decoded = |t: &MapTypes| {
+            let mut out = Vec::new();
+            t.key().write_json(&key, &mut out);
+            String::from_utf8(out).unwrap()
+        };
+        let configured = info.types().unwrap().unwrap();
+        assert_eq!(decoded(&configured), r#"{"daddr":"10.0.0.1","dport":443}"#);
+        let asked = info
+            .types_with([("key.daddr", "hex"), ("key.dport", "hex")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(decoded(&asked), r#"{"daddr":"0xa000001","dport":"0x1bb"}"#);
+        assert_eq!(asked.renderings().iter().count(), 2);
+        // The rendered spelling encodes back.
+        let json = prost_types::Value {
+            kind: Some(prost_types::value::Kind::StructValue(prost_types::Struct {
+                fields: [
+                    ("daddr".to_owned(), "10.0.0.1".into()),
+                    ("dport".to_owned(), 443u32.into()),
+                ]
+                .into(),
+            })),
+        };
+        assert_eq!(configured.encode_key(&json).unwrap(), key);
+        match info.types_with([("key.dport", "ipv6")]) {
+            Err(e @ Error::Render { .. }) => assert_eq!(
+                e.to_string(),
+                "render: key.dport: ipv6 needs a member of 16 bytes; this one (an integer) has 2"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            info.types_with([("value", "mac")]),
+            Err(Error::Render { path, .. }) if path == "value"
+        ));
+    }
+
+    #[test]
+    fn a_key_without_a_type_decodes_as_its_index() {
+        let mut info = rendered_info(false).into_proto();
+        info.render.clear();
+        let info = MapInfo::from(info);
+        let types = info.types().unwrap().expect("the value is typed");
+        assert_eq!(types.decode_key(&[0, 0, 0, 0]), 0u32.into());
+        match info.types_with([("key", "hex")]) {
+            Err(e) => assert_eq!(
+                e.to_string(),
+                "render: key: the map's keys have no type (only its value is typed)"
+            ),
+            Ok(_) => panic!("rendered a key without a type"),
         }
     }
 

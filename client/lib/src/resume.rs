@@ -1,12 +1,20 @@
 //! Resuming dump streams.
 
-use std::{collections::VecDeque, time::Duration};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    fmt,
+    time::Duration,
+};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::Stream;
 use tonic::{Code, Status, Streaming, transport::Channel};
 
-use crate::{Chunk, Entry, Error, MapName, pb, pb::map_service_client::MapServiceClient};
+use crate::{
+    Chunk, Entry, Error, MapName, pb,
+    pb::map_service_client::MapServiceClient,
+    typed::{self, TypeError},
+};
 
 /// How calls are retried and dumps resumed.
 ///
@@ -135,6 +143,7 @@ pub struct DumpOptions {
     limit: u64,
     cursor: Option<String>,
     packed: bool,
+    render: BTreeMap<String, String>,
 }
 
 /// The whole map from the beginning, chunks sized by the daemon, packed.
@@ -145,6 +154,7 @@ impl Default for DumpOptions {
             limit: 0,
             cursor: None,
             packed: true,
+            render: BTreeMap::new(),
         }
     }
 }
@@ -179,8 +189,39 @@ impl DumpOptions {
         self
     }
 
+    /// Show members another way than their types say: (member path,
+    /// rendering) pairs such as `("key.daddr", "ipv4")` or
+    /// `("value.address", Rendering::Ipv4)` (see
+    /// [`Rendering`](crate::typed::Rendering)), over the renderings the
+    /// daemon's configuration gives the map. Added to those given before.
+    ///
+    /// The packed layout (the default) carries bytes, which the library
+    /// decodes: the renderings apply to the types a fleet dump gives with
+    /// each chunk ([`FleetDumpOptions::with_types`](crate::FleetDumpOptions::with_types));
+    /// a caller that decodes a [`Dump`] itself makes its types with
+    /// [`MapInfo::types_with`](crate::MapInfo::types_with). In the entries
+    /// layout (`with_packed(false)`) they are sent to the daemon, which then
+    /// decodes every entry with them ([`Chunk::decoded_key`],
+    /// [`Chunk::decoded_value`]). An unknown rendering or a path that does
+    /// not start with "key" or "value" ends the dump with
+    /// [`Error::Render`] before anything is sent; a member the map does not
+    /// have, or whose size does not fit, is [`Error::Render`] where the
+    /// library decodes and INVALID_ARGUMENT from the daemon.
+    pub fn with_render<K: AsRef<str>, V: fmt::Display>(
+        mut self,
+        render: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.render.extend(typed::render_map(render));
+        self
+    }
+
     pub(crate) fn cursor(&self) -> Option<&str> {
         self.cursor.as_deref()
+    }
+
+    /// The renderings asked for.
+    pub(crate) fn render(&self) -> &BTreeMap<String, String> {
+        &self.render
     }
 }
 
@@ -245,6 +286,8 @@ pub struct Dump {
     finished: bool,
     /// The last failure retried, while retrying.
     last_failure: Option<Status>,
+    /// Renderings that cannot be parsed: the first call ends with them.
+    bad_render: Option<TypeError>,
 }
 
 impl Dump {
@@ -254,7 +297,9 @@ impl Dump {
         options: DumpOptions,
         retry: RetryPolicy,
     ) -> Self {
+        let bad_render = typed::parse_render(&options.render).err();
         Self {
+            bad_render,
             client,
             map,
             cursor: options.cursor().unwrap_or_default().to_owned(),
@@ -310,14 +355,21 @@ impl Dump {
         } else {
             pb::Layout::Entries
         };
+        // Entries are decoded here, from the bytes (see `typed`), unless
+        // renderings are asked of the daemon (entries layout only).
+        let render: std::collections::HashMap<String, String> = if self.options.packed {
+            Default::default()
+        } else {
+            self.options.render.clone().into_iter().collect()
+        };
         let req = pb::DumpMapRequest {
             map: Some(self.map.to_proto()),
             cursor: self.cursor.clone(),
             chunk_size: self.options.chunk_size,
             limit,
             layout: layout as i32,
-            // Entries are decoded here, from the bytes (see `typed`).
-            raw: true,
+            raw: render.is_empty(),
+            render,
             ..Default::default()
         };
         Ok(self.client.dump_map(req).await?.into_inner())
@@ -325,6 +377,10 @@ impl Dump {
 
     /// The next chunk; `None` once the dump has ended.
     pub async fn next_chunk(&mut self) -> Result<Option<Chunk>, Error> {
+        if let Some(e) = self.bad_render.take() {
+            self.finished = true;
+            return Err(Error::render(e));
+        }
         let mut delays = self.retry.delays();
         loop {
             if self.finished {

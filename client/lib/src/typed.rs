@@ -21,32 +21,142 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! # Renderings
+//!
+//! A member can be shown another way than its type says ([`Rendering`]): an
+//! IPv4 or IPv6 address, a MAC address, hex. The daemon's configuration
+//! gives a map's members renderings (`[[render]]`, in
+//! [`MapInfo::render`](crate::MapInfo::render)), which
+//! [`MapInfo::types`](crate::MapInfo::types) applies, so that entries decode
+//! here as the daemon shows them; [`MapInfo::types_with`](crate::MapInfo::types_with)
+//! applies a caller's renderings over those. Rendered members decode to
+//! strings (`"10.0.0.1"`), and JSON keys take that spelling
+//! ([`MapTypes::encode_key`] here, [`LookupOptions::with_render`](crate::LookupOptions::with_render)
+//! for the daemon). Renderings that do not fit are [`Error::Render`],
+//! naming the member:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), bpfmap_client::Error> {
+//! use std::collections::BTreeMap;
+//!
+//! use bpfmap_client::{Client, ConnectOptions, DumpOptions, Key, LookupOptions, MapName};
+//!
+//! let client = Client::connect("http://127.0.0.1:50051", ConnectOptions::default()).await?;
+//! let map: MapName = "tc/globals/cilium_ct4_global".parse()?;
+//! let render = [("key.daddr", "ipv4"), ("key.saddr", "ipv4")];
+//! // Packed chunks decoded here: the configured renderings, then these.
+//! let types = client.get_map(&map).await?.types_with(render)?.expect("a map with BTF");
+//! let mut dump = client.dump(&map, DumpOptions::default());
+//! while let Some(chunk) = dump.next_chunk().await? {
+//!     for entry in &chunk {
+//!         // {"daddr": "10.0.0.1", "saddr": "192.168.0.2", "dport": 443, ...}
+//!         println!("{:?}", types.decode_key(entry.key));
+//!     }
+//! }
+//! // A JSON key in the rendered spelling.
+//! let key: BTreeMap<String, prost_types::Value> = BTreeMap::from([
+//!     ("daddr".to_owned(), "10.0.0.1".into()),
+//!     ("saddr".to_owned(), "192.168.0.2".into()),
+//!     ("dport".to_owned(), 443u16.into()),
+//!     ("sport".to_owned(), 51234u16.into()),
+//!     ("nexthdr".to_owned(), 6u32.into()),
+//!     ("flags".to_owned(), 0u32.into()),
+//! ]);
+//! let options = LookupOptions::default().with_render(render);
+//! let found = client.lookup(&map, [Key::Json(key.into())], options).await?;
+//! println!("{:?}", found[0].decoded_value());
+//! # Ok(()) }
+//! ```
 
-use std::fmt;
+use std::{collections::BTreeMap, fmt};
 
 pub use bpfmap_proto::typed::{
-    EncodeError, JsonWriter, Layout, Sink, TypeError, ValueBuilder, write_json_string,
+    EncodeError, JsonWriter, Layout, Rendering, Renderings, Sink, TypeError, ValueBuilder,
+    write_json_string,
 };
 
-use crate::{EntryRef, ValueRef, pb};
+use crate::{EntryRef, Error, ValueRef, pb};
 
-/// A map's key and value types, checked and ready to decode.
+/// A map's key and value types, checked and ready to decode (with the
+/// renderings they were made with: [`renderings`](Self::renderings)).
 #[derive(Debug, Clone)]
 pub struct MapTypes {
     key: Layout,
     value: Layout,
+    renderings: Renderings,
+}
+
+/// Renderings given as (member path, rendering) pairs ("key.daddr",
+/// "ipv4"), as options carry them.
+pub(crate) fn render_map<K: AsRef<str>, V: fmt::Display>(
+    render: impl IntoIterator<Item = (K, V)>,
+) -> BTreeMap<String, String> {
+    render
+        .into_iter()
+        .map(|(path, how)| (path.as_ref().to_owned(), how.to_string()))
+        .collect()
+}
+
+/// Parses renderings given by a caller; the error names the member.
+pub(crate) fn parse_render(render: &BTreeMap<String, String>) -> Result<Renderings, TypeError> {
+    Renderings::parse(render)
 }
 
 impl MapTypes {
-    /// The types GetMap described; `None` when the map has none.
-    pub(crate) fn from_proto(info: &pb::MapInfo) -> Result<Option<Self>, TypeError> {
-        let (Some(key), Some(value)) = (&info.key_type, &info.value_type) else {
+    /// The types GetMap described, with `renderings` applied; `None` when
+    /// the map has none. A map without a key type (the keyless BTF of a
+    /// global data section) gets its key as an unsigned integer of the key
+    /// size (the index, 0), or as hex. Errors: [`Error::Types`] for a
+    /// description that cannot be used, [`Error::Render`] for renderings
+    /// that do not fit it.
+    pub(crate) fn from_proto(
+        info: &pb::MapInfo,
+        renderings: &Renderings,
+    ) -> Result<Option<Self>, Error> {
+        let Some(value) = &info.value_type else {
             return Ok(None);
         };
+        let key = match &info.key_type {
+            Some(key) => Layout::new(key, "key")?,
+            None => {
+                if let Some((path, _)) = renderings.under("key").next() {
+                    let path = if path.is_empty() {
+                        "key".to_owned()
+                    } else {
+                        format!("key.{path}")
+                    };
+                    return Err(Error::Render {
+                        path,
+                        message: "the map's keys have no type (only its value is typed)".into(),
+                    });
+                }
+                keyless(info.key_size)?
+            }
+        };
+        let value = Layout::new(value, "value")?;
+        if renderings.is_empty() {
+            return Ok(Some(Self {
+                key,
+                value,
+                renderings: Renderings::default(),
+            }));
+        }
         Ok(Some(Self {
-            key: Layout::new(key, "key")?,
-            value: Layout::new(value, "value")?,
+            key: key
+                .with_renderings(renderings, "key")
+                .map_err(Error::render)?,
+            value: value
+                .with_renderings(renderings, "value")
+                .map_err(Error::render)?,
+            renderings: renderings.clone(),
         }))
+    }
+
+    /// The renderings the layouts show members with (the daemon's
+    /// configured ones, overridden by the caller's).
+    pub fn renderings(&self) -> &Renderings {
+        &self.renderings
     }
 
     /// The key's layout.
@@ -124,6 +234,20 @@ impl MapTypes {
     pub fn encode_key(&self, key: &prost_types::Value) -> Result<Vec<u8>, EncodeError> {
         self.key.encode(key, "key")
     }
+}
+
+/// The key of a map whose key has no type: an unsigned integer of its size
+/// when it has one (1, 2, 4 or 8 bytes), else its bytes in hex.
+fn keyless(size: u32) -> Result<Layout, TypeError> {
+    if let Some(l) = Layout::unsigned(size as usize) {
+        return Ok(l);
+    }
+    let opaque = pb::TypeInfo {
+        name: String::new(),
+        size,
+        kind: Some(pb::type_info::Kind::Opaque(pb::OpaqueType::default())),
+    };
+    Layout::new(&opaque, "key")
 }
 
 impl fmt::Display for MapTypes {
