@@ -237,57 +237,59 @@ impl Config {
     /// work, each noted in [`Config::deprecated`].
     pub fn from_toml(text: &str) -> anyhow::Result<Self> {
         let mut c: Self = toml::from_str(text)?;
-        c.fold_deprecated()?;
+        let table: toml::Table = toml::from_str(text)?;
+        c.fold_deprecated(&table)?;
         Ok(c)
     }
 
-    /// Moves the deprecated `*_secs` keys into their durations.
-    fn fold_deprecated(&mut self) -> anyhow::Result<()> {
-        let defaults = Self::default();
+    /// Moves the deprecated `*_secs` keys into their durations; `table` is
+    /// the file as written, to tell which spellings it uses.
+    fn fold_deprecated(&mut self, table: &toml::Table) -> anyhow::Result<()> {
+        let limits = table.get("limits").and_then(toml::Value::as_table);
         let l = &mut self.limits;
-        let d = &defaults.limits;
-        let keys: [(&str, &mut Option<u64>, &mut Duration, Duration); 6] = [
+        let keys: [(&str, Option<&toml::Table>, &mut Option<u64>, &mut Duration); 6] = [
             (
                 "watch_files",
+                Some(table),
                 &mut self.watch_files_secs,
                 &mut self.watch_files,
-                defaults.watch_files,
             ),
             (
                 "limits.max_slot_hold",
+                limits,
                 &mut l.max_slot_hold_secs,
                 &mut l.max_slot_hold,
-                d.max_slot_hold,
             ),
             (
                 "limits.stall_timeout",
+                limits,
                 &mut l.stall_timeout_secs,
                 &mut l.stall_timeout,
-                d.stall_timeout,
             ),
             (
                 "limits.handshake_timeout",
+                limits,
                 &mut l.handshake_timeout_secs,
                 &mut l.handshake_timeout,
-                d.handshake_timeout,
             ),
             (
                 "limits.idle_timeout",
+                limits,
                 &mut l.idle_timeout_secs,
                 &mut l.idle_timeout,
-                d.idle_timeout,
             ),
             (
                 "limits.shutdown_grace",
+                limits,
                 &mut l.shutdown_grace_secs,
                 &mut l.shutdown_grace,
-                d.shutdown_grace,
             ),
         ];
-        for (key, secs, duration, default) in keys {
+        for (key, section, secs, duration) in keys {
             let Some(n) = secs.take() else { continue };
+            let name = key.rsplit('.').next().unwrap_or(key);
             anyhow::ensure!(
-                *duration == default,
+                !section.is_some_and(|t| t.contains_key(name)),
                 "both {key} and {key}_secs are set: keep {key} = \"{n}s\" only"
             );
             *duration = Duration::from_secs(n);
@@ -434,7 +436,8 @@ mod tests {
             ]
         );
 
-        let e = Config::from_toml("[limits]\nstall_timeout = \"5s\"\nstall_timeout_secs = 5\n")
+        // Even when the new spelling holds the default value.
+        let e = Config::from_toml("[limits]\nstall_timeout = \"30s\"\nstall_timeout_secs = 5\n")
             .unwrap_err()
             .to_string();
         assert!(

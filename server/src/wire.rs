@@ -186,7 +186,7 @@ fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> Vec<pb::Entr
                 let mut wire = Vec::with_capacity(meta.wire_value_size());
                 meta.append_wire_values(kernel_value, &mut wire);
                 if let Some(d) = decoder {
-                    d.write_encoded(meta, (&key, &wire), (4, 5), &mut decoded);
+                    d.write_encoded(meta, (&key, &wire), &mut decoded);
                 }
                 (
                     Vec::new(),
@@ -194,7 +194,7 @@ fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> Vec<pb::Entr
                 )
             } else {
                 if let Some(d) = decoder {
-                    d.write_encoded(meta, (&key, kernel_value), (4, 5), &mut decoded);
+                    d.write_encoded(meta, (&key, kernel_value), &mut decoded);
                 }
                 (kernel_value.to_vec(), Vec::new())
             };

@@ -56,27 +56,6 @@ impl ScriptedMap {
     }
 }
 
-impl MapOps for &ScriptedMap {
-    fn lookup_batch(
-        &self,
-        in_batch: Option<&[u8]>,
-        out_batch: &mut [u8],
-        keys: &mut [u8],
-        values: &mut [u8],
-        count: &mut u32,
-    ) -> SysResult<()> {
-        (*self).lookup_batch(in_batch, out_batch, keys, values, count)
-    }
-
-    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
-        (*self).get_next_key(key, next)
-    }
-
-    fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
-        (*self).lookup(key, value)
-    }
-}
-
 impl MapOps for ScriptedMap {
     fn lookup_batch(
         &self,

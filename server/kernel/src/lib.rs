@@ -444,6 +444,28 @@ pub trait MapOps {
     fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()>;
 }
 
+/// A map read through a reference reads the map.
+impl<T: MapOps + ?Sized> MapOps for &T {
+    fn lookup_batch(
+        &self,
+        in_batch: Option<&[u8]>,
+        out_batch: &mut [u8],
+        keys: &mut [u8],
+        values: &mut [u8],
+        count: &mut u32,
+    ) -> SysResult<()> {
+        (**self).lookup_batch(in_batch, out_batch, keys, values, count)
+    }
+
+    fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
+        (**self).get_next_key(key, next)
+    }
+
+    fn lookup(&self, key: &[u8], value: &mut [u8]) -> SysResult<()> {
+        (**self).lookup(key, value)
+    }
+}
+
 /// The maps the kernel knows, by id (`BPF_MAP_GET_NEXT_ID`; needs
 /// CAP_SYS_ADMIN). Stops at the first error, which it yields.
 pub fn map_ids() -> impl Iterator<Item = SysResult<u32>> {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use bpfmap_proto::{
-    typed::{Layout, Renderings, ValueBuilder, ValueWriter},
+    typed::{Layout, Renderings, Sink, ValueBuilder, ValueWriter},
     v1 as pb,
 };
 
@@ -292,52 +292,38 @@ impl Decoder {
         value: &[u8],
     ) -> (Option<prost_types::Value>, Option<prost_types::Value>) {
         let key = self.key.as_ref().map(|l| l.to_value(key));
-        let value = match &self.value {
-            ValueDecoding::Typed(l) if meta.per_cpu() => {
-                let mut b = ValueBuilder::default();
-                l.render_per_cpu(meta.split_cpus(value), &mut b);
-                Some(b.finish())
-            }
-            ValueDecoding::Typed(l) => Some(l.to_value(value)),
-            ValueDecoding::Sum(l) => Some(sum(l, meta, value)),
-            ValueDecoding::SumUnsigned(l) => Some(sum(l, meta, value)),
-        };
-        (key, value)
+        let mut b = ValueBuilder::default();
+        self.render_value(meta, value, &mut b);
+        (key, Some(b.finish()))
     }
-}
 
-impl Decoder {
     /// The decoded key and value of one entry written straight into `out`
-    /// as fields 4 and 5 of `bpfmap.v1.Entry` (or LookupResult's
-    /// decoded_key and decoded_value, numbered 5 and 6 there: `fields`),
-    /// the same values [`decode`](Self::decode) builds.
+    /// as fields 4 and 5 of `bpfmap.v1.Entry`: the values
+    /// [`decode`](Self::decode) builds, without building them.
     pub(crate) fn write_encoded(
         &self,
         meta: &MapMeta,
         (key, value): (&[u8], &[u8]),
-        fields: (u32, u32),
         out: &mut Vec<u8>,
     ) {
         if let Some(l) = &self.key {
-            l.render(key, &mut ValueWriter::new(out, fields.0));
+            l.render(key, &mut ValueWriter::new(out, 4));
         }
-        let mut w = ValueWriter::new(out, fields.1);
+        self.render_value(meta, value, &mut ValueWriter::new(out, 5));
+    }
+
+    /// One value (in the wire layout: per-CPU values back to back) into
+    /// `sink`: per CPU, or summed.
+    fn render_value(&self, meta: &MapMeta, value: &[u8], sink: &mut impl Sink) {
         match &self.value {
             ValueDecoding::Typed(l) if meta.per_cpu() => {
-                l.render_per_cpu(meta.split_cpus(value), &mut w)
+                l.render_per_cpu(meta.split_cpus(value), sink)
             }
-            ValueDecoding::Typed(l) => l.render(value, &mut w),
+            ValueDecoding::Typed(l) => l.render(value, sink),
             ValueDecoding::Sum(l) | ValueDecoding::SumUnsigned(l) => {
                 let cpus: Vec<&[u8]> = meta.split_cpus(value).collect();
-                l.render_sum(&cpus, &mut w);
+                l.render_sum(&cpus, sink);
             }
         }
     }
-}
-
-fn sum(layout: &Layout, meta: &MapMeta, value: &[u8]) -> prost_types::Value {
-    let cpus: Vec<&[u8]> = meta.split_cpus(value).collect();
-    let mut b = ValueBuilder::default();
-    layout.render_sum(&cpus, &mut b);
-    b.finish()
 }
