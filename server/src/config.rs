@@ -125,7 +125,7 @@ impl Default for Limits {
         Self {
             max_dumps: 64,
             max_dumps_per_identity: 8,
-            max_slot_hold: Duration::from_secs(60),
+            max_slot_hold: Duration::from_secs(5),
             max_slot_hold_secs: None,
             max_streams_per_connection: 64,
             max_connections: 1024,

@@ -347,6 +347,64 @@ async fn slow_clients_cannot_keep_everyone_else_out() {
     daemon.stop().await;
 }
 
+/// Eight callers on one address that open a dump each and stop reading
+/// (the address's whole quota, their producers parked waiting for room):
+/// a ninth local `bpfmapctl dump` of a small map still gets a slot, within
+/// seconds, with the default limits and bpfmapctl's default retrying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_that_stop_reading_give_their_slots_to_a_waiting_caller() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_big, _) = u64_hash(&fs, "big", 300_000, 524_288);
+    let (_small, small) = u64_hash(&fs, "small", 100, 128);
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let stats = daemon.running.stats().clone();
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let client = client_from(&daemon.addr(), "127.0.0.1", ConnectOptions::default()).await;
+        let mut dump = client.dump(&"big".parse().unwrap(), DumpOptions::default());
+        dump.next_chunk().await.unwrap().expect("a first chunk");
+        // Read no further.
+        held.push((client, dump));
+    }
+    let t = Instant::now();
+    while stats.active.load(Ordering::SeqCst) < 8 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the dumps did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t = Instant::now();
+    let (result, out, err) = ctl(&["--target", &daemon.addr(), "dump", "small"]).await;
+    let took = t.elapsed();
+    eprintln!(
+        "bpfmapctl dumped in {took:?} while 8 readers held the address's slots; stderr: {err}"
+    );
+    result.unwrap_or_else(|e| panic!("bpfmapctl failed after {took:?}: {e:#}\n{err}"));
+    let keys: BTreeSet<Vec<u8>> = json_lines(&out)
+        .iter()
+        .map(|l| {
+            let hex = l["key"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a hex key: {l}"));
+            faster_hex::hex_decode_vec(hex.as_bytes()).unwrap()
+        })
+        .collect();
+    let expected: BTreeSet<Vec<u8>> = small.keys().cloned().collect();
+    assert_eq!(keys, expected, "every entry of the small map once");
+    assert!(
+        took < Duration::from_secs(15),
+        "a waiting caller gets a slot within seconds (limits.max_slot_hold is 5 s): {took:?}"
+    );
+    assert!(
+        stats.slots_expired.load(Ordering::SeqCst) >= 1,
+        "a parked reader's slot was reclaimed"
+    );
+    drop(held);
+    daemon.stop().await;
+}
+
 #[tokio::test]
 async fn idle_connections_are_closed_and_clients_reconnect() {
     let fs = BpfFs::new();

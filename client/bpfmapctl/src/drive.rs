@@ -51,6 +51,12 @@ pub(crate) async fn drive<T>(
                     return (reports, End::Failed(e));
                 }
             }
+            Some(FleetEvent::Waiting { target, status }) => {
+                progress.say(&format!(
+                    "{target}: the daemon is busy ({}); waiting for a slot",
+                    status.message()
+                ));
+            }
             Some(FleetEvent::Done(r)) => {
                 progress.done(&r);
                 reports.push(r);

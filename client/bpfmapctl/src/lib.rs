@@ -71,6 +71,11 @@ pub struct Cli {
     /// Seconds for a target to connect and give its first answer.
     #[arg(long, default_value_t = 5.0, value_name = "SECS", global = true)]
     pub connect_timeout: f64,
+    /// Seconds to keep asking a daemon that is busy (RESOURCE_EXHAUSTED:
+    /// all its dump or lookup slots in use) before giving up on it; 0: give
+    /// up at once.
+    #[arg(long, default_value_t = 60.0, value_name = "SECS", global = true)]
+    pub busy_wait: f64,
     /// Seconds for the whole run; targets still going then fail.
     #[arg(long, value_name = "SECS", global = true)]
     pub deadline: Option<f64>,

@@ -640,6 +640,14 @@ impl Progress {
         self.message();
     }
 
+    /// Says `line` on stderr, above the display if there is one.
+    pub(crate) fn say(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
     /// Removes the display.
     pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use bpfmap_client::{
-    ClientTls, ConnectOptions, Fleet, FleetOptions, MapName, Resolver, Target, TargetSpec,
+    ClientTls, ConnectOptions, Fleet, FleetOptions, MapName, Resolver, RetryPolicy, Target,
+    TargetSpec,
 };
 
 use crate::{
@@ -34,8 +35,15 @@ impl Setup {
         saved: Option<&CursorFile>,
         terminals: Terminals,
     ) -> anyhow::Result<Self> {
+        let busy_wait = Duration::try_from_secs_f64(cli.busy_wait).map_err(|_| {
+            usage(format!(
+                "--busy-wait must be a number of seconds (0 or more), not {}",
+                cli.busy_wait
+            ))
+        })?;
         let mut connect = ConnectOptions::default()
-            .with_connect_timeout(seconds("--connect-timeout", cli.connect_timeout)?);
+            .with_connect_timeout(seconds("--connect-timeout", cli.connect_timeout)?)
+            .with_retry(RetryPolicy::fleet().with_busy_wait(busy_wait));
         if let Some(tls) = tls(cli)? {
             connect = connect.with_tls(tls);
         }

@@ -58,13 +58,16 @@ impl Client {
         F: FnMut(MapServiceClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let mut delays = self.retry.delays();
+        let mut backoff = self.retry.backoff();
         let mut attempt = 0;
         loop {
             match f(self.inner.clone()).await {
                 Ok(resp) => return Ok(resp.into_inner()),
-                Err(status) => match delays.next() {
-                    Some(delay) if RetryPolicy::should_retry_call(&status, attempt) => {
+                Err(status) => match RetryPolicy::should_retry_call(&status, attempt)
+                    .then(|| backoff.next(&status))
+                    .flatten()
+                {
+                    Some(delay) => {
                         attempt += 1;
                         tracing::debug!(code = ?status.code(), message = status.message(), ?delay, "call failed; retrying");
                         tokio::time::sleep(delay).await;

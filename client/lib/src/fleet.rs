@@ -283,7 +283,7 @@ async fn dump_target(
     let mut known = None;
     let mut dump = client.dump(&map, dump_options);
     let mut wait = waits.first;
-    while let Some(chunk) = next_within(&mut dump, wait).await? {
+    while let Some(chunk) = next_within(&mut dump, wait, &answers).await? {
         wait = waits.idle;
         let (cursor, n, resumes) = (chunk.cursor().to_owned(), chunk.len(), dump.resumes());
         if let Some(task) = types.take() {
@@ -317,13 +317,31 @@ async fn dump_target(
 /// The next chunk of `dump`, waiting at most `wait`: a dump still retrying
 /// then ends with the failure it retries after, which says more than the
 /// time it took.
-async fn next_within(dump: &mut Dump, wait: Duration) -> Result<Option<Chunk>, Error> {
-    match tokio::time::timeout(wait, dump.next_chunk()).await {
-        Ok(chunk) => chunk,
-        Err(_) => Err(Error::Timeout {
-            after: wait,
-            retrying: dump.last_failure().cloned(),
-        }),
+///
+/// A daemon that answers RESOURCE_EXHAUSTED (busy) is waited for as long as
+/// the retry policy says ([`RetryPolicy::with_busy_wait`]), not `wait`.
+async fn next_within(
+    dump: &mut Dump,
+    wait: Duration,
+    answers: &Answers<FleetChunk>,
+) -> Result<Option<Chunk>, Error> {
+    let mut said = false;
+    loop {
+        match tokio::time::timeout(wait, dump.next_chunk()).await {
+            Ok(chunk) => return chunk,
+            Err(_) if dump.busy_for().is_some() => {
+                if !said && let Some(status) = dump.last_failure() {
+                    answers.waiting(status.clone()).await;
+                    said = true;
+                }
+            }
+            Err(_) => {
+                return Err(Error::Timeout {
+                    after: wait,
+                    retrying: dump.last_failure().cloned(),
+                });
+            }
+        }
     }
 }
 

@@ -32,7 +32,12 @@ use crate::{
 /// [`with_min_delay`](Self::with_min_delay) up to
 /// [`with_max_delay`](Self::with_max_delay), for at most
 /// [`with_max_attempts`](Self::with_max_attempts) consecutive failures (a
-/// dump that receives a chunk starts counting again). A
+/// dump that receives a chunk starts counting again). RESOURCE_EXHAUSTED is
+/// not counted as an attempt: a busy daemon is asked again, at most
+/// 1 s apart, until it has been busy for
+/// [`with_busy_wait`](Self::with_busy_wait) (60 s by default); the daemon
+/// reclaims a slot held for `limits.max_slot_hold` while others wait, so a
+/// waiting caller gets one within seconds. A
 /// [`Client`](crate::Client) takes its policy from its
 /// [`ConnectOptions`](crate::ConnectOptions).
 ///
@@ -46,15 +51,22 @@ pub struct RetryPolicy {
     max_attempts: usize,
     min_delay: Duration,
     max_delay: Duration,
+    busy_wait: Duration,
 }
 
-/// 8 attempts, 100 ms to 5 s apart.
+/// The longest delay between two calls to a busy daemon
+/// (RESOURCE_EXHAUSTED): refusals cost it nothing, and a slot it frees
+/// should not sit unused for long.
+pub(crate) const BUSY_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// 8 attempts, 100 ms to 5 s apart; a busy daemon is waited for 60 s.
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             max_attempts: 8,
             min_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(5),
+            busy_wait: Duration::from_secs(60),
         }
     }
 }
@@ -63,13 +75,16 @@ impl RetryPolicy {
     /// No retrying or resuming at all: the first error ends the call or
     /// the dump.
     pub fn never() -> Self {
-        Self::default().with_max_attempts(0)
+        Self::default()
+            .with_max_attempts(0)
+            .with_busy_wait(Duration::ZERO)
     }
 
     /// The policy of each target of a [`Fleet`](crate::Fleet) unless its
     /// [`ConnectOptions`](crate::ConnectOptions) give one: 4 attempts,
-    /// 100 ms to 2 s apart, so that a target that is down is reported soon.
-    pub(crate) fn fleet() -> Self {
+    /// 100 ms to 2 s apart, so that a target that is down is reported soon
+    /// (a busy daemon is still waited for 60 s).
+    pub fn fleet() -> Self {
         Self::default()
             .with_max_attempts(4)
             .with_max_delay(Duration::from_secs(2))
@@ -92,6 +107,19 @@ impl RetryPolicy {
     pub fn with_max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
         self
+    }
+
+    /// How long a daemon that answers RESOURCE_EXHAUSTED (all its dump or
+    /// lookup slots in use) is asked again before the call or the dump
+    /// gives up with that status (default 60 s; zero: not at all).
+    pub fn with_busy_wait(mut self, wait: Duration) -> Self {
+        self.busy_wait = wait;
+        self
+    }
+
+    /// How long a busy daemon is waited for.
+    pub fn busy_wait(&self) -> Duration {
+        self.busy_wait
     }
 
     /// Whether a unary call that failed with `status` on attempt `attempt`
@@ -123,15 +151,72 @@ impl RetryPolicy {
         }
     }
 
-    pub(crate) fn delays(&self) -> impl Iterator<Item = Duration> + use<> {
-        let max = self.max_delay;
-        ExponentialBuilder::default()
-            .with_min_delay(self.min_delay)
+    fn delays(
+        &self,
+        max: Duration,
+        times: Option<usize>,
+    ) -> impl Iterator<Item = Duration> + use<> {
+        let b = ExponentialBuilder::default()
+            .with_min_delay(self.min_delay.min(max))
             .with_max_delay(max)
-            .with_max_times(self.max_attempts)
-            .with_jitter()
-            .build()
-            .map(move |d| d.min(max))
+            .with_jitter();
+        let b = match times {
+            Some(n) => b.with_max_times(n),
+            None => b.without_max_times(),
+        };
+        b.build().map(move |d| d.min(max))
+    }
+
+    /// The delays before each retry of a call or a dump, from its first
+    /// failure (or the last progress) on.
+    pub(crate) fn backoff(&self) -> Backoff {
+        Backoff {
+            attempts: Box::new(self.delays(self.max_delay, Some(self.max_attempts))),
+            busy: Box::new(self.delays(self.max_delay.min(BUSY_MAX_DELAY), None)),
+            busy_wait: self.busy_wait,
+            busy_since: None,
+        }
+    }
+}
+
+/// The delays of one call's or dump's retries: counted attempts, and a busy
+/// daemon waited for until the policy's busy wait.
+pub(crate) struct Backoff {
+    attempts: Box<dyn Iterator<Item = Duration> + Send + Sync>,
+    busy: Box<dyn Iterator<Item = Duration> + Send + Sync>,
+    busy_wait: Duration,
+    busy_since: Option<std::time::Instant>,
+}
+
+impl fmt::Debug for Backoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backoff")
+            .field("busy_since", &self.busy_since)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backoff {
+    /// The delay before trying again after `status`, or `None` to give up
+    /// (whether the status is worth retrying at all is the caller's
+    /// decision).
+    pub(crate) fn next(&mut self, status: &Status) -> Option<Duration> {
+        if status.code() != Code::ResourceExhausted {
+            self.busy_since = None;
+            return self.attempts.next();
+        }
+        let since = *self.busy_since.get_or_insert_with(std::time::Instant::now);
+        let left = self.busy_wait.checked_sub(since.elapsed())?;
+        if left.is_zero() {
+            return None;
+        }
+        self.busy.next().map(|d| d.min(left))
+    }
+
+    /// Whether the daemon has been answering RESOURCE_EXHAUSTED since the
+    /// last progress, and for how long.
+    pub(crate) fn busy_for(&self) -> Option<Duration> {
+        self.busy_since.map(|t| t.elapsed())
     }
 }
 
@@ -286,6 +371,9 @@ pub struct Dump {
     finished: bool,
     /// The last failure retried, while retrying.
     last_failure: Option<Status>,
+    /// The retries since the last chunk (kept across calls of
+    /// [`Dump::next_chunk`], which a caller may drop and call again).
+    backoff: Option<Backoff>,
     /// Renderings that cannot be parsed: the first call ends with them.
     bad_render: Option<TypeError>,
 }
@@ -311,6 +399,7 @@ impl Dump {
             resumes: 0,
             finished: false,
             last_failure: None,
+            backoff: None,
         }
     }
 
@@ -328,6 +417,12 @@ impl Dump {
     /// gives up waiting).
     pub fn last_failure(&self) -> Option<&Status> {
         self.last_failure.as_ref()
+    }
+
+    /// How long the daemon has been answering RESOURCE_EXHAUSTED (all its
+    /// dump slots in use) while the dump waits for a slot, if it is.
+    pub fn busy_for(&self) -> Option<Duration> {
+        self.backoff.as_ref().and_then(Backoff::busy_for)
     }
 
     /// How many times the dump resumed after a broken stream.
@@ -381,7 +476,6 @@ impl Dump {
             self.finished = true;
             return Err(Error::render(e));
         }
-        let mut delays = self.retry.delays();
         loop {
             if self.finished {
                 return Ok(None);
@@ -412,6 +506,7 @@ impl Dump {
                         return Ok(None);
                     }
                     self.last_failure = None;
+                    self.backoff = None;
                     let chunk = Chunk::new(msg.entries, msg.packed, msg.cursor)?;
                     self.cursor.clear();
                     self.cursor.push_str(chunk.cursor());
@@ -426,7 +521,8 @@ impl Dump {
             if !RetryPolicy::should_retry(&status) {
                 return Err(status.into());
             }
-            match delays.next() {
+            let backoff = self.backoff.get_or_insert_with(|| self.retry.backoff());
+            match backoff.next(&status) {
                 Some(delay) => {
                     tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "dump stream broke; resuming from the last cursor");
                     self.last_failure = Some(status);
@@ -514,9 +610,13 @@ mod tests {
         let p = RetryPolicy::default()
             .with_max_attempts(20)
             .with_max_delay(Duration::from_millis(800));
-        let d: Vec<_> = p.delays().collect();
+        let mut b = p.backoff();
+        let broken = Status::unavailable("x");
+        let d: Vec<_> = std::iter::from_fn(|| b.next(&broken)).collect();
         assert_eq!(d.len(), 20);
         assert!(d.iter().all(|d| *d <= Duration::from_millis(800)), "{d:?}");
-        assert_eq!(RetryPolicy::never().delays().count(), 0);
+        assert_eq!(RetryPolicy::never().backoff().next(&broken), None);
+        let busy = Status::resource_exhausted("busy");
+        assert_eq!(RetryPolicy::never().backoff().next(&busy), None);
     }
 }

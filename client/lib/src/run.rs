@@ -66,6 +66,16 @@ pub enum FleetEvent<T> {
         /// What it said.
         answer: T,
     },
+    /// A target's daemon is busy (RESOURCE_EXHAUSTED: all its dump slots in
+    /// use) and the target waits for a slot, as its retry policy says
+    /// ([`RetryPolicy::with_busy_wait`](crate::RetryPolicy::with_busy_wait)).
+    /// Sent once each time a target starts waiting.
+    Waiting {
+        /// The target.
+        target: Target,
+        /// What the daemon said.
+        status: tonic::Status,
+    },
     /// A target is done: its report. Every target gets exactly one, after
     /// all its answers.
     Done(TargetReport),
@@ -106,6 +116,7 @@ impl<T> FleetRun<T> {
                     answers.entry(target).or_default().push(answer)
                 }
                 FleetEvent::Done(report) => reports.push(report),
+                FleetEvent::Waiting { .. } => {}
             }
         }
         reports.sort_by(|a, b| a.target.cmp(&b.target));
@@ -193,6 +204,18 @@ impl<T> Answers<T> {
             })
             .await
             .is_ok()
+    }
+
+    /// Says that the target waits for its busy daemon.
+    pub(crate) async fn waiting(&self, status: tonic::Status) {
+        let _ = self
+            .shared
+            .tx
+            .send(FleetEvent::Waiting {
+                target: self.target.clone(),
+                status,
+            })
+            .await;
     }
 
     /// Notes progress, for the report.

@@ -40,6 +40,38 @@ pub(crate) struct DumpEnv {
     pub(crate) max_slot_hold: Duration,
 }
 
+impl DumpEnv {
+    /// A dump ended because its slot expired, counted.
+    fn slot_expired(&self) -> Error {
+        self.stats.slots_expired.fetch_add(1, Ordering::Relaxed);
+        Error::SlotExpired {
+            secs: self.max_slot_hold.as_secs(),
+        }
+    }
+
+    /// Resolves with the error that must end a waiting dump: the server
+    /// stops, or its slot (if it holds one) expired while it waited.
+    async fn interrupted(&mut self, slot: Option<&Slot>) -> Error {
+        let slots = self.slots.clone();
+        let max_hold = self.max_slot_hold;
+        let expiry = async {
+            match slot {
+                Some(slot) => slots.expiry(slot, max_hold).await,
+                None => std::future::pending().await,
+            }
+        };
+        let expired = tokio::select! {
+            _ = self.stop.wait_for(|s| *s) => false,
+            _ = expiry => true,
+        };
+        if expired {
+            self.slot_expired()
+        } else {
+            Error::ShuttingDown
+        }
+    }
+}
+
 /// A queued message and the memory it holds.
 pub(crate) type Queued = (pb::DumpMapResponse, Option<Reservation>);
 /// Where a failed producer's error goes: after the chunks already queued.
@@ -208,13 +240,9 @@ impl<M: MapOps> Producer<M> {
             return Ok(false);
         }
         if let Some(slot) = &self.slot
-            && slot.held() >= self.env.max_slot_hold
-            && self.env.slots.contended(slot, self.env.max_slot_hold)
+            && self.env.slots.expired(slot, self.env.max_slot_hold)
         {
-            self.env.stats.slots_expired.fetch_add(1, Ordering::Relaxed);
-            return Err(Error::SlotExpired {
-                secs: self.env.max_slot_hold.as_secs(),
-            });
+            return Err(self.env.slot_expired());
         }
         Ok(true)
     }
@@ -230,11 +258,12 @@ impl<M: MapOps> Producer<M> {
         let mut want = remaining.map_or(next, |r| r.min(u64::from(next)) as u32);
         self.next = next.saturating_mul(4).min(self.chunk.steady);
         if self.large {
-            wait_until_drained(&self.share, &self.tx, &mut self.env).await?;
+            wait_until_drained(&self.share, &self.tx, &mut self.env, self.slot.as_ref()).await?;
             return Ok((want, None));
         }
         let bytes = want as usize * self.per_entry;
-        let r = reserve(&self.share, bytes, self.per_entry, &self.tx, &mut self.env).await?;
+        let waiter = (&self.tx, &mut self.env, self.slot.as_ref());
+        let r = reserve(&self.share, bytes, self.per_entry, waiter).await?;
         want = want.min((r.bytes() / self.per_entry).max(1) as u32);
         Ok((want, Some(r)))
     }
@@ -288,7 +317,8 @@ impl<M: MapOps> Producer<M> {
             cursor,
         }
         .into_proto();
-        if !send(&self.tx, &mut self.env, msg, reservation).await? {
+        let waiter = (&self.tx, &mut self.env, self.slot.as_ref());
+        if !send(waiter, msg, reservation).await? {
             return Ok(false);
         }
         self.sent += count;
@@ -310,7 +340,9 @@ impl<M: MapOps> Producer<M> {
             summary: Some(summary),
             ..Default::default()
         };
-        send(&self.tx, &mut self.env, last, None).await?;
+        // The walk is over: the slot is free for others.
+        self.slot = None;
+        send((&self.tx, &mut self.env, None), last, None).await?;
         Ok(())
     }
 }
@@ -391,8 +423,7 @@ async fn reserve(
     share: &Arc<Share>,
     want: usize,
     floor: usize,
-    tx: &mpsc::Sender<Queued>,
-    env: &mut DumpEnv,
+    (tx, env, slot): Waiter<'_>,
 ) -> Result<Reservation, Error> {
     let deadline = tokio::time::Instant::now() + env.stall_timeout;
     loop {
@@ -402,12 +433,13 @@ async fn reserve(
         if tx.capacity() == tx.max_capacity() {
             return Ok(share.force(floor));
         }
+        let stall = env.stall_timeout;
         tokio::select! {
             _ = share.released() => {}
             _ = tokio::time::sleep_until(deadline) => return Err(Error::Stalled {
-                secs: env.stall_timeout.as_secs(),
+                secs: stall.as_secs(),
             }),
-            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+            e = env.interrupted(slot) => return Err(e),
         }
     }
 }
@@ -418,15 +450,17 @@ async fn wait_until_drained(
     share: &Arc<Share>,
     tx: &mpsc::Sender<Queued>,
     env: &mut DumpEnv,
+    slot: Option<&Slot>,
 ) -> Result<(), Error> {
     let deadline = tokio::time::Instant::now() + env.stall_timeout;
     while tx.capacity() < tx.max_capacity() {
+        let stall = env.stall_timeout;
         tokio::select! {
             _ = share.released() => {}
             _ = tokio::time::sleep_until(deadline) => return Err(Error::Stalled {
-                secs: env.stall_timeout.as_secs(),
+                secs: stall.as_secs(),
             }),
-            _ = env.stop.wait_for(|s| *s) => return Err(Error::ShuttingDown),
+            e = env.interrupted(slot) => return Err(e),
         }
     }
     Ok(())
@@ -435,19 +469,23 @@ async fn wait_until_drained(
 /// Queues one message, waiting at most the stall timeout for room. `false`
 /// when the client went away.
 async fn send(
-    tx: &mpsc::Sender<Queued>,
-    env: &mut DumpEnv,
+    (tx, env, slot): Waiter<'_>,
     msg: pb::DumpMapResponse,
     reservation: Option<Reservation>,
 ) -> Result<bool, Error> {
+    let stall = env.stall_timeout;
     tokio::select! {
         r = tx.send((msg, reservation)) => Ok(r.is_ok()),
-        _ = tokio::time::sleep(env.stall_timeout) => Err(Error::Stalled {
-            secs: env.stall_timeout.as_secs(),
+        _ = tokio::time::sleep(stall) => Err(Error::Stalled {
+            secs: stall.as_secs(),
         }),
-        _ = env.stop.wait_for(|s| *s) => Err(Error::ShuttingDown),
+        e = env.interrupted(slot) => Err(e),
     }
 }
+
+/// What a producer waiting for its client needs: its queue, the shared
+/// environment, and its slot (which may expire while it waits).
+type Waiter<'a> = (&'a mpsc::Sender<Queued>, &'a mut DumpEnv, Option<&'a Slot>);
 
 struct ActiveGuard(Arc<DumpStats>);
 

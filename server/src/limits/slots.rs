@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::{
     error::Error,
@@ -62,6 +62,9 @@ pub(crate) struct DumpSlots {
     refused_key: Mutex<HashMap<SlotKey, Instant>>,
     /// Dumps refused a slot since start.
     refusals: AtomicU64,
+    /// Told of every refusal: a holder waiting on its client looks at once
+    /// whether its slot is wanted.
+    refused: Notify,
 }
 
 /// A running dump's claim on both limits; released on drop.
@@ -92,6 +95,7 @@ impl DumpSlots {
             refused_global: AtomicU64::new(0),
             refused_key: Mutex::new(HashMap::new()),
             refusals: AtomicU64::new(0),
+            refused: Notify::new(),
         }
     }
 
@@ -133,6 +137,7 @@ impl DumpSlots {
                 refused.retain(|_, t| t.elapsed() < Duration::from_secs(600));
             }
             refused.insert(key.clone(), Instant::now());
+            self.refused.notify_waiters();
             Error::ResourceExhausted(format!(
                 "{key} already runs {} dumps (limits.max_dumps_per_identity); retry when one has finished",
                 self.per_key_max
@@ -141,6 +146,7 @@ impl DumpSlots {
         let global = self.global.clone().try_acquire_owned().map_err(|_| {
             self.refusals.fetch_add(1, Ordering::Relaxed);
             self.refused_global.store(self.now_ms(), Ordering::Relaxed);
+            self.refused.notify_waiters();
             Error::ResourceExhausted(format!(
                 "the server already runs {} dumps (limits.max_dumps); retry later",
                 self.global_max
@@ -166,6 +172,33 @@ impl DumpSlots {
             .expect("slots lock")
             .get(&slot.key)
             .is_some_and(|t| t.elapsed() <= window)
+    }
+
+    /// Whether `slot` has been held for `max_hold` while a dump that would
+    /// share its limits was refused within as long: it must be given up.
+    pub(crate) fn expired(&self, slot: &Slot, max_hold: Duration) -> bool {
+        slot.held() >= max_hold && self.contended(slot, max_hold)
+    }
+
+    /// Resolves once `slot` has [`expired`](Self::expired), whatever its
+    /// holder is waiting on: at the end of its hold if someone was refused
+    /// by then, or at the next refusal after that.
+    pub(crate) async fn expiry(&self, slot: &Slot, max_hold: Duration) {
+        loop {
+            let refused = self.refused.notified();
+            tokio::pin!(refused);
+            // Registered before looking: no refusal is missed in between.
+            refused.as_mut().enable();
+            if self.expired(slot, max_hold) {
+                return;
+            }
+            let left = max_hold.saturating_sub(slot.held());
+            if left.is_zero() {
+                refused.await;
+            } else {
+                tokio::time::sleep(left).await;
+            }
+        }
     }
 }
 
@@ -243,6 +276,34 @@ mod tests {
         slots
             .try_acquire(&b)
             .expect("a released slot is free again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_slot_expires_at_the_first_refusal_after_its_hold() {
+        let slots = DumpSlots::new(4, 1);
+        let a = caller(Identity::Cn("a".into()), "10.0.0.1:1");
+        let held = slots.try_acquire(&a).unwrap();
+        let hold = Duration::from_secs(5);
+        let expiry = slots.expiry(&held, hold);
+        tokio::pin!(expiry);
+        // Not wanted by anyone: kept past its hold.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(30), expiry.as_mut())
+                .await
+                .is_err()
+        );
+        // A refusal of the same caller ends it at once.
+        slots.try_acquire(&a).unwrap_err();
+        tokio::time::timeout(Duration::from_millis(1), expiry)
+            .await
+            .expect("expired at the refusal");
+        // A slot refused to others while young lasts out its hold.
+        drop(held);
+        let young = slots.try_acquire(&a).unwrap();
+        slots.try_acquire(&a).unwrap_err();
+        let started = tokio::time::Instant::now();
+        slots.expiry(&young, hold).await;
+        assert_eq!(started.elapsed(), hold);
     }
 
     #[test]

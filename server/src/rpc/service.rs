@@ -237,6 +237,10 @@ impl MapServiceImpl {
         };
         let packed = layout == pb::Layout::Packed;
         let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32;
+        // The slot before the map: a dump that will be refused costs no
+        // trip to the kernel (and a denied one takes no slot).
+        self.authorize(caller, Operation::Dump, Rpc::DumpMap, &map)?;
+        let slot = self.parts.slots.try_acquire(caller)?;
         let opened = self
             .open_for(caller, (Operation::Dump, Rpc::DumpMap), map, decodes)
             .await?;
@@ -270,8 +274,6 @@ impl MapServiceImpl {
             sealer,
             self.limits(),
         )?;
-        // Last: a slot is only taken by a dump that will run.
-        let slot = self.parts.slots.try_acquire(caller)?;
         job.reserve_memory(&self.parts.pool, POOL_WAIT).await?;
         Ok(job.with_slot(slot))
     }
