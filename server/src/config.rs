@@ -82,6 +82,10 @@ pub struct Limits {
     pub max_streams_per_connection: u32,
     /// Connections open at once; further ones are closed at once.
     pub max_connections: usize,
+    /// Calls a connection's client may cancel (reset its stream before the
+    /// response ended) within 10 s; one more and the connection gets a
+    /// GOAWAY with ENHANCE_YOUR_CALM and is closed (0: no limit).
+    pub max_cancelled_calls: u32,
     /// A dump whose client has not taken a chunk for this long is ended
     /// (UNAVAILABLE; the client resumes from its last cursor).
     #[serde(with = "humantime_serde")]
@@ -129,6 +133,7 @@ impl Default for Limits {
             max_slot_hold_secs: None,
             max_streams_per_connection: 64,
             max_connections: 1024,
+            max_cancelled_calls: 50,
             stall_timeout: Duration::from_secs(30),
             stall_timeout_secs: None,
             handshake_timeout: Duration::from_secs(10),

@@ -5,8 +5,19 @@
 //! for unary calls, the dump stream for DumpMap. A record dropped without
 //! being finished (the call's future was dropped because the client went
 //! away) is logged as CANCELLED.
+//!
+//! Calls that fail cost a client nothing to make, so their lines are
+//! bounded per peer address: at most [`FULL_LINES`] per [`INTERVAL`] are
+//! written in full, and the rest are counted by status code and written as
+//! one summary line per peer and interval (`"rpc lines held back"`, with
+//! `calls` and `codes`). Successful calls are always written.
 
-use std::time::Instant;
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::IpAddr,
+    sync::{LazyLock, Mutex},
+    time::{Duration, Instant},
+};
 
 use bpfmap_proto::v1 as pb;
 use tonic::Code;
@@ -64,6 +75,9 @@ impl Record {
     }
 
     fn log(&self, code: Code) {
+        if code != Code::Ok && !HELD_BACK.admit(self.caller.peer.map(|p| p.ip()), code) {
+            return;
+        }
         tracing::info!(
             target: "bpfmapd::audit",
             identity = %self.caller.identity,
@@ -83,5 +97,131 @@ impl Drop for Record {
         if !self.finished {
             self.log(Code::Cancelled);
         }
+    }
+}
+
+/// Lines of failed calls written in full per peer address and interval.
+pub(crate) const FULL_LINES: u32 = 20;
+/// The interval over which failed calls' lines are counted.
+pub(crate) const INTERVAL: Duration = Duration::from_secs(10);
+/// Peers tracked at once; beyond, every count is written out and forgotten.
+const MAX_PEERS: usize = 4096;
+
+static HELD_BACK: LazyLock<HeldBack> = LazyLock::new(HeldBack::default);
+
+/// Writes the summaries of intervals that are over (call it every
+/// [`INTERVAL`]: a peer that stopped calling still gets its summary).
+pub(crate) fn flush_held_back() {
+    HELD_BACK.flush(false);
+}
+
+/// Failed calls' lines per peer: how many were written in the current
+/// interval, and how many held back, by code.
+#[derive(Debug, Default)]
+struct HeldBack {
+    peers: Mutex<HashMap<Option<IpAddr>, PeerLines>>,
+}
+
+#[derive(Debug)]
+struct PeerLines {
+    since: Instant,
+    written: u32,
+    held: BTreeMap<&'static str, u64>,
+}
+
+impl HeldBack {
+    /// Whether a failed call's line may be written; if not, it is counted.
+    fn admit(&self, peer: Option<IpAddr>, code: Code) -> bool {
+        let mut peers = self.peers.lock().expect("audit lock");
+        if peers.len() >= MAX_PEERS && !peers.contains_key(&peer) {
+            drain(&mut peers, true);
+        }
+        let lines = peers.entry(peer).or_insert_with(|| PeerLines {
+            since: Instant::now(),
+            written: 0,
+            held: BTreeMap::new(),
+        });
+        if lines.since.elapsed() >= INTERVAL {
+            lines.summarize(peer);
+            lines.since = Instant::now();
+            lines.written = 0;
+        }
+        if lines.written < FULL_LINES {
+            lines.written += 1;
+            return true;
+        }
+        *lines
+            .held
+            .entry(bpfmap_proto::status::code_name(code))
+            .or_default() += 1;
+        false
+    }
+
+    fn flush(&self, all: bool) {
+        drain(&mut self.peers.lock().expect("audit lock"), all);
+    }
+}
+
+/// Writes the summaries of the intervals that are over (all of them if
+/// `all`), and forgets those peers.
+fn drain(peers: &mut HashMap<Option<IpAddr>, PeerLines>, all: bool) {
+    peers.retain(|peer, lines| {
+        if !all && lines.since.elapsed() < INTERVAL {
+            return true;
+        }
+        lines.summarize(*peer);
+        false
+    });
+}
+
+impl PeerLines {
+    fn summarize(&mut self, peer: Option<IpAddr>) {
+        if self.held.is_empty() {
+            return;
+        }
+        let calls: u64 = self.held.values().sum();
+        let codes = self
+            .held
+            .iter()
+            .map(|(code, n)| format!("{code}={n}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        tracing::info!(
+            target: "bpfmapd::audit",
+            peer = peer.map(|p| p.to_string()).unwrap_or_default(),
+            calls,
+            codes,
+            interval_s = self.since.elapsed().as_secs_f64().min(INTERVAL.as_secs_f64() * 2.0),
+            "rpc lines held back"
+        );
+        self.held.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_calls_are_written_in_full_up_to_a_bound_per_peer() {
+        let held = HeldBack::default();
+        let a: Option<IpAddr> = Some("10.0.0.1".parse().unwrap());
+        let b: Option<IpAddr> = Some("10.0.0.2".parse().unwrap());
+        let written = (0..100).filter(|_| held.admit(a, Code::Cancelled)).count();
+        assert_eq!(written, FULL_LINES as usize);
+        assert!(
+            held.admit(b, Code::ResourceExhausted),
+            "another peer has its own"
+        );
+        {
+            let peers = held.peers.lock().unwrap();
+            assert_eq!(peers[&a].held["CANCELLED"], 100 - u64::from(FULL_LINES));
+        }
+        // A new interval writes the summary and starts counting again.
+        held.peers.lock().unwrap().get_mut(&a).unwrap().since -= INTERVAL;
+        assert!(held.admit(a, Code::Cancelled));
+        assert!(held.peers.lock().unwrap()[&a].held.is_empty());
+        held.flush(true);
+        assert!(held.peers.lock().unwrap().is_empty());
     }
 }

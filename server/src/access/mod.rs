@@ -6,6 +6,6 @@
 mod audit;
 mod policy;
 
-pub(crate) use audit::Record;
+pub(crate) use audit::{INTERVAL as AUDIT_INTERVAL, Record, flush_held_back};
 pub(crate) use policy::Policy;
 pub use policy::RuleConfig;

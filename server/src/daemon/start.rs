@@ -26,7 +26,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use super::Running;
 use crate::{
-    access::Policy,
+    access::{self, Policy},
     config::{Config, Limits},
     dump::{CursorKey, DumpEnv, DumpLimits, DumpStats},
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
@@ -244,6 +244,7 @@ impl Core {
             handshake_timeout: limits.handshake_timeout,
             idle_timeout: limits.idle_timeout,
             max_connections: limits.max_connections,
+            max_cancelled_calls: limits.max_cancelled_calls,
             metrics: self.metrics.clone(),
         }
     }
@@ -395,6 +396,19 @@ fn serve_main(
     // once the accept loop has ended its stream of connections): a client
     // told NOT_SERVING that connects again is refused (UNAVAILABLE), never
     // taken into the backlog of a listener about to close and reset.
+    // The audit lines of failed calls held back: summaries written each
+    // interval, and once more at the end.
+    let stopped = Stopping::when(&stopping.draining);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(access::AUDIT_INTERVAL);
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                _ = every.tick() => access::flush_held_back(),
+                _ = &mut stopped => return access::flush_held_back(),
+            }
+        }
+    });
     let draining = Stopping::when(&stopping.draining);
     let reporter = reporter.clone();
     tokio::spawn(async move {

@@ -8,10 +8,15 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+// The runtime's clock (the same as the system's outside tests that pause
+// it), so that hold times can be tested without waiting.
+use tokio::{
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
+    time::Instant,
+};
 
 use crate::{
     error::Error,
@@ -284,19 +289,21 @@ mod tests {
         let a = caller(Identity::Cn("a".into()), "10.0.0.1:1");
         let held = slots.try_acquire(&a).unwrap();
         let hold = Duration::from_secs(5);
-        let expiry = slots.expiry(&held, hold);
-        tokio::pin!(expiry);
-        // Not wanted by anyone: kept past its hold.
-        assert!(
-            tokio::time::timeout(Duration::from_secs(30), expiry.as_mut())
+        {
+            let expiry = slots.expiry(&held, hold);
+            tokio::pin!(expiry);
+            // Not wanted by anyone: kept past its hold.
+            assert!(
+                tokio::time::timeout(Duration::from_secs(30), expiry.as_mut())
+                    .await
+                    .is_err()
+            );
+            // A refusal of the same caller ends it at once.
+            slots.try_acquire(&a).unwrap_err();
+            tokio::time::timeout(Duration::from_millis(1), expiry)
                 .await
-                .is_err()
-        );
-        // A refusal of the same caller ends it at once.
-        slots.try_acquire(&a).unwrap_err();
-        tokio::time::timeout(Duration::from_millis(1), expiry)
-            .await
-            .expect("expired at the refusal");
+                .expect("expired at the refusal");
+        }
         // A slot refused to others while young lasts out its hold.
         drop(held);
         let young = slots.try_acquire(&a).unwrap();

@@ -10,7 +10,7 @@ use std::{
     time::Instant,
 };
 
-use super::conn::{BodyProgress, CallGuard, ConnInfo, ConnState};
+use super::conn::{BodyProgress, CANCEL_WINDOW, CallGuard, ConnInfo, ConnState, Throttle};
 use crate::{limits::Held, model::Rpc, ops::Metrics};
 
 /// A tower layer that counts the calls open on each connection (from the
@@ -48,10 +48,9 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let state = req
-            .extensions()
-            .get::<ConnInfo>()
-            .and_then(|i| i.state.clone());
+        let info = req.extensions().get::<ConnInfo>();
+        let state = info.and_then(|i| i.state.clone());
+        let remote = info.and_then(|i| i.remote);
         let guard = state.as_ref().map(ConnState::call);
         let rpc = Rpc::of_path(req.uri().path());
         let metrics = self.1.clone();
@@ -77,6 +76,7 @@ where
                         pending: bytes::Bytes::new(),
                         progress: state.watch_body(),
                         state,
+                        remote,
                         call,
                         _held: held,
                         _guard: guard,
@@ -131,9 +131,34 @@ struct GuardedBody {
     pending: bytes::Bytes,
     progress: Arc<BodyProgress>,
     state: Arc<ConnState>,
+    remote: Option<std::net::SocketAddr>,
     call: CallMetrics,
     _held: Option<Held>,
     _guard: CallGuard,
+}
+
+/// Lines about connections closed for their cancelled calls: at most one
+/// every few seconds, saying how many were held back.
+static CALM_LOG: std::sync::LazyLock<Throttle> =
+    std::sync::LazyLock::new(|| Throttle::new(std::time::Duration::from_secs(5)));
+
+impl Drop for GuardedBody {
+    fn drop(&mut self) {
+        // Dropped before its trailers: the client cancelled the call (or the
+        // connection is going anyway).
+        if self.call.code.is_some() || !self.state.call_cancelled() {
+            return;
+        }
+        self.call.metrics.closed("cancelled_calls");
+        if let Some(held_back) = CALM_LOG.hit() {
+            tracing::warn!(
+                remote = self.remote.map(|r| r.to_string()).unwrap_or_default(),
+                window = ?CANCEL_WINDOW,
+                held_back,
+                "closing a connection whose client cancels call after call (limits.max_cancelled_calls): GOAWAY ENHANCE_YOUR_CALM"
+            );
+        }
+    }
 }
 
 impl GuardedBody {

@@ -12,6 +12,12 @@
 //!   it;
 //! - beyond `max_connections`, new connections are closed at once, with a
 //!   log line at most every few seconds;
+//! - a connection whose client cancels more than `max_cancelled_calls`
+//!   calls within [`CANCEL_WINDOW`] (streams reset after the daemon
+//!   answered: the form of rapid reset that the HTTP/2 layer's own limit on
+//!   streams reset before they are answered does not see) gets a GOAWAY
+//!   with ENHANCE_YOUR_CALM, as that layer sends for the other form, and is
+//!   closed;
 //! - at shutdown, connections still open after the drain are closed.
 //!
 //! Closing goes through a kill switch in the connection's IO: reads and
@@ -39,7 +45,10 @@ use tokio::{
 };
 use tonic::transport::server::Connected;
 
-use super::tls::{self, SharedTls, Transport};
+use super::{
+    goaway::{self, Frames},
+    tls::{self, SharedTls, Transport},
+};
 use crate::ops::Metrics;
 
 /// What the service layer learns about a connection.
@@ -69,7 +78,23 @@ pub(crate) struct ConnState {
     /// taking.
     bodies: Mutex<Vec<Weak<BodyProgress>>>,
     epoch: Instant,
+    /// Calls the client cancelled in the current window, and when the
+    /// window began (ms since `epoch`).
+    cancelled: Mutex<(u32, u64)>,
+    max_cancelled: u32,
+    /// When the connection was told to calm down (ms since `epoch`, plus
+    /// one; 0: not).
+    calm_since: AtomicU64,
 }
+
+/// The window in which a connection's cancelled calls are counted.
+pub(crate) const CANCEL_WINDOW: Duration = Duration::from_secs(10);
+/// How long a GOAWAY may wait for the transport to finish the frame it is
+/// writing before the connection is closed without it.
+const GOAWAY_GRACE: Duration = Duration::from_secs(1);
+/// How long a closed abusive connection is read (and what it sends thrown
+/// away) so that its client receives the GOAWAY rather than a reset.
+const LINGER: Duration = Duration::from_secs(1);
 
 /// Whether a response body is waiting for the client: since when it has had
 /// data handed over without the transport asking for more (ms since the
@@ -80,7 +105,7 @@ pub(crate) struct BodyProgress {
 }
 
 impl ConnState {
-    fn new() -> Self {
+    fn new(max_cancelled: u32) -> Self {
         Self {
             killed: AtomicBool::new(false),
             read: AtomicWaker::new(),
@@ -90,6 +115,49 @@ impl ConnState {
             idle_since: AtomicU64::new(0),
             bodies: Mutex::new(Vec::new()),
             epoch: Instant::now(),
+            cancelled: Mutex::new((0, 0)),
+            max_cancelled,
+            calm_since: AtomicU64::new(0),
+        }
+    }
+
+    /// A call on the connection was cancelled by its client; past
+    /// `max_cancelled_calls` within [`CANCEL_WINDOW`] the connection is told
+    /// to calm down (`true` the first time).
+    pub(crate) fn call_cancelled(&self) -> bool {
+        if self.max_cancelled == 0 {
+            return false;
+        }
+        let now = self.now_ms();
+        let mut c = self.cancelled.lock().expect("cancelled lock");
+        if now.saturating_sub(c.1) >= CANCEL_WINDOW.as_millis() as u64 {
+            *c = (0, now);
+        }
+        c.0 += 1;
+        c.0 > self.max_cancelled && self.calm_down()
+    }
+
+    /// Ends the connection with a GOAWAY (ENHANCE_YOUR_CALM) after the frame
+    /// being written; `true` the first time.
+    fn calm_down(&self) -> bool {
+        let first = self
+            .calm_since
+            .compare_exchange(0, self.now_ms() + 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok();
+        self.read.wake();
+        self.write.wake();
+        first
+    }
+
+    fn calming(&self) -> bool {
+        self.calm_since.load(Ordering::SeqCst) != 0
+    }
+
+    /// How long the connection has been calming down, if it is.
+    fn calming_for(&self) -> Option<Duration> {
+        match self.calm_since.load(Ordering::SeqCst) {
+            0 => None,
+            since => Some(Duration::from_millis(self.now_ms() + 1 - since)),
         }
     }
 
@@ -189,13 +257,13 @@ impl ConnRegistry {
         self.inner.conns.lock().expect("registry lock").len()
     }
 
-    fn register(&self, max: usize) -> Option<(Registration, Arc<ConnState>)> {
+    fn register(&self, max: usize, max_cancelled: u32) -> Option<(Registration, Arc<ConnState>)> {
         let mut conns = self.inner.conns.lock().expect("registry lock");
         if conns.len() >= max {
             return None;
         }
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ConnState::new());
+        let state = Arc::new(ConnState::new(max_cancelled));
         conns.insert(id, Arc::downgrade(&state));
         Some((
             Registration {
@@ -221,6 +289,8 @@ impl ConnRegistry {
 enum Io {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    /// Handed over to be closed.
+    Gone,
 }
 
 /// An accepted connection, plaintext or TLS.
@@ -228,6 +298,11 @@ pub(crate) struct Conn {
     io: Io,
     info: ConnInfo,
     state: Arc<ConnState>,
+    /// The frames the daemon writes and the client's.
+    written: Frames,
+    read: Frames,
+    /// The GOAWAY being written, and how much of it is.
+    goaway: Option<([u8; 17], usize)>,
     _registration: Registration,
 }
 
@@ -263,13 +338,18 @@ impl AsyncRead for Conn {
         if this.state.killed.load(Ordering::SeqCst) {
             return Poll::Ready(Err(killed()));
         }
+        if this.state.calming() && this.written.at_boundary() {
+            return this.poll_goaway(cx).map(|r| r.and(Err(killed())));
+        }
         let before = buf.filled().len();
         let res = match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Io::Gone => return Poll::Ready(Err(killed())),
         };
         if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.state.heard.store(true, Ordering::Relaxed);
+            this.read.pass(&buf.filled()[before..]);
         }
         res
     }
@@ -284,6 +364,82 @@ impl Conn {
             Ok(())
         }
     }
+
+    fn io(&mut self) -> Result<Pin<&mut (dyn AsyncWrite + Unpin + Send)>, io::Error> {
+        match &mut self.io {
+            Io::Plain(s) => Ok(Pin::new(s)),
+            Io::Tls(s) => Ok(Pin::new(s.as_mut())),
+            Io::Gone => Err(killed()),
+        }
+    }
+
+    /// Writes the GOAWAY (at a frame boundary), flushes it, then closes the
+    /// connection.
+    fn poll_goaway(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let last = self.read.last_stream();
+        let (frame, done) = self
+            .goaway
+            .get_or_insert_with(|| (goaway::goaway(last, goaway::ENHANCE_YOUR_CALM), 0));
+        let (frame, mut at) = (*frame, *done);
+        while at < frame.len() {
+            match self.io()?.poll_write(cx, &frame[at..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => at += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    self.goaway = Some((frame, at));
+                    return Poll::Pending;
+                }
+            }
+        }
+        self.goaway = Some((frame, at));
+        std::task::ready!(self.io()?.poll_flush(cx))?;
+        self.state.kill();
+        Poll::Ready(Ok(()))
+    }
+
+    /// Of `buf`, what may be written now: while calming down, no more than
+    /// the rest of the frame being written.
+    fn writable<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
+        if self.state.calming() {
+            &buf[..buf.len().min(self.written.room())]
+        } else {
+            buf
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // A connection closed after a GOAWAY is read a little longer, so
+        // that its client gets the GOAWAY, not a reset.
+        if self.goaway.is_none() {
+            return;
+        }
+        let io = std::mem::replace(&mut self.io, Io::Gone);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(linger(io));
+        }
+    }
+}
+
+/// Ends the sending side of `io`, then reads (and throws away) what its
+/// client still sends for at most [`LINGER`].
+async fn linger(io: Io) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    async fn drain<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) {
+        let _ = s.shutdown().await;
+        let mut buf = [0u8; 4096];
+        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+    }
+    let drained = async {
+        match io {
+            Io::Plain(s) => drain(s).await,
+            Io::Tls(s) => drain(*s).await,
+            Io::Gone => {}
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drained).await;
 }
 
 impl AsyncWrite for Conn {
@@ -294,28 +450,28 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_write(cx)?;
-        match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        if this.state.calming() && this.written.at_boundary() {
+            return this.poll_goaway(cx).map(|r| r.and(Err(killed())));
         }
+        let buf = this.writable(buf);
+        let n = std::task::ready!(this.io()?.poll_write(cx, buf))?;
+        this.written.pass(&buf[..n]);
+        Poll::Ready(Ok(n))
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_write(cx)?;
-        match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_flush(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        if this.state.calming() && this.written.at_boundary() {
+            return this.poll_goaway(cx).map(|r| r.and(Err(killed())));
         }
+        this.io()?.poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_write(cx)?;
-        match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
+        this.io()?.poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -325,30 +481,46 @@ impl AsyncWrite for Conn {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_write(cx)?;
-        match &mut this.io {
-            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        if this.state.calming() {
+            // One frame at a time: the first slice, cut at the frame's end.
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            return Pin::new(this).poll_write(cx, first);
         }
+        let n = std::task::ready!(this.io()?.poll_write_vectored(cx, bufs))?;
+        let mut left = n;
+        for b in bufs {
+            let k = left.min(b.len());
+            this.written.pass(&b[..k]);
+            left -= k;
+            if left == 0 {
+                break;
+            }
+        }
+        Poll::Ready(Ok(n))
     }
 
     fn is_write_vectored(&self) -> bool {
         match &self.io {
             Io::Plain(s) => s.is_write_vectored(),
             Io::Tls(s) => s.is_write_vectored(),
+            Io::Gone => false,
         }
     }
 }
 
 /// Logs a line at most once per period, saying how many were held back.
 #[derive(Debug)]
-struct Throttle {
+pub(super) struct Throttle {
     every: Duration,
     last: Mutex<Option<Instant>>,
     held_back: AtomicU64,
 }
 
 impl Throttle {
-    fn new(every: Duration) -> Self {
+    pub(super) fn new(every: Duration) -> Self {
         Self {
             every,
             last: Mutex::new(None),
@@ -357,7 +529,7 @@ impl Throttle {
     }
 
     /// `Some(n)`: log now, `n` lines were held back since the last one.
-    fn hit(&self) -> Option<u64> {
+    pub(super) fn hit(&self) -> Option<u64> {
         let mut last = self.last.lock().expect("throttle lock");
         if last.is_some_and(|t| t.elapsed() < self.every) {
             self.held_back.fetch_add(1, Ordering::Relaxed);
@@ -384,6 +556,9 @@ pub(crate) struct AcceptConfig {
     pub idle_timeout: Duration,
     /// Connections open at once.
     pub max_connections: usize,
+    /// Calls a connection's client may cancel within [`CANCEL_WINDOW`]
+    /// before the connection is closed (0: any number).
+    pub max_cancelled_calls: u32,
 }
 
 /// Accepts connections until shutdown, doing TLS handshakes concurrently
@@ -414,7 +589,9 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        let Some((registration, state)) = registry.register(config.max_connections) else {
+        let Some((registration, state)) =
+            registry.register(config.max_connections, config.max_cancelled_calls)
+        else {
             config.metrics.closed("limit");
             if let Some(held_back) = over_limit.hit() {
                 tracing::warn!(
@@ -495,6 +672,9 @@ async fn handshake(
             state: Some(state.clone()),
         },
         state,
+        written: Frames::from_server(),
+        read: Frames::from_client(),
+        goaway: None,
         _registration: registration,
     };
     let _ = tx.send(Ok(conn)).await;
@@ -517,6 +697,12 @@ async fn watch_conn(
     loop {
         tokio::time::sleep(check).await;
         let Some(s) = state.upgrade() else { return };
+        if s.calming_for().is_some_and(|d| d >= GOAWAY_GRACE) {
+            // The transport never reached the end of its frame (a client
+            // that reads nothing): closed without the GOAWAY.
+            s.kill();
+            return;
+        }
         if !s.heard.load(Ordering::Relaxed) && started.elapsed() >= preface {
             tracing::debug!(%remote, timeout = ?preface, "closing a connection that sent nothing");
             metrics.closed("silent");
@@ -572,15 +758,38 @@ mod tests {
     #[test]
     fn the_registry_caps_connections_and_forgets_closed_ones() {
         let r = ConnRegistry::default();
-        let (a, sa) = r.register(2).unwrap();
-        let (_b, _sb) = r.register(2).unwrap();
-        assert!(r.register(2).is_none(), "over the limit");
+        let (a, sa) = r.register(2, 0).unwrap();
+        let (_b, _sb) = r.register(2, 0).unwrap();
+        assert!(r.register(2, 0).is_none(), "over the limit");
         assert_eq!(r.len(), 2);
         drop(a);
         assert_eq!(r.len(), 1);
-        assert!(r.register(2).is_some());
+        assert!(r.register(2, 0).is_some());
         assert_eq!(r.kill_all(), 1, "the dropped connection is gone");
         assert!(!sa.killed.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn too_many_cancelled_calls_calm_the_connection_down() {
+        let s = ConnState::new(3);
+        for _ in 0..3 {
+            assert!(!s.call_cancelled());
+        }
+        assert!(!s.calming());
+        assert!(s.call_cancelled(), "the fourth within the window");
+        assert!(s.calming());
+        assert!(!s.call_cancelled(), "told once");
+        // A new window starts from zero.
+        let later = ConnState {
+            epoch: Instant::now() - CANCEL_WINDOW,
+            ..ConnState::new(3)
+        };
+        *later.cancelled.lock().unwrap() = (3, 0);
+        assert!(
+            !later.call_cancelled(),
+            "the old window's calls are forgotten"
+        );
+        assert!(!ConnState::new(0).call_cancelled(), "0: no limit");
     }
 
     #[test]
@@ -595,7 +804,7 @@ mod tests {
 
     #[test]
     fn a_connection_is_idle_only_with_no_call_open() {
-        let s = Arc::new(ConnState::new());
+        let s = Arc::new(ConnState::new(0));
         assert!(s.idle_for().is_some());
         let call = s.call();
         assert!(s.idle_for().is_none());

@@ -5,6 +5,7 @@
 mod authenticate;
 mod calls;
 mod conn;
+mod goaway;
 mod tls;
 
 pub(crate) use authenticate::{authenticate, caller_of};

@@ -35,7 +35,8 @@ pub(super) const TLS_FAILURE_REASONS: [&str; 6] = [
 
 /// Why the daemon closed a connection (`reason` of
 /// bpfmapd_connections_closed).
-pub(super) const CLOSE_REASONS: [&str; 4] = ["limit", "silent", "idle", "stalled"];
+pub(super) const CLOSE_REASONS: [&str; 5] =
+    ["limit", "silent", "idle", "stalled", "cancelled_calls"];
 
 /// The labels of an RPC ("unknown" for a path that names none).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
