@@ -18,6 +18,12 @@ use crate::{access::RuleConfig, maps::RenderConfig, net::TlsFiles};
 pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
+    /// A Unix socket to listen on as well (plaintext, mode 0660): local
+    /// callers are `uid:N`, one caller per process.
+    pub listen_unix: Option<PathBuf>,
+    /// The group of the Unix socket (a name or a number), whose members may
+    /// connect to it.
+    pub listen_unix_group: Option<String>,
     /// bpffs directories whose pinned maps are exposed; map paths are relative
     /// to them. An earlier root wins when two hold the same relative path.
     pub roots: Vec<PathBuf>,
@@ -172,6 +178,8 @@ impl Default for Config {
             tls: None,
             health_listen: None,
             metrics_listen: None,
+            listen_unix: None,
+            listen_unix_group: None,
             watch_files: Duration::from_secs(5),
             watch_files_secs: None,
             limits: Limits::default(),
@@ -226,6 +234,9 @@ pub struct Args {
     /// Plaintext listener for the health service only (e.g. 127.0.0.1:50052).
     #[arg(long)]
     pub health_listen: Option<SocketAddr>,
+    /// Listen on this Unix socket as well (e.g. /run/bpfmapd.sock).
+    #[arg(long, value_name = "PATH")]
+    pub listen_unix: Option<PathBuf>,
     /// Plaintext listener for Prometheus metrics (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
@@ -349,6 +360,9 @@ impl Config {
         c.insecure |= args.insecure;
         if let Some(h) = args.health_listen {
             c.health_listen = Some(h);
+        }
+        if let Some(u) = &args.listen_unix {
+            c.listen_unix = Some(u.clone());
         }
         if let Some(m) = args.metrics_listen {
             c.metrics_listen = Some(m);

@@ -63,8 +63,10 @@ pub enum Error {
     /// A map name that is neither a path nor `id:N`.
     #[error("invalid map name {0:?}: give a path like \"demo/flows\" or \"id:12\"")]
     MapName(String),
-    /// A target that is not `host:port`.
-    #[error("invalid target {0:?}: give host:port, [IPv6]:port or a URL like http://host:port")]
+    /// A target that is neither `host:port` nor `unix:///PATH`.
+    #[error(
+        "invalid target {0:?}: give host:port, [IPv6]:port, a URL like http://host:port, or unix:///PATH for a Unix socket"
+    )]
     Target(String),
     /// The daemon sent a chunk that does not add up.
     #[error("server sent a malformed chunk: {0}")]

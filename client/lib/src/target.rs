@@ -5,17 +5,22 @@ use std::{fmt, str::FromStr};
 use crate::Error;
 
 /// One daemon of a fleet: `host:port` (a name, an IPv4 address, or an IPv6
-/// address in brackets). The scheme follows the connection: https with TLS.
+/// address in brackets), or a local daemon's Unix socket,
+/// `unix:///run/bpfmapd.sock`. The scheme of a TCP target follows the
+/// connection: https with TLS.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Target(String);
 
 impl Target {
     /// The URL to connect to.
     pub fn url(&self, tls: bool) -> String {
+        if self.0.starts_with("unix:") {
+            return self.0.clone();
+        }
         format!("{}://{}", if tls { "https" } else { "http" }, self.0)
     }
 
-    /// `host:port`.
+    /// `host:port`, or `unix:///PATH`.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -39,6 +44,15 @@ impl FromStr for Target {
     /// is dropped: TLS is a property of the fleet).
     fn from_str(s: &str) -> Result<Self, Error> {
         let bad = || Error::Target(s.to_owned());
+        if let Some(path) = s
+            .strip_prefix("unix://")
+            .or_else(|| s.strip_prefix("unix:"))
+        {
+            if !path.starts_with('/') || path.len() < 2 {
+                return Err(bad());
+            }
+            return Ok(Self(format!("unix://{path}")));
+        }
         let rest = s
             .strip_prefix("http://")
             .or_else(|| s.strip_prefix("https://"))
@@ -77,6 +91,8 @@ mod tests {
             ),
             ("https://[fd00::1]:50051/", "[fd00::1]:50051"),
             ("localhost:1", "localhost:1"),
+            ("unix:///run/bpfmapd.sock", "unix:///run/bpfmapd.sock"),
+            ("unix:/run/bpfmapd.sock", "unix:///run/bpfmapd.sock"),
         ] {
             assert_eq!(s.parse::<Target>().unwrap().as_str(), want, "{s}");
         }
@@ -89,11 +105,15 @@ mod tests {
             "a b:1",
             "x:y",
             "",
+            "unix:",
+            "unix://relative/path",
         ] {
             assert!(bad.parse::<Target>().is_err(), "{bad:?}");
         }
         let t: Target = "10.0.0.7:50051".parse().unwrap();
         assert_eq!(t.url(true), "https://10.0.0.7:50051");
         assert_eq!(t.url(false), "http://10.0.0.7:50051");
+        let u: Target = "unix:/run/bpfmapd.sock".parse().unwrap();
+        assert_eq!(u.url(false), "unix:///run/bpfmapd.sock");
     }
 }

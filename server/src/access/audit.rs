@@ -75,13 +75,13 @@ impl Record {
     }
 
     fn log(&self, code: Code) {
-        if code != Code::Ok && !HELD_BACK.admit(self.caller.peer.map(|p| p.ip()), code) {
+        if code != Code::Ok && !HELD_BACK.admit(origin_key(&self.caller), code) {
             return;
         }
         tracing::info!(
             target: "bpfmapd::audit",
             identity = %self.caller.identity,
-            peer = self.caller.peer.map(|p| p.to_string()).unwrap_or_default(),
+            peer = self.caller.origin(),
             method = %self.rpc,
             map = %self.map,
             entries = self.entries,
@@ -107,6 +107,33 @@ pub(crate) const INTERVAL: Duration = Duration::from_secs(10);
 /// Peers tracked at once; beyond, every count is written out and forgotten.
 const MAX_PEERS: usize = 4096;
 
+/// Whose failed calls are counted together: a peer address (any port), or
+/// a local process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Origin {
+    Addr(IpAddr),
+    Process(u32),
+    Unknown,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Addr(ip) => write!(f, "{ip}"),
+            Self::Process(pid) => write!(f, "pid:{pid}"),
+            Self::Unknown => Ok(()),
+        }
+    }
+}
+
+fn origin_key(caller: &Caller) -> Origin {
+    match (caller.peer, caller.process) {
+        (Some(addr), _) => Origin::Addr(addr.ip()),
+        (None, Some(pid)) => Origin::Process(pid),
+        (None, None) => Origin::Unknown,
+    }
+}
+
 static HELD_BACK: LazyLock<HeldBack> = LazyLock::new(HeldBack::default);
 
 /// Writes the summaries of intervals that are over (call it every
@@ -119,7 +146,7 @@ pub(crate) fn flush_held_back() {
 /// interval, and how many held back, by code.
 #[derive(Debug, Default)]
 struct HeldBack {
-    peers: Mutex<HashMap<Option<IpAddr>, PeerLines>>,
+    peers: Mutex<HashMap<Origin, PeerLines>>,
 }
 
 #[derive(Debug)]
@@ -131,7 +158,7 @@ struct PeerLines {
 
 impl HeldBack {
     /// Whether a failed call's line may be written; if not, it is counted.
-    fn admit(&self, peer: Option<IpAddr>, code: Code) -> bool {
+    fn admit(&self, peer: Origin, code: Code) -> bool {
         let mut peers = self.peers.lock().expect("audit lock");
         if peers.len() >= MAX_PEERS && !peers.contains_key(&peer) {
             drain(&mut peers, true);
@@ -164,7 +191,7 @@ impl HeldBack {
 
 /// Writes the summaries of the intervals that are over (all of them if
 /// `all`), and forgets those peers.
-fn drain(peers: &mut HashMap<Option<IpAddr>, PeerLines>, all: bool) {
+fn drain(peers: &mut HashMap<Origin, PeerLines>, all: bool) {
     peers.retain(|peer, lines| {
         if !all && lines.since.elapsed() < INTERVAL {
             return true;
@@ -175,7 +202,7 @@ fn drain(peers: &mut HashMap<Option<IpAddr>, PeerLines>, all: bool) {
 }
 
 impl PeerLines {
-    fn summarize(&mut self, peer: Option<IpAddr>) {
+    fn summarize(&mut self, peer: Origin) {
         if self.held.is_empty() {
             return;
         }
@@ -188,7 +215,7 @@ impl PeerLines {
             .join(" ");
         tracing::info!(
             target: "bpfmapd::audit",
-            peer = peer.map(|p| p.to_string()).unwrap_or_default(),
+            peer = %peer,
             calls,
             codes,
             interval_s = self.since.elapsed().as_secs_f64().min(INTERVAL.as_secs_f64() * 2.0),
@@ -205,8 +232,8 @@ mod tests {
     #[test]
     fn failed_calls_are_written_in_full_up_to_a_bound_per_peer() {
         let held = HeldBack::default();
-        let a: Option<IpAddr> = Some("10.0.0.1".parse().unwrap());
-        let b: Option<IpAddr> = Some("10.0.0.2".parse().unwrap());
+        let a = Origin::Addr("10.0.0.1".parse().unwrap());
+        let b = Origin::Process(7);
         let written = (0..100).filter(|_| held.admit(a, Code::Cancelled)).count();
         assert_eq!(written, FULL_LINES as usize);
         assert!(

@@ -1,7 +1,8 @@
 //! What callers may do: the policy.
 //!
 //! A rule's identity pattern is written as an [`Identity`]'s text form
-//! (`spiffe://...`, `dns:NAME`, `cn:NAME`, `anonymous`), so a pattern for
+//! (`spiffe://...`, `dns:NAME`, `cn:NAME`, `anonymous`, `uid:N` for local
+//! processes on the Unix socket), so a pattern for
 //! one kind never matches a name of another (a certificate whose CN reads
 //! `spiffe://...` is `cn:spiffe://...`, not that SPIFFE ID).
 //!
@@ -12,7 +13,9 @@
 //! named by path ("demo/flows") or, when reached by id, `id:N`.
 //!
 //! When no rule is configured and TLS is off (the loopback default),
-//! `anonymous` may do everything; with TLS and no rules, everything is denied.
+//! `anonymous` and local processes on the Unix socket may do everything;
+//! with TLS and no rules, everything is denied (local processes included:
+//! a rule for `uid:0` or `uid:*` lets them in).
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
@@ -61,7 +64,7 @@ pub(crate) enum PolicyError {
     },
     /// An identity pattern that does not say which kind of name it matches.
     #[error(
-        "identity pattern {pattern:?} in rule {rule} does not say which kind of name it matches: write spiffe://..., dns:NAME, cn:NAME or anonymous"
+        "identity pattern {pattern:?} in rule {rule} does not say which kind of name it matches: write spiffe://..., dns:NAME, cn:NAME, uid:N or anonymous"
     )]
     IdentityKind {
         /// Index of the rule (from 0).
@@ -95,7 +98,8 @@ fn check_identity_kind(pattern: &str, rule: usize) -> Result<(), PolicyError> {
     let typed = pattern == "anonymous"
         || pattern.starts_with("spiffe://")
         || pattern.starts_with("dns:")
-        || pattern.starts_with("cn:");
+        || pattern.starts_with("cn:")
+        || pattern.starts_with("uid:");
     if typed {
         Ok(())
     } else {

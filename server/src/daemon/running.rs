@@ -38,6 +38,8 @@ pub struct Running {
     /// Set when dumps in flight must end.
     pub(super) stop_dumps: watch::Sender<bool>,
     pub(super) tasks: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    /// The Unix socket's file, removed when the daemon is gone.
+    pub(super) _unix: Option<crate::net::SocketFile>,
 }
 
 impl Running {

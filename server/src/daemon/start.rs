@@ -16,7 +16,7 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 use tokio::{
-    net::TcpListener,
+    net::{TcpListener, UnixListener},
     sync::{mpsc, watch},
     task::JoinHandle,
 };
@@ -32,7 +32,10 @@ use crate::{
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
     maps::{Catalog, RenderRules},
     model::SERVICE_NAME,
-    net::{AcceptConfig, ConnRegistry, CountCalls, SharedTls, accept_loop, authenticate},
+    net::{
+        self, AcceptConfig, ConnRegistry, CountCalls, SharedTls, accept_loop, accept_unix_loop,
+        authenticate,
+    },
     ops::{self, Metrics, Reloader, SharedKeys, SharedPolicy},
     rpc::{MapServiceImpl, ServiceParts, health_service},
 };
@@ -268,8 +271,13 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         None => None,
     };
     let accept = core.accept(limits, reloadable.tls.clone());
+    let unix = match &config.listen_unix {
+        Some(path) => Some(net::bind_unix(path, config.listen_unix_group.as_deref())?),
+        None => None,
+    };
+    let (unix_listener, unix_file) = unix.unzip();
     tasks.push(serve_main(
-        listener,
+        (listener, unix_listener),
         (service, limits, accept),
         &reporter,
         &stopping,
@@ -281,6 +289,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     };
     tracing::info!(
         %addr,
+        unix = ?config.listen_unix,
         tls = reloadable.tls.is_some(),
         roots = ?config.roots,
         allow_by_id = config.allow_by_id,
@@ -305,6 +314,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         draining: stopping.draining,
         stop_dumps: stopping.stop_dumps,
         tasks,
+        _unix: unix_file,
     })
 }
 
@@ -354,7 +364,7 @@ async fn serve_health(
 /// The main listener: MapService, health and reflection, behind the
 /// connection limits, on the connections the accept loop hands over.
 fn serve_main(
-    listener: TcpListener,
+    (listener, unix): (TcpListener, Option<UnixListener>),
     (service, limits, accept): (MapServiceImpl, &Limits, AcceptConfig),
     reporter: &HealthReporter,
     stopping: &Stopping,
@@ -384,6 +394,15 @@ fn serve_main(
             authenticate,
         ));
     let (conn_tx, conn_rx) = mpsc::channel(64);
+    if let Some(unix) = unix {
+        tokio::spawn(accept_unix_loop(
+            unix,
+            accept.clone(),
+            conns.clone(),
+            conn_tx.clone(),
+            stopping.draining.subscribe(),
+        ));
+    }
     let accepting = tokio::spawn(accept_loop(
         listener,
         accept,

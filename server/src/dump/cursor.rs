@@ -478,11 +478,12 @@ fn identity_digest(identity: &Identity) -> [u8; 16] {
 
 /// The digest version-2 cursors bound: the name alone.
 fn legacy_identity_digest(identity: &Identity) -> [u8; 16] {
-    let name = match identity {
-        Identity::Anonymous => "anonymous",
-        Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => n,
-    };
-    digest16(name.as_bytes())
+    match identity {
+        Identity::Anonymous => digest16(b"anonymous"),
+        Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => digest16(n.as_bytes()),
+        // Newer than version 2: never bound by such a cursor.
+        Identity::Uid(_) => identity_digest(identity),
+    }
 }
 
 fn digest16(bytes: &[u8]) -> [u8; 16] {

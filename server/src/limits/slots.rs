@@ -23,14 +23,17 @@ use crate::{
     model::{Caller, Identity},
 };
 
-/// Whose dumps count against the per-caller limit: the identity, or for
-/// plaintext callers (all `anonymous`) the peer's address.
+/// Whose dumps count against the per-caller limit: the identity of a TLS
+/// caller, the process of a local caller on the Unix socket, or for
+/// plaintext TCP callers (all `anonymous`) the peer's address.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum SlotKey {
     /// An authenticated identity.
     Identity(Identity),
     /// An anonymous caller, by address.
     Peer(Option<IpAddr>),
+    /// A local process (and its user).
+    Process(u32, Option<u32>),
 }
 
 impl SlotKey {
@@ -38,6 +41,7 @@ impl SlotKey {
     pub(crate) fn of(caller: &Caller) -> Self {
         match &caller.identity {
             Identity::Anonymous => Self::Peer(caller.peer.map(|p| p.ip())),
+            Identity::Uid(uid) => Self::Process(*uid, caller.process),
             id => Self::Identity(id.clone()),
         }
     }
@@ -49,6 +53,8 @@ impl std::fmt::Display for SlotKey {
             Self::Identity(id) => write!(f, "{id}"),
             Self::Peer(Some(ip)) => write!(f, "anonymous caller {ip}"),
             Self::Peer(None) => f.write_str("anonymous caller"),
+            Self::Process(uid, Some(pid)) => write!(f, "local process {pid} (uid:{uid})"),
+            Self::Process(uid, None) => write!(f, "local caller uid:{uid}"),
         }
     }
 }
@@ -252,6 +258,7 @@ mod tests {
         Caller {
             identity,
             peer: Some(peer.parse().unwrap()),
+            process: None,
         }
     }
 

@@ -1,9 +1,11 @@
 //! Who calls, and what they ask to do.
 //!
 //! An [`Identity`] is typed: a SPIFFE ID (URI SAN), a DNS name (DNS SAN), a
-//! certificate subject CN, or `anonymous` (plaintext). Its text form says
+//! certificate subject CN, `anonymous` (plaintext TCP), or the user of a
+//! local process on the Unix socket (from `SO_PEERCRED`). Its text form says
 //! which: `spiffe://example.org/ops/alice`, `dns:bob.example.org`,
-//! `cn:carol`, `anonymous`; policy patterns are written the same way.
+//! `cn:carol`, `anonymous`, `uid:1000`; policy patterns are written the
+//! same way.
 
 use std::{fmt, net::SocketAddr, sync::Arc};
 
@@ -20,6 +22,9 @@ pub enum Identity {
     Dns(Arc<str>),
     /// The subject common name.
     Cn(Arc<str>),
+    /// A local process on the Unix socket, by its user id (verified by the
+    /// kernel: `SO_PEERCRED`).
+    Uid(u32),
 }
 
 impl fmt::Display for Identity {
@@ -29,6 +34,7 @@ impl fmt::Display for Identity {
             Self::Spiffe(uri) => f.write_str(uri),
             Self::Dns(name) => write!(f, "dns:{name}"),
             Self::Cn(name) => write!(f, "cn:{name}"),
+            Self::Uid(uid) => write!(f, "uid:{uid}"),
         }
     }
 }
@@ -38,8 +44,22 @@ impl fmt::Display for Identity {
 pub struct Caller {
     /// Who.
     pub identity: Identity,
-    /// From where.
+    /// From where (TCP).
     pub peer: Option<SocketAddr>,
+    /// The local process calling, on the Unix socket.
+    pub process: Option<u32>,
+}
+
+impl Caller {
+    /// Where the call comes from, for logs: the peer's address, or
+    /// `pid:N` for a local process.
+    pub fn origin(&self) -> String {
+        match (self.peer, self.process) {
+            (Some(addr), _) => addr.to_string(),
+            (None, Some(pid)) => format!("pid:{pid}"),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 /// What a caller wants to do.

@@ -15,8 +15,13 @@ pub(crate) fn authenticate(mut req: Request<()>) -> Result<Request<()>, Status> 
         .get::<ConnInfo>()
         .cloned()
         .unwrap_or_default();
+    let process = match info.transport {
+        Transport::Unix { pid, .. } => pid,
+        _ => None,
+    };
     let identity = match info.transport {
         Transport::Plaintext => Identity::Anonymous,
+        Transport::Unix { uid, .. } => Identity::Uid(uid),
         Transport::Tls {
             identity: Some(id), ..
         } => id,
@@ -36,6 +41,7 @@ pub(crate) fn authenticate(mut req: Request<()>) -> Result<Request<()>, Status> 
     req.extensions_mut().insert(Caller {
         identity,
         peer: info.remote,
+        process,
     });
     Ok(req)
 }

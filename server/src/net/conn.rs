@@ -1,6 +1,7 @@
-//! Connections: accepting them (TLS handshakes included), bounding how many
-//! are open, closing those that never speak or sit idle, and closing all of
-//! them when the server stops.
+//! Connections: accepting them (TLS handshakes included) on the TCP
+//! listener and on the Unix socket, bounding how many are open, closing
+//! those that never speak or sit idle, and closing all of them when the
+//! server stops.
 //!
 //! Every accepted connection is registered and watched:
 //! - it must send its first bytes (the HTTP/2 preface) within the handshake
@@ -40,7 +41,7 @@ use std::{
 use futures::task::AtomicWaker;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::{TcpListener, TcpStream},
+    net::{TcpListener, TcpStream, UnixListener, UnixStream},
     sync::{mpsc, watch},
 };
 use tonic::transport::server::Connected;
@@ -289,6 +290,7 @@ impl ConnRegistry {
 enum Io {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Unix(UnixStream),
     /// Handed over to be closed.
     Gone,
 }
@@ -345,6 +347,7 @@ impl AsyncRead for Conn {
         let res = match &mut this.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
             Io::Gone => return Poll::Ready(Err(killed())),
         };
         if matches!(res, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -369,6 +372,7 @@ impl Conn {
         match &mut self.io {
             Io::Plain(s) => Ok(Pin::new(s)),
             Io::Tls(s) => Ok(Pin::new(s.as_mut())),
+            Io::Unix(s) => Ok(Pin::new(s)),
             Io::Gone => Err(killed()),
         }
     }
@@ -436,6 +440,7 @@ async fn linger(io: Io) {
         match io {
             Io::Plain(s) => drain(s).await,
             Io::Tls(s) => drain(*s).await,
+            Io::Unix(s) => drain(s).await,
             Io::Gone => {}
         }
     };
@@ -506,6 +511,7 @@ impl AsyncWrite for Conn {
         match &self.io {
             Io::Plain(s) => s.is_write_vectored(),
             Io::Tls(s) => s.is_write_vectored(),
+            Io::Unix(s) => s.is_write_vectored(),
             Io::Gone => false,
         }
     }
@@ -656,28 +662,95 @@ async fn handshake(
             (Io::Tls(Box::new(stream)), Transport::Tls { identity })
         }
     };
-    tokio::spawn(watch_conn(
-        Arc::downgrade(&state),
-        remote,
-        config.handshake_timeout,
-        config.idle_timeout,
-        config.stall_timeout,
-        config.metrics.clone(),
-    ));
-    let conn = Conn {
-        io,
-        info: ConnInfo {
-            remote: Some(remote),
-            transport,
-            state: Some(state.clone()),
-        },
-        state,
-        written: Frames::from_server(),
-        read: Frames::from_client(),
-        goaway: None,
-        _registration: registration,
+    let info = ConnInfo {
+        remote: Some(remote),
+        transport,
+        state: Some(state.clone()),
     };
+    let conn = Conn::ready(io, info, (registration, state), &config);
     let _ = tx.send(Ok(conn)).await;
+}
+
+impl Conn {
+    /// A connection ready for HTTP/2, watched from now on.
+    fn ready(
+        io: Io,
+        info: ConnInfo,
+        (registration, state): (Registration, Arc<ConnState>),
+        config: &AcceptConfig,
+    ) -> Self {
+        let peer = match (&info.remote, &info.transport) {
+            (Some(addr), _) => addr.to_string(),
+            (None, Transport::Unix { pid: Some(pid), .. }) => format!("pid:{pid}"),
+            (None, _) => "local".to_owned(),
+        };
+        tokio::spawn(watch_conn(
+            Arc::downgrade(&state),
+            peer,
+            config.handshake_timeout,
+            config.idle_timeout,
+            config.stall_timeout,
+            config.metrics.clone(),
+        ));
+        Self {
+            io,
+            info,
+            state,
+            written: Frames::from_server(),
+            read: Frames::from_client(),
+            goaway: None,
+            _registration: registration,
+        }
+    }
+}
+
+/// Accepts connections on the Unix socket until shutdown and hands them to
+/// `tx`, each with its client's user and process as the kernel gives them
+/// (`SO_PEERCRED`). Connections count against the same limit as TCP ones.
+pub(crate) async fn accept_unix_loop(
+    listener: UnixListener,
+    config: AcceptConfig,
+    registry: ConnRegistry,
+    tx: mpsc::Sender<io::Result<Conn>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let accept_errors = Throttle::new(Duration::from_secs(5));
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let stream = match accepted.and_then(|(s, _)| s.peer_cred().map(|c| (s, c))) {
+            Ok((s, cred)) => (s, cred),
+            Err(e) => {
+                if let Some(held_back) = accept_errors.hit() {
+                    tracing::warn!(error = %e, held_back, "accept on the Unix socket failed");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (stream, cred) = stream;
+        let Some(registered) =
+            registry.register(config.max_connections, config.max_cancelled_calls)
+        else {
+            config.metrics.closed("limit");
+            continue;
+        };
+        let transport = Transport::Unix {
+            uid: cred.uid(),
+            pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+        };
+        let info = ConnInfo {
+            remote: None,
+            transport,
+            state: Some(registered.1.clone()),
+        };
+        let conn = Conn::ready(Io::Unix(stream), info, registered, &config);
+        if tx.send(Ok(conn)).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Closes a connection that sends nothing within `preface`, that has no call
@@ -685,7 +758,7 @@ async fn handshake(
 /// for `stall`. Ends when the connection is gone.
 async fn watch_conn(
     state: Weak<ConnState>,
-    remote: SocketAddr,
+    remote: String,
     preface: Duration,
     idle: Duration,
     stall: Duration,

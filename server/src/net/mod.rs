@@ -7,9 +7,11 @@ mod calls;
 mod conn;
 mod goaway;
 mod tls;
+mod unix;
 
 pub(crate) use authenticate::{authenticate, caller_of};
 pub(crate) use calls::CountCalls;
-pub(crate) use conn::{AcceptConfig, ConnInfo, ConnRegistry, accept_loop};
+pub(crate) use conn::{AcceptConfig, ConnInfo, ConnRegistry, accept_loop, accept_unix_loop};
 pub use tls::TlsFiles;
 pub(crate) use tls::{SharedTls, Transport, server_config};
+pub(crate) use unix::{SocketFile, bind as bind_unix};

@@ -146,6 +146,13 @@ pub(crate) enum Transport {
         /// The client's identity.
         identity: Option<Identity>,
     },
+    /// The Unix socket: a local process, as the kernel says.
+    Unix {
+        /// Its user.
+        uid: u32,
+        /// The process.
+        pid: Option<u32>,
+    },
 }
 
 /// The TLS configuration in force; replaced on reload.
