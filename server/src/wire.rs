@@ -27,6 +27,42 @@ pub(crate) fn entry_bytes(meta: &MapMeta, layout: pb::Layout, decoder: Option<&D
     }
 }
 
+/// About how many bytes one entry holds in memory in a message of `layout`
+/// until the transport has encoded it: in the packed layout the chunk's own
+/// buffers; in the entries layout an [`pb::Entry`] each, with its key and
+/// value allocated apart (the allocator's header and rounding counted), and
+/// its decoded forms in one buffer for the chunk. Small entries take several
+/// times their encoded size this way (a u64 -> u64 entry: 24 bytes encoded,
+/// about 250 in memory), which is what a queued chunk really costs.
+pub(crate) fn entry_memory(meta: &MapMeta, layout: pb::Layout, decoder: Option<&Decoder>) -> usize {
+    /// What the allocator takes for `n` bytes (glibc: an 8-byte header,
+    /// 16-byte granules, 32 bytes at least).
+    fn heap(n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (n + 8).next_multiple_of(16).max(32)
+        }
+    }
+    let data = meta.key_size as usize + meta.wire_value_size();
+    match layout {
+        pb::Layout::Packed => data.max(1),
+        pb::Layout::Entries => {
+            let values = if meta.per_cpu() {
+                let cpus = meta.possible_cpus.max(1) as usize;
+                let each = meta.wire_value_size() / cpus;
+                cpus * (std::mem::size_of::<Vec<u8>>() + heap(each))
+            } else {
+                heap(meta.wire_value_size())
+            };
+            std::mem::size_of::<pb::Entry>()
+                + heap(meta.key_size as usize)
+                + values
+                + decoder.map_or(0, |d| d.extra_bytes(meta))
+        }
+    }
+}
+
 /// The map reference of a request, validated.
 pub(crate) fn map_ref(r: Option<&pb::MapRef>) -> Result<MapRef, Error> {
     match r.and_then(|r| r.r#ref.as_ref()) {

@@ -17,7 +17,7 @@ use crate::{
     limits::{Budget, Reservation, Slot},
     maps::Decoder,
     model::MapRef,
-    wire::entry_bytes,
+    wire::{entry_bytes, entry_memory},
 };
 
 /// Entries per chunk, the first chunk's and every later one's: the hint
@@ -59,10 +59,13 @@ pub(crate) struct ChunkSizes {
     pub(crate) steady: u32,
 }
 
-/// Bytes one entry takes while queued: in the message, or in the kernel's
-/// layout while it is read, whichever is larger.
+/// Bytes one entry takes while queued: in the message (in memory, or
+/// encoded), or in the kernel's layout while it is read, whichever is
+/// larger.
 pub(super) fn per_entry(meta: &MapMeta, layout: pb::Layout, decoder: Option<&Decoder>) -> usize {
-    entry_bytes(meta, layout, decoder).max(meta.key_size as usize + meta.kernel_value_size())
+    entry_bytes(meta, layout, decoder)
+        .max(entry_memory(meta, layout, decoder))
+        .max(meta.key_size as usize + meta.kernel_value_size())
 }
 
 /// What a request asks of a dump.

@@ -335,7 +335,8 @@ impl MapServiceImpl {
         decoder: Option<&Decoder>,
         keys: usize,
     ) -> Result<usize, Error> {
-        let per_key = wire::entry_bytes(meta, pb::Layout::Entries, decoder);
+        let per_key = wire::entry_bytes(meta, pb::Layout::Entries, decoder)
+            .max(wire::entry_memory(meta, pb::Layout::Entries, decoder));
         let max = self.limits().max_message_bytes.min(self.limits().pool);
         if per_key > max {
             return Err(Error::EntryTooLarge {
