@@ -253,6 +253,12 @@ impl Core {
     }
 }
 
+/// Streams reset by their client before they were answered, pending at once
+/// on one connection (HTTP/2's own rapid-reset bound).
+const MAX_PENDING_RESETS: usize = 20;
+/// The largest header list of one request.
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+
 /// Starts serving on an already bound listener.
 pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<Running> {
     config.validate()?;
@@ -377,6 +383,12 @@ fn serve_main(
     let router = tonic::transport::Server::builder()
         .layer(CountCalls(metrics))
         .max_concurrent_streams(Some(limits.max_streams_per_connection))
+        // Streams a client resets before the daemon answered them, pending
+        // at once (the burst form of rapid reset: GOAWAY ENHANCE_YOUR_CALM
+        // past it; those reset after the answer are max_cancelled_calls'),
+        // and the headers of one request (431 or a reset above).
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
         .http2_max_local_error_reset_streams(Some(1024))
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
