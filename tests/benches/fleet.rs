@@ -8,33 +8,40 @@
 //! behind a proxy that delays every transfer by 5 ms each way, as a network
 //! would: there the overlap shows.
 //!
-//!     cargo bench -p bpfmap-tests --bench fleet      (as root)
+//! A third table dumps fleets of 100, 500 and 1,000 daemons with every
+//! fault at once ([`FaultyFleet`]: addresses where nothing listens, frozen
+//! daemons, certificates from another CA, black holes, 1 Mbit/s links,
+//! daemons killed and restarted mid-dump): the wall time against the
+//! slowest healthy target dumped alone, and the client's peak memory and
+//! open descriptors.
+//!
+//!     cargo bench -p bpfmap-tests --bench fleet              (as root)
+//!     cargo bench -p bpfmap-tests --bench fleet -- faults 100    (one section, one size)
+//!
+//! Sections: `local` (the first table), `delay` (the second), `faults`
+//! (the third); sizes of the third: numbers (default 100 500 1000), or
+//! `FLEET_SIZES=100,500`. `FLEET_RUNS` runs per size (default 3).
 
 use std::time::{Duration, Instant};
 
-use bpfmap_client::{ConnectOptions, Fleet, FleetDumpOptions, FleetEvent, FleetOptions, Target};
-use bpfmap_tests::{BpfFs, MapType, create_map, median, process::DaemonProcess, update_batch};
+use std::collections::HashMap;
+
+use bpfmap_client::{
+    ConnectOptions, DumpOptions, Fleet, FleetDumpOptions, FleetEvent, FleetOptions, Target,
+    TargetReport,
+};
+use bpfmap_tests::{
+    BpfFs, MapType, create_map,
+    fleet::{FaultyFleet, FdSampler, Kind, Tally},
+    median,
+    process::DaemonProcess,
+    update_batch,
+};
 use futures::StreamExt as _;
 
 const RUNS: usize = 5;
 const ENTRIES: u64 = 10_000;
 const HOSTS: usize = 25;
-
-/// Peak resident memory of this process since the last reset, in KiB.
-fn peak_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-fn reset_peak() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
 
 /// A TCP proxy on `listen` to `target` that holds every transfer for
 /// `delay` before passing it on, in both directions.
@@ -92,7 +99,47 @@ async fn dump(targets: &[Target], concurrency: usize) -> (Duration, u64) {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let sections: Vec<&str> = args
+        .iter()
+        .map(String::as_str)
+        .filter(|a| a.parse::<usize>().is_err())
+        .collect();
+    let mut sizes: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    if sizes.is_empty() {
+        sizes = std::env::var("FLEET_SIZES")
+            .unwrap_or_else(|_| "100,500,1000".into())
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .expect("FLEET_SIZES: numbers, comma-separated")
+            })
+            .collect();
+    }
+    let runs: usize =
+        std::env::var("FLEET_RUNS").map_or(3, |r| r.parse().expect("FLEET_RUNS: a number"));
+    let wants = |s: &str| sections.is_empty() || sections.contains(&s);
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    if wants("local") || wants("delay") {
+        local(&runtime, wants("local"), wants("delay"));
+    }
+    if wants("faults") {
+        let limit = bpfmap_tests::fleet::raise_fd_limit();
+        println!();
+        println!(
+            "fleets with every fault at once (4 addresses where nothing listens; among the daemons 4 frozen, 4 with a certificate from another CA, 3 behind a black hole, 3 behind a 1 Mbit/s link, 3 killed and restarted mid-dump); maps of 200-1,000 entries (8,000 behind the slow links, 200,000 on the restarted daemons); mutual TLS, concurrency {CONCURRENCY}, connect timeout 1 s, answer timeout 3 s; median of {runs} runs (descriptor limit {limit})"
+        );
+        for &n in &sizes {
+            faults(&runtime, n, runs);
+        }
+    }
+}
+
+fn local(runtime: &tokio::runtime::Runtime, local: bool, delayed_section: bool) {
     let port = bpfmap_tests::process::free_addr("127.0.0.1").port();
     let mut hosts = Vec::new();
     for n in 0..HOSTS {
@@ -123,6 +170,7 @@ fn main() {
     runtime.block_on(async {
         // Warm up every daemon and connection path once.
         dump(&targets, 32).await;
+        if local {
         let mut single = Vec::new();
         for t in &targets {
             single.push(dump(std::slice::from_ref(t), 1).await.0);
@@ -140,7 +188,7 @@ fn main() {
         for &n in &[1usize, 10, 25] {
             for &c in &[1usize, 8, 32] {
                 if n == 25 && c == 32 {
-                    reset_peak();
+                    bpfmap_tests::fleet::reset_peak();
                 }
                 let mut times = Vec::new();
                 let mut entries = 0;
@@ -150,7 +198,7 @@ fn main() {
                     entries = e;
                 }
                 if n == 25 && c == 32 {
-                    peak = peak_kib();
+                    peak = bpfmap_tests::fleet::peak_kib();
                 }
                 assert_eq!(entries, ENTRIES * n as u64);
                 let d = median(times);
@@ -163,6 +211,10 @@ fn main() {
             }
         }
         println!("  client peak resident memory during the 25-daemon runs (concurrency 32): {} MiB", peak / 1024);
+        }
+        if !delayed_section {
+            return;
+        }
 
         // The same daemons behind proxies that delay every transfer by 5 ms
         // each way.
@@ -199,5 +251,148 @@ fn main() {
                 );
             }
         }
+    });
+}
+
+/// Targets of the fault tables in flight at once.
+const CONCURRENCY: usize = 32;
+
+/// One fleet dump of `fleet` with the fault table's options, restarting
+/// its daemons of kind [`Kind::Restarted`] mid-dump: the time, each
+/// target's report and tally, and the most descriptors this process had
+/// open (before, and at the most) and its resident memory (before, and
+/// its peak) during the run.
+struct FaultRun {
+    took: Duration,
+    reports: HashMap<Target, TargetReport>,
+    tallies: HashMap<Target, Tally>,
+    fds: (usize, usize),
+    rss_kib: (u64, u64),
+}
+
+async fn fault_run(faulty: &mut FaultyFleet, targets: &[Target]) -> FaultRun {
+    let fleet = Fleet::new(
+        targets.iter().cloned(),
+        ConnectOptions::default()
+            .with_tls(faulty.client_tls())
+            .with_connect_timeout(Duration::from_secs(1)),
+    )
+    .with_options(
+        FleetOptions::default()
+            .with_concurrency(CONCURRENCY)
+            .with_answer_timeout(Duration::from_secs(3)),
+    );
+    let mut tallies = faulty.tallies();
+    let mut reports = HashMap::new();
+    let mut restarts = faulty.restarts();
+    let fds_before = bpfmap_tests::fleet::open_fds();
+    let rss_before = bpfmap_tests::fleet::rss_kib();
+    bpfmap_tests::fleet::reset_peak();
+    let sampler = FdSampler::start();
+    let t = Instant::now();
+    let mut run = fleet.dump(
+        &"fleet/conns".parse().unwrap(),
+        FleetDumpOptions::default().with_dump(DumpOptions::default().with_chunk_size(500)),
+    );
+    while let Some(event) = run.next().await {
+        match event {
+            FleetEvent::Answer { target, answer } => {
+                restarts.chunk_from(&target);
+                tallies
+                    .get_mut(&target)
+                    .expect("a target")
+                    .add(&answer.chunk);
+            }
+            FleetEvent::Done(r) => {
+                reports.insert(r.target.clone(), r);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let took = t.elapsed();
+    let (fds_peak, _) = sampler.stop();
+    let rss_peak = bpfmap_tests::fleet::peak_kib();
+    faulty.finish(restarts);
+    FaultRun {
+        took,
+        reports,
+        tallies,
+        fds: (fds_before, fds_peak),
+        rss_kib: (rss_before, rss_peak),
+    }
+}
+
+/// The fault table's row for `n` daemons.
+fn faults(runtime: &tokio::runtime::Runtime, n: usize, runs: usize) {
+    let t = Instant::now();
+    let mut faulty = FaultyFleet::start(bpfmap_tests::daemon_bin!(), n, "fleet/conns");
+    let started = t.elapsed();
+    let targets = faulty.targets();
+    runtime.block_on(async {
+        // Every healthy target alone (the restarted ones killed mid-dump
+        // too): the slowest.
+        let mut slowest = (Duration::ZERO, None);
+        let healthy: Vec<(Target, Kind)> = faulty
+            .hosts
+            .iter()
+            .filter(|h| h.kind.healthy())
+            .map(|h| (h.target.clone(), h.kind))
+            .collect();
+        for (t, kind) in &healthy {
+            let r = fault_run(&mut faulty, std::slice::from_ref(t)).await;
+            let report = &r.reports[t];
+            assert!(report.is_ok(), "{t} alone: {:?}", report.error);
+            if r.took > slowest.0 {
+                slowest = (r.took, Some(*kind));
+            }
+        }
+        let mut times = Vec::new();
+        // The most over the runs: (before the run, at the most, the most
+        // added during a run).
+        let (mut fds, mut rss) = ((0, 0, 0), (0, 0, 0));
+        let mut failed = 0;
+        for _ in 0..runs {
+            let r = fault_run(&mut faulty, &targets).await;
+            for host in &faulty.hosts {
+                let report = &r.reports[&host.target];
+                let tally = &r.tallies[&host.target];
+                if host.kind.healthy() {
+                    assert!(report.is_ok(), "{:?} {}: {:?}", host.kind, host.target, report.error);
+                    assert!(tally.exact(), "{:?} {}: {} of {} entries: {:?}", host.kind, host.target, tally.delivered, tally.expected(), tally.wrong);
+                } else {
+                    assert!(!report.is_ok(), "{:?} {}: no error", host.kind, host.target);
+                }
+            }
+            failed = r.reports.values().filter(|r| !r.is_ok()).count();
+            times.push(r.took);
+            fds = (
+                fds.0.max(r.fds.0),
+                fds.1.max(r.fds.1),
+                fds.2.max(r.fds.1.saturating_sub(r.fds.0)),
+            );
+            rss = (
+                rss.0.max(r.rss_kib.0),
+                rss.1.max(r.rss_kib.1),
+                rss.2.max(r.rss_kib.1.saturating_sub(r.rss_kib.0)),
+            );
+        }
+        let took = median(times);
+        println!(
+            "  {n:>5} daemons, {} targets (started in {:.1} s): {:.2} s, slowest healthy target alone {:.2} s ({:?}): {:.2}x; {failed} failed, each with its cause",
+            targets.len(),
+            started.as_secs_f64(),
+            took.as_secs_f64(),
+            slowest.0.as_secs_f64(),
+            slowest.1.expect("a healthy target"),
+            took.as_secs_f64() / slowest.0.as_secs_f64(),
+        );
+        println!(
+            "        client: peak resident memory {:.1} MiB, at most {:.1} MiB more than before a run; descriptors at most {}, at most {} more than before a run ({} before: the maps and the daemons' log pipes)",
+            rss.1 as f64 / 1024.0,
+            rss.2 as f64 / 1024.0,
+            fds.1,
+            fds.2,
+            fds.0,
+        );
     });
 }

@@ -17,7 +17,9 @@ use tempfile::TempDir;
 pub use bpfmap_kernel::{MapType, OwnedMap};
 
 pub mod dns;
+pub mod fleet;
 pub mod fuzz;
+pub mod netns;
 pub mod networking;
 pub mod pki;
 pub mod process;

@@ -27,7 +27,7 @@ use bpfmapd::{Config, Operation, RuleConfig};
 use futures::StreamExt as _;
 use serde_json::Value as Json;
 
-const READER: &str = "spiffe://example.org/fleet/reader";
+use bpfmap_tests::fleet::{FaultyFleet, Kind, READER};
 const MAP: &str = "fleet/conns";
 
 fn rules() -> Vec<RuleConfig> {
@@ -92,13 +92,7 @@ fn process_host(ip: &str, port: u16, pki: &Pki, n: u64, entries: u64) -> Host {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let (map, expected) = host_map(&fs, n, entries);
-    let files = pki.server_files();
-    let extra = format!(
-        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nclient_ca = \"{}\"\n[[rule]]\nidentities = [\"{READER}\"]\nmaps = [\"fleet/**\"]\noperations = [\"list\", \"dump\", \"lookup\"]\n",
-        files.cert.display(),
-        files.key.display(),
-        files.client_ca.display()
-    );
+    let extra = bpfmap_tests::fleet::tls_config(pki);
     let process = DaemonProcess::start(
         daemon_bin!(),
         fs.path(),
@@ -181,6 +175,7 @@ async fn dump(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries() {
+    let _shared = MEASURED.read().await;
     let pki = Pki::new();
     let port = common_port();
     // 20 healthy hosts, 127.0.0.2 to .21, each with its own entries.
@@ -398,6 +393,7 @@ async fn a_fleet_of_daemons_with_faults_delivers_each_host_exactly_its_entries()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_fleet_dump_stops_every_daemon_s_dump() {
+    let _shared = MEASURED.read().await;
     let pki = Pki::new();
     let port = common_port();
     let mut hosts = Vec::new();
@@ -469,6 +465,7 @@ async fn dropping_a_fleet_dump_stops_every_daemon_s_dump() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
+    let _shared = MEASURED.read().await;
     let pki = Pki::new();
     let port = common_port();
     // 22 daemons on one port, found by one name (A records); one more name
@@ -641,6 +638,7 @@ async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_fleet_dump_completes_later_from_another_process() {
+    let _shared = MEASURED.read().await;
     // Plaintext on loopback: the daemons run in this process, bpfmapctl as a
     // process of its own (interrupted with SIGINT, then started again).
     let port = common_port();
@@ -737,5 +735,209 @@ async fn an_interrupted_fleet_dump_completes_later_from_another_process() {
             .unwrap()
             .values()
             .all(|t| t["done"] == true)
+    );
+}
+
+/// The tests that measure this process (its memory, its descriptors) run
+/// alone; the others share.
+static MEASURED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_daemons_with_every_fault_at_once_each_named_with_its_cause() {
+    let _alone = MEASURED.write().await;
+    bpfmap_tests::netns::require_iproute2();
+    const CONCURRENCY: usize = 32;
+    const ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
+    // 204 targets: 200 daemons, 4 addresses where nothing listens.
+    let t = Instant::now();
+    let mut faulty = FaultyFleet::start(daemon_bin!(), 200, MAP);
+    eprintln!(
+        "{} daemons started in {:?}",
+        faulty.hosts.iter().filter(|h| h.process.is_some()).count(),
+        t.elapsed()
+    );
+    let mut restarts = faulty.restarts();
+    let fleet = Fleet::new(
+        faulty.targets(),
+        ConnectOptions::default()
+            .with_tls(faulty.client_tls())
+            .with_connect_timeout(Duration::from_secs(1)),
+    )
+    .with_options(
+        FleetOptions::default()
+            .with_concurrency(CONCURRENCY)
+            .with_answer_timeout(ANSWER_TIMEOUT),
+    );
+    let mut tallies = faulty.tallies();
+    let mut results: HashMap<Target, TargetReport> = HashMap::new();
+    let fds_before = bpfmap_tests::fleet::fd_kinds();
+    let fds_count: usize = fds_before.values().sum();
+    let rss_before = bpfmap_tests::fleet::rss_kib();
+    bpfmap_tests::fleet::reset_peak();
+    let sampler = bpfmap_tests::fleet::FdSampler::start();
+    let t = Instant::now();
+    let mut run = fleet.dump(
+        &MAP.parse::<MapName>().unwrap(),
+        FleetDumpOptions::default().with_dump(DumpOptions::default().with_chunk_size(500)),
+    );
+    while let Some(event) = run.next().await {
+        match event {
+            FleetEvent::Answer { target, answer } => {
+                restarts.chunk_from(&target);
+                tallies
+                    .get_mut(&target)
+                    .expect("a target of the fleet")
+                    .add(&answer.chunk);
+            }
+            FleetEvent::Done(report) => {
+                let target = report.target.clone();
+                assert!(results.insert(target, report).is_none(), "two reports");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let took = t.elapsed();
+    let (fds_peak, fds_at_peak) = sampler.stop();
+    let rss_peak = bpfmap_tests::fleet::peak_kib();
+    let not_killed = faulty.finish(restarts);
+    assert!(
+        not_killed.is_empty(),
+        "{not_killed:?}: the daemons to kill mid-dump sent no chunk"
+    );
+    let hosts = &faulty.hosts;
+    let slowest = hosts
+        .iter()
+        .filter(|h| h.kind.healthy())
+        .map(|h| (results[&h.target].elapsed, &h.target))
+        .max()
+        .unwrap();
+    eprintln!(
+        "{} targets in {took:?} (slowest healthy target {} {:?}); client: {} more descriptors at most ({} before: {fds_before:?}; at the most: {fds_at_peak:?}), peak resident memory {} MiB ({} MiB before)",
+        results.len(),
+        slowest.1,
+        slowest.0,
+        fds_peak.saturating_sub(fds_count),
+        fds_count,
+        rss_peak / 1024,
+        rss_before / 1024
+    );
+    for host in hosts.iter().filter(|h| h.kind != Kind::Healthy) {
+        let r = results
+            .get(&host.target)
+            .unwrap_or_else(|| panic!("{}: no report", host.target));
+        eprintln!(
+            "  {:?} {} {:?} after {:?}: {}",
+            host.kind,
+            host.target,
+            r.code(),
+            r.elapsed,
+            text(r)
+        );
+    }
+    assert_eq!(results.len(), hosts.len(), "a report per target");
+
+    // Every healthy host: its own entries, each once.
+    for host in hosts.iter().filter(|h| h.kind.healthy()) {
+        let (r, tally) = (&results[&host.target], &tallies[&host.target]);
+        let t = &host.target;
+        assert_eq!(r.code(), Code::Ok, "{:?} {t}: {}", host.kind, text(r));
+        assert!(r.complete, "{t}");
+        assert_eq!(r.entries, host.keys.1, "{t}");
+        assert!(
+            tally.exact(),
+            "{:?} {t}: {} entries delivered, not its map's {} each once: {:?}",
+            host.kind,
+            tally.delivered,
+            host.keys.1,
+            tally.wrong
+        );
+        if host.kind == Kind::Restarted {
+            assert!(r.resumes >= 1, "{t}: killed mid-dump, yet no resume");
+        }
+    }
+    // Every failure, named with its cause.
+    let chain = |e: &bpfmap_client::Error| -> Vec<String> {
+        std::iter::successors(Some(e as &dyn std::error::Error), |e| e.source())
+            .map(|e| format!("{e} / {e:?}"))
+            .collect()
+    };
+    for host in hosts.iter().filter(|h| !h.kind.healthy()) {
+        let r = &results[&host.target];
+        let (t, why) = (&host.target, text(r));
+        let e = r
+            .error
+            .as_ref()
+            .unwrap_or_else(|| panic!("{:?} {t}: no error", host.kind));
+        let io_kind = std::iter::successors(std::error::Error::source(e), |e| e.source())
+            .find_map(|e| e.downcast_ref::<std::io::Error>())
+            .map(std::io::Error::kind);
+        match host.kind {
+            Kind::Dead => {
+                assert_eq!(r.code(), Code::Unavailable, "dead {t}: {why}");
+                assert_eq!(
+                    io_kind,
+                    Some(std::io::ErrorKind::ConnectionRefused),
+                    "dead {t}: {why}: {:?}",
+                    chain(e)
+                );
+            }
+            Kind::Frozen => {
+                assert_eq!(r.code(), Code::DeadlineExceeded, "frozen {t}: {why}");
+                assert!(why.contains("no answer within 3 s"), "frozen {t}: {why}");
+            }
+            Kind::BlackHole => {
+                // Connecting timed out (the connect timeout), again and
+                // again until the answer timeout.
+                assert_eq!(r.code(), Code::Unavailable, "black hole {t}: {why}");
+                assert_eq!(
+                    io_kind,
+                    Some(std::io::ErrorKind::TimedOut),
+                    "black hole {t}: {why}: {:?}",
+                    chain(e)
+                );
+                assert!(
+                    why.contains("tcp connect error") && why.contains("still failing after 3 s"),
+                    "black hole {t}: {why}"
+                );
+            }
+            Kind::OtherCa => {
+                assert_eq!(r.code(), Code::Unavailable, "another CA {t}: {why}");
+                assert!(
+                    why.contains("invalid peer certificate"),
+                    "another CA {t}: {why}"
+                );
+            }
+            _ => unreachable!(),
+        }
+        assert!(
+            r.elapsed <= ANSWER_TIMEOUT + Duration::from_secs(1),
+            "{:?} {t} held its slot for {:?}",
+            host.kind,
+            r.elapsed
+        );
+    }
+
+    // The run: a failing target costs its answer timeout, in parallel with
+    // the rest, not after it.
+    let bound = ANSWER_TIMEOUT + slowest.0 + Duration::from_secs(5);
+    assert!(
+        took <= bound,
+        "the run took {took:?}: more than the answer timeout ({ANSWER_TIMEOUT:?}) and the slowest healthy target ({:?}) and 5 s",
+        slowest.0
+    );
+    // The client's descriptors and memory follow the targets in flight, not
+    // the targets.
+    let more_fds = fds_peak.saturating_sub(fds_count);
+    assert!(
+        more_fds <= CONCURRENCY + 16,
+        "{more_fds} descriptors opened at once by a run of {} targets, {CONCURRENCY} at a time (before: {fds_before:?}; at the most: {fds_at_peak:?})",
+        hosts.len()
+    );
+    let more_kib = rss_peak.saturating_sub(rss_before);
+    assert!(
+        more_kib <= 64 << 10,
+        "the client's resident memory grew by {} MiB during a run of {} targets, {CONCURRENCY} at a time",
+        more_kib / 1024,
+        hosts.len()
     );
 }
