@@ -122,6 +122,12 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Lookups running at once.
     pub max_lookups: usize,
+    /// A filter whose evaluation costs more than this many times the walk
+    /// it filters (past 200 ms of evaluation) ends its call with
+    /// RESOURCE_EXHAUSTED (0: no bound).
+    pub max_filter_cost: u32,
+    /// Groups one AggregateMap call may hold (RESOURCE_EXHAUSTED beyond).
+    pub max_groups: usize,
     /// On shutdown, dumps in flight get this long to finish before they end
     /// with UNAVAILABLE.
     #[serde(with = "humantime_serde")]
@@ -150,6 +156,8 @@ impl Default for Limits {
             max_queued_bytes: 48 << 20,
             max_message_bytes: 64 << 20,
             max_lookups: 16,
+            max_filter_cost: 8,
+            max_groups: 100_000,
             shutdown_grace: Duration::from_secs(2),
             shutdown_grace_secs: None,
         }

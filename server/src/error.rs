@@ -77,6 +77,9 @@ pub(crate) enum Error {
     /// The server is stopping.
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,
+    /// The client went away before the call ended.
+    #[error("the client cancelled the call")]
+    Cancelled,
     /// The client took no chunk for the stall timeout.
     #[error(
         "the client took no chunk for {secs} s, so the stream was ended; resume from the last cursor received"

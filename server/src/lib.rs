@@ -33,6 +33,7 @@ mod maps;
 pub mod model;
 mod net;
 mod ops;
+pub mod query;
 mod rpc;
 mod wire;
 

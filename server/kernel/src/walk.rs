@@ -210,6 +210,17 @@ impl<O: MapOps> Walker<O> {
         &self.pos
     }
 
+    /// Goes back to `pos`, a position this walk stood at, to read again
+    /// from there as a walk made from it would.
+    pub fn rewind(&mut self, pos: Position) {
+        self.from = match &pos {
+            Position::After(k) if order_of(&self.meta).is_some() => Some(k.clone()),
+            _ => None,
+        };
+        self.recent.clear();
+        self.pos = pos;
+    }
+
     /// The map being walked.
     pub fn meta(&self) -> &MapMeta {
         &self.meta

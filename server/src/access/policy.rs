@@ -144,8 +144,13 @@ impl Policy {
             return true;
         }
         let (identity, map) = (identity.to_string(), map.to_string());
+        // Totals are less than the entries they total: `dump` implies
+        // `aggregate`.
+        let grants = |ops: &[Operation]| {
+            ops.contains(&op) || op == Operation::Aggregate && ops.contains(&Operation::Dump)
+        };
         self.rules.iter().any(|r| {
-            r.operations.contains(&op) && r.identities.is_match(&identity) && r.maps.is_match(&map)
+            grants(&r.operations) && r.identities.is_match(&identity) && r.maps.is_match(&map)
         })
     }
 }

@@ -225,6 +225,7 @@ impl Core {
             policy: r.policy.clone(),
             slots: self.slots.clone(),
             lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
+            max_groups: limits.max_groups,
             pool: self.budget.clone(),
             trimmer: Trimmer::default(),
             dumps: DumpEnv {
@@ -234,6 +235,7 @@ impl Core {
                 limits: self.dump_limits,
                 slots: self.slots.clone(),
                 max_slot_hold: limits.max_slot_hold,
+                max_filter_cost: limits.max_filter_cost,
             },
             draining: stopping.draining.subscribe(),
             metrics: self.metrics.clone(),

@@ -1,7 +1,9 @@
 //! Opaque, authenticated resume tokens.
 //!
 //! A cursor binds the map reference it was issued for, the map's kernel id
-//! and fingerprint (type, sizes, flags, name) and the walk position. It is
+//! and fingerprint (type, sizes, flags, name), the query of a filtered or
+//! projected dump (a digest of its filter and fields) and the walk
+//! position. It is
 //! sealed with ChaCha20-Poly1305 under a key kept in the state directory, so
 //! it survives daemon restarts, and a client can neither read, forge nor
 //! alter one. The encoding is the letter "c" then URL-safe base64 of a random
@@ -49,6 +51,8 @@ pub(crate) struct Binding {
     map: MapRef,
     map_id: u32,
     fingerprint: [u8; 8],
+    /// The digest of the dump's filter and fields, if it has any.
+    query: Option<[u8; 16]>,
 }
 
 impl Binding {
@@ -60,6 +64,7 @@ impl Binding {
             map: map.clone(),
             map_id: meta.id,
             fingerprint: meta.fingerprint(),
+            query: None,
         }
     }
 }
@@ -80,6 +85,12 @@ impl Sealer {
         }
     }
 
+    /// The same, for a dump with this query digest (filter and fields).
+    pub(crate) fn with_query(mut self, query: Option<[u8; 16]>) -> Self {
+        self.binding.query = query;
+        self
+    }
+
     /// The cursor that resumes at `position`.
     pub(crate) fn seal(&self, position: &Position) -> String {
         self.key.seal(&self.binding, position)
@@ -93,10 +104,21 @@ pub(crate) struct Opened {
     map: MapRef,
     map_id: u32,
     fingerprint: [u8; 8],
+    query: Option<[u8; 16]>,
     position: Position,
 }
 
 impl Opened {
+    /// INVALID_ARGUMENT unless the cursor was issued for a dump with the
+    /// same filter and fields (`query`: their digest).
+    pub(crate) fn check_query(&self, query: Option<[u8; 16]>) -> Result<(), CursorError> {
+        if self.query == query {
+            Ok(())
+        } else {
+            Err(CursorError::OtherQuery)
+        }
+    }
+
     /// The position to resume from, unless the map behind the reference was
     /// replaced since the cursor was issued.
     pub(crate) fn resume(self, meta: &MapMeta) -> Result<Position, CursorError> {
@@ -142,6 +164,11 @@ pub(crate) enum CursorError {
         /// The reference in the request.
         requested: MapRef,
     },
+    /// Issued for a dump with another filter or other fields.
+    #[error(
+        "cursor was issued for a dump with another filter or other fields: resume with the ones it was issued with, or start over without a cursor"
+    )]
+    OtherQuery,
     /// The map behind the reference is not the one the cursor was issued for.
     #[error(
         "map {map} was replaced since the cursor was issued ({detail}); restart the dump without a cursor"
@@ -315,6 +342,9 @@ impl CursorKey {
             }
             Position::End => buf.push(2),
         }
+        if let Some(q) = &binding.query {
+            buf.extend_from_slice(q);
+        }
         let mut nonce = [0u8; NONCE_LEN];
         self.rng.fill(&mut nonce).expect("system randomness");
         self.key
@@ -418,9 +448,12 @@ impl CursorKey {
             2 => Position::End,
             _ => return Err(CursorError::Malformed),
         };
-        if !r.0.is_empty() {
-            return Err(CursorError::Malformed);
-        }
+        // A filtered or projected dump's query, after the position.
+        let query = match r.0.len() {
+            0 => None,
+            16 => Some(r.take(16)?.try_into().expect("16 bytes")),
+            _ => return Err(CursorError::Malformed),
+        };
         Ok((
             identity,
             version,
@@ -428,6 +461,7 @@ impl CursorKey {
                 map,
                 map_id,
                 fingerprint,
+                query,
                 position,
             },
         ))

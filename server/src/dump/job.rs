@@ -1,6 +1,6 @@
 //! A dump ready to run: its walker, its chunk sizes, its limits.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bpfmap_kernel::{
     MapHandle, MapMeta, MapOps,
@@ -17,6 +17,7 @@ use crate::{
     limits::{Budget, Reservation, Slot},
     maps::Decoder,
     model::MapRef,
+    query::Query,
     wire::{entry_bytes, entry_memory},
 };
 
@@ -77,8 +78,11 @@ pub(crate) struct Options {
     pub(crate) decoder: Option<Decoder>,
     /// Entries per chunk, a hint (0: the default).
     pub(crate) chunk_hint: u32,
-    /// Stop after this many entries (0: no limit).
+    /// Stop after this many entries (0: no limit); with a filter, this many
+    /// matching entries.
     pub(crate) limit: u64,
+    /// A filter and a projection, if the request has them.
+    pub(crate) query: Option<Arc<Query>>,
 }
 
 /// A dump ready to run, of a map read through `M` (the kernel's map; a
@@ -91,6 +95,7 @@ pub(crate) struct DumpJob<M = MapHandle> {
     pub(super) decoder: Option<Decoder>,
     pub(super) chunk: ChunkSizes,
     pub(super) limit: u64,
+    pub(super) query: Option<Arc<Query>>,
     pub(super) sealer: Sealer,
     pub(super) slot: Option<Slot>,
     /// For entries too large for a dump's share: their memory, from the
@@ -154,6 +159,7 @@ impl<M: MapOps> DumpJob<M> {
             decoder: options.decoder,
             chunk,
             limit: options.limit,
+            query: options.query,
             sealer,
             slot: None,
             large,

@@ -20,8 +20,12 @@ use crate::{
     limits::{DumpSlots, Reservation, Share, Slot},
     maps::Decoder,
     model::MapRef,
+    query::{CostMeter, Query, projected_meta, projection_message},
     wire::{ChunkMessage, IntoProto as _},
 };
+
+/// How long a filtered dump may go without sending its cursor.
+const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// What every dump shares.
 #[derive(Debug, Clone)]
@@ -38,6 +42,8 @@ pub(crate) struct DumpEnv {
     pub(crate) slots: Arc<DumpSlots>,
     /// How long a dump may hold its slot while others wait.
     pub(crate) max_slot_hold: Duration,
+    /// How many times the walk a filter's evaluation may cost.
+    pub(crate) max_filter_cost: u32,
 }
 
 impl DumpEnv {
@@ -120,6 +126,12 @@ struct Producer<M> {
     decoder: Option<Decoder>,
     chunk: ChunkSizes,
     limit: u64,
+    /// A filter and a projection, and what they cost.
+    query: Option<Arc<Query>>,
+    meter: CostMeter,
+    /// The description of projected records (a projection's messages are
+    /// built with it).
+    projected: Option<MapMeta>,
     sealer: Sealer,
     slot: Option<Slot>,
     large: bool,
@@ -129,9 +141,13 @@ struct Producer<M> {
     tx: mpsc::Sender<Queued>,
     share: Arc<Share>,
     env: DumpEnv,
-    /// Entries and chunks queued so far.
+    /// Entries and chunks queued so far, and entries read.
     sent: u64,
     chunks: u64,
+    scanned: u64,
+    /// When a message was last queued (a filter that matches nothing for a
+    /// while still sends its cursor).
+    last_queued: Instant,
     /// The walker's counters when last added to the shared ones.
     seen: WalkStats,
     /// The next chunk's size (the slow start).
@@ -147,6 +163,11 @@ impl<M: MapOps> Producer<M> {
         env: DumpEnv,
     ) -> Self {
         let meta = job.walker.meta().clone();
+        let projected = job
+            .query
+            .as_ref()
+            .and_then(|q| q.projection.as_ref())
+            .map(|p| projected_meta(&meta, p));
         let per_entry = per_entry(&meta, job.layout, job.decoder.as_ref());
         // A limit that fits one chunk is read at once: the slow start is
         // for the first entries of a long dump.
@@ -164,6 +185,9 @@ impl<M: MapOps> Producer<M> {
             decoder: job.decoder,
             chunk: job.chunk,
             limit: job.limit,
+            meter: CostMeter::new(env.max_filter_cost),
+            projected,
+            query: job.query,
             sealer: job.sealer,
             slot: job.slot,
             large: job.large.is_some(),
@@ -175,6 +199,8 @@ impl<M: MapOps> Producer<M> {
             env,
             sent: 0,
             chunks: 0,
+            scanned: 0,
+            last_queued: Instant::now(),
             next,
         }
     }
@@ -195,30 +221,36 @@ impl<M: MapOps> Producer<M> {
     }
 
     async fn produce(&mut self) -> Result<(), Error> {
+        let filtered = self.query.as_ref().is_some_and(|q| q.filter.is_some());
         loop {
             if !self.may_go_on()? {
                 return Ok(());
             }
             let remaining = (self.limit != 0).then(|| self.limit - self.sent);
-            let (want, reservation) = self.reserve_next(remaining).await?;
+            // A filtered dump reads whole chunks whatever its limit: the
+            // limit counts matches.
+            let asked = if filtered { None } else { remaining };
+            let (want, reservation) = self.reserve_next(asked).await?;
             // Past the first chunk of a limited call, stop short of a hash
             // bucket that would overshoot the limit: the next call gets it
             // whole.
-            let cap = remaining
+            let cap = asked
                 .filter(|_| self.sent > 0)
                 .map(|r| r.min(u64::from(u32::MAX)) as u32);
-            let read = read_chunk(&mut self.walker, want, cap);
-            self.count_reads();
-            let chunk = read.map_err(|e| Error::from_walk(&self.map, e))?;
+            let chunk = self.read(want, cap, remaining)?;
             let position = self.walker.position().clone();
             let complete = position == Position::End;
-            // An empty chunk short of the end: the next bucket would
-            // overshoot.
+            let got = chunk.as_ref().map_or(0, |c| c.count as u64);
+            // Unfiltered, an empty chunk short of the end: the next bucket
+            // would overshoot.
             let limit_reached = self.limit != 0
-                && (self.sent + chunk.as_ref().map_or(0, |c| c.count as u64) >= self.limit
-                    || chunk.as_ref().is_some_and(|c| c.count == 0) && !complete);
+                && (self.sent + got >= self.limit || !filtered && got == 0 && !complete);
             let cursor = self.sealer.seal(&position);
-            if let Some(c) = chunk.filter(|c| c.count > 0)
+            // A filter that matched nothing for a while still sends where
+            // the walk stands, so that a resumed dump does not read it again.
+            let heartbeat = filtered && self.last_queued.elapsed() >= HEARTBEAT;
+            let chunk = chunk.filter(|c| c.count > 0 || heartbeat && !complete && !limit_reached);
+            if let Some(c) = chunk
                 && !self.queue_chunk(c, cursor.clone(), reservation).await?
             {
                 return Ok(());
@@ -227,6 +259,48 @@ impl<M: MapOps> Producer<M> {
                 return self.queue_summary(cursor, complete).await;
             }
         }
+    }
+
+    /// Reads the next chunk, filtered: at most `remaining` matches (the
+    /// walk goes back and reads only up to the last of them when one read
+    /// finds more), within what the filter may cost.
+    fn read(
+        &mut self,
+        want: u32,
+        cap: Option<u32>,
+        remaining: Option<u64>,
+    ) -> Result<Option<Chunk>, Error> {
+        let before = self.query.is_some().then(|| self.walker.position().clone());
+        let started = Instant::now();
+        let read = read_chunk(&mut self.walker, want, cap);
+        let reading = started.elapsed();
+        self.count_reads();
+        let mut chunk = read.map_err(|e| Error::from_walk(&self.map, e))?;
+        let (Some(q), Some(c)) = (self.query.clone(), chunk.as_mut()) else {
+            self.scanned += chunk.as_ref().map_or(0, |c| c.count as u64);
+            return Ok(chunk);
+        };
+        let read_count = c.count;
+        let evaluating = Instant::now();
+        let looked = q.keep_matching(c, remaining);
+        self.scanned += looked as u64;
+        if looked < read_count
+            && let Some(before) = before
+        {
+            // The limit was reached inside the chunk: read again up to the
+            // last match, so that the cursor resumes right after it.
+            self.walker.rewind(before);
+            let again = read_chunk(&mut self.walker, looked as u32, Some(looked as u32));
+            self.count_reads();
+            chunk = again.map_err(|e| Error::from_walk(&self.map, e))?;
+            if let Some(c) = chunk.as_mut() {
+                q.keep_matching(c, None);
+            }
+        }
+        self.meter
+            .add(reading, evaluating.elapsed())
+            .map_err(Error::ResourceExhausted)?;
+        Ok(chunk.map(|c| q.project(c, &self.meta).0))
     }
 
     /// Whether to read on: not once the server stops (UNAVAILABLE), the
@@ -309,14 +383,20 @@ impl<M: MapOps> Producer<M> {
         if let Some(r) = reservation.as_mut() {
             self.share.grow(r, bytes.saturating_sub(r.bytes()));
         }
-        let msg = ChunkMessage {
-            meta: &self.meta,
+        let mut msg = ChunkMessage {
+            meta: self.projected.as_ref().unwrap_or(&self.meta),
             chunk: c,
             layout: self.layout,
             decoder: self.decoder.as_ref(),
             cursor,
         }
         .into_proto();
+        if self.chunks == 0
+            && let Some(p) = self.query.as_ref().and_then(|q| q.projection.as_ref())
+        {
+            msg.projection = Some(projection_message(p));
+        }
+        self.last_queued = Instant::now();
         let waiter = (&self.tx, &mut self.env, self.slot.as_ref());
         if !send(waiter, msg, reservation).await? {
             return Ok(false);
@@ -333,11 +413,19 @@ impl<M: MapOps> Producer<M> {
             chunks: self.chunks,
             elapsed: prost_types::Duration::try_from(self.started.elapsed()).ok(),
             complete,
+            entries_scanned: self.scanned,
         };
         let last = pb::DumpMapResponse {
             cursor,
             done: true,
             summary: Some(summary),
+            // A projection that sent no chunk still says what it is.
+            projection: self
+                .query
+                .as_ref()
+                .and_then(|q| q.projection.as_ref())
+                .filter(|_| self.chunks == 0)
+                .map(projection_message),
             ..Default::default()
         };
         // The walk is over: the slot is free for others.
@@ -524,6 +612,7 @@ mod tests {
             },
             slots: Arc::new(DumpSlots::new(4, 4)),
             max_slot_hold: Duration::from_secs(60),
+            max_filter_cost: 8,
         };
         (env, stop_tx)
     }
@@ -549,6 +638,7 @@ mod tests {
             decoder: None,
             chunk_hint: chunk,
             limit,
+            query: None,
         };
         let job = DumpJob::new(
             map,

@@ -270,6 +270,15 @@ impl Decoder {
         }))
     }
 
+    /// Decodes keys and values (not per-CPU) through these layouts: a
+    /// projection's records.
+    pub(crate) fn typed(key: Option<Arc<Layout>>, value: Arc<Layout>) -> Self {
+        Self {
+            key,
+            value: ValueDecoding::Typed(value),
+        }
+    }
+
     /// About how many more bytes an entry takes with its decoded forms.
     pub(crate) fn extra_bytes(&self, meta: &MapMeta) -> usize {
         let key = self.key.as_ref().map_or(0, |l| l.encoded_size_hint());

@@ -72,6 +72,8 @@ pub enum Operation {
     Dump,
     /// Lookup.
     Lookup,
+    /// AggregateMap: totals without the entries (implied by `dump`).
+    Aggregate,
 }
 
 impl Operation {
@@ -81,6 +83,7 @@ impl Operation {
             Self::List => "list",
             Self::Dump => "dump",
             Self::Lookup => "look up keys in",
+            Self::Aggregate => "aggregate",
         }
     }
 }

@@ -17,6 +17,8 @@ pub enum Rpc {
     DumpMap,
     /// MapService/Lookup.
     Lookup,
+    /// MapService/AggregateMap.
+    AggregateMap,
     /// grpc.health.v1.Health/Check.
     HealthCheck,
     /// grpc.health.v1.Health/Watch.
@@ -51,11 +53,12 @@ impl RpcKind {
 
 impl Rpc {
     /// Every RPC.
-    pub const ALL: [Rpc; 8] = [
+    pub const ALL: [Rpc; 9] = [
         Self::ListMaps,
         Self::GetMap,
         Self::DumpMap,
         Self::Lookup,
+        Self::AggregateMap,
         Self::HealthCheck,
         Self::HealthWatch,
         Self::ReflectionV1,
@@ -65,7 +68,9 @@ impl Rpc {
     /// The service ("bpfmap.v1.MapService").
     pub fn service(self) -> &'static str {
         match self {
-            Self::ListMaps | Self::GetMap | Self::DumpMap | Self::Lookup => SERVICE_NAME,
+            Self::ListMaps | Self::GetMap | Self::DumpMap | Self::Lookup | Self::AggregateMap => {
+                SERVICE_NAME
+            }
             Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
             Self::ReflectionV1 => "grpc.reflection.v1.ServerReflection",
             Self::ReflectionV1Alpha => "grpc.reflection.v1alpha.ServerReflection",
@@ -79,6 +84,7 @@ impl Rpc {
             Self::GetMap => "GetMap",
             Self::DumpMap => "DumpMap",
             Self::Lookup => "Lookup",
+            Self::AggregateMap => "AggregateMap",
             Self::HealthCheck => "Check",
             Self::HealthWatch => "Watch",
             Self::ReflectionV1 | Self::ReflectionV1Alpha => "ServerReflectionInfo",

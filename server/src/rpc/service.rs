@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use bpfmap_kernel::{MapHandle, MapMeta, walk::Position};
 use bpfmap_proto::{
-    typed::Renderings,
+    typed::{Layout, Renderings},
     v1::{self as pb, map_service_server::MapService},
 };
 use tokio::sync::watch;
@@ -22,6 +22,7 @@ use crate::{
     model::{Caller, MapRef, Operation, Rpc},
     net::caller_of,
     ops::{Metrics, SharedKeys, SharedPolicy},
+    query::{AggregateError, EntryRef, Filter, Projection, Query, Shape, Spec},
     wire::{self, IntoProto as _, LookupOutcome},
 };
 
@@ -48,6 +49,8 @@ pub(crate) struct ServiceParts {
     pub(crate) slots: Arc<DumpSlots>,
     /// Lookups at once.
     pub(crate) lookups: Arc<LookupSlots>,
+    /// Groups one AggregateMap call may hold.
+    pub(crate) max_groups: usize,
     /// The memory pool for lookup responses (shared with entries too large
     /// for a dump's share).
     pub(crate) pool: Budget,
@@ -236,7 +239,8 @@ impl MapServiceImpl {
             token => Some(keys.open(token, &caller.identity, &map)?),
         };
         let packed = layout == pb::Layout::Packed;
-        let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32;
+        let queried = !req.filter.is_empty() || !req.fields.is_empty();
+        let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32 || queried;
         // The slot before the map: a dump that will be refused costs no
         // trip to the kernel (and a denied one takes no slot).
         self.authorize(caller, Operation::Dump, Rpc::DumpMap, &map)?;
@@ -245,26 +249,45 @@ impl MapServiceImpl {
             .open_for(caller, (Operation::Dump, Rpc::DumpMap), map, decodes)
             .await?;
         let meta = opened.handle.meta().clone();
+        let query = Query::of_request(
+            &req.filter,
+            &req.fields,
+            &meta,
+            &shape(&opened.types, &meta),
+        )
+        .map_err(Error::InvalidArgument)?
+        .map(Arc::new);
+        let digest = query.as_ref().map(|q| q.digest());
         let position = match cursor {
             None => Position::Start,
             Some(c) => {
                 self.parts.metrics.dump_resumed();
+                c.check_query(digest)?;
                 c.resume(&meta)?
             }
         };
-        let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta);
-        let layouts = self.call_layouts(&opened, &req.render, !(packed || req.raw))?;
+        let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta)
+            .with_query(digest);
+        let projection = query.as_ref().and_then(|q| q.projection.as_ref());
+        let decoder = match projection {
+            Some(p) => projected_decoder(p, &req, packed)?,
+            None => {
+                let layouts = self.call_layouts(&opened, &req.render, !(packed || req.raw))?;
+                Decoder::for_request(
+                    &opened.map,
+                    &meta,
+                    (&opened.types, layouts.as_ref()),
+                    (req.raw, req.per_cpu),
+                    packed,
+                )?
+            }
+        };
         let options = dump::Options {
             layout,
-            decoder: Decoder::for_request(
-                &opened.map,
-                &meta,
-                (&opened.types, layouts.as_ref()),
-                (req.raw, req.per_cpu),
-                packed,
-            )?,
+            decoder,
             chunk_hint: req.chunk_size,
             limit: req.limit,
+            query,
         };
         let mut job = DumpJob::new(
             opened.map,
@@ -276,6 +299,64 @@ impl MapServiceImpl {
         )?;
         job.reserve_memory(&self.parts.pool, POOL_WAIT).await?;
         Ok(job.with_slot(slot))
+    }
+
+    /// An AggregateMap call: one walk in the caller's dump slot, on the
+    /// blocking pool, grouping as it reads.
+    async fn aggregate(
+        &self,
+        caller: &Caller,
+        map: MapRef,
+        req: pb::AggregateMapRequest,
+    ) -> Result<pb::AggregateMapResponse, Error> {
+        self.accepting()?;
+        let started = std::time::Instant::now();
+        let rpc = (Operation::Aggregate, Rpc::AggregateMap);
+        self.authorize(caller, rpc.0, rpc.1, &map)?;
+        let slot = self.parts.slots.try_acquire(caller)?;
+        let _trim = self.parts.trimmer.enter();
+        let opened = self.open_for(caller, rpc, map, true).await?;
+        let meta = opened.handle.meta().clone();
+        let shape = shape(&opened.types, &meta);
+        let invalid = |e: AggregateError| match e {
+            AggregateError::Invalid(m) => Error::InvalidArgument(m),
+            e @ AggregateError::TooManyGroups { .. } => Error::ResourceExhausted(e.to_string()),
+        };
+        let asked = Renderings::parse(&req.render)
+            .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
+        let renderings = self
+            .parts
+            .renders
+            .for_map(&opened.map)
+            .overridden_by(&asked);
+        let spec = Spec::new(&req, &shape, self.parts.max_groups)
+            .and_then(|s| s.with_renderings(&renderings))
+            .map_err(invalid)?;
+        let filter = match req.filter.as_str() {
+            "" => None,
+            f => Some(
+                Filter::compile(f, &shape).map_err(|e| Error::InvalidArgument(e.to_string()))?,
+            ),
+        };
+        let walk = AggregateWalk {
+            map: opened.map,
+            handle: opened.handle,
+            spec,
+            filter,
+            stop: self.parts.dumps.stop.clone(),
+            cancelled: Arc::default(),
+            max_cost: self.parts.dumps.max_filter_cost,
+        };
+        let cancelled = CancelOnDrop(walk.cancelled.clone());
+        let (groups, summary) = blocking(move || walk.run()).await?;
+        drop((cancelled, slot));
+        Ok(pb::AggregateMapResponse {
+            groups,
+            summary: Some(pb::AggregateSummary {
+                elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
+                ..summary
+            }),
+        })
     }
 
     /// The results, and what the response keeps until it is sent: its
@@ -359,6 +440,137 @@ impl MapServiceImpl {
         }
         Ok(bytes)
     }
+}
+
+/// Sets its flag when dropped: the call's future was dropped (the client
+/// went away), and the walk on the blocking pool stops at its next chunk.
+struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The walk of an AggregateMap call.
+struct AggregateWalk {
+    map: MapRef,
+    handle: MapHandle,
+    spec: Spec,
+    filter: Option<Filter>,
+    stop: watch::Receiver<bool>,
+    cancelled: Arc<std::sync::atomic::AtomicBool>,
+    max_cost: u32,
+}
+
+/// Entries read per kernel call of an aggregate.
+const AGGREGATE_READ: u32 = 1024;
+
+impl AggregateWalk {
+    /// Reads the whole map (blocking), grouping the matching entries.
+    fn run(self) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
+        let meta = self.handle.meta().clone();
+        let stride = if meta.per_cpu() { meta.cpu_stride() } else { 0 };
+        let (ks, vs) = (meta.key_size as usize, meta.kernel_value_size());
+        let mut walker = bpfmap_kernel::walk::Walker::new(&self.handle, meta, Position::Start)
+            .map_err(|e| Error::from_walk(&self.map, e))?;
+        let mut table = self.spec.table();
+        let mut meter = crate::query::CostMeter::new(self.max_cost);
+        let (mut scanned, mut matched) = (0u64, 0u64);
+        'walk: loop {
+            if *self.stop.borrow() {
+                return Err(Error::ShuttingDown);
+            }
+            if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::Cancelled);
+            }
+            let read_at = std::time::Instant::now();
+            let Some(c) = walker
+                .next_chunk(AGGREGATE_READ)
+                .map_err(|e| Error::from_walk(&self.map, e))?
+            else {
+                break;
+            };
+            let eval_at = std::time::Instant::now();
+            let reading = eval_at - read_at;
+            for i in 0..c.count {
+                let e = EntryRef {
+                    key: &c.keys[i * ks..(i + 1) * ks],
+                    value: &c.values[i * vs..(i + 1) * vs],
+                    stride,
+                };
+                scanned += 1;
+                if self.filter.as_ref().is_some_and(|f| !f.matches(&e)) {
+                    continue;
+                }
+                matched += 1;
+                if !table.add(&e) {
+                    break 'walk;
+                }
+            }
+            meter
+                .add(reading, eval_at.elapsed())
+                .map_err(Error::ResourceExhausted)?;
+            if *walker.position() == Position::End {
+                break;
+            }
+        }
+        let (groups, total) = table
+            .finish()
+            .map_err(|e| Error::ResourceExhausted(e.to_string()))?;
+        Ok((
+            groups,
+            pb::AggregateSummary {
+                entries_scanned: scanned,
+                entries_matched: matched,
+                groups_total: total,
+                elapsed: None,
+            },
+        ))
+    }
+}
+
+/// The map's types as filters and member paths see them.
+fn shape<'a>(types: &'a KnownTypes, meta: &MapMeta) -> Shape<'a> {
+    let t = types.types();
+    Shape {
+        key: t.and_then(|t| t.key.as_ref()),
+        value: t.map(|t| &t.value),
+        key_size: meta.key_size as usize,
+        value_size: meta.value_size as usize,
+        cpus: meta.per_cpu().then_some(meta.possible_cpus as usize),
+    }
+}
+
+/// How a projected dump's entries are decoded: through the projection's
+/// records (LAYOUT_ENTRIES, unless raw).
+fn projected_decoder(
+    p: &Projection,
+    req: &pb::DumpMapRequest,
+    packed: bool,
+) -> Result<Option<Decoder>, Error> {
+    if !req.render.is_empty() {
+        return Err(Error::InvalidArgument(
+            "render cannot be combined with fields: the projected members are shown as their types say".into(),
+        ));
+    }
+    if packed || req.raw {
+        return Ok(None);
+    }
+    let layout = |t: Option<&pb::TypeInfo>, what: &str| {
+        let empty = pb::TypeInfo {
+            name: what.into(),
+            size: 0,
+            kind: Some(pb::type_info::Kind::Struct(pb::RecordType::default())),
+        };
+        Layout::new(t.unwrap_or(&empty), what)
+            .map(Arc::new)
+            .map_err(|e| Error::InvalidArgument(format!("fields: {e}")))
+    };
+    Ok(Some(Decoder::typed(
+        Some(layout(p.key_type.as_ref(), "key")?),
+        layout(p.value_type.as_ref(), "value")?,
+    )))
 }
 
 /// The layout a dump asks for, and its chunk size checked.
@@ -488,6 +700,24 @@ impl MapService for MapServiceImpl {
             Ok(map) => self.get(&caller, map).await,
             Err(e) => Err(e),
         };
+        audit.finish(code_of(&result));
+        Ok(Response::new(result?))
+    }
+
+    async fn aggregate_map(
+        &self,
+        request: Request<pb::AggregateMapRequest>,
+    ) -> Result<Response<pb::AggregateMapResponse>, Status> {
+        let (caller, mut audit, map) =
+            start_call(&request, Rpc::AggregateMap, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let result = match map {
+            Ok(map) => self.aggregate(&caller, map, req).await,
+            Err(e) => Err(e),
+        };
+        if let Ok(r) = &result {
+            audit.add_entries(r.summary.as_ref().map_or(0, |s| s.entries_matched));
+        }
         audit.finish(code_of(&result));
         Ok(Response::new(result?))
     }

@@ -27,7 +27,8 @@ pub(crate) fn code(e: &Error) -> Code {
             | CursorError::NotAuthentic
             | CursorError::Malformed
             | CursorError::TooLong
-            | CursorError::OtherMap { .. } => Code::InvalidArgument,
+            | CursorError::OtherMap { .. }
+            | CursorError::OtherQuery => Code::InvalidArgument,
         },
         Error::MapNotFound(_) => Code::NotFound,
         Error::NotAMap { .. }
@@ -38,6 +39,7 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::Untyped { .. } => Code::FailedPrecondition,
         Error::ResumeKeyDeleted(_) => Code::Aborted,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
+        Error::Cancelled => Code::Cancelled,
         Error::ResourceExhausted(_) => Code::ResourceExhausted,
         Error::PermissionDenied { .. } => Code::PermissionDenied,
         Error::Kernel { source, .. } => match source.errno() {
@@ -65,6 +67,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         Error::Cursor(c) => match c {
             CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
             CursorError::OtherMap { .. } => "CURSOR_OTHER_MAP",
+            CursorError::OtherQuery => "CURSOR_OTHER_QUERY",
             CursorError::MapReplaced { .. } => "MAP_REPLACED",
             CursorError::Encoding
             | CursorError::NotAuthentic
@@ -73,6 +76,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         },
         Error::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
         Error::ShuttingDown => "SHUTTING_DOWN",
+        Error::Cancelled => "CANCELLED",
         Error::Stalled { .. } => "CLIENT_STALLED",
         Error::ResourceExhausted(_) => "LIMIT_REACHED",
         Error::PermissionDenied { .. } => "PERMISSION_DENIED",

@@ -1,0 +1,418 @@
+//! Aggregates: entries grouped by some members, with COUNT, SUM, MIN and
+//! MAX per group, computed as the walk reads the chunks, in a table bounded
+//! by `limits.max_groups`. Sums are exact (128 bits: a map of u64 counters
+//! would need 2^64 entries to overflow one).
+
+use std::{collections::HashMap, sync::Arc};
+
+use bpfmap_proto::{
+    typed::{Layout, Renderings},
+    v1::{self as pb, aggregate::Op},
+};
+
+use super::{
+    filter::{EntryRef, IntLoad},
+    path::{self, Root, Shape},
+    projection::Projection,
+};
+
+/// Most aggregates one request may ask for.
+pub const MAX_AGGREGATES: usize = 16;
+
+/// One aggregate, resolved.
+#[derive(Debug, Clone)]
+struct Agg {
+    op: Op,
+    /// The member (none for COUNT); for PER_CPU_EACH, one load per CPU.
+    loads: Vec<IntLoad>,
+    /// Whether MIN and MAX are written as numbers (members of up to 32 bits).
+    small: bool,
+}
+
+/// What a request asks to compute, checked against the map's types.
+#[derive(Debug)]
+pub struct Spec {
+    group: Option<Projection>,
+    /// Decodes a group's key: the key part, then the value part.
+    key_layout: Option<Arc<Layout>>,
+    value_layout: Option<Arc<Layout>>,
+    aggs: Vec<Agg>,
+    order_by: usize,
+    ascending: bool,
+    limit: usize,
+    threshold: Option<i128>,
+    only: Option<Vec<Vec<u8>>>,
+    max_groups: usize,
+}
+
+/// The running totals of one group.
+#[derive(Debug, Clone)]
+struct Acc {
+    count: u64,
+    /// Per aggregate: the sum, or the smallest / largest value (None
+    /// before the first).
+    values: Vec<Option<i128>>,
+}
+
+/// A group table being filled.
+#[derive(Debug)]
+pub struct Table<'a> {
+    spec: &'a Spec,
+    groups: HashMap<Vec<u8>, Acc>,
+    key_buf: Vec<u8>,
+    value_buf: Vec<u8>,
+    /// Groups seen when the table overflowed.
+    overflowed: Option<usize>,
+}
+
+/// Why a request's aggregates cannot be computed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AggregateError {
+    /// INVALID_ARGUMENT: the message says which part.
+    #[error("{0}")]
+    Invalid(String),
+    /// RESOURCE_EXHAUSTED: more groups than the limit.
+    #[error(
+        "more than {limit} groups (limits.max_groups): {seen} seen before the walk stopped; group by fewer or coarser members, or filter"
+    )]
+    TooManyGroups { limit: usize, seen: usize },
+}
+
+impl Spec {
+    /// Checks `req` against `shape`. `max_groups` bounds the table.
+    pub fn new(
+        req: &pb::AggregateMapRequest,
+        shape: &Shape<'_>,
+        max_groups: usize,
+    ) -> Result<Self, AggregateError> {
+        let bad = AggregateError::Invalid;
+        if req.aggregates.is_empty() {
+            return Err(bad(
+                "no aggregates: give at least one, e.g. {\"op\":\"COUNT\"} or {\"op\":\"SUM\",\"field\":\"value.bytes\"}".into(),
+            ));
+        }
+        if req.aggregates.len() > MAX_AGGREGATES {
+            return Err(bad(format!(
+                "{} aggregates: at most {MAX_AGGREGATES}",
+                req.aggregates.len()
+            )));
+        }
+        if req.order_by as usize >= req.aggregates.len() {
+            return Err(bad(format!(
+                "order_by {} names no aggregate (there are {}; indexes start at 0)",
+                req.order_by,
+                req.aggregates.len()
+            )));
+        }
+        let each = req.per_cpu == pb::PerCpu::Each as i32;
+        let mut aggs = Vec::new();
+        for (i, a) in req.aggregates.iter().enumerate() {
+            let op = Op::try_from(a.op).unwrap_or(Op::Unspecified);
+            if op == Op::Unspecified {
+                return Err(bad(format!(
+                    "aggregates[{i}]: op is COUNT, SUM, MIN or MAX"
+                )));
+            }
+            if op == Op::Count {
+                if !a.field.is_empty() {
+                    return Err(bad(format!(
+                        "aggregates[{i}]: COUNT counts entries and takes no field"
+                    )));
+                }
+                aggs.push(Agg {
+                    op,
+                    loads: Vec::new(),
+                    small: false,
+                });
+                continue;
+            }
+            if a.field.is_empty() {
+                return Err(bad(format!(
+                    "aggregates[{i}]: {} needs a field (\"value.bytes\")",
+                    op.as_str_name()
+                )));
+            }
+            let (root, steps) =
+                path::parse(&a.field).map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
+            let r = path::resolve(shape, root, &steps)
+                .map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
+            let load = IntLoad::of(&r).map_err(|e| {
+                bad(format!(
+                    "aggregates[{i}]: {e}: {} takes an integer member",
+                    op.as_str_name()
+                ))
+            })?;
+            let loads = match (root, shape.cpus) {
+                (Root::Value, Some(cpus)) if each => (0..cpus).map(|c| load.on_cpu(c)).collect(),
+                _ => vec![load],
+            };
+            aggs.push(Agg {
+                op,
+                loads,
+                small: r.size <= 4,
+            });
+        }
+        let group = if req.group_by.is_empty() {
+            None
+        } else {
+            Some(Projection::new(&req.group_by, shape).map_err(|e| bad(format!("group_by: {e}")))?)
+        };
+        let layout = |t: Option<&pb::TypeInfo>, what: &str| {
+            t.map(|t| Layout::new(t, what).map(Arc::new))
+                .transpose()
+                .map_err(|e| bad(format!("group_by: {e}")))
+        };
+        let (key_layout, value_layout) = match &group {
+            Some(g) => (
+                layout(g.key_type.as_ref(), "key")?,
+                layout(g.value_type.as_ref(), "value")?,
+            ),
+            None => (None, None),
+        };
+        let threshold = match req.threshold.as_str() {
+            "" => None,
+            t => Some(
+                t.parse::<i128>()
+                    .map_err(|_| bad(format!("threshold {t:?} is not a decimal integer")))?,
+            ),
+        };
+        Ok(Self {
+            group,
+            key_layout,
+            value_layout,
+            aggs,
+            order_by: req.order_by as usize,
+            ascending: req.ascending,
+            limit: if req.limit == 0 {
+                usize::MAX
+            } else {
+                req.limit as usize
+            },
+            threshold,
+            only: (!req.groups.is_empty()).then(|| req.groups.clone()),
+            max_groups,
+        })
+    }
+
+    /// Shows the group keys' members with `renderings` (member path to
+    /// rendering); those of members the groups do not have are left out.
+    pub fn with_renderings(mut self, renderings: &Renderings) -> Result<Self, AggregateError> {
+        let Some(group) = &self.group else {
+            return Ok(self);
+        };
+        let _ = group;
+        for (layout, root) in [
+            (&mut self.key_layout, "key"),
+            (&mut self.value_layout, "value"),
+        ] {
+            let Some(l) = layout.as_mut() else { continue };
+            let names = l
+                .member_names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>();
+            let picked: std::collections::HashMap<String, String> = renderings
+                .under(root)
+                .filter(|(path, _)| names.iter().any(|n| n == path))
+                .map(|(path, how)| (format!("{root}.{path}"), how.to_string()))
+                .collect();
+            if picked.is_empty() {
+                continue;
+            }
+            let r = Renderings::parse(&picked)
+                .map_err(|e| AggregateError::Invalid(format!("render: {e}")))?;
+            *l = Arc::new(
+                l.with_renderings(&r, root)
+                    .map_err(|e| AggregateError::Invalid(format!("render: {e}")))?,
+            );
+        }
+        Ok(self)
+    }
+
+    /// An empty table.
+    pub fn table(&self) -> Table<'_> {
+        Table {
+            spec: self,
+            groups: HashMap::new(),
+            key_buf: Vec::new(),
+            value_buf: Vec::new(),
+            overflowed: None,
+        }
+    }
+
+    /// Whether the ordering aggregate's values are never negative (COUNT,
+    /// or a SUM of an unsigned member): what an exact threshold top K
+    /// across hosts needs.
+    pub fn non_negative_order(&self) -> bool {
+        let a = &self.aggs[self.order_by];
+        a.op == Op::Count || (a.op == Op::Sum && a.loads.iter().all(|l| !l.signed()))
+    }
+}
+
+impl Acc {
+    fn new(n: usize) -> Self {
+        Self {
+            count: 0,
+            values: vec![None; n],
+        }
+    }
+}
+
+impl Table<'_> {
+    /// Adds one (matching) entry. `false` once the table is full.
+    #[inline]
+    pub fn add(&mut self, e: &EntryRef<'_>) -> bool {
+        let spec = self.spec;
+        self.key_buf.clear();
+        self.value_buf.clear();
+        if let Some(g) = &spec.group {
+            g.write(
+                e.key,
+                e.value,
+                e.stride,
+                &mut self.key_buf,
+                &mut self.value_buf,
+            );
+            self.key_buf.extend_from_slice(&self.value_buf);
+        }
+        let acc = match self.groups.get_mut(self.key_buf.as_slice()) {
+            Some(acc) => acc,
+            None => {
+                if self.groups.len() >= spec.max_groups {
+                    self.overflowed = Some(self.groups.len() + 1);
+                    return false;
+                }
+                self.groups
+                    .entry(self.key_buf.clone())
+                    .or_insert_with(|| Acc::new(spec.aggs.len()))
+            }
+        };
+        acc.count += 1;
+        for (a, v) in spec.aggs.iter().zip(acc.values.iter_mut()) {
+            for l in &a.loads {
+                let Some(x) = l.read(e) else { continue };
+                *v = Some(match (a.op, *v) {
+                    (_, None) => x,
+                    (Op::Sum, Some(s)) => s.saturating_add(x),
+                    (Op::Min, Some(m)) => m.min(x),
+                    (Op::Max, Some(m)) => m.max(x),
+                    (_, Some(s)) => s,
+                });
+            }
+        }
+        true
+    }
+
+    /// The answer: groups ordered, cut at the threshold and the limit (or
+    /// exactly the groups asked for), and how many there were.
+    pub fn finish(self) -> Result<(Vec<pb::Group>, u64), AggregateError> {
+        let spec = self.spec;
+        if let Some(seen) = self.overflowed {
+            return Err(AggregateError::TooManyGroups {
+                limit: spec.max_groups,
+                seen,
+            });
+        }
+        let total = self.groups.len() as u64;
+        let mut groups: Vec<(Vec<u8>, Acc)> = match &spec.only {
+            Some(only) => {
+                let mut table = self.groups;
+                only.iter()
+                    .map(|k| {
+                        let acc = table.remove(k).unwrap_or_else(|| Acc::new(spec.aggs.len()));
+                        (k.clone(), acc)
+                    })
+                    .collect()
+            }
+            None => self.groups.into_iter().collect(),
+        };
+        let order = |acc: &Acc| spec.order_value(acc);
+        groups.sort_by(|(ka, a), (kb, b)| {
+            let (x, y) = (order(a), order(b));
+            let by = match (x, y) {
+                (Some(x), Some(y)) if spec.ascending => x.cmp(&y),
+                (Some(x), Some(y)) => y.cmp(&x),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => std::cmp::Ordering::Equal,
+            };
+            by.then_with(|| ka.cmp(kb))
+        });
+        if spec.only.is_none() {
+            if let Some(t) = spec.threshold {
+                groups.retain(|(_, a)| {
+                    order(a).is_some_and(|v| if spec.ascending { v <= t } else { v >= t })
+                });
+            }
+            groups.truncate(spec.limit);
+        }
+        Ok((
+            groups
+                .into_iter()
+                .map(|(k, a)| spec.group_message(k, &a))
+                .collect(),
+            total,
+        ))
+    }
+}
+
+impl Spec {
+    fn order_value(&self, acc: &Acc) -> Option<i128> {
+        match self.aggs[self.order_by].op {
+            Op::Count => Some(i128::from(acc.count)),
+            _ => acc.values[self.order_by],
+        }
+    }
+
+    fn group_message(&self, key_bytes: Vec<u8>, acc: &Acc) -> pb::Group {
+        let mut fields = std::collections::BTreeMap::new();
+        if let Some(g) = &self.group {
+            let (k, v) = key_bytes.split_at(g.key_size.min(key_bytes.len()));
+            for (layout, bytes, prefix) in [
+                (&self.key_layout, k, "key"),
+                (&self.value_layout, v, "value"),
+            ] {
+                let Some(layout) = layout else { continue };
+                if let Some(prost_types::value::Kind::StructValue(s)) = layout.to_value(bytes).kind
+                {
+                    for (name, value) in s.fields {
+                        let path =
+                            if name == "key" || name == "value" || name.starts_with("values[") {
+                                name
+                            } else {
+                                format!("{prefix}.{name}")
+                            };
+                        fields.insert(path, value);
+                    }
+                }
+            }
+        }
+        let values = self
+            .aggs
+            .iter()
+            .zip(&acc.values)
+            .map(|(a, v)| match (a.op, v) {
+                (Op::Count, _) => string(acc.count.to_string()),
+                (Op::Sum, None) => string("0".into()),
+                (_, None) => prost_types::Value {
+                    kind: Some(prost_types::value::Kind::NullValue(0)),
+                },
+                (Op::Min | Op::Max, Some(v)) if a.small => prost_types::Value {
+                    kind: Some(prost_types::value::Kind::NumberValue(*v as f64)),
+                },
+                (_, Some(v)) => string(v.to_string()),
+            })
+            .collect();
+        pb::Group {
+            key: Some(prost_types::Struct { fields }),
+            values,
+            key_bytes,
+        }
+    }
+}
+
+fn string(s: String) -> prost_types::Value {
+    prost_types::Value {
+        kind: Some(prost_types::value::Kind::StringValue(s)),
+    }
+}

@@ -1,0 +1,1088 @@
+//! Filters: a CEL expression over `key` and `value`, parsed by the `cel`
+//! crate (behind [`parse`]), checked against the map's types once per call,
+//! and compiled into a tree that reads members straight from an entry's
+//! bytes: no JSON, no `Value` tree, no allocation per entry.
+//!
+//! What compiles: member paths and indexes, integer, bool, string and bytes
+//! literals, lists of them, comparisons, `&&`, `||`, `!`, `? :`, integer
+//! `+ - * / %` and negation (exact, in 128 bits; overflow or a division by
+//! zero is an error), `in` on a list literal (a hash set for long lists),
+//! and on strings (char arrays) `startsWith`, `endsWith`, `contains`,
+//! `matches` (RE2 syntax, linear time: the `regex` crate) and `size`. A map
+//! without types has bytes: `key.u32(0)`, `value.be16(4)`, ... read
+//! integers at byte offsets. Everything else (comprehensions such as
+//! `exists`, maps, timestamps, floats) is refused with INVALID_ARGUMENT.
+//!
+//! As in CEL, an error inside the expression (an overflow) makes `||` and
+//! `&&` look at their other side (`true || error` is true), and an entry
+//! whose filter ends in an error does not match.
+
+use std::collections::HashSet;
+
+use bpfmap_proto::v1::type_info::Kind;
+use cel::common::ast::{self, Expr, IdedExpr, LiteralValue, operators as op};
+
+use super::path::{self, Resolved, Root, Shape, Step};
+
+/// The longest filter accepted, in bytes.
+pub const MAX_FILTER_LEN: usize = 4096;
+/// The deepest nesting accepted (the parser's recursion limit).
+pub const MAX_DEPTH: u16 = 32;
+/// The most nodes one filter may have.
+pub const MAX_NODES: usize = 512;
+/// The most elements of all list literals of one filter.
+pub const MAX_LIST_ELEMENTS: usize = 10_000;
+/// The longest regular expression, and its compiled size bound.
+const MAX_REGEX_LEN: usize = 256;
+const MAX_REGEX_SIZE: usize = 1 << 20;
+
+/// A filter that cannot be used: the message names the member or the
+/// operator and where it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("filter: {0}")]
+pub struct FilterError(pub String);
+
+/// A compiled filter.
+#[derive(Debug)]
+pub struct Filter {
+    root: Node,
+    /// Whether it reads the value (the walk can skip decoding otherwise).
+    source: String,
+}
+
+/// One entry as the filter reads it: the key, and the value in the
+/// kernel's layout (per-CPU values back to back, each `stride` bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct EntryRef<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    /// For per-CPU maps: the bytes of one CPU's value in `value`.
+    pub stride: usize,
+}
+
+/// The types the filter's values have.
+#[derive(Debug, Clone, PartialEq)]
+enum Ty {
+    Int(String),
+    Bool,
+    Str,
+    Bytes,
+}
+
+impl Ty {
+    fn name(&self) -> String {
+        match self {
+            Self::Int(n) => n.clone(),
+            Self::Bool => "bool".into(),
+            Self::Str => "string".into(),
+            Self::Bytes => "bytes".into(),
+        }
+    }
+
+    fn same_kind(&self, other: &Ty) -> bool {
+        matches!(
+            (self, other),
+            (Ty::Int(_), Ty::Int(_))
+                | (Ty::Bool, Ty::Bool)
+                | (Ty::Str, Ty::Str)
+                | (Ty::Bytes, Ty::Bytes)
+        )
+    }
+}
+
+/// A value while evaluating.
+#[derive(Debug, Clone, PartialEq)]
+enum Val<'a> {
+    Int(i128),
+    Bool(bool),
+    Bytes(&'a [u8]),
+}
+
+/// Where an integer is read from.
+#[derive(Debug, Clone)]
+pub(crate) struct IntLoad {
+    root: Root,
+    /// Byte offset (whole bytes), or bit offset for a bitfield.
+    offset: usize,
+    size: usize,
+    bitfield: u32,
+    bit_offset: u64,
+    signed: bool,
+    big_endian: bool,
+}
+
+impl IntLoad {
+    /// The load of an integer (or enum, or char) member; an error naming
+    /// it otherwise.
+    pub(crate) fn of(r: &Resolved) -> Result<Self, String> {
+        let (signed, big_endian) = match r.info.as_ref().and_then(|i| i.kind.as_ref()) {
+            Some(Kind::Int(i)) => (i.signed, i.big_endian),
+            Some(Kind::Enum(e)) => (e.signed, false),
+            Some(Kind::Char(c)) => (c.signed, false),
+            None if matches!(r.size, 1 | 2 | 4 | 8) => (false, false),
+            _ => {
+                let what = r
+                    .info
+                    .as_ref()
+                    .map_or_else(|| format!("{} bytes", r.size), path::type_name);
+                return Err(format!("{} is {what}, not an integer", r.path));
+            }
+        };
+        if r.size > 16 {
+            return Err(format!("{} is wider than 128 bits", r.path));
+        }
+        Ok(Self {
+            root: r.root,
+            offset: (r.bit_offset / 8) as usize,
+            size: r.size,
+            bitfield: r.bitfield,
+            bit_offset: r.bit_offset,
+            signed,
+            big_endian,
+        })
+    }
+
+    /// Whether the member is signed.
+    pub(crate) fn signed(&self) -> bool {
+        self.signed
+    }
+
+    /// The same member in CPU `cpu`'s value.
+    pub(crate) fn on_cpu(&self, cpu: usize) -> Self {
+        Self {
+            root: Root::Cpu(cpu),
+            ..self.clone()
+        }
+    }
+
+    #[inline]
+    fn read_at(&self, bytes: &[u8]) -> Option<i128> {
+        if self.bitfield != 0 {
+            return read_bits(bytes, self.bit_offset, self.bitfield, self.signed);
+        }
+        let b = bytes.get(self.offset..self.offset + self.size)?;
+        let mut buf = [0u8; 16];
+        let v = if self.big_endian {
+            buf[16 - b.len()..].copy_from_slice(b);
+            u128::from_be_bytes(buf)
+        } else {
+            buf[..b.len()].copy_from_slice(b);
+            u128::from_le_bytes(buf)
+        };
+        let bits = self.size * 8;
+        Some(if self.signed && bits < 128 {
+            let shift = 128 - bits;
+            ((v << shift) as i128) >> shift
+        } else {
+            v as i128
+        })
+    }
+
+    #[inline]
+    pub(crate) fn read(&self, e: &EntryRef<'_>) -> Option<i128> {
+        match self.root {
+            Root::Key => self.read_at(e.key),
+            Root::Cpu(i) => self.read_at(e.value.get(i * e.stride..(i + 1) * e.stride)?),
+            Root::Value if e.stride == 0 => self.read_at(e.value),
+            // The sum over the CPUs.
+            Root::Value => {
+                let mut sum = 0i128;
+                for cpu in e.value.chunks_exact(e.stride) {
+                    sum = sum.checked_add(self.read_at(cpu)?)?;
+                }
+                Some(sum)
+            }
+        }
+    }
+}
+
+/// A bitfield of `width` bits at `bit_offset` (little-endian bit order).
+fn read_bits(bytes: &[u8], bit_offset: u64, width: u32, signed: bool) -> Option<i128> {
+    let start = (bit_offset / 8) as usize;
+    let end = (bit_offset + u64::from(width)).div_ceil(8) as usize;
+    let b = bytes.get(start..end)?;
+    let mut buf = [0u8; 16];
+    buf[..b.len()].copy_from_slice(b);
+    let v = u128::from_le_bytes(buf) >> (bit_offset % 8);
+    let mask = if width >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << width) - 1
+    };
+    let v = v & mask;
+    Some(if signed && width < 128 {
+        let shift = 128 - width;
+        ((v << shift) as i128) >> shift
+    } else {
+        v as i128
+    })
+}
+
+#[derive(Debug, Clone)]
+struct BytesLoad {
+    root: Root,
+    offset: usize,
+    len: usize,
+    /// A char array: up to its first NUL.
+    text: bool,
+}
+
+impl BytesLoad {
+    #[inline]
+    fn read<'a>(&self, e: &EntryRef<'a>) -> Option<&'a [u8]> {
+        let bytes = match self.root {
+            Root::Key => e.key,
+            Root::Value if e.stride == 0 => e.value,
+            Root::Value => return None,
+            Root::Cpu(i) => e.value.get(i * e.stride..(i + 1) * e.stride)?,
+        };
+        let b = bytes.get(self.offset..self.offset + self.len)?;
+        Some(if self.text {
+            b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n])
+        } else {
+            b
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl Cmp {
+    #[inline]
+    fn test<T: PartialOrd>(self, a: T, b: T) -> bool {
+        match self {
+            Cmp::Eq => a == b,
+            Cmp::Ne => a != b,
+            Cmp::Lt => a < b,
+            Cmp::Le => a <= b,
+            Cmp::Gt => a > b,
+            Cmp::Ge => a >= b,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Rem,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum StrFn {
+    StartsWith,
+    EndsWith,
+    Contains,
+}
+
+#[derive(Debug)]
+enum Node {
+    Int(i128),
+    Bool(bool),
+    Bytes(Vec<u8>),
+    LoadInt(IntLoad),
+    LoadBool(IntLoad),
+    LoadBytes(BytesLoad),
+    /// The fast path of the common case: a member against a constant.
+    IntCmpConst(IntLoad, Cmp, i128),
+    Cmp(Cmp, Box<Node>, Box<Node>),
+    Arith(Arith, Box<Node>, Box<Node>),
+    Neg(Box<Node>),
+    Not(Box<Node>),
+    And(Vec<Node>),
+    Or(Vec<Node>),
+    Cond(Box<Node>, Box<Node>, Box<Node>),
+    InInts(Box<Node>, HashSet<i128>),
+    InBytes(Box<Node>, HashSet<Vec<u8>>),
+    Str(StrFn, Box<Node>, Vec<u8>),
+    Matches(Box<Node>, regex::bytes::Regex),
+    Size(Box<Node>),
+}
+
+impl Filter {
+    /// Parses and checks `source` against `shape`.
+    pub fn compile(source: &str, shape: &Shape<'_>) -> Result<Self, FilterError> {
+        let (expr, info) = parse(source)?;
+        let mut c = Compiler {
+            shape,
+            info: &info,
+            source,
+            nodes: 0,
+            list_elements: 0,
+        };
+        let (root, ty) = c.node(&expr)?;
+        if ty != Ty::Bool {
+            return Err(FilterError(format!(
+                "the expression is {}, not bool: a filter says whether an entry is sent",
+                ty.name()
+            )));
+        }
+        Ok(Self {
+            root,
+            source: source.to_owned(),
+        })
+    }
+
+    /// The expression as written.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether `entry` matches.
+    #[inline]
+    pub fn matches(&self, entry: &EntryRef<'_>) -> bool {
+        matches!(eval(&self.root, entry), Some(Val::Bool(true)))
+    }
+}
+
+/// Parses `source` with the parser's limits (length, nesting); the error
+/// quotes the parser's message and position.
+fn parse(source: &str) -> Result<(IdedExpr, ast::SourceInfo), FilterError> {
+    if source.len() > MAX_FILTER_LEN {
+        return Err(FilterError(format!(
+            "{} bytes: a filter is at most {MAX_FILTER_LEN}",
+            source.len()
+        )));
+    }
+    // The parser recurses on nesting it has not checked yet (brackets and
+    // unary operators): refuse deep nesting before it sees it.
+    let mut depth = 0usize;
+    let mut max = 0usize;
+    for c in source.bytes() {
+        match c {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        max = max.max(depth);
+    }
+    let unary = source.bytes().filter(|&c| c == b'!' || c == b'-').count();
+    if max > usize::from(MAX_DEPTH) || unary > MAX_NODES {
+        return Err(FilterError(format!(
+            "nested too deeply: at most {MAX_DEPTH} levels"
+        )));
+    }
+    let parsed = std::panic::catch_unwind(|| {
+        cel::parser::Parser::new()
+            .max_recursion_depth(MAX_DEPTH)
+            .error_recovery_limit(4)
+            .parse_with_source_info(source)
+    });
+    match parsed {
+        Ok(Ok(x)) => Ok(x),
+        Ok(Err(errors)) => {
+            let first = errors.errors.first();
+            Err(FilterError(match first {
+                Some(e) => format!("{} (line {}, column {})", e.msg, e.pos.0, e.pos.1 + 1),
+                None => "cannot be parsed".into(),
+            }))
+        }
+        Err(_) => Err(FilterError("cannot be parsed".into())),
+    }
+}
+
+struct Compiler<'a> {
+    shape: &'a Shape<'a>,
+    info: &'a ast::SourceInfo,
+    source: &'a str,
+    nodes: usize,
+    list_elements: usize,
+}
+
+type Compiled = (Node, Ty);
+
+impl Compiler<'_> {
+    /// The source span of `e` and everything under it.
+    fn span(&self, e: &IdedExpr, depth: usize) -> Option<(u32, u32)> {
+        let mut span = self.info.offset_for(e.id);
+        let mut widen = |s: Option<(u32, u32)>| {
+            if let Some((a, b)) = s {
+                span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+            }
+        };
+        if depth > usize::from(MAX_DEPTH) * 2 {
+            return span;
+        }
+        match &e.expr {
+            Expr::Select(sel) => {
+                // The node stands at the dot: the name follows it.
+                if let Some((a, _)) = self.info.offset_for(e.id) {
+                    widen(Some((a, a + sel.field.len() as u32)));
+                }
+                widen(self.span(&sel.operand, depth + 1));
+            }
+            Expr::Call(c) => {
+                if let Some(t) = &c.target {
+                    widen(self.span(t, depth + 1));
+                }
+                for a in &c.args {
+                    widen(self.span(a, depth + 1));
+                }
+            }
+            Expr::List(l) => {
+                for x in &l.elements {
+                    widen(self.span(x, depth + 1));
+                }
+            }
+            _ => {}
+        }
+        span
+    }
+
+    /// The text of `e` and its column, for messages.
+    fn at(&self, e: &IdedExpr) -> String {
+        match self.span(e, 0) {
+            Some((start, stop)) => {
+                let (start, stop) = (start as usize, (stop as usize).max(start as usize));
+                let end = (stop + 1).min(self.source.len());
+                let text = self.source.get(start..end).unwrap_or("");
+                let text: String = text.chars().take(64).collect();
+                format!("{} (column {})", text.trim(), start + 1)
+            }
+            None => "the expression".into(),
+        }
+    }
+
+    fn err(&self, e: &IdedExpr, msg: impl std::fmt::Display) -> FilterError {
+        FilterError(format!("{}: {msg}", self.at(e)))
+    }
+
+    fn node(&mut self, e: &IdedExpr) -> Result<Compiled, FilterError> {
+        self.nodes += 1;
+        if self.nodes > MAX_NODES {
+            return Err(FilterError(format!(
+                "too large: at most {MAX_NODES} operators and operands"
+            )));
+        }
+        match &e.expr {
+            Expr::Literal(l) => self.literal(e, l),
+            Expr::Ident(_) | Expr::Select(_) => self.member(e),
+            Expr::Call(call) => self.call(e, call),
+            Expr::List(_) => Err(self.err(e, "a list is only allowed after `in`")),
+            Expr::Comprehension(_) => Err(self.err(
+                e,
+                "comprehensions (all, exists, exists_one, map, filter) are not supported in filters",
+            )),
+            Expr::Map(_) | Expr::Struct(_) => Err(self.err(e, "maps and messages are not supported in filters")),
+            Expr::Unspecified => Err(self.err(e, "cannot be compiled")),
+        }
+    }
+
+    fn literal(&self, e: &IdedExpr, l: &LiteralValue) -> Result<Compiled, FilterError> {
+        Ok(match l {
+            LiteralValue::Int(i) => (Node::Int(i128::from(*i.inner())), Ty::Int("int".into())),
+            LiteralValue::UInt(u) => (Node::Int(i128::from(*u.inner())), Ty::Int("uint".into())),
+            LiteralValue::Boolean(b) => (Node::Bool(*b.inner()), Ty::Bool),
+            LiteralValue::String(s) => (Node::Bytes(s.as_bytes().to_vec()), Ty::Str),
+            LiteralValue::Bytes(b) => (Node::Bytes(b.to_vec()), Ty::Bytes),
+            LiteralValue::Double(_) => {
+                return Err(self.err(e, "floating-point numbers are not supported in filters"));
+            }
+            LiteralValue::Null => return Err(self.err(e, "null is not supported in filters")),
+        })
+    }
+
+    /// A path: `key`, `value`, `values[i]`, then members and indexes.
+    fn path(&self, e: &IdedExpr) -> Option<(Root, Vec<Step>)> {
+        match &e.expr {
+            Expr::Ident(n) => match n.as_str() {
+                "key" => Some((Root::Key, Vec::new())),
+                "value" => Some((Root::Value, Vec::new())),
+                _ => None,
+            },
+            Expr::Select(s) if !s.test => {
+                let (root, mut steps) = self.path(&s.operand)?;
+                steps.push(Step::Member(s.field.clone()));
+                Some((root, steps))
+            }
+            Expr::Call(c) if c.func_name == op::INDEX && c.args.len() == 2 => {
+                let index = match &c.args[1].expr {
+                    Expr::Literal(LiteralValue::Int(i)) => u64::try_from(*i.inner()).ok()?,
+                    Expr::Literal(LiteralValue::UInt(u)) => *u.inner(),
+                    _ => return None,
+                };
+                if let Expr::Ident(n) = &c.args[0].expr
+                    && n == "values"
+                {
+                    return Some((Root::Cpu(usize::try_from(index).ok()?), Vec::new()));
+                }
+                let (root, mut steps) = self.path(&c.args[0])?;
+                steps.push(Step::Index(index));
+                Some((root, steps))
+            }
+            _ => None,
+        }
+    }
+
+    fn member(&self, e: &IdedExpr) -> Result<Compiled, FilterError> {
+        let Some((root, steps)) = self.path(e) else {
+            if let Expr::Ident(n) = &e.expr {
+                return Err(self.err(
+                    e,
+                    format!("unknown name {n:?}: a filter reads key, value (and values[i] for per-CPU maps)"),
+                ));
+            }
+            return Err(self.err(
+                e,
+                "not a member path (key.member, value.member[i], values[i].member)",
+            ));
+        };
+        let r = path::resolve(self.shape, root, &steps).map_err(|m| self.err(e, m))?;
+        self.load(e, &r)
+    }
+
+    /// Reads a resolved member, by its type.
+    fn load(&self, e: &IdedExpr, r: &Resolved) -> Result<Compiled, FilterError> {
+        let int = |size: usize, signed: bool, big_endian: bool| IntLoad {
+            root: r.root,
+            offset: (r.bit_offset / 8) as usize,
+            size,
+            bitfield: r.bitfield,
+            bit_offset: r.bit_offset,
+            signed,
+            big_endian,
+        };
+        let bytes = |text: bool| BytesLoad {
+            root: r.root,
+            offset: (r.bit_offset / 8) as usize,
+            len: r.size,
+            text,
+        };
+        let summed = r.root == Root::Value && self.shape.cpus.is_some();
+        let Some(info) = &r.info else {
+            return Ok((Node::LoadBytes(bytes(false)), Ty::Bytes));
+        };
+        let name = path::type_name(info);
+        let loaded = match &info.kind {
+            Some(Kind::Int(i)) if (1..=16).contains(&r.size) || r.bitfield != 0 => (
+                Node::LoadInt(int(r.size, i.signed, i.big_endian)),
+                Ty::Int(name),
+            ),
+            Some(Kind::Char(c)) => (Node::LoadInt(int(1, c.signed, false)), Ty::Int(name)),
+            Some(Kind::Enum(en)) if matches!(r.size, 1 | 2 | 4 | 8) => {
+                (Node::LoadInt(int(r.size, en.signed, false)), Ty::Int(name))
+            }
+            Some(Kind::Bool(_)) if !summed => {
+                (Node::LoadBool(int(r.size.max(1), false, false)), Ty::Bool)
+            }
+            Some(Kind::Array(a))
+                if !summed
+                    && a.element
+                        .as_ref()
+                        .is_some_and(|t| matches!(t.kind, Some(Kind::Char(_)))) =>
+            {
+                (Node::LoadBytes(bytes(true)), Ty::Str)
+            }
+            _ if summed => {
+                return Err(self.err(
+                    e,
+                    format!("{} is {name}: per-CPU values are summed over the CPUs for `value`, and only integers can be; read one CPU's with values[i]", r.path),
+                ));
+            }
+            Some(Kind::Opaque(_)) | Some(Kind::Array(_)) => {
+                (Node::LoadBytes(bytes(false)), Ty::Bytes)
+            }
+            _ => {
+                return Err(self.err(
+                    e,
+                    format!("{} is {name}, which a filter cannot compare (integers, enums, bools, char arrays and bytes can be)", r.path),
+                ));
+            }
+        };
+        Ok(loaded)
+    }
+
+    fn call(&mut self, e: &IdedExpr, c: &ast::CallExpr) -> Result<Compiled, FilterError> {
+        let name = c.func_name.as_str();
+        if name == op::INDEX {
+            return self.member(e);
+        }
+        if let Some(cmp) = match name {
+            op::EQUALS => Some(Cmp::Eq),
+            op::NOT_EQUALS => Some(Cmp::Ne),
+            op::LESS => Some(Cmp::Lt),
+            op::LESS_EQUALS => Some(Cmp::Le),
+            op::GREATER => Some(Cmp::Gt),
+            op::GREATER_EQUALS => Some(Cmp::Ge),
+            _ => None,
+        } {
+            return self.compare(e, cmp, &c.args[0], &c.args[1]);
+        }
+        match name {
+            op::LOGICAL_AND | op::LOGICAL_OR => {
+                let mut parts = Vec::with_capacity(c.args.len());
+                for a in &c.args {
+                    let (n, t) = self.node(a)?;
+                    if t != Ty::Bool {
+                        return Err(self.err(
+                            a,
+                            format!("is {}, not bool: `&&` and `||` join conditions", t.name()),
+                        ));
+                    }
+                    parts.push(n);
+                }
+                Ok((
+                    if name == op::LOGICAL_AND {
+                        Node::And(parts)
+                    } else {
+                        Node::Or(parts)
+                    },
+                    Ty::Bool,
+                ))
+            }
+            op::LOGICAL_NOT => {
+                let (n, t) = self.node(&c.args[0])?;
+                if t != Ty::Bool {
+                    return Err(self.err(e, format!("`!` needs a bool, not {}", t.name())));
+                }
+                Ok((Node::Not(Box::new(n)), Ty::Bool))
+            }
+            op::NEGATE => {
+                let (n, t) = self.node(&c.args[0])?;
+                if !matches!(t, Ty::Int(_)) {
+                    return Err(self.err(e, format!("`-` needs an integer, not {}", t.name())));
+                }
+                Ok((Node::Neg(Box::new(n)), Ty::Int("int".into())))
+            }
+            op::ADD | op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO => {
+                let arith = match name {
+                    op::ADD => Arith::Add,
+                    op::SUBSTRACT => Arith::Sub,
+                    op::MULTIPLY => Arith::Mul,
+                    op::DIVIDE => Arith::Div,
+                    _ => Arith::Rem,
+                };
+                let (a, ta) = self.node(&c.args[0])?;
+                let (b, tb) = self.node(&c.args[1])?;
+                if !matches!((&ta, &tb), (Ty::Int(_), Ty::Int(_))) {
+                    return Err(self.err(
+                        e,
+                        format!("arithmetic is on integers: {} and {}", ta.name(), tb.name()),
+                    ));
+                }
+                Ok((
+                    Node::Arith(arith, Box::new(a), Box::new(b)),
+                    Ty::Int("int".into()),
+                ))
+            }
+            op::CONDITIONAL => {
+                let (cond, tc) = self.node(&c.args[0])?;
+                if tc != Ty::Bool {
+                    return Err(self.err(
+                        &c.args[0],
+                        format!("is {}: the condition of `? :` is a bool", tc.name()),
+                    ));
+                }
+                let (a, ta) = self.node(&c.args[1])?;
+                let (b, tb) = self.node(&c.args[2])?;
+                if !ta.same_kind(&tb) {
+                    return Err(self.err(
+                        e,
+                        format!("the branches of `? :` are {} and {}", ta.name(), tb.name()),
+                    ));
+                }
+                Ok((Node::Cond(Box::new(cond), Box::new(a), Box::new(b)), ta))
+            }
+            op::IN => self.within(e, &c.args[0], &c.args[1]),
+            "startsWith" | "endsWith" | "contains" | "matches" | "size" => self.string_fn(e, c),
+            "u8" | "u16" | "u32" | "u64" | "i8" | "i16" | "i32" | "i64" | "be16" | "be32"
+            | "be64" => self.read_int(e, c),
+            op::HAS => Err(self.err(e, "has() is not needed: a map's members are always present")),
+            other => Err(self.err(
+                e,
+                format!("unknown function or operator {other:?} in a filter"),
+            )),
+        }
+    }
+
+    /// `key.u32(0)`, `u32(value, 4)`: an integer at a byte offset of an
+    /// untyped key or value.
+    fn read_int(&mut self, e: &IdedExpr, c: &ast::CallExpr) -> Result<Compiled, FilterError> {
+        let (target, offset) = match (&c.target, c.args.as_slice()) {
+            (Some(t), [off]) => (t.as_ref(), off),
+            (None, [t, off]) => (t, off),
+            _ => {
+                return Err(self.err(
+                    e,
+                    format!("{}(OFFSET) is called on key or value", c.func_name),
+                ));
+            }
+        };
+        let Some((root, _)) = self.path(target).filter(|(_, s)| s.is_empty()) else {
+            return Err(self.err(
+                target,
+                format!("{} reads the bytes of key, value or values[i]", c.func_name),
+            ));
+        };
+        let offset = match &offset.expr {
+            Expr::Literal(LiteralValue::Int(i)) => usize::try_from(*i.inner()).ok(),
+            Expr::Literal(LiteralValue::UInt(u)) => usize::try_from(*u.inner()).ok(),
+            _ => None,
+        }
+        .ok_or_else(|| self.err(offset, "the offset is a number of bytes"))?;
+        let f = c.func_name.as_str();
+        let size = match &f[f.len() - 1..] {
+            "8" if f.ends_with("u8") || f.ends_with("i8") => 1,
+            "6" => 2,
+            "2" => 4,
+            _ => 8,
+        };
+        let len = match root {
+            Root::Key => self.shape.key_size,
+            _ => self.shape.value_size,
+        };
+        if offset + size > len {
+            return Err(self.err(
+                e,
+                format!(
+                    "reads bytes {offset}..{} of a {len}-byte {}",
+                    offset + size,
+                    if root == Root::Key { "key" } else { "value" }
+                ),
+            ));
+        }
+        let load = IntLoad {
+            root,
+            offset,
+            size,
+            bitfield: 0,
+            bit_offset: offset as u64 * 8,
+            signed: f.starts_with('i'),
+            big_endian: f.starts_with("be"),
+        };
+        Ok((Node::LoadInt(load), Ty::Int(f.into())))
+    }
+
+    fn string_fn(&mut self, e: &IdedExpr, c: &ast::CallExpr) -> Result<Compiled, FilterError> {
+        let name = c.func_name.as_str();
+        let (target, args): (&IdedExpr, &[IdedExpr]) = match &c.target {
+            Some(t) => (t, &c.args),
+            None if !c.args.is_empty() => (&c.args[0], &c.args[1..]),
+            None => return Err(self.err(e, format!("{name} needs a string"))),
+        };
+        let (s, ts) = self.node(target)?;
+        if !matches!(ts, Ty::Str | Ty::Bytes) {
+            return Err(self.err(
+                target,
+                format!(
+                    "is {}: {name}() is for strings (char arrays) and bytes",
+                    ts.name()
+                ),
+            ));
+        }
+        if name == "size" {
+            if !args.is_empty() {
+                return Err(self.err(e, "size() takes no argument"));
+            }
+            return Ok((Node::Size(Box::new(s)), Ty::Int("int".into())));
+        }
+        let [arg] = args else {
+            return Err(self.err(e, format!("{name}() takes one argument")));
+        };
+        let lit = match &arg.expr {
+            Expr::Literal(LiteralValue::String(x)) => x.as_bytes().to_vec(),
+            Expr::Literal(LiteralValue::Bytes(x)) => x.to_vec(),
+            _ => return Err(self.err(arg, format!("{name}() takes a literal"))),
+        };
+        if name == "matches" {
+            let text = std::str::from_utf8(&lit)
+                .map_err(|_| self.err(arg, "a regular expression is text"))?;
+            if text.len() > MAX_REGEX_LEN {
+                return Err(self.err(
+                    arg,
+                    format!("a regular expression is at most {MAX_REGEX_LEN} bytes"),
+                ));
+            }
+            let re = regex::bytes::RegexBuilder::new(text)
+                .size_limit(MAX_REGEX_SIZE)
+                .dfa_size_limit(MAX_REGEX_SIZE)
+                .build()
+                .map_err(|err| {
+                    self.err(arg, format!("not a regular expression (RE2 syntax): {err}"))
+                })?;
+            return Ok((Node::Matches(Box::new(s), re), Ty::Bool));
+        }
+        let f = match name {
+            "startsWith" => StrFn::StartsWith,
+            "endsWith" => StrFn::EndsWith,
+            _ => StrFn::Contains,
+        };
+        Ok((Node::Str(f, Box::new(s), lit), Ty::Bool))
+    }
+
+    fn compare(
+        &mut self,
+        e: &IdedExpr,
+        cmp: Cmp,
+        a: &IdedExpr,
+        b: &IdedExpr,
+    ) -> Result<Compiled, FilterError> {
+        // An enum against an enumerator's name.
+        if let Some(n) = self.enum_name_compare(e, cmp, a, b)? {
+            return Ok((n, Ty::Bool));
+        }
+        let (na, ta) = self.node(a)?;
+        let (nb, tb) = self.node(b)?;
+        if !ta.same_kind(&tb) {
+            return Err(self.err(
+                e,
+                format!("cannot compare {} with {}", ta.name(), tb.name()),
+            ));
+        }
+        if matches!(ta, Ty::Bool) && !matches!(cmp, Cmp::Eq | Cmp::Ne) {
+            return Err(self.err(e, "bools are compared with == and != only"));
+        }
+        let node = match (na, nb) {
+            (Node::LoadInt(l), Node::Int(k)) => Node::IntCmpConst(l, cmp, k),
+            (Node::Int(k), Node::LoadInt(l)) => Node::IntCmpConst(l, flip(cmp), k),
+            (na, nb) => Node::Cmp(cmp, Box::new(na), Box::new(nb)),
+        };
+        Ok((node, Ty::Bool))
+    }
+
+    /// `key.proto == "IPPROTO_UDP"`: the enumerator's value, or an error
+    /// listing the names.
+    fn enum_name_compare(
+        &mut self,
+        e: &IdedExpr,
+        cmp: Cmp,
+        a: &IdedExpr,
+        b: &IdedExpr,
+    ) -> Result<Option<Node>, FilterError> {
+        let (member, name, flipped) = match (&a.expr, &b.expr) {
+            (_, Expr::Literal(LiteralValue::String(s))) => (a, s.to_string(), false),
+            (Expr::Literal(LiteralValue::String(s)), _) => (b, s.to_string(), true),
+            _ => return Ok(None),
+        };
+        let Some(values) = self.enum_of(member) else {
+            return Ok(None);
+        };
+        let value = self.enumerator(e, &values, &name)?;
+        let (node, _) = self.node(member)?;
+        let Node::LoadInt(l) = node else {
+            return Ok(None);
+        };
+        Ok(Some(Node::IntCmpConst(
+            l,
+            if flipped { flip(cmp) } else { cmp },
+            value,
+        )))
+    }
+
+    /// The enumerators of the enum member `e` names, if it names one.
+    fn enum_of(&self, e: &IdedExpr) -> Option<Vec<(String, i64)>> {
+        let (root, steps) = self.path(e)?;
+        let r = path::resolve(self.shape, root, &steps).ok()?;
+        match r.info?.kind? {
+            Kind::Enum(en) => Some(
+                en.enumerators
+                    .into_iter()
+                    .map(|x| (x.name, x.value))
+                    .collect(),
+            ),
+            _ => None,
+        }
+    }
+
+    fn enumerator(
+        &self,
+        e: &IdedExpr,
+        values: &[(String, i64)],
+        name: &str,
+    ) -> Result<i128, FilterError> {
+        values
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| i128::from(*v))
+            .ok_or_else(|| {
+                let names: Vec<&str> = values.iter().map(|(n, _)| n.as_str()).take(16).collect();
+                self.err(
+                    e,
+                    format!(
+                        "{name:?} is not an enumerator of the member's enum ({})",
+                        names.join(", ")
+                    ),
+                )
+            })
+    }
+
+    fn within(
+        &mut self,
+        e: &IdedExpr,
+        item: &IdedExpr,
+        list: &IdedExpr,
+    ) -> Result<Compiled, FilterError> {
+        let Expr::List(l) = &list.expr else {
+            return Err(self.err(list, "`in` takes a list literal: x in [1, 2, 3]"));
+        };
+        self.list_elements += l.elements.len();
+        if self.list_elements > MAX_LIST_ELEMENTS {
+            return Err(self.err(
+                list,
+                format!("lists hold at most {MAX_LIST_ELEMENTS} elements in all"),
+            ));
+        }
+        let enums = self.enum_of(item);
+        let (n, t) = self.node(item)?;
+        match t {
+            Ty::Int(_) => {
+                let mut set = HashSet::with_capacity(l.elements.len());
+                for x in &l.elements {
+                    let v = match (&x.expr, &enums) {
+                        (Expr::Literal(LiteralValue::Int(i)), _) => i128::from(*i.inner()),
+                        (Expr::Literal(LiteralValue::UInt(u)), _) => i128::from(*u.inner()),
+                        (Expr::Literal(LiteralValue::String(s)), Some(values)) => {
+                            self.enumerator(x, values, s)?
+                        }
+                        _ => {
+                            return Err(self.err(
+                                x,
+                                format!(
+                                    "the list holds {}: integer literals only",
+                                    "something else"
+                                ),
+                            ));
+                        }
+                    };
+                    set.insert(v);
+                }
+                Ok((Node::InInts(Box::new(n), set), Ty::Bool))
+            }
+            Ty::Str | Ty::Bytes => {
+                let mut set = HashSet::with_capacity(l.elements.len());
+                for x in &l.elements {
+                    match &x.expr {
+                        Expr::Literal(LiteralValue::String(s)) => set.insert(s.as_bytes().to_vec()),
+                        Expr::Literal(LiteralValue::Bytes(b)) => set.insert(b.to_vec()),
+                        _ => {
+                            return Err(self.err(x, "the list holds string or bytes literals only"));
+                        }
+                    };
+                }
+                Ok((Node::InBytes(Box::new(n), set), Ty::Bool))
+            }
+            other => Err(self.err(
+                e,
+                format!("`in` is for integers and strings, not {}", other.name()),
+            )),
+        }
+    }
+}
+
+fn flip(c: Cmp) -> Cmp {
+    match c {
+        Cmp::Lt => Cmp::Gt,
+        Cmp::Le => Cmp::Ge,
+        Cmp::Gt => Cmp::Lt,
+        Cmp::Ge => Cmp::Le,
+        x => x,
+    }
+}
+
+#[inline]
+fn eval<'a>(n: &'a Node, e: &EntryRef<'a>) -> Option<Val<'a>> {
+    Some(match n {
+        Node::IntCmpConst(l, c, k) => Val::Bool(c.test(l.read(e)?, *k)),
+        Node::Int(i) => Val::Int(*i),
+        Node::Bool(b) => Val::Bool(*b),
+        Node::Bytes(b) => Val::Bytes(b),
+        Node::LoadInt(l) => Val::Int(l.read(e)?),
+        Node::LoadBool(l) => Val::Bool(l.read(e)? != 0),
+        Node::LoadBytes(l) => Val::Bytes(l.read(e)?),
+        Node::Cmp(c, a, b) => match (eval(a, e)?, eval(b, e)?) {
+            (Val::Int(x), Val::Int(y)) => Val::Bool(c.test(x, y)),
+            (Val::Bool(x), Val::Bool(y)) => Val::Bool(c.test(x, y)),
+            (Val::Bytes(x), Val::Bytes(y)) => Val::Bool(c.test(x, y)),
+            _ => return None,
+        },
+        Node::Arith(op, a, b) => {
+            let (Val::Int(x), Val::Int(y)) = (eval(a, e)?, eval(b, e)?) else {
+                return None;
+            };
+            Val::Int(match op {
+                Arith::Add => x.checked_add(y)?,
+                Arith::Sub => x.checked_sub(y)?,
+                Arith::Mul => x.checked_mul(y)?,
+                Arith::Div => x.checked_div(y)?,
+                Arith::Rem => x.checked_rem(y)?,
+            })
+        }
+        Node::Neg(a) => match eval(a, e)? {
+            Val::Int(x) => Val::Int(x.checked_neg()?),
+            _ => return None,
+        },
+        Node::Not(a) => match eval(a, e)? {
+            Val::Bool(b) => Val::Bool(!b),
+            _ => return None,
+        },
+        Node::And(parts) => {
+            let mut failed = false;
+            for p in parts {
+                match eval(p, e) {
+                    Some(Val::Bool(false)) => return Some(Val::Bool(false)),
+                    Some(Val::Bool(true)) => {}
+                    _ => failed = true,
+                }
+            }
+            if failed {
+                return None;
+            }
+            Val::Bool(true)
+        }
+        Node::Or(parts) => {
+            let mut failed = false;
+            for p in parts {
+                match eval(p, e) {
+                    Some(Val::Bool(true)) => return Some(Val::Bool(true)),
+                    Some(Val::Bool(false)) => {}
+                    _ => failed = true,
+                }
+            }
+            if failed {
+                return None;
+            }
+            Val::Bool(false)
+        }
+        Node::Cond(c, a, b) => match eval(c, e)? {
+            Val::Bool(true) => eval(a, e)?,
+            Val::Bool(false) => eval(b, e)?,
+            _ => return None,
+        },
+        Node::InInts(a, set) => match eval(a, e)? {
+            Val::Int(x) => Val::Bool(set.contains(&x)),
+            _ => return None,
+        },
+        Node::InBytes(a, set) => match eval(a, e)? {
+            Val::Bytes(x) => Val::Bool(set.contains(x)),
+            _ => return None,
+        },
+        Node::Str(f, a, lit) => match eval(a, e)? {
+            Val::Bytes(x) => Val::Bool(match f {
+                StrFn::StartsWith => x.starts_with(lit),
+                StrFn::EndsWith => x.ends_with(lit),
+                StrFn::Contains => {
+                    lit.is_empty() || x.windows(lit.len()).any(|w| w == lit.as_slice())
+                }
+            }),
+            _ => return None,
+        },
+        Node::Matches(a, re) => match eval(a, e)? {
+            Val::Bytes(x) => Val::Bool(re.is_match(x)),
+            _ => return None,
+        },
+        Node::Size(a) => match eval(a, e)? {
+            Val::Bytes(x) => Val::Int(x.len() as i128),
+            _ => return None,
+        },
+    })
+}

@@ -1,0 +1,215 @@
+//! Queries evaluated where the map lives: filters (CEL, compiled to read
+//! members from the entries' bytes), projections (only some members), and
+//! aggregates (groups with COUNT, SUM, MIN, MAX). The `cel` crate parses;
+//! everything after the parse is ours, checked against the map's types once
+//! per call.
+
+mod aggregate;
+mod filter;
+mod path;
+mod projection;
+
+use std::time::Duration;
+
+use bpfmap_kernel::{MapMeta, walk::Chunk};
+use bpfmap_proto::v1 as pb;
+
+pub use aggregate::{AggregateError, MAX_AGGREGATES, Spec, Table};
+pub use filter::{
+    EntryRef, Filter, FilterError, MAX_DEPTH, MAX_FILTER_LEN, MAX_LIST_ELEMENTS, MAX_NODES,
+};
+pub use path::Shape;
+pub use projection::{MAX_FIELDS, Projection};
+
+/// What a dump asks beyond the walk: a filter, a projection.
+#[derive(Debug)]
+pub(crate) struct Query {
+    pub(crate) filter: Option<Filter>,
+    pub(crate) projection: Option<Projection>,
+    /// Per-CPU maps: the bytes of one CPU's value in the kernel's layout.
+    stride: usize,
+    key_size: usize,
+    value_size: usize,
+    /// What the cursor binds: the filter and the fields.
+    digest: [u8; 16],
+}
+
+impl Query {
+    /// The query of a dump request, checked against the map; `None` when
+    /// it asks for neither.
+    pub(crate) fn of_request(
+        filter: &str,
+        fields: &[String],
+        meta: &MapMeta,
+        shape: &Shape<'_>,
+    ) -> Result<Option<Self>, String> {
+        if filter.is_empty() && fields.is_empty() {
+            return Ok(None);
+        }
+        let digest = digest(filter, fields);
+        let filter = match filter {
+            "" => None,
+            f => Some(Filter::compile(f, shape).map_err(|e| e.to_string())?),
+        };
+        let projection = match fields {
+            [] => None,
+            f => Some(Projection::new(f, shape).map_err(|e| format!("fields: {e}"))?),
+        };
+        Ok(Some(Self {
+            filter,
+            projection,
+            stride: if meta.per_cpu() { meta.cpu_stride() } else { 0 },
+            key_size: meta.key_size as usize,
+            value_size: meta.kernel_value_size(),
+            digest,
+        }))
+    }
+
+    /// What a cursor of this query binds.
+    pub(crate) fn digest(&self) -> [u8; 16] {
+        self.digest
+    }
+
+    /// Keeps the entries of `c` that match, at most `max` of them; returns
+    /// how many entries of `c` were looked at to find them (all of them
+    /// unless `max` cut the chunk short).
+    pub(crate) fn keep_matching(&self, c: &mut Chunk, max: Option<u64>) -> usize {
+        let Some(filter) = &self.filter else {
+            return cut(c, max, self.key_size, self.value_size);
+        };
+        let (ks, vs) = (self.key_size, self.value_size);
+        let mut kept = 0usize;
+        let mut looked = 0usize;
+        for i in 0..c.count {
+            if max.is_some_and(|m| kept as u64 >= m) {
+                break;
+            }
+            looked += 1;
+            let e = EntryRef {
+                key: &c.keys[i * ks..(i + 1) * ks],
+                value: &c.values[i * vs..(i + 1) * vs],
+                stride: self.stride,
+            };
+            if filter.matches(&e) {
+                if kept != i {
+                    c.keys.copy_within(i * ks..(i + 1) * ks, kept * ks);
+                    c.values.copy_within(i * vs..(i + 1) * vs, kept * vs);
+                }
+                kept += 1;
+            }
+        }
+        c.count = kept;
+        c.keys.truncate(kept * ks);
+        c.values.truncate(kept * vs);
+        looked
+    }
+
+    /// The projected chunk and the description its messages are built
+    /// with (the projected records as a map that is not per-CPU).
+    pub(crate) fn project(&self, c: Chunk, meta: &MapMeta) -> (Chunk, Option<MapMeta>) {
+        let Some(p) = &self.projection else {
+            return (c, None);
+        };
+        let (ks, vs) = (self.key_size, self.value_size);
+        let mut keys = Vec::with_capacity(c.count * p.key_size);
+        let mut values = Vec::with_capacity(c.count * p.value_size);
+        for i in 0..c.count {
+            p.write(
+                &c.keys[i * ks..(i + 1) * ks],
+                &c.values[i * vs..(i + 1) * vs],
+                self.stride,
+                &mut keys,
+                &mut values,
+            );
+        }
+        let chunk = Chunk {
+            count: c.count,
+            keys,
+            values,
+        };
+        (chunk, Some(projected_meta(meta, p)))
+    }
+}
+
+/// A map description of projected records.
+pub(crate) fn projected_meta(meta: &MapMeta, p: &Projection) -> MapMeta {
+    let mut m = meta.clone();
+    if m.per_cpu() {
+        m.map_type = bpfmap_kernel::MapType::HASH;
+    }
+    m.key_size = p.key_size as u32;
+    m.value_size = p.value_size as u32;
+    m
+}
+
+/// Cuts `c` to at most `max` entries; how many are left.
+fn cut(c: &mut Chunk, max: Option<u64>, ks: usize, vs: usize) -> usize {
+    if let Some(m) = max
+        && (c.count as u64) > m
+    {
+        c.count = m as usize;
+        c.keys.truncate(c.count * ks);
+        c.values.truncate(c.count * vs);
+    }
+    c.count
+}
+
+/// The digest a cursor binds: the filter and the fields, in order.
+fn digest(filter: &str, fields: &[String]) -> [u8; 16] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(&(filter.len() as u64).to_le_bytes());
+    ctx.update(filter.as_bytes());
+    for f in fields {
+        ctx.update(&(f.len() as u64).to_le_bytes());
+        ctx.update(f.as_bytes());
+    }
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&ctx.finish().as_ref()[..16]);
+    out
+}
+
+/// The projection's types, for the first message of a projected dump.
+pub(crate) fn projection_message(p: &Projection) -> pb::Projection {
+    pb::Projection {
+        key_type: p.key_type.clone(),
+        value_type: p.value_type.clone(),
+    }
+}
+
+/// Bounds what a filter may cost against the walk it filters: past a
+/// minimum, evaluating may take at most `multiple` times the kernel reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CostMeter {
+    multiple: u32,
+    reads: Duration,
+    evals: Duration,
+}
+
+/// Evaluation time below which no filter is stopped (a short dump's
+/// timings say little).
+const FREE_EVAL: Duration = Duration::from_millis(200);
+
+impl CostMeter {
+    pub(crate) fn new(multiple: u32) -> Self {
+        Self {
+            multiple,
+            reads: Duration::ZERO,
+            evals: Duration::ZERO,
+        }
+    }
+
+    /// Adds one chunk's timings; an error message once the filter costs too
+    /// much.
+    pub(crate) fn add(&mut self, read: Duration, eval: Duration) -> Result<(), String> {
+        self.reads += read;
+        self.evals += eval;
+        if self.multiple != 0 && self.evals > FREE_EVAL && self.evals > self.reads * self.multiple {
+            return Err(format!(
+                "the filter costs {:.0} times the walk it filters (limits.max_filter_cost is {}): simplify it",
+                self.evals.as_secs_f64() / self.reads.as_secs_f64().max(1e-9),
+                self.multiple
+            ));
+        }
+        Ok(())
+    }
+}
