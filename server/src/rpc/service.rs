@@ -515,6 +515,7 @@ impl AggregateWalk {
                 break;
             }
         }
+        let order_non_negative = self.spec.non_negative_order();
         let (groups, total) = table
             .finish()
             .map_err(|e| Error::ResourceExhausted(e.to_string()))?;
@@ -525,6 +526,7 @@ impl AggregateWalk {
                 entries_matched: matched,
                 groups_total: total,
                 elapsed: None,
+                order_non_negative,
             },
         ))
     }
