@@ -19,6 +19,7 @@ pub use bpfmap_kernel::{MapType, OwnedMap};
 pub mod dns;
 pub mod fleet;
 pub mod fuzz;
+pub mod h2;
 pub mod netns;
 pub mod networking;
 pub mod pki;
