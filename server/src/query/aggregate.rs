@@ -416,3 +416,7 @@ fn string(s: String) -> prost_types::Value {
         kind: Some(prost_types::value::Kind::StringValue(s)),
     }
 }
+
+#[cfg(test)]
+#[path = "aggregate_tests.rs"]
+mod tests;

@@ -173,8 +173,12 @@ impl IntLoad {
         Some(if self.signed && bits < 128 {
             let shift = 128 - bits;
             ((v << shift) as i128) >> shift
-        } else {
+        } else if self.signed {
             v as i128
+        } else {
+            // An unsigned 128-bit value past i128::MAX cannot be compared
+            // exactly: an error, not a negative number.
+            i128::try_from(v).ok()?
         })
     }
 
@@ -383,11 +387,26 @@ fn parse(source: &str) -> Result<(IdedExpr, ast::SourceInfo), FilterError> {
         Ok(Err(errors)) => {
             let first = errors.errors.first();
             Err(FilterError(match first {
-                Some(e) => format!("{} (line {}, column {})", e.msg, e.pos.0, e.pos.1 + 1),
+                // The parser's positions count from 1.
+                Some(e) => format!("{} (line {}, column {})", e.msg, e.pos.0, e.pos.1),
                 None => "cannot be parsed".into(),
             }))
         }
         Err(_) => Err(FilterError("cannot be parsed".into())),
+    }
+}
+
+/// "column C" of byte offset `at` (characters from its line's start, from
+/// 1), with "line L, " first when `source` has more than one line.
+fn position(source: &str, at: usize) -> String {
+    let before = source.get(..at).unwrap_or(source);
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    if source.contains('\n') {
+        let line = before.matches('\n').count() + 1;
+        format!("line {line}, column {column}")
+    } else {
+        format!("column {column}")
     }
 }
 
@@ -428,10 +447,30 @@ impl Compiler<'_> {
                 for a in &c.args {
                     widen(self.span(a, depth + 1));
                 }
+                // A call or an index ends at its closing bracket, which no
+                // node stands on.
+                if let Some((a, b)) = span
+                    && (c.func_name == op::INDEX
+                        || c.func_name.starts_with(|ch: char| ch.is_ascii_alphabetic()))
+                {
+                    span = Some((a, self.closing(b)));
+                }
             }
             Expr::List(l) => {
                 for x in &l.elements {
                     widen(self.span(x, depth + 1));
+                }
+                if let Some((a, b)) = span {
+                    span = Some((a, self.closing(b)));
+                }
+            }
+            // The parser folds `-1` into a literal that stands on the 1.
+            Expr::Literal(LiteralValue::Int(i)) if *i.inner() < 0 => {
+                if let Some((a, b)) = span
+                    && a > 0
+                    && self.source.as_bytes().get(a as usize - 1) == Some(&b'-')
+                {
+                    span = Some((a - 1, b));
                 }
             }
             _ => {}
@@ -439,7 +478,23 @@ impl Compiler<'_> {
         span
     }
 
-    /// The text of `e` and its column, for messages.
+    /// The offset of the bracket that closes a call whose last argument
+    /// ends at `stop` (`stop` itself when there is none).
+    fn closing(&self, stop: u32) -> u32 {
+        let rest = self
+            .source
+            .as_bytes()
+            .get(stop as usize + 1..)
+            .unwrap_or(&[]);
+        let skip = rest.iter().take_while(|c| c.is_ascii_whitespace()).count();
+        match rest.get(skip) {
+            Some(b')' | b']') => stop + 1 + skip as u32,
+            _ => stop,
+        }
+    }
+
+    /// The text of `e` and where it starts, for messages: its column, and
+    /// its line when the filter has more than one.
     fn at(&self, e: &IdedExpr) -> String {
         match self.span(e, 0) {
             Some((start, stop)) => {
@@ -447,7 +502,7 @@ impl Compiler<'_> {
                 let end = (stop + 1).min(self.source.len());
                 let text = self.source.get(start..end).unwrap_or("");
                 let text: String = text.chars().take(64).collect();
-                format!("{} (column {})", text.trim(), start + 1)
+                format!("{} ({})", text.trim(), position(self.source, start))
             }
             None => "the expression".into(),
         }
@@ -466,6 +521,10 @@ impl Compiler<'_> {
         }
         match &e.expr {
             Expr::Literal(l) => self.literal(e, l),
+            Expr::Select(s) if s.test => Err(self.err(
+                &s.operand,
+                "has() is not needed: a map's members are always present",
+            )),
             Expr::Ident(_) | Expr::Select(_) => self.member(e),
             Expr::Call(call) => self.call(e, call),
             Expr::List(_) => Err(self.err(e, "a list is only allowed after `in`")),
@@ -524,8 +583,17 @@ impl Compiler<'_> {
         }
     }
 
-    fn member(&self, e: &IdedExpr) -> Result<Compiled, FilterError> {
+    fn member(&mut self, e: &IdedExpr) -> Result<Compiled, FilterError> {
         let Some((root, steps)) = self.path(e) else {
+            // An index into something else: what that is says more.
+            if let Expr::Call(c) = &e.expr
+                && c.func_name == op::INDEX
+                && let Some(inner) = c.args.first()
+                && !matches!(inner.expr, Expr::Ident(_) | Expr::Select(_))
+                && self.path(inner).is_none()
+            {
+                self.node(inner)?;
+            }
             if let Expr::Ident(n) = &e.expr {
                 return Err(self.err(
                     e,
@@ -568,8 +636,10 @@ impl Compiler<'_> {
                 Node::LoadInt(int(r.size, i.signed, i.big_endian)),
                 Ty::Int(name),
             ),
-            Some(Kind::Char(c)) => (Node::LoadInt(int(1, c.signed, false)), Ty::Int(name)),
-            Some(Kind::Enum(en)) if matches!(r.size, 1 | 2 | 4 | 8) => {
+            Some(Kind::Char(c)) if !summed => {
+                (Node::LoadInt(int(1, c.signed, false)), Ty::Int(name))
+            }
+            Some(Kind::Enum(en)) if !summed && matches!(r.size, 1 | 2 | 4 | 8) => {
                 (Node::LoadInt(int(r.size, en.signed, false)), Ty::Int(name))
             }
             Some(Kind::Bool(_)) if !summed => {
@@ -1086,3 +1156,7 @@ fn eval<'a>(n: &'a Node, e: &EntryRef<'a>) -> Option<Val<'a>> {
         },
     })
 }
+
+#[cfg(test)]
+#[path = "filter_tests.rs"]
+mod tests;

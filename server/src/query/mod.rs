@@ -8,6 +8,8 @@ mod aggregate;
 mod filter;
 mod path;
 mod projection;
+#[cfg(test)]
+mod testing;
 
 use std::time::Duration;
 
@@ -211,5 +213,92 @@ impl CostMeter {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A query of `filter` over flow keys and stats.
+    fn query(filter: &str) -> Query {
+        let (key, value) = (testing::flow_key(), testing::flow_stats());
+        let shape = testing::shape(&key, &value, None);
+        Query {
+            filter: Some(Filter::compile(filter, &shape).unwrap()),
+            projection: None,
+            stride: 0,
+            key_size: 16,
+            value_size: 16,
+            digest: digest(filter, &[]),
+        }
+    }
+
+    /// Entries i = 0..n: dport i, bytes 10 * i.
+    fn chunk(n: u16) -> Chunk {
+        let mut c = Chunk {
+            count: usize::from(n),
+            ..Chunk::default()
+        };
+        for i in 0..n {
+            c.keys.extend(testing::flow(1, 2, 3, i, 6));
+            c.values.extend(testing::stats(1, 10 * u64::from(i)));
+        }
+        c
+    }
+
+    fn dports(c: &Chunk) -> Vec<u16> {
+        c.keys
+            .chunks(16)
+            .map(|k| u16::from_le_bytes([k[10], k[11]]))
+            .collect()
+    }
+
+    #[test]
+    fn matching_entries_are_kept_in_order_up_to_a_maximum() {
+        let q = query("key.dport % 3 == 0");
+        let mut c = chunk(20);
+        assert_eq!(q.keep_matching(&mut c, None), 20);
+        assert_eq!(dports(&c), [0, 3, 6, 9, 12, 15, 18]);
+        assert_eq!(c.values.len(), 7 * 16);
+        assert_eq!(&c.values[16 + 8..32], &30u64.to_le_bytes());
+        let mut c = chunk(20);
+        // Three matches are at 0, 3 and 6: 7 entries looked at.
+        assert_eq!(q.keep_matching(&mut c, Some(3)), 7);
+        assert_eq!(dports(&c), [0, 3, 6]);
+        let mut c = chunk(20);
+        assert_eq!(q.keep_matching(&mut c, Some(0)), 0);
+        assert_eq!(c.count, 0);
+    }
+
+    #[test]
+    fn the_cursor_digest_binds_the_filter_and_the_fields_in_order() {
+        let a = ["key.dport".to_owned(), "value.bytes".to_owned()];
+        let b = ["value.bytes".to_owned(), "key.dport".to_owned()];
+        assert_eq!(digest("x", &a), digest("x", &a));
+        assert_ne!(digest("x", &a), digest("x", &b));
+        assert_ne!(digest("x", &a), digest("y", &a));
+        // Lengths are framed: no two splits of the same text collide.
+        assert_ne!(
+            digest("", &["ab".to_owned()]),
+            digest("a", &["b".to_owned()])
+        );
+    }
+
+    #[test]
+    fn the_cost_meter_stops_a_filter_only_past_the_free_time_and_the_multiple() {
+        let ms = Duration::from_millis;
+        let mut m = CostMeter::new(8);
+        assert!(m.add(ms(1), ms(150)).is_ok(), "under the free time");
+        assert!(m.add(ms(1), ms(40)).is_ok(), "190 ms: still free");
+        let e = m.add(ms(1), ms(20)).unwrap_err();
+        assert_eq!(
+            e,
+            "the filter costs 70 times the walk it filters (limits.max_filter_cost is 8): simplify it"
+        );
+        let mut m = CostMeter::new(8);
+        assert!(m.add(ms(100), ms(700)).is_ok(), "7x the walk");
+        let mut off = CostMeter::new(0);
+        assert!(off.add(ms(1), ms(10_000)).is_ok(), "0 turns it off");
     }
 }

@@ -235,3 +235,7 @@ fn derived(r: &Resolved, summed: bool) -> Result<(pb::TypeInfo, usize, bool), St
     let size = r.size;
     Ok((info, size, signed))
 }
+
+#[cfg(test)]
+#[path = "projection_tests.rs"]
+mod tests;
