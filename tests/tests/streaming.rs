@@ -293,8 +293,8 @@ async fn default_chunks_start_small_and_grow_to_the_dumps_share() {
     }
     assert_eq!(collect_unique(got), expected);
     // 16-byte entries: 4 KiB first (256 entries), then four times the last,
-    // up to a fifth of the dump's share (576 KiB with the default limits:
-    // 7,372 entries). A hash bucket is never split, so a chunk may hold a
+    // up to a sixth of the dump's share (576 KiB with the default limits:
+    // 6,144 entries). A hash bucket is never split, so a chunk may hold a
     // few entries more or less than asked for.
     let near = |n: usize, want: usize| n.abs_diff(want) <= 16;
     assert!(near(sizes[0], 256), "{sizes:?}");
@@ -302,7 +302,7 @@ async fn default_chunks_start_small_and_grow_to_the_dumps_share() {
     assert!(near(sizes[2], 4096), "{sizes:?}");
     // Later chunks are that size, or smaller when the client has not yet
     // taken the chunks before them (their memory is still held).
-    let steady = (576 << 10) / 5 / 16;
+    let steady = (576 << 10) / 6 / 16;
     assert!(sizes.iter().all(|&n| n <= steady + 16), "{sizes:?}");
     assert!(sizes.iter().any(|&n| near(n, steady)), "{sizes:?}");
     assert!(sizes.len() < 20, "{} chunks", sizes.len());

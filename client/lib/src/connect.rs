@@ -134,7 +134,7 @@ impl ConnectOptions {
             .tcp_nodelay(true)
             .initial_stream_window_size(2 << 20)
             .initial_connection_window_size(4 << 20)
-            // Frames that hold a whole chunk (115 KiB with the daemon's
+            // Frames that hold a whole chunk (96 KiB with the daemon's
             // default limits), not 16 KiB pieces of it: a dump of 100K
             // 320-byte entries cost 78-83 ms of CPU (daemon and client
             // together) with 16 KiB frames, 65-66 ms with these. The

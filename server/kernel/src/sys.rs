@@ -701,7 +701,7 @@ pub fn umount(path: &Path) -> SysResult<()> {
 /// are freed, after which they come from the heap and stay in the process:
 /// after 64 slow streams left, the daemon kept about 15 MiB more than with
 /// this. The heap keeps 256 KiB at its top when it shrinks, so that a dump's
-/// chunks (115 KiB with the default limits), allocated and freed one after
+/// chunks (96 KiB with the default limits), allocated and freed one after
 /// the other, do not fault their pages in again each time (a dump of 100K
 /// 320-byte entries: 3,500 page faults without it, 250 with it, and about a
 /// sixth less CPU). What calls leave free is handed back when the daemon is

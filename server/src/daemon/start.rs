@@ -20,7 +20,6 @@ use tokio::{
     sync::{mpsc, watch},
     task::JoinHandle,
 };
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
@@ -28,7 +27,7 @@ use super::Running;
 use crate::{
     access::{self, Policy},
     config::{Config, Limits},
-    dump::{CursorKey, DumpEnv, DumpLimits, DumpStats},
+    dump::{CursorKey, DumpEnv, DumpLimits, DumpStats, reader_permits},
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
     maps::{Catalog, RenderRules},
     model::SERVICE_NAME,
@@ -236,6 +235,7 @@ impl Core {
                 slots: self.slots.clone(),
                 max_slot_hold: limits.max_slot_hold,
                 max_filter_cost: limits.max_filter_cost,
+                readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
             },
             draining: stopping.draining.subscribe(),
             metrics: self.metrics.clone(),
@@ -382,19 +382,7 @@ fn serve_main(
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
     let metrics = accept.metrics.clone();
-    let router = tonic::transport::Server::builder()
-        .layer(CountCalls(metrics))
-        .max_concurrent_streams(Some(limits.max_streams_per_connection))
-        // Streams a client resets before the daemon answered them, pending
-        // at once (the burst form of rapid reset: GOAWAY ENHANCE_YOUR_CALM
-        // past it; those reset after the answer are max_cancelled_calls'),
-        // and the headers of one request (431 or a reset above).
-        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
-        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
-        .http2_max_local_error_reset_streams(Some(1024))
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
-        .add_service(InterceptedService::new(map_service, authenticate))
+    let routes = tonic::service::Routes::new(InterceptedService::new(map_service, authenticate))
         .add_service(health_service(
             reporter.clone(),
             stopping.stop_dumps.subscribe(),
@@ -407,6 +395,27 @@ fn serve_main(
             reflection().build_v1alpha()?,
             authenticate,
         ));
+    let service = tower::ServiceBuilder::new()
+        .layer(CountCalls(metrics))
+        .service(routes);
+    let settings = net::Http2Settings {
+        max_streams: limits.max_streams_per_connection,
+        // Streams a client resets before the daemon answered them, pending
+        // at once (the burst form of rapid reset: GOAWAY ENHANCE_YOUR_CALM
+        // past it; those reset after the answer are max_cancelled_calls'),
+        // and the headers of one request (431 or a reset above).
+        max_pending_resets: MAX_PENDING_RESETS,
+        max_local_error_resets: 1024,
+        max_header_list: MAX_HEADER_LIST_BYTES,
+        // What a stream may have buffered beyond the client's window (with
+        // the frame being written), which the dump's share counts
+        // (IN_TRANSPORT).
+        max_send_buf: 64 << 10,
+        keepalive: (
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(10),
+        ),
+    };
     let (conn_tx, conn_rx) = mpsc::channel(64);
     if let Some(unix) = unix {
         tokio::spawn(accept_unix_loop(
@@ -449,8 +458,10 @@ fn serve_main(
         let _ = accepting.await;
         set_health(&reporter, ServingStatus::NotServing).await;
     });
-    Ok(tokio::spawn(router.serve_with_incoming_shutdown(
-        ReceiverStream::new(conn_rx),
+    Ok(tokio::spawn(net::serve(
+        service,
+        settings,
+        conn_rx,
         Stopping::when(&stopping.draining),
     )))
 }

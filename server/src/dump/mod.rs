@@ -32,13 +32,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 pub(crate) use cursor::{CursorError, CursorKey, Sealer};
 pub(crate) use job::{ChunkSizes, DumpJob, DumpLimits, Options};
-pub(crate) use producer::{DumpEnv, Queued, Started, Tail, spawn};
+pub(crate) use producer::{DumpEnv, Queued, Started, Tail, reader_permits, spawn};
 
 /// Messages queued between the kernel reader and the transport.
 pub(crate) const CHANNEL_DEPTH: usize = 2;
 /// Messages the transport has taken whose memory is still counted (it may
-/// still be writing them).
-pub(crate) const IN_TRANSPORT: usize = 2;
+/// still be writing them: the HTTP/2 layer buffers a frame and up to 64 KiB
+/// more per stream, the encoder's buffer holds the rest of a message).
+pub(crate) const IN_TRANSPORT: usize = 3;
 /// Chunks a dump can have in memory at once: queued, in the transport, and
 /// the one being read.
 pub(crate) const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
@@ -46,7 +47,7 @@ pub(crate) const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
 /// entry only once nothing is queued.
 pub(crate) const LARGE_PIPELINE: usize = 1 + 1 + IN_TRANSPORT;
 /// A chunk's size when the request does not say: the largest a dump's share
-/// allows (a fifth of it: about 115 KiB with the default limits), up to
+/// allows (a sixth of it: 96 KiB with the default limits), up to
 /// this. Large chunks cost the kernel nothing more per entry, and save the
 /// hand-offs between threads and the message that every chunk costs.
 pub(crate) const DEFAULT_CHUNK_BYTES: usize = 1 << 20;

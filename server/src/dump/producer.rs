@@ -44,6 +44,15 @@ pub(crate) struct DumpEnv {
     pub(crate) max_slot_hold: Duration,
     /// How many times the walk a filter's evaluation may cost.
     pub(crate) max_filter_cost: u32,
+    /// Producers reading and encoding at once: about one per CPU, so that
+    /// many dumps filling their queues at once (clients that all stop
+    /// reading) leave the CPUs to other calls, not to a crowd of threads.
+    pub(crate) readers: Arc<tokio::sync::Semaphore>,
+}
+
+/// Producers reading at once: one per CPU.
+pub(crate) fn reader_permits() -> usize {
+    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
 }
 
 impl DumpEnv {
@@ -237,6 +246,9 @@ impl<M: MapOps> Producer<M> {
             let cap = asked
                 .filter(|_| self.sent > 0)
                 .map(|r| r.min(u64::from(u32::MAX)) as u32);
+            // One of the CPUs' turns to read and encode, let go before
+            // waiting for the client.
+            let turn = self.env.readers.clone().acquire_owned().await;
             let chunk = self.read(want, cap, remaining)?;
             let position = self.walker.position().clone();
             let complete = position == Position::End;
@@ -251,7 +263,9 @@ impl<M: MapOps> Producer<M> {
             let heartbeat = filtered && self.last_queued.elapsed() >= HEARTBEAT;
             let chunk = chunk.filter(|c| c.count > 0 || heartbeat && !complete && !limit_reached);
             if let Some(c) = chunk
-                && !self.queue_chunk(c, cursor.clone(), reservation).await?
+                && !self
+                    .queue_chunk(c, cursor.clone(), reservation, turn)
+                    .await?
             {
                 return Ok(());
             }
@@ -283,20 +297,25 @@ impl<M: MapOps> Producer<M> {
         let read_count = c.count;
         let evaluating = Instant::now();
         let looked = q.keep_matching(c, remaining);
-        self.scanned += looked as u64;
+        let mut scanned = read_count;
         if looked < read_count
             && let Some(before) = before
         {
             // The limit was reached inside the chunk: read again up to the
-            // last match, so that the cursor resumes right after it.
+            // last match, so that the cursor resumes right after it. Not
+            // capped: a hash bucket larger than that is read whole (a
+            // capped read would return nothing, and the walk would stand
+            // still); one that straddles it is left to the next read.
             self.walker.rewind(before);
-            let again = read_chunk(&mut self.walker, looked as u32, Some(looked as u32));
+            let again = read_chunk(&mut self.walker, looked as u32, None);
             self.count_reads();
             chunk = again.map_err(|e| Error::from_walk(&self.map, e))?;
+            scanned = chunk.as_ref().map_or(0, |c| c.count);
             if let Some(c) = chunk.as_mut() {
                 q.keep_matching(c, None);
             }
         }
+        self.scanned += scanned as u64;
         self.meter
             .add(reading, evaluating.elapsed())
             .map_err(Error::ResourceExhausted)?;
@@ -365,6 +384,7 @@ impl<M: MapOps> Producer<M> {
         c: Chunk,
         cursor: String,
         mut reservation: Option<Reservation>,
+        turn: Result<tokio::sync::OwnedSemaphorePermit, tokio::sync::AcquireError>,
     ) -> Result<bool, Error> {
         let count = c.count as u64;
         // A hash bucket is never split: it may hold more than asked for.
@@ -391,12 +411,22 @@ impl<M: MapOps> Producer<M> {
             cursor,
         }
         .into_proto();
+        if self.decoder.is_some() && self.query.as_ref().is_some_and(|q| q.projection.is_some()) {
+            // A projection's entries are their decoded members: the
+            // projected records' bytes are left out (kept with `raw`).
+            for e in &mut msg.entries {
+                e.key = Vec::new();
+                e.value = Vec::new();
+                e.per_cpu_values = Vec::new();
+            }
+        }
         if self.chunks == 0
             && let Some(p) = self.query.as_ref().and_then(|q| q.projection.as_ref())
         {
             msg.projection = Some(projection_message(p));
         }
         self.last_queued = Instant::now();
+        drop(turn);
         let waiter = (&self.tx, &mut self.env, self.slot.as_ref());
         if !send(waiter, msg, reservation).await? {
             return Ok(false);
@@ -613,6 +643,7 @@ mod tests {
             slots: Arc::new(DumpSlots::new(4, 4)),
             max_slot_hold: Duration::from_secs(60),
             max_filter_cost: 8,
+            readers: Arc::new(tokio::sync::Semaphore::new(2)),
         };
         (env, stop_tx)
     }
