@@ -444,6 +444,17 @@ impl Compiler<'_> {
                 if let Some(t) = &c.target {
                     widen(self.span(t, depth + 1));
                 }
+                // A global call stands at its bracket: its name precedes it.
+                if c.target.is_none()
+                    && let Some((a, _)) = self.info.offset_for(e.id)
+                    && self
+                        .source
+                        .as_bytes()
+                        .get(..a as usize)
+                        .is_some_and(|b| b.ends_with(c.func_name.as_bytes()))
+                {
+                    widen(Some((a - c.func_name.len() as u32, a)));
+                }
                 for a in &c.args {
                     widen(self.span(a, depth + 1));
                 }
@@ -460,6 +471,13 @@ impl Compiler<'_> {
                 for x in &l.elements {
                     widen(self.span(x, depth + 1));
                 }
+                if let Some((a, b)) = span {
+                    span = Some((a, self.closing(b)));
+                }
+            }
+            Expr::Comprehension(c) => {
+                widen(self.span(&c.iter_range, depth + 1));
+                widen(self.span(&c.loop_step, depth + 1));
                 if let Some((a, b)) = span {
                     span = Some((a, self.closing(b)));
                 }

@@ -716,3 +716,16 @@ fn untyped_maps_refuse_members_and_reads_past_the_end() {
         "filter: key == \"x\" (column 1): cannot compare bytes with string"
     );
 }
+
+#[test]
+fn global_calls_are_quoted_from_their_name() {
+    let map = Map::everything();
+    assert_eq!(
+        map.refused("key.dport == 1 && system(\"reboot\")"),
+        "filter: system(\"reboot\") (column 19): unknown function or operator \"system\" in a filter"
+    );
+    assert_eq!(
+        map.refused("key.dport == 1 &&\n  u32(value.comm, 0) == 1"),
+        "filter: value.comm (line 2, column 7): u32 reads the bytes of key, value or values[i]"
+    );
+}

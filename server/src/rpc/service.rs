@@ -508,9 +508,13 @@ impl AggregateWalk {
                     break 'walk;
                 }
             }
-            meter
-                .add(reading, eval_at.elapsed())
-                .map_err(Error::ResourceExhausted)?;
+            // What the filter costs (with the grouping of what it let
+            // through); grouping alone is bounded by limits.max_groups.
+            if self.filter.is_some() {
+                meter
+                    .add(reading, eval_at.elapsed())
+                    .map_err(Error::ResourceExhausted)?;
+            }
             if *walker.position() == Position::End {
                 break;
             }
