@@ -982,3 +982,39 @@ mod systemd {
         }
     }
 }
+
+/// A change that SIGHUP applied is not applied again by the file watch
+/// (and the other way round): one change, one reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_reloaded_once_by_sighup_or_the_file_watch() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_a, _) = u64_array(&fs, "a", 10);
+    let daemon = DaemonProcess::start(
+        daemon_bin!(),
+        fs.path(),
+        state.path(),
+        process::free_addr("127.0.0.1"),
+        "watch_files = \"1s\"\n",
+    );
+    let reloads = || {
+        daemon
+            .log()
+            .iter()
+            .filter(|l| l.contains("reloaded certificates, policy and cursor keys"))
+            .count()
+    };
+    let config = daemon.config_path().to_owned();
+    let text = std::fs::read_to_string(&config).unwrap();
+    // Changed and signalled at once: SIGHUP applies it.
+    std::fs::write(&config, format!("{text}\n# changed once\n")).unwrap();
+    daemon.signal(libc::SIGHUP);
+    wait_for("the SIGHUP reload", async || reloads() >= 1).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(reloads(), 1, "the file watch saw the change SIGHUP applied");
+    // Changed without a signal: the file watch applies it, once.
+    std::fs::write(&config, format!("{text}\n# changed twice\n")).unwrap();
+    wait_for("the file watch's reload", async || reloads() >= 2).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(reloads(), 2);
+}

@@ -14,7 +14,7 @@ use crate::{
     dump::DumpStats,
     limits::Budget,
     net::ConnRegistry,
-    ops::{Reloader, watch_files},
+    ops::{Reloader, Seen, watch_files},
 };
 
 /// After the shutdown grace, how long connections get to deliver the last
@@ -30,6 +30,8 @@ pub struct Running {
     pub(super) stats: Arc<DumpStats>,
     pub(super) reloader: Reloader,
     pub(super) watcher: Option<JoinHandle<()>>,
+    /// What the file watch last saw, when it is on.
+    pub(super) seen: Option<Seen>,
     pub(super) conns: ConnRegistry,
     pub(super) budget: Budget,
     pub(super) grace: Duration,
@@ -78,7 +80,14 @@ impl Running {
     /// error nothing changes and the error says why. Other settings need a
     /// restart.
     pub fn reload(&self, config: &Config) -> anyhow::Result<()> {
-        self.reloader.reload(config)
+        // The files as read now: once applied, the file watch (if on) does
+        // not apply the same change again.
+        let seen = self.seen.as_ref().map(|s| (s, s.look(config)));
+        self.reloader.reload(config)?;
+        if let Some((s, now)) = seen {
+            s.note(now);
+        }
+        Ok(())
     }
 
     /// Reloads by itself whenever a file the configuration depends on
@@ -95,9 +104,11 @@ impl Running {
         if let Some(old) = self.watcher.take() {
             old.abort();
         }
+        let seen = Seen::new(config_file, &current);
+        self.seen = Some(seen.clone());
         self.watcher = Some(watch_files(
             self.reloader.clone(),
-            config_file,
+            seen,
             current,
             load,
             interval,

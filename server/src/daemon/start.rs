@@ -316,6 +316,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             metrics: core.metrics,
         },
         watcher: None,
+        seen: None,
         conns: core.conns,
         budget: core.budget,
         grace: limits.shutdown_grace,

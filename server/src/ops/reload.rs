@@ -6,7 +6,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -105,6 +105,41 @@ fn fingerprint(files: &[PathBuf]) -> [u8; 32] {
     out
 }
 
+/// What the file watch last saw of the files a configuration depends on,
+/// shared with reloads made another way (SIGHUP), so that a change one of
+/// them applied is not applied again by the other.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    config_file: Option<PathBuf>,
+    last: Arc<Mutex<[u8; 32]>>,
+}
+
+impl Seen {
+    /// The files of `config` as they are now.
+    pub(crate) fn new(config_file: Option<PathBuf>, config: &Config) -> Self {
+        let last = fingerprint(&watched(config_file.as_deref(), config));
+        Self {
+            config_file,
+            last: Arc::new(Mutex::new(last)),
+        }
+    }
+
+    /// The files of `config` as they are now (to be noted once it is
+    /// applied).
+    pub(crate) fn look(&self, config: &Config) -> [u8; 32] {
+        fingerprint(&watched(self.config_file.as_deref(), config))
+    }
+
+    /// Notes that the files as they were at `seen` are applied.
+    pub(crate) fn note(&self, seen: [u8; 32]) {
+        *self.last.lock().expect("seen lock") = seen;
+    }
+
+    fn changed(&self, now: [u8; 32]) -> bool {
+        *self.last.lock().expect("seen lock") != now
+    }
+}
+
 /// Checks every `interval` whether a file the configuration depends on
 /// changed, and reloads when one did. `load` reads the configuration as at
 /// start (file and flags); a configuration that does not load, or does not
@@ -112,7 +147,7 @@ fn fingerprint(files: &[PathBuf]) -> [u8; 32] {
 /// again.
 pub(crate) fn watch_files(
     reloader: Reloader,
-    config_file: Option<PathBuf>,
+    seen: Seen,
     current: Config,
     load: impl Fn() -> anyhow::Result<Config> + Send + 'static,
     interval: Duration,
@@ -120,7 +155,6 @@ pub(crate) fn watch_files(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut config = current;
-        let mut last = fingerprint(&watched(config_file.as_deref(), &config));
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
@@ -128,11 +162,11 @@ pub(crate) fn watch_files(
             }
             let loaded = load();
             let basis = loaded.as_ref().unwrap_or(&config);
-            let now = fingerprint(&watched(config_file.as_deref(), basis));
-            if now == last {
+            let now = seen.look(basis);
+            if !seen.changed(now) {
                 continue;
             }
-            last = now;
+            seen.note(now);
             match loaded.and_then(|c| reloader.reload(&c).map(|()| c)) {
                 Ok(c) => {
                     tracing::info!("configuration files changed on disk: reloaded");
