@@ -3,9 +3,9 @@
 use tonic::transport::Channel;
 
 use crate::{
-    ConnectOptions, Dump, DumpOptions, Error, Key, LookupOptions, LookupResult, MapInfo, MapName,
-    RetryPolicy, connect::MAX_DECODE, lookup::LookupCall, pb,
-    pb::map_service_client::MapServiceClient,
+    AggregateOptions, AggregateResult, ConnectOptions, Dump, DumpOptions, Error, Key,
+    LookupOptions, LookupResult, MapInfo, MapName, RetryPolicy, connect::MAX_DECODE,
+    lookup::LookupCall, pb, pb::map_service_client::MapServiceClient, typed,
 };
 
 /// A connection to one bpfmapd. Cheap to clone; clones share the connection.
@@ -124,6 +124,28 @@ impl Client {
             })
             .await?;
         call.results(resp.results)
+    }
+
+    /// Groups the map's entries and computes aggregates per group in the
+    /// daemon, in one walk ([`AggregateOptions`]): "the ten destinations
+    /// with the most bytes" without sending the entries. Errors:
+    /// INVALID_ARGUMENT for a filter, group-by path or field that does not
+    /// fit the map's types (the message names it), RESOURCE_EXHAUSTED for
+    /// more groups than the daemon's `limits.max_groups`.
+    pub async fn aggregate(
+        &self,
+        map: &MapName,
+        options: AggregateOptions,
+    ) -> Result<AggregateResult, Error> {
+        typed::parse_render(options.render()).map_err(Error::render)?;
+        let req = options.request(map);
+        let resp = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.aggregate_map(req).await }
+            })
+            .await?;
+        AggregateResult::from_proto(resp)
     }
 
     /// Dumps a map; see [`Dump`].

@@ -86,6 +86,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// An aggregate that cannot be read ("avg(value.bytes)": the message
+    /// says which ones exist).
+    #[error("invalid aggregate {spec:?}: {message}")]
+    Aggregate {
+        /// The aggregate as given.
+        spec: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 impl From<Status> for Error {
@@ -126,9 +135,11 @@ impl Error {
                 retrying: Some(s), ..
             } => s.code(),
             Self::Timeout { retrying: None, .. } | Self::Deadline { .. } => Code::DeadlineExceeded,
-            Self::Address { .. } | Self::MapName(_) | Self::Target(_) | Self::Render { .. } => {
-                Code::InvalidArgument
-            }
+            Self::Address { .. }
+            | Self::MapName(_)
+            | Self::Target(_)
+            | Self::Render { .. }
+            | Self::Aggregate { .. } => Code::InvalidArgument,
             Self::Connect { .. } => Code::Unavailable,
             Self::Protocol(_) | Self::Types(_) => Code::Internal,
         }

@@ -52,6 +52,17 @@ impl Default for FleetOptions {
 }
 
 impl FleetOptions {
+    /// The run's deadline, if any.
+    pub(crate) fn deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+
+    /// The longest a call that answers once (after a whole walk of the
+    /// map) is waited for: the longer of the answer and idle timeouts.
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.answer_timeout.max(self.idle_timeout)
+    }
+
     /// Targets in flight at once (default 32).
     pub fn with_concurrency(mut self, targets: usize) -> Self {
         self.concurrency = targets;
@@ -106,8 +117,11 @@ impl FleetDumpOptions {
     }
 
     /// Give each chunk with its target's [`MapTypes`], to decode it with
-    /// (default: no types). They come from a GetMap sent beside the dump on
-    /// the same connection (no round trip of its own), and show members as
+    /// (default: no types). For a projected dump
+    /// ([`DumpOptions::with_fields`]) they are the projection's, from the
+    /// dump's first message. Otherwise they come from a GetMap sent beside
+    /// the dump on the same connection (no round trip of its own), and show
+    /// members as
     /// the target's configuration renders them
     /// ([`MapInfo::render`](crate::MapInfo::render)), overridden by the
     /// dump's renderings ([`DumpOptions::with_render`]); renderings that do
@@ -171,12 +185,22 @@ impl Fleet {
     }
 
     fn plan(&self) -> Plan {
+        self.plan_of(self.targets.clone(), self.options.deadline)
+    }
+
+    /// A run on `targets` with its own deadline.
+    pub(crate) fn plan_of(&self, targets: Vec<Target>, deadline: Option<Duration>) -> Plan {
         Plan {
-            targets: self.targets.clone(),
+            targets,
             connect: self.connect.clone(),
             concurrency: self.options.concurrency,
-            deadline: self.options.deadline,
+            deadline,
         }
+    }
+
+    /// How runs behave.
+    pub(crate) fn options(&self) -> &FleetOptions {
+        &self.options
     }
 
     /// ListMaps on every target.
@@ -243,7 +267,7 @@ impl Fleet {
 }
 
 /// Runs `fut` for at most `timeout`.
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
@@ -277,8 +301,10 @@ async fn dump_target(
     }
     let start = dump_options.cursor().unwrap_or_default().to_owned();
     answers.update(|p| p.cursor = start);
-    let mut types = options
-        .types
+    // A projection's records decode through the types its first message
+    // gives; the map's come from a GetMap beside the dump.
+    let projected = options.dump.projected();
+    let mut types = (options.types && !projected)
         .then(|| types_beside(&client, &map, options.dump.render(), waits.first));
     let mut known = None;
     let mut dump = client.dump(&map, dump_options);
@@ -288,6 +314,9 @@ async fn dump_target(
         let (cursor, n, resumes) = (chunk.cursor().to_owned(), chunk.len(), dump.resumes());
         if let Some(task) = types.take() {
             known = task.await?;
+        }
+        if options.types && projected && known.is_none() {
+            known = projection_types(&dump, options.dump.render())?;
         }
         let answer = FleetChunk {
             chunk,
@@ -305,6 +334,9 @@ async fn dump_target(
     // An empty map: renderings that do not fit still fail the target.
     if let Some(task) = types.take() {
         task.await?;
+    }
+    if options.types && projected && known.is_none() {
+        projection_types(&dump, options.dump.render())?;
     }
     answers.update(|p| {
         p.complete = dump.complete();
@@ -343,6 +375,17 @@ async fn next_within(
             }
         }
     }
+}
+
+/// The types of a projected dump's records, with the dump's renderings,
+/// once its first message described them.
+fn projection_types(
+    dump: &Dump,
+    render: &BTreeMap<String, String>,
+) -> Result<Option<Arc<MapTypes>>, Error> {
+    dump.projection()
+        .map(|p| p.types_with(render).map(Arc::new))
+        .transpose()
 }
 
 /// The map's types, from a GetMap that goes out before the dump on the

@@ -19,10 +19,12 @@
 //!
 //! Every call takes its options as a value built from `Default` with
 //! `with_*` methods ([`ConnectOptions`], [`DumpOptions`],
-//! [`LookupOptions`], [`FleetOptions`], [`FleetDumpOptions`]), and returns
-//! the library's types ([`MapInfo`], [`LookupResult`], [`Chunk`],
-//! [`DumpSummary`]); the messages they came in are there too
-//! (`as_proto()`, and the generated code in [`pb`]).
+//! [`LookupOptions`], [`AggregateOptions`], [`FleetOptions`],
+//! [`FleetDumpOptions`], [`FleetAggregateOptions`]), and returns the
+//! library's types ([`MapInfo`], [`LookupResult`], [`Chunk`],
+//! [`DumpSummary`], [`AggregateResult`], [`FleetAggregate`]); the messages
+//! they came in are there too (`as_proto()`, and the generated code in
+//! [`pb`]).
 //!
 //! A dump resumes by itself from the last cursor it received when the
 //! stream breaks (UNAVAILABLE, or a transport error such as a reset
@@ -95,6 +97,49 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Queries where the map lives
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), bpfmap_client::Error> {
+//! use bpfmap_client::{
+//!     Aggregate, AggregateOptions, Client, ConnectOptions, DumpOptions, Fleet,
+//!     FleetAggregateOptions, MapName, Target,
+//! };
+//!
+//! let client = Client::connect("http://127.0.0.1:50051", ConnectOptions::default()).await?;
+//! let map: MapName = "demo/flows".parse()?;
+//! // Only the matching entries, only two members of each.
+//! let options = DumpOptions::default()
+//!     .with_filter("key.dport == 443 && value.bytes > 1000000")
+//!     .with_fields(["key.daddr", "value.bytes"]);
+//! let mut dump = client.dump(&map, options);
+//! while let Some(chunk) = dump.next_chunk().await? {
+//!     let types = dump.projection().expect("described").types_with([("key.daddr", "ipv4")])?;
+//!     for entry in &chunk {
+//!         println!("{:?} {:?}", types.decode_key(entry.key), types.decode_value(entry.value));
+//!     }
+//! }
+//! println!("{} of {} entries", dump.received(), dump.summary().map_or(0, |s| s.entries_scanned()));
+//! // The five destinations with the most bytes, on one host ...
+//! let top = AggregateOptions::default()
+//!     .with_group_by(["key.daddr"])
+//!     .with_aggregate(Aggregate::sum("value.bytes"))
+//!     .with_aggregate(Aggregate::count())
+//!     .with_limit(5);
+//! for group in client.aggregate(&map, top.clone()).await?.groups() {
+//!     println!("{:?}: {:?}", group.key(), group.values());
+//! }
+//! // ... and on many, exactly (the three-phase threshold top K).
+//! let targets: Vec<Target> = vec!["10.0.0.7:50051".parse()?, "10.0.0.8:50051".parse()?];
+//! let fleet = Fleet::new(targets, ConnectOptions::default());
+//! let result = fleet.aggregate(&map, FleetAggregateOptions::default().with_aggregate(top)).await;
+//! for g in &result.groups {
+//!     println!("{:?}: {:?} on {} hosts", g.group.key(), g.group.values(), g.hosts.len());
+//! }
+//! println!("{}, missing: {:?}", result.method.as_str(), result.missing);
+//! # Ok(()) }
+//! ```
+//!
 //! Errors keep what caused them: [`Error::code`] is the gRPC code whatever
 //! the error (the status's, DEADLINE_EXCEEDED for a target that did not
 //! answer in time, ...), [`Error::status`] the status itself, and
@@ -102,6 +147,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod aggregate;
 mod chunk;
 mod client;
 mod connect;
@@ -109,13 +155,18 @@ mod connect;
 mod discovery;
 mod error;
 mod fleet;
+mod fleet_aggregate;
 mod lookup;
 mod map;
 mod resume;
 mod run;
 mod target;
+mod topk;
 pub mod typed;
 
+pub use aggregate::{
+    Aggregate, AggregateOp, AggregateOptions, AggregateResult, AggregateSummary, Group,
+};
 /// The canonical name of a gRPC code ("NOT_FOUND").
 pub use bpfmap_proto::status::code_name;
 /// The generated messages and gRPC stubs of `bpfmap.v1`, for what the
@@ -129,10 +180,14 @@ pub use connect::{ClientTls, ConnectOptions};
 pub use discovery::{DiscoveryError, Resolver, TargetSpec};
 pub use error::Error;
 pub use fleet::{Fleet, FleetChunk, FleetDumpOptions, FleetOptions};
+pub use fleet_aggregate::{
+    AggregateReport, DEFAULT_MAX_GROUPS, FleetAggregate, FleetAggregateOptions, FleetGroup,
+    MergeMethod,
+};
 pub use lookup::{Key, LookupOptions, LookupResult, PerCpu};
 pub use map::{DumpMethod, MapInfo, MapName};
 pub use resume::{Dump, DumpOptions, DumpSummary, RetryPolicy};
 pub use run::{FleetEvent, FleetRun, TargetReport};
 pub use target::Target;
 pub use tonic::{Code, Status};
-pub use typed::MapTypes;
+pub use typed::{MapTypes, Projection};

@@ -13,7 +13,7 @@ use tonic::{Code, Status, Streaming, transport::Channel};
 use crate::{
     Chunk, Entry, Error, MapName, pb,
     pb::map_service_client::MapServiceClient,
-    typed::{self, TypeError},
+    typed::{self, Projection, TypeError},
 };
 
 /// How calls are retried and dumps resumed.
@@ -229,6 +229,8 @@ pub struct DumpOptions {
     cursor: Option<String>,
     packed: bool,
     render: BTreeMap<String, String>,
+    filter: String,
+    fields: Vec<String>,
 }
 
 /// The whole map from the beginning, chunks sized by the daemon, packed.
@@ -240,6 +242,8 @@ impl Default for DumpOptions {
             cursor: None,
             packed: true,
             render: BTreeMap::new(),
+            filter: String::new(),
+            fields: Vec::new(),
         }
     }
 }
@@ -300,8 +304,38 @@ impl DumpOptions {
         self
     }
 
+    /// Only the entries for which this CEL expression is true, evaluated
+    /// by the daemon on each entry as it reads the map (`key.dport == 443
+    /// && value.bytes > 1000000`; the language: the proto file's
+    /// `DumpMapRequest.filter`). The limit counts matching entries, and
+    /// [`DumpSummary::entries_scanned`] says how many were read. A dump that
+    /// resumes passes the same filter (the daemon binds its cursors to it).
+    /// An expression that does not fit the map's types is INVALID_ARGUMENT,
+    /// naming the member or the operator.
+    pub fn with_filter(mut self, filter: impl Into<String>) -> Self {
+        self.filter = filter.into();
+        self
+    }
+
+    /// Only these members of each entry ("key.daddr", "value.bytes",
+    /// "key" or "value" whole), in this order; the map needs types. In the
+    /// packed layout the records hold only their bytes, decoded through
+    /// [`Dump::projection`]'s types (a fleet dump with types gives those
+    /// with each chunk); in the entries layout the daemon decodes them
+    /// ([`Chunk::decoded_key`], [`Chunk::decoded_value`]), and renderings
+    /// cannot go with them. Unknown members are INVALID_ARGUMENT.
+    pub fn with_fields(mut self, fields: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.fields = fields.into_iter().map(Into::into).collect();
+        self
+    }
+
     pub(crate) fn cursor(&self) -> Option<&str> {
         self.cursor.as_deref()
+    }
+
+    /// Whether the dump is projected (`with_fields`).
+    pub(crate) fn projected(&self) -> bool {
+        !self.fields.is_empty()
     }
 
     /// The renderings asked for.
@@ -335,6 +369,12 @@ impl DumpSummary {
     /// stopped it).
     pub fn complete(&self) -> bool {
         self.0.complete
+    }
+
+    /// Entries the last call read; with a filter, [`entries`](Self::entries)
+    /// counts those that matched.
+    pub fn entries_scanned(&self) -> u64 {
+        self.0.entries_scanned
     }
 
     /// The message it came in.
@@ -376,6 +416,8 @@ pub struct Dump {
     backoff: Option<Backoff>,
     /// Renderings that cannot be parsed: the first call ends with them.
     bad_render: Option<TypeError>,
+    /// The projection's types, from the first message that described them.
+    projection: Option<Projection>,
 }
 
 impl Dump {
@@ -400,7 +442,15 @@ impl Dump {
             finished: false,
             last_failure: None,
             backoff: None,
+            projection: None,
         }
+    }
+
+    /// With [`DumpOptions::with_fields`]: the types of the projected
+    /// records, from the daemon's first message (`None` before it). Packed
+    /// chunks decode through [`Projection::types_with`].
+    pub fn projection(&self) -> Option<&Projection> {
+        self.projection.as_ref()
     }
 
     /// The cursor of the last chunk received ("" before the first).
@@ -451,7 +501,8 @@ impl Dump {
             pb::Layout::Entries
         };
         // Entries are decoded here, from the bytes (see `typed`), unless
-        // renderings are asked of the daemon (entries layout only).
+        // renderings are asked of the daemon (entries layout only), or a
+        // projection (whose raw bytes it leaves out).
         let render: std::collections::HashMap<String, String> = if self.options.packed {
             Default::default()
         } else {
@@ -463,8 +514,10 @@ impl Dump {
             chunk_size: self.options.chunk_size,
             limit,
             layout: layout as i32,
-            raw: render.is_empty(),
+            raw: render.is_empty() && (self.options.packed || !self.options.projected()),
             render,
+            filter: self.options.filter.clone(),
+            fields: self.options.fields.clone(),
             ..Default::default()
         };
         Ok(self.client.dump_map(req).await?.into_inner())
@@ -497,7 +550,10 @@ impl Dump {
                 },
             };
             let status = match result {
-                Ok(Some(msg)) => {
+                Ok(Some(mut msg)) => {
+                    if let Some(p) = msg.projection.take() {
+                        self.projection = Some(Projection::from(p));
+                    }
                     if msg.done {
                         self.cursor = msg.cursor;
                         self.summary = msg.summary.map(DumpSummary);

@@ -236,6 +236,70 @@ impl MapTypes {
     }
 }
 
+/// The types of a projected dump's records
+/// ([`DumpOptions::with_fields`](crate::DumpOptions::with_fields)): the key
+/// and the value each a record of the selected members, named by their path
+/// below "key" or "value" ("daddr" for "key.daddr"; a whole key or value
+/// keeps its name).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projection(pb::Projection);
+
+impl Projection {
+    /// The record of the selected key members; `None` when none was
+    /// selected (the records then have no key bytes).
+    pub fn key_type(&self) -> Option<&pb::TypeInfo> {
+        self.0.key_type.as_ref()
+    }
+
+    /// The record of the selected value members; `None` when none was
+    /// selected.
+    pub fn value_type(&self) -> Option<&pb::TypeInfo> {
+        self.0.value_type.as_ref()
+    }
+
+    /// The types to decode the records with: a side without selected
+    /// members decodes as `{}`. Renderings are (member path, rendering)
+    /// pairs, paths as in the request ("key.daddr"); [`Error::Render`]
+    /// names one that does not fit, [`Error::Types`] is a description that
+    /// cannot be used.
+    pub fn types_with<K: AsRef<str>, V: fmt::Display>(
+        &self,
+        render: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<MapTypes, Error> {
+        let renderings = parse_render(&render_map(render)).map_err(Error::render)?;
+        let layout = |t: Option<&pb::TypeInfo>, what: &str| {
+            let empty = pb::TypeInfo {
+                name: what.into(),
+                size: 0,
+                kind: Some(pb::type_info::Kind::Struct(pb::RecordType::default())),
+            };
+            let layout = Layout::new(t.unwrap_or(&empty), what)?;
+            if renderings.under(what).next().is_none() {
+                return Ok(layout);
+            }
+            layout
+                .with_renderings(&renderings, what)
+                .map_err(Error::render)
+        };
+        Ok(MapTypes {
+            key: layout(self.key_type(), "key")?,
+            value: layout(self.value_type(), "value")?,
+            renderings,
+        })
+    }
+
+    /// The message it came in.
+    pub fn as_proto(&self) -> &pb::Projection {
+        &self.0
+    }
+}
+
+impl From<pb::Projection> for Projection {
+    fn from(p: pb::Projection) -> Self {
+        Self(p)
+    }
+}
+
 /// The key of a map whose key has no type: an unsigned integer of its size
 /// when it has one (1, 2, 4 or 8 bytes), else its bytes in hex.
 fn keyless(size: u32) -> Result<Layout, TypeError> {

@@ -1,0 +1,489 @@
+//! A fleet's aggregate: the groups of every host merged exactly, and its
+//! top K without fetching every group from every host.
+//!
+//! When the ordering aggregate cannot be negative (a COUNT, or the SUM of
+//! an unsigned member: the daemons say so) and the order is descending, the
+//! top K is found with the three-phase uniform threshold algorithm (TPUT,
+//! Cao and Wang, 2004):
+//!
+//! 1. every host sends its own top K; `tau1` is the K-th largest sum of
+//!    what came (a host that did not send a group counts 0 for it);
+//! 2. every host sends every group whose value there is at least
+//!    `T = ceil(tau1 / n)` (n hosts). A group a host did not send is below
+//!    T there, so each group's total lies between the sum of what was sent
+//!    (its lower bound) and that plus T - 1 per host that did not send it
+//!    (its upper bound; less when the host's own top K ended lower). Groups
+//!    whose upper bound is below `tau2`, the K-th largest lower bound,
+//!    cannot be in the top K; nor can a group nobody sent (at most
+//!    n (T - 1) < tau1 <= tau2);
+//! 3. every host that did not send one of the remaining groups is asked for
+//!    exactly those, and the top K of the exact totals is the answer, each
+//!    group with all its aggregates merged (COUNT and SUM added, the MIN of
+//!    the minimums, the MAX of the maximums).
+//!
+//! The library checks that what it learnt proves the answer before giving
+//! it (phases end early when it does), so a host that fails half-way never
+//! makes a wrong answer: it is left out, the answer is that of the others,
+//! and [`FleetAggregate::missing`] names it. Otherwise (MIN or MAX
+//! ordering, ascending order, values that may be negative, no limit) every
+//! host sends every group, up to [`FleetAggregateOptions::with_max_groups`],
+//! and they are merged ([`MergeMethod::AllGroups`]).
+//!
+//! Exact for maps that do not change during the run: each phase walks the
+//! maps again.
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    AggregateOp, AggregateOptions, AggregateResult, Error, Fleet, Group, MapName, Target,
+    fleet::timed,
+    topk::{Bound, Merge, Ranked},
+};
+
+/// The default bound on the groups each host sends when every group is
+/// merged.
+pub const DEFAULT_MAX_GROUPS: usize = 100_000;
+
+/// Options of a fleet aggregate ([`Fleet::aggregate`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct FleetAggregateOptions {
+    aggregate: AggregateOptions,
+    max_groups: usize,
+}
+
+/// No aggregate yet; at most 100,000 groups per host when every group is
+/// merged.
+impl Default for FleetAggregateOptions {
+    fn default() -> Self {
+        Self {
+            aggregate: AggregateOptions::default(),
+            max_groups: DEFAULT_MAX_GROUPS,
+        }
+    }
+}
+
+impl FleetAggregateOptions {
+    /// What every host computes; the limit is the fleet's top K (0: every
+    /// group), a threshold applies to the merged values, and given groups
+    /// ([`AggregateOptions::with_groups`]) are reported from every host.
+    pub fn with_aggregate(mut self, aggregate: AggregateOptions) -> Self {
+        self.aggregate = aggregate;
+        self
+    }
+
+    /// The most groups one host may send when every group is merged
+    /// ([`MergeMethod::AllGroups`]; default 100,000); a host with more fails
+    /// (RESOURCE_EXHAUSTED), and the answer is partial.
+    pub fn with_max_groups(mut self, groups: usize) -> Self {
+        self.max_groups = groups;
+        self
+    }
+}
+
+/// How a fleet aggregate merged the hosts' groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MergeMethod {
+    /// The three-phase uniform threshold top K (TPUT): exact, without
+    /// every group of every host.
+    Threshold,
+    /// Every group of every host (MIN or MAX ordering, ascending, values
+    /// that may be negative, or no limit).
+    AllGroups,
+    /// The groups asked for, from every host.
+    Groups,
+}
+
+impl MergeMethod {
+    /// "threshold", "all_groups" or "groups".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Threshold => "threshold",
+            Self::AllGroups => "all_groups",
+            Self::Groups => "groups",
+        }
+    }
+}
+
+/// One merged group.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct FleetGroup {
+    /// The group: its key, its values merged over the hosts (exact), its
+    /// key bytes.
+    pub group: Group,
+    /// The hosts that hold entries of it, in the fleet's order.
+    pub hosts: Vec<Target>,
+}
+
+/// One target's part of a fleet aggregate.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct AggregateReport {
+    /// The target.
+    pub target: Target,
+    /// Why it failed, if it did (it is then left out of the answer).
+    pub error: Option<Error>,
+    /// Calls it answered (one per phase it took part in).
+    pub calls: u32,
+    /// Entries its daemon read, over every call.
+    pub entries_scanned: u64,
+    /// Groups it sent, over every call.
+    pub groups_sent: u64,
+    /// Time spent on it, over every call.
+    pub elapsed: Duration,
+}
+
+impl AggregateReport {
+    fn new(target: Target) -> Self {
+        Self {
+            target,
+            error: None,
+            calls: 0,
+            entries_scanned: 0,
+            groups_sent: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    /// Whether the target answered every call.
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
+}
+
+/// A fleet aggregate's answer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct FleetAggregate {
+    /// The groups, ordered as asked (then by key bytes), cut at the limit.
+    pub groups: Vec<FleetGroup>,
+    /// How they were found.
+    pub method: MergeMethod,
+    /// Every target's report, in the fleet's order.
+    pub reports: Vec<AggregateReport>,
+    /// The targets that failed, in the fleet's order: the answer is that
+    /// of the others.
+    pub missing: Vec<Target>,
+}
+
+impl FleetAggregate {
+    /// Whether some targets are missing from the answer.
+    pub fn is_partial(&self) -> bool {
+        !self.missing.is_empty()
+    }
+}
+
+impl Fleet {
+    /// Aggregates `map` on every target and merges the groups exactly
+    /// (groups with the same key bytes combined); a top K (a limit) is found
+    /// without every group of every host where the ordering allows it (see
+    /// [`MergeMethod`] and the module's documentation). Failed targets are
+    /// left out and named ([`FleetAggregate::missing`]). Each call waits at
+    /// most the longer of the fleet's answer and idle timeouts (the daemon
+    /// walks the whole map before it answers); the fleet's deadline bounds
+    /// the whole run.
+    pub async fn aggregate(&self, map: &MapName, options: FleetAggregateOptions) -> FleetAggregate {
+        let asked = options.aggregate.with_hidden_count();
+        let mut run = Runner {
+            fleet: self,
+            map: map.clone(),
+            started: Instant::now(),
+            reports: BTreeMap::new(),
+            merge: Merge::new(&asked),
+        };
+        let k = asked.limit() as usize;
+        let order = asked.aggregates().get(asked.order_by()).map(|a| a.op());
+        let thresholdable = !asked.ascending()
+            && k > 0
+            && matches!(order, Some(AggregateOp::Count | AggregateOp::Sum));
+        let (method, top) = if !asked.groups().is_empty() {
+            (MergeMethod::Groups, run.given(&asked).await)
+        } else if thresholdable {
+            run.threshold(&asked, options.max_groups).await
+        } else {
+            let all: Vec<Target> = self.targets().to_vec();
+            (
+                MergeMethod::AllGroups,
+                run.all(&asked, all, options.max_groups).await,
+            )
+        };
+        run.finish(method, top, &asked)
+    }
+}
+
+/// A fleet aggregate in progress.
+struct Runner<'a> {
+    fleet: &'a Fleet,
+    map: MapName,
+    started: Instant,
+    reports: BTreeMap<Target, AggregateReport>,
+    merge: Merge,
+}
+
+impl Runner<'_> {
+    /// The threshold top K, or every group when a daemon says the ordering
+    /// values may be negative.
+    async fn threshold(&mut self, asked: &AggregateOptions, max: usize) -> (MergeMethod, Ranked) {
+        let k = asked.limit() as usize;
+        let first = asked.phase(asked.limit(), None, Vec::new());
+        let all = self.fleet.targets().iter().cloned();
+        let answers = self.phase(all.map(|t| (t, first.clone())).collect()).await;
+        if answers.values().any(|r| !r.summary().order_non_negative()) {
+            let hosts = answers.into_keys().collect();
+            return (MergeMethod::AllGroups, self.all(asked, hosts, max).await);
+        }
+        for (t, r) in answers {
+            let bound = r.groups().last().and_then(|g| g.values()[asked.order_by()]);
+            self.merge
+                .add(&t, r, Some(Bound::AtMost(bound.unwrap_or(0))));
+        }
+        if let Some(top) = self.merge.proven_top(k) {
+            return (MergeMethod::Threshold, top);
+        }
+        // One host's own top K is the answer.
+        if self.merge.hosts().count() == 1 {
+            let mut top = self.merge.ranked();
+            top.truncate(k);
+            return (MergeMethod::Threshold, top);
+        }
+        // Phase 2: every group at least tau1 / n, where the host's top K
+        // left some out.
+        let n = self.merge.hosts().count().max(1) as i128;
+        let t = self.merge.kth_lower(k).saturating_add(n - 1) / n;
+        let second = asked.phase(0, Some(t), Vec::new());
+        let hosts: Vec<Target> = self.merge.incomplete().cloned().collect();
+        let answers = self
+            .phase(hosts.into_iter().map(|h| (h, second.clone())).collect())
+            .await;
+        for (h, r) in answers {
+            self.merge.add(&h, r, Some(Bound::AtMost(t - 1)));
+        }
+        if let Some(top) = self.merge.proven_top(k) {
+            return (MergeMethod::Threshold, top);
+        }
+        // Phase 3: the exact values of the groups that may still be in the
+        // top K, from the hosts that did not send them.
+        let asks = self.merge.to_ask(k);
+        self.ask_groups(asked, asks).await;
+        match self.merge.proven_top(k) {
+            Some(top) => (MergeMethod::Threshold, top),
+            // Only when hosts failed half-way (or the maps changed): every
+            // group of the others.
+            None => {
+                let hosts = self.merge.hosts().cloned().collect();
+                (MergeMethod::AllGroups, self.all(asked, hosts, max).await)
+            }
+        }
+    }
+
+    /// Every group of `hosts`, merged, cut at the limit.
+    async fn all(&mut self, asked: &AggregateOptions, hosts: Vec<Target>, max: usize) -> Ranked {
+        self.merge = Merge::new(asked);
+        let cap = u32::try_from(max).unwrap_or(u32::MAX);
+        let every = asked.phase(cap, None, Vec::new());
+        let answers = self
+            .phase(hosts.into_iter().map(|h| (h, every.clone())).collect())
+            .await;
+        for (h, r) in answers {
+            if r.summary().groups_total() > r.groups().len() as u64 {
+                let e = tonic::Status::resource_exhausted(format!(
+                    "{} groups, more than the {max} a fleet merges from one host when it merges every group (FleetAggregateOptions::with_max_groups); filter, or group by coarser members",
+                    r.summary().groups_total()
+                ));
+                self.fail(&h, e.into());
+                continue;
+            }
+            self.merge.add(&h, r, Some(Bound::Complete));
+        }
+        let mut top = self.merge.ranked();
+        if asked.limit() > 0 {
+            top.truncate(asked.limit() as usize);
+        }
+        top
+    }
+
+    /// The groups asked for, from every host.
+    async fn given(&mut self, asked: &AggregateOptions) -> Ranked {
+        let asks = self
+            .fleet
+            .targets()
+            .iter()
+            .map(|t| (t.clone(), asked.groups().to_vec()))
+            .collect();
+        self.ask_groups(asked, asks).await;
+        let wanted: std::collections::HashSet<&[u8]> =
+            asked.groups().iter().map(Vec::as_slice).collect();
+        let hosts: Vec<Target> = self.merge.hosts().cloned().collect();
+        // Every host answered for every group: each is known exactly.
+        let mut exact = self.merge.clone();
+        for h in &hosts {
+            exact.add(h, AggregateResult::empty(), Some(Bound::Complete));
+        }
+        let mut top = exact.ranked();
+        top.retain(|(k, _)| wanted.contains(k.as_slice()));
+        top
+    }
+
+    /// Asks each host for its groups, in requests of at most 1 MiB of keys.
+    async fn ask_groups(
+        &mut self,
+        asked: &AggregateOptions,
+        mut asks: BTreeMap<Target, Vec<Vec<u8>>>,
+    ) {
+        while !asks.is_empty() {
+            let mut round = BTreeMap::new();
+            for (t, keys) in asks.iter_mut() {
+                let mut bytes = 0;
+                let n = keys
+                    .iter()
+                    .take_while(|k| {
+                        bytes += k.len() + 4;
+                        bytes <= 1 << 20
+                    })
+                    .count()
+                    .max(1);
+                let batch: Vec<Vec<u8>> = keys.drain(..n.min(keys.len())).collect();
+                round.insert(t.clone(), asked.phase(0, None, batch));
+            }
+            asks.retain(|_, keys| !keys.is_empty());
+            for (t, r) in self.phase(round).await {
+                self.merge.add(&t, r, None);
+            }
+            asks.retain(|t, _| self.reports.get(t).is_none_or(AggregateReport::is_ok));
+        }
+    }
+
+    /// One call on each target, each with its own options; the answers of
+    /// those that answered. A target that fails is dropped from the merge.
+    async fn phase(
+        &mut self,
+        asks: BTreeMap<Target, AggregateOptions>,
+    ) -> BTreeMap<Target, AggregateResult> {
+        let asks: BTreeMap<Target, AggregateOptions> = asks
+            .into_iter()
+            .filter(|(t, _)| self.reports.get(t).is_none_or(AggregateReport::is_ok))
+            .collect();
+        if asks.is_empty() {
+            return BTreeMap::new();
+        }
+        let deadline = self.fleet.options().deadline();
+        let left = deadline.map(|d| d.saturating_sub(self.started.elapsed()));
+        if let (Some(deadline), Some(Duration::ZERO)) = (deadline, left) {
+            for t in asks.keys() {
+                self.fail(t, Error::Deadline { deadline });
+            }
+            return BTreeMap::new();
+        }
+        let plan = self.fleet.plan_of(asks.keys().cloned().collect(), left);
+        let wait = self.fleet.options().call_timeout();
+        let (map, asks) = (self.map.clone(), Arc::new(asks));
+        let run = plan.run(move |client, answers| {
+            let (map, asks) = (map.clone(), asks.clone());
+            async move {
+                let options = asks.get(&answers.target).cloned().unwrap_or_default();
+                let result = timed(wait, client.aggregate(&map, options)).await?;
+                answers.update(|p| p.entries = result.groups().len() as u64);
+                answers.send(result).await;
+                Ok(())
+            }
+        });
+        let mut out = BTreeMap::new();
+        for (report, mut results) in run.collect().await {
+            let t = report.target.clone();
+            let r = self.report(&t);
+            r.elapsed += report.elapsed;
+            match (report.error, results.pop()) {
+                (Some(Error::Deadline { .. }), _) => {
+                    let deadline = deadline.unwrap_or_default();
+                    self.fail(&t, Error::Deadline { deadline })
+                }
+                (Some(e), _) => self.fail(&t, e),
+                (None, Some(result)) => {
+                    r.calls += 1;
+                    r.entries_scanned += result.summary().entries_scanned();
+                    r.groups_sent += result.groups().len() as u64;
+                    out.insert(t, result);
+                }
+                (None, None) => self.fail(&t, Error::Protocol("no answer".into())),
+            }
+        }
+        out
+    }
+
+    fn report(&mut self, t: &Target) -> &mut AggregateReport {
+        self.reports
+            .entry(t.clone())
+            .or_insert_with(|| AggregateReport::new(t.clone()))
+    }
+
+    /// Notes `t`'s failure and leaves it out of the answer.
+    fn fail(&mut self, t: &Target, e: Error) {
+        self.report(t).error = Some(e);
+        self.merge.drop_host(t);
+    }
+
+    /// The answer: the groups (cut at the threshold, if any), with their
+    /// keys and hosts; every target's report.
+    fn finish(
+        mut self,
+        method: MergeMethod,
+        top: Ranked,
+        asked: &AggregateOptions,
+    ) -> FleetAggregate {
+        let hidden = asked.aggregates().len() - 1;
+        let within = |v: Option<i128>| match (asked.threshold(), v) {
+            (None, _) => true,
+            (Some(t), Some(v)) if asked.ascending() => v <= t,
+            (Some(t), Some(v)) => v >= t,
+            (Some(_), None) => false,
+        };
+        let order: std::collections::HashMap<&Target, usize> = self
+            .fleet
+            .targets()
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t, i))
+            .collect();
+        let groups = top
+            .into_iter()
+            .filter(|(_, v)| within(v.get(asked.order_by()).copied().flatten()))
+            .map(|(key_bytes, mut values)| {
+                values.truncate(hidden);
+                let key = self.merge.groups.get(&key_bytes).map(|s| s.key.clone());
+                let mut hosts = self.merge.holders(&key_bytes);
+                hosts.sort_by_key(|t| order.get(t).copied());
+                FleetGroup {
+                    hosts,
+                    group: Group::new(key.unwrap_or_default(), values, key_bytes),
+                }
+            })
+            .collect();
+        let reports: Vec<AggregateReport> = self
+            .fleet
+            .targets()
+            .iter()
+            .map(|t| {
+                self.reports
+                    .remove(t)
+                    .unwrap_or_else(|| AggregateReport::new(t.clone()))
+            })
+            .collect();
+        let missing = reports
+            .iter()
+            .filter(|r| !r.is_ok())
+            .map(|r| r.target.clone())
+            .collect();
+        FleetAggregate {
+            groups,
+            method,
+            reports,
+            missing,
+        }
+    }
+}

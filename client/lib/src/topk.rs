@@ -1,0 +1,371 @@
+//! The exact merge of many hosts' groups: what each host said about each
+//! group, what bounds the groups it did not report, and when that proves a
+//! top K. No I/O here: [`crate::fleet_aggregate`] asks the hosts.
+//!
+//! Values are exact integers (i128, saturating far beyond any map's
+//! counters); the ordering aggregate is assumed non-negative where bounds
+//! are used (the daemons say so: `order_non_negative`).
+
+use std::{cmp::Ordering, collections::BTreeMap};
+
+use crate::{AggregateOp, AggregateOptions, AggregateResult, Target};
+
+/// Merged groups, ordered: their key bytes and values.
+pub(crate) type Ranked = Vec<(Vec<u8>, Vec<Option<i128>>)>;
+
+/// One group as the hosts reported it.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    /// The decoded key (from the first host that reported it).
+    pub(crate) key: BTreeMap<String, prost_types::Value>,
+    /// Each reporting host's values (every aggregate, the hidden COUNT
+    /// last), exact.
+    pub(crate) from: BTreeMap<Target, Vec<Option<i128>>>,
+}
+
+/// What a host's answer says about the groups it did not report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// It reported every group it has: an unreported group has no entries
+    /// there.
+    Complete,
+    /// An unreported group's ordering value there is at most this.
+    AtMost(i128),
+}
+
+impl Bound {
+    /// The tighter of two.
+    fn and(self, other: Self) -> Self {
+        match (self, other) {
+            (Self::Complete, _) | (_, Self::Complete) => Self::Complete,
+            (Self::AtMost(a), Self::AtMost(b)) => Self::AtMost(a.min(b)),
+        }
+    }
+
+    /// What an unreported group may add to a sum.
+    fn most(self) -> i128 {
+        match self {
+            Self::Complete => 0,
+            Self::AtMost(b) => b.max(0),
+        }
+    }
+}
+
+/// Every host's answers so far.
+#[derive(Debug, Clone)]
+pub(crate) struct Merge {
+    /// Each aggregate's operation, the hidden COUNT last.
+    ops: Vec<AggregateOp>,
+    order_by: usize,
+    ascending: bool,
+    pub(crate) groups: BTreeMap<Vec<u8>, Seen>,
+    /// The hosts still in the run, and what bounds what they did not
+    /// report (absent: nothing yet).
+    bounds: BTreeMap<Target, Bound>,
+}
+
+impl Merge {
+    /// For `options` (whose last aggregate is the hidden COUNT).
+    pub(crate) fn new(options: &AggregateOptions) -> Self {
+        Self {
+            ops: options.aggregates().iter().map(|a| a.op()).collect(),
+            order_by: options.order_by(),
+            ascending: options.ascending(),
+            groups: BTreeMap::new(),
+            bounds: BTreeMap::new(),
+        }
+    }
+
+    /// Adds `target`'s answer; `bound` is what it says about the groups it
+    /// left out (`None`: nothing new, as for an answer about given groups).
+    pub(crate) fn add(&mut self, target: &Target, result: AggregateResult, bound: Option<Bound>) {
+        let complete = result.groups().len() as u64 >= result.summary().groups_total();
+        let bound = if complete && bound.is_some() {
+            Some(Bound::Complete)
+        } else {
+            bound
+        };
+        if let Some(b) = bound {
+            let old = self.bounds.get(target).copied();
+            self.bounds
+                .insert(target.clone(), old.map_or(b, |old| old.and(b)));
+        } else {
+            self.bounds
+                .entry(target.clone())
+                .or_insert(Bound::AtMost(i128::MAX));
+        }
+        for g in result.into_groups() {
+            let (key, values, key_bytes) = g.into_parts();
+            let seen = self.groups.entry(key_bytes).or_insert_with(|| Seen {
+                key,
+                from: BTreeMap::new(),
+            });
+            seen.from.insert(target.clone(), values);
+        }
+    }
+
+    /// Forgets `target` (it failed): its values and its bound.
+    pub(crate) fn drop_host(&mut self, target: &Target) {
+        self.bounds.remove(target);
+        for seen in self.groups.values_mut() {
+            seen.from.remove(target);
+        }
+        self.groups.retain(|_, s| !s.from.is_empty());
+    }
+
+    /// The hosts still in the run.
+    pub(crate) fn hosts(&self) -> impl Iterator<Item = &Target> {
+        self.bounds.keys()
+    }
+
+    /// The hosts that did not report every group they have.
+    pub(crate) fn incomplete(&self) -> impl Iterator<Item = &Target> {
+        self.bounds
+            .iter()
+            .filter(|(_, b)| **b != Bound::Complete)
+            .map(|(t, _)| t)
+    }
+
+    /// The ordering value among a host's values.
+    fn order(&self, values: &[Option<i128>]) -> Option<i128> {
+        values.get(self.order_by).copied().flatten()
+    }
+
+    /// The sum of the ordering values known (a lower bound of the total).
+    fn lower(&self, seen: &Seen) -> i128 {
+        seen.from
+            .values()
+            .filter_map(|v| self.order(v))
+            .fold(0, i128::saturating_add)
+    }
+
+    /// The most the total can be: the known values, and each other host's
+    /// bound.
+    fn upper(&self, seen: &Seen) -> i128 {
+        self.bounds
+            .iter()
+            .filter(|(t, _)| !seen.from.contains_key(*t))
+            .map(|(_, b)| b.most())
+            .fold(self.lower(seen), i128::saturating_add)
+    }
+
+    /// Whether every host's value of the group is known.
+    fn exact(&self, seen: &Seen) -> bool {
+        self.bounds
+            .iter()
+            .all(|(t, b)| *b == Bound::Complete || seen.from.contains_key(t))
+    }
+
+    /// The K-th largest lower bound (0 when fewer than K groups were seen).
+    pub(crate) fn kth_lower(&self, k: usize) -> i128 {
+        let mut lows: Vec<i128> = self.groups.values().map(|s| self.lower(s)).collect();
+        lows.sort_unstable_by(|a, b| b.cmp(a));
+        lows.get(k.saturating_sub(1)).copied().unwrap_or(0)
+    }
+
+    /// The groups that may still be in the top K (upper bound at least the
+    /// K-th largest lower bound) and are not known exactly: for each host,
+    /// those of them it did not report.
+    pub(crate) fn to_ask(&self, k: usize) -> BTreeMap<Target, Vec<Vec<u8>>> {
+        let tau = self.kth_lower(k);
+        let mut asks: BTreeMap<Target, Vec<Vec<u8>>> = BTreeMap::new();
+        for (key, seen) in &self.groups {
+            if self.exact(seen) || self.upper(seen) < tau {
+                continue;
+            }
+            for t in self.incomplete() {
+                if !seen.from.contains_key(t) {
+                    asks.entry(t.clone()).or_default().push(key.clone());
+                }
+            }
+        }
+        asks
+    }
+
+    /// Every host's values of a group merged: COUNT and SUM added, the MIN
+    /// of the minimums, the MAX of the maximums.
+    fn merged(&self, seen: &Seen) -> Vec<Option<i128>> {
+        (0..self.ops.len())
+            .map(|i| {
+                let vals = seen
+                    .from
+                    .values()
+                    .filter_map(|v| v.get(i).copied().flatten());
+                match self.ops[i] {
+                    AggregateOp::Min => vals.min(),
+                    AggregateOp::Max => vals.max(),
+                    _ => Some(vals.fold(0, i128::saturating_add)),
+                }
+            })
+            .collect()
+    }
+
+    /// Orders (value, key bytes) pairs as the daemons do: by the value
+    /// (largest first unless ascending; no value last), then by key bytes.
+    fn cmp(&self, a: (Option<i128>, &[u8]), b: (Option<i128>, &[u8])) -> Ordering {
+        let by = match (a.0, b.0) {
+            (Some(x), Some(y)) if self.ascending => x.cmp(&y),
+            (Some(x), Some(y)) => y.cmp(&x),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        };
+        by.then_with(|| a.1.cmp(b.1))
+    }
+
+    /// Every group known exactly, merged and ordered.
+    pub(crate) fn ranked(&self) -> Ranked {
+        let mut out: Ranked = self
+            .groups
+            .iter()
+            .filter(|(_, s)| self.exact(s))
+            .map(|(k, s)| (k.clone(), self.merged(s)))
+            .collect();
+        out.sort_by(|a, b| {
+            let (x, y) = (a.1.get(self.order_by), b.1.get(self.order_by));
+            self.cmp((x.copied().flatten(), &a.0), (y.copied().flatten(), &b.0))
+        });
+        out
+    }
+
+    /// The exact top `k` (largest first), if what is known proves it: every
+    /// group that is not known exactly, seen or not, is below the K-th.
+    pub(crate) fn proven_top(&self, k: usize) -> Option<Ranked> {
+        let mut top = self.ranked();
+        top.truncate(k);
+        let unseen_possible = self.bounds.values().any(|b| *b != Bound::Complete);
+        let unseen = self
+            .bounds
+            .values()
+            .map(|b| b.most())
+            .fold(0, i128::saturating_add);
+        let mut open = self.groups.iter().filter(|(_, s)| !self.exact(s));
+        if top.len() < k {
+            return (!unseen_possible && open.next().is_none()).then_some(top);
+        }
+        let (last_key, last) = top.last().map(|(key, v)| (key, self.order(v)))?;
+        let last = last?;
+        let below = |ub: i128, key: Option<&Vec<u8>>| {
+            ub < last || (ub == last && key.is_some_and(|key| key > last_key))
+        };
+        let proven = (!unseen_possible || below(unseen, None))
+            && open.all(|(key, s)| below(self.upper(s), Some(key)));
+        proven.then_some(top)
+    }
+
+    /// The hosts that hold a group (their hidden COUNT is not 0).
+    pub(crate) fn holders(&self, key: &[u8]) -> Vec<Target> {
+        let count = self.ops.len() - 1;
+        self.groups.get(key).map_or_else(Vec::new, |s| {
+            s.from
+                .iter()
+                .filter(|(_, v)| v.get(count).copied().flatten().unwrap_or(0) > 0)
+                .map(|(t, _)| t.clone())
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Aggregate, pb};
+
+    fn options() -> AggregateOptions {
+        AggregateOptions::default()
+            .with_aggregate(Aggregate::sum("value.bytes"))
+            .with_hidden_count()
+    }
+
+    /// An answer of `(key, sum, count)` groups out of `total`.
+    fn answer(groups: &[(u8, i128, u64)], total: u64) -> AggregateResult {
+        AggregateResult::from_proto(pb::AggregateMapResponse {
+            groups: groups
+                .iter()
+                .map(|(k, sum, count)| pb::Group {
+                    key: None,
+                    values: vec![sum.to_string().into(), count.to_string().into()],
+                    key_bytes: vec![*k],
+                })
+                .collect(),
+            summary: Some(pb::AggregateSummary {
+                groups_total: total,
+                order_non_negative: true,
+                ..Default::default()
+            }),
+        })
+        .unwrap()
+    }
+
+    fn t(s: &str) -> Target {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn complete_answers_prove_the_top_at_once() {
+        let mut m = Merge::new(&options());
+        m.add(
+            &t("a:1"),
+            answer(&[(1, 10, 1), (2, 5, 1)], 2),
+            Some(Bound::AtMost(5)),
+        );
+        m.add(&t("b:1"), answer(&[(2, 7, 2)], 1), Some(Bound::AtMost(7)));
+        let top = m.proven_top(1).unwrap();
+        assert_eq!(top, [(vec![2], vec![Some(12), Some(3)])]);
+        assert_eq!(m.holders(&[2]), [t("a:1"), t("b:1")]);
+        assert_eq!(m.holders(&[1]), [t("a:1")]);
+    }
+
+    #[test]
+    fn a_group_in_no_hosts_top_keeps_the_top_unproven_until_asked() {
+        // a: 1=10, 3=6 (not reported); b: 2=10, 3=6 (not reported).
+        let mut m = Merge::new(&options());
+        m.add(&t("a:1"), answer(&[(1, 10, 1)], 2), Some(Bound::AtMost(10)));
+        m.add(&t("b:1"), answer(&[(2, 10, 1)], 2), Some(Bound::AtMost(10)));
+        assert_eq!(m.proven_top(1), None);
+        assert_eq!(m.kth_lower(1), 10);
+        // Threshold ceil(10 / 2) = 5: both report group 3, and have more
+        // groups below 5.
+        m.add(
+            &t("a:1"),
+            answer(&[(1, 10, 1), (3, 6, 1)], 3),
+            Some(Bound::AtMost(4)),
+        );
+        m.add(
+            &t("b:1"),
+            answer(&[(2, 10, 1), (3, 6, 1)], 3),
+            Some(Bound::AtMost(4)),
+        );
+        // Group 3 is 12 exactly, but 1 and 2 may be 14.
+        assert_eq!(m.proven_top(1), None);
+        let asks = m.to_ask(1);
+        assert_eq!(asks[&t("a:1")], [vec![2]]);
+        assert_eq!(asks[&t("b:1")], [vec![1]]);
+        m.add(&t("a:1"), answer(&[(2, 0, 0)], 3), None);
+        m.add(&t("b:1"), answer(&[(1, 0, 0)], 3), None);
+        let top = m.proven_top(2).unwrap();
+        assert_eq!(
+            top,
+            [
+                (vec![3], vec![Some(12), Some(2)]),
+                (vec![1], vec![Some(10), Some(1)])
+            ]
+        );
+        assert_eq!(m.holders(&[1]), [t("a:1")]);
+    }
+
+    #[test]
+    fn a_dropped_host_is_forgotten() {
+        let mut m = Merge::new(&options());
+        m.add(&t("a:1"), answer(&[(1, 10, 1)], 1), Some(Bound::AtMost(10)));
+        m.add(
+            &t("b:1"),
+            answer(&[(1, 3, 1), (2, 4, 1)], 2),
+            Some(Bound::AtMost(3)),
+        );
+        m.drop_host(&t("a:1"));
+        assert_eq!(m.hosts().collect::<Vec<_>>(), [&t("b:1")]);
+        let top = m.proven_top(1).unwrap();
+        assert_eq!(top, [(vec![2], vec![Some(4), Some(1)])]);
+    }
+}
