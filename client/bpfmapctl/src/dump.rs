@@ -161,7 +161,11 @@ fn dump_options(args: &DumpArgs, start: &Start, decode: bool) -> FleetDumpOption
     let mut dump = DumpOptions::default()
         .with_chunk_size(args.chunk_size)
         .with_limit(args.limit)
-        .with_render(render_pairs(&args.render));
+        .with_render(render_pairs(&args.render))
+        .with_fields(args.fields.iter().cloned());
+    if let Some(filter) = &args.filter {
+        dump = dump.with_filter(filter);
+    }
     if let Some(cursor) = &args.cursor {
         dump = dump.with_cursor(cursor);
     }

@@ -9,6 +9,7 @@ mod drive;
 mod dump;
 mod output;
 mod setup;
+mod top;
 
 use std::{
     io::{self, IsTerminal as _},
@@ -124,6 +125,45 @@ pub enum Command {
         #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
         render: Vec<RenderArg>,
     },
+    /// The top groups of a map's entries, aggregated where the map lives
+    /// and merged exactly across the targets (a group's values added up
+    /// over every host), largest first by the first --by.
+    Top(TopArgs),
+}
+
+/// The arguments of `top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+    pub map: String,
+    /// An aggregate: count(), sum(FIELD), min(FIELD) or max(FIELD), FIELD
+    /// an integer member ("value.bytes"); repeatable. The first orders the
+    /// groups, largest first.
+    #[arg(long = "by", value_name = "AGG", required = true, value_parser = parse_aggregate)]
+    pub by: Vec<bpfmap_client::Aggregate>,
+    /// The members whose values make a group ("key.daddr,key.dport");
+    /// none: one group for the whole map.
+    #[arg(long, value_name = "PATH", value_delimiter = ',')]
+    pub group_by: Vec<String>,
+    /// How many groups (0: every group).
+    #[arg(short = 'n', long = "limit", value_name = "K", default_value_t = 10)]
+    pub limit: u32,
+    /// Only entries for which this CEL expression is true count
+    /// ('key.dport == 443 && value.bytes > 1000000').
+    #[arg(long, value_name = "EXPR")]
+    pub filter: Option<String>,
+    /// With each group, the targets that hold entries of it.
+    #[arg(long)]
+    pub hosts: bool,
+    /// Show a group-by member another way than its type says (see `dump
+    /// --render`).
+    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+    pub render: Vec<RenderArg>,
+}
+
+/// Parses `--by`; the error says which aggregates exist.
+fn parse_aggregate(arg: &str) -> Result<bpfmap_client::Aggregate, String> {
+    arg.parse().map_err(|e: Error| e.to_string())
 }
 
 /// A member shown another way than its type says (`--render
@@ -193,6 +233,15 @@ pub struct DumpArgs {
     /// or fit is a usage error.
     #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
     pub render: Vec<RenderArg>,
+    /// Only the entries for which this CEL expression is true, evaluated by
+    /// each daemon ('key.dport == 443 && value.bytes > 1000000'); --limit
+    /// counts matching entries.
+    #[arg(long, value_name = "EXPR")]
+    pub filter: Option<String>,
+    /// Only these members of each entry ("key.daddr,value.bytes"; "key" or
+    /// "value" whole), in this order.
+    #[arg(long, value_name = "PATH", value_delimiter = ',')]
+    pub fields: Vec<String>,
 }
 
 /// Whether stdout and stderr are terminals (the output format and the
@@ -337,6 +386,7 @@ pub async fn run_with(
             commands::lookup(setup, io, &map, &keys, &render).await
         }
         Command::Dump(args) => dump::run(setup, io, args, saved).await,
+        Command::Top(args) => top::run(setup, io, args).await,
     }
 }
 
@@ -355,6 +405,7 @@ mod tests {
             "show",
             "dump",
             "lookup",
+            "top",
             "--target",
             "Exit codes",
             "130",

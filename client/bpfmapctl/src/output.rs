@@ -109,7 +109,7 @@ pub(crate) struct Printer {
 }
 
 /// A decoded value as a table cell: strings bare, the rest as JSON.
-fn cell(v: &prost_types::Value) -> String {
+pub(crate) fn cell(v: &prost_types::Value) -> String {
     use prost_types::value::Kind;
     match &v.kind {
         Some(Kind::StringValue(s)) => s.clone(),
@@ -122,7 +122,7 @@ fn cell(v: &prost_types::Value) -> String {
 }
 
 /// A `google.protobuf.Value` as JSON text.
-fn write_value(v: &prost_types::Value, out: &mut Vec<u8>) {
+pub(crate) fn write_value(v: &prost_types::Value, out: &mut Vec<u8>) {
     use prost_types::value::Kind;
     match &v.kind {
         None | Some(Kind::NullValue(_)) => out.extend_from_slice(b"null"),
@@ -181,6 +181,11 @@ fn cells(
 }
 
 impl Printer {
+    /// The format it writes.
+    pub(crate) fn format(&self) -> Format {
+        self.format
+    }
+
     /// A printer; `target_width` aligns the target column of tables.
     pub(crate) fn new(format: Format, per_cpu: PerCpu, target_width: usize) -> Self {
         Self {

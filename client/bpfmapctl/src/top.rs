@@ -1,0 +1,238 @@
+//! `top`: the top groups of a map, aggregated by each daemon and merged
+//! exactly across the targets.
+
+use std::io;
+
+use bpfmap_client::{
+    AggregateOptions, AggregateReport, Code, FleetAggregate, FleetAggregateOptions, FleetGroup,
+    typed::write_json_string,
+};
+use serde_json::json;
+
+use crate::{
+    TopArgs, code_and_text,
+    drive::Io,
+    output::{Format, cell, write_value},
+    render_pairs,
+    setup::{Setup, map_name},
+    usage,
+};
+
+/// `top MAP --by AGG ...`.
+pub(crate) async fn run(setup: Setup, io: Io<'_>, args: TopArgs) -> anyhow::Result<()> {
+    let map = map_name(&args.map)?;
+    let mut aggregate = AggregateOptions::default()
+        .with_aggregates(args.by.iter().cloned())
+        .with_group_by(args.group_by.iter().cloned())
+        .with_limit(args.limit)
+        .with_render(render_pairs(&args.render));
+    if let Some(filter) = &args.filter {
+        aggregate = aggregate.with_filter(filter);
+    }
+    let options = FleetAggregateOptions::default().with_aggregate(aggregate);
+    let result = setup.fleet().aggregate(&map, options).await;
+    setup.progress.finish();
+    let total = result.reports.len();
+    if let Some(refused) = refused(&result.reports) {
+        return Err(refused);
+    }
+    let names: Vec<String> = args.by.iter().map(ToString::to_string).collect();
+    match setup.printer.format() {
+        Format::Table => table(io.out, &args, &names, &result.groups)?,
+        _ => {
+            for g in &result.groups {
+                io.out.write_all(&json_line(g, &names, args.hosts))?;
+            }
+        }
+    }
+    io.out.flush()?;
+    summary(io.err, &result, total)?;
+    if result.is_partial() {
+        let [one] = result.reports.as_slice() else {
+            return Err(anyhow::anyhow!(
+                "{} of {total} targets failed; the groups are those of the others",
+                result.missing.len()
+            ));
+        };
+        let (code, text) = one.error.as_ref().map(code_and_text).unwrap_or_default();
+        return Err(anyhow::anyhow!("{code}: {text}"));
+    }
+    Ok(())
+}
+
+/// A usage error when every target refused the request as malformed (an
+/// aggregate field, a group-by path or a filter that does not fit the map):
+/// the command line needs fixing, not the targets.
+fn refused(reports: &[AggregateReport]) -> Option<anyhow::Error> {
+    let invalid = |r: &AggregateReport| {
+        r.error
+            .as_ref()
+            .is_some_and(|e| e.code() == Code::InvalidArgument)
+    };
+    if reports.is_empty() || !reports.iter().all(invalid) {
+        return None;
+    }
+    let first = &reports[0];
+    let (_, text) = first.error.as_ref().map(code_and_text)?;
+    Some(match reports {
+        [_] => usage(text),
+        _ => usage(format!("{}: {text}", first.target)),
+    })
+}
+
+/// `{"key":{...},"values":{"sum(value.bytes)":"123"},"hosts":[...]}`;
+/// values as exact decimal strings (null for the MIN or MAX of nothing).
+fn json_line(g: &FleetGroup, names: &[String], hosts: bool) -> Vec<u8> {
+    let mut line = b"{\"key\":{".to_vec();
+    for (i, (path, v)) in g.group.key().iter().enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        write_json_string(&mut line, path);
+        line.push(b':');
+        write_value(v, &mut line);
+    }
+    line.extend_from_slice(b"},\"values\":{");
+    for (i, (name, v)) in names.iter().zip(g.group.values()).enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        write_json_string(&mut line, name);
+        line.push(b':');
+        match v {
+            Some(v) => write_json_string(&mut line, &v.to_string()),
+            None => line.extend_from_slice(b"null"),
+        }
+    }
+    line.push(b'}');
+    if hosts {
+        line.extend_from_slice(b",\"hosts\":[");
+        for (i, t) in g.hosts.iter().enumerate() {
+            if i > 0 {
+                line.push(b',');
+            }
+            write_json_string(&mut line, t.as_str());
+        }
+        line.push(b']');
+    }
+    line.extend_from_slice(b"}\n");
+    line
+}
+
+/// Aligned columns: the group-by members, the aggregates, the hosts.
+fn table(
+    out: &mut dyn io::Write,
+    args: &TopArgs,
+    names: &[String],
+    groups: &[FleetGroup],
+) -> io::Result<()> {
+    let mut header: Vec<String> = args.group_by.clone();
+    header.extend(names.iter().cloned());
+    if args.hosts {
+        header.push("HOSTS".into());
+    }
+    let rows: Vec<Vec<String>> = groups
+        .iter()
+        .map(|g| {
+            let mut row: Vec<String> = args
+                .group_by
+                .iter()
+                .map(|p| g.group.key().get(p).map(cell).unwrap_or_default())
+                .collect();
+            row.extend(
+                g.group
+                    .values()
+                    .iter()
+                    .map(|v| v.map_or_else(|| "-".to_owned(), |v| v.to_string())),
+            );
+            if args.hosts {
+                let hosts: Vec<&str> = g.hosts.iter().map(|t| t.as_str()).collect();
+                row.push(hosts.join(","));
+            }
+            row
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:w$}"))
+            .collect();
+        writeln!(out, "{}", cells.join("  ").trim_end())?;
+    }
+    Ok(())
+}
+
+/// One line per target that failed, then for a fleet the totals and how
+/// the groups were merged.
+fn summary(err: &mut dyn io::Write, result: &FleetAggregate, total: usize) -> io::Result<()> {
+    for r in result.reports.iter().filter(|r| !r.is_ok()) {
+        let (code, text) = r.error.as_ref().map(code_and_text).unwrap_or_default();
+        let line = json!({"target": r.target.as_str(), "code": code, "error": text});
+        err.write_all(format!("{line}\n").as_bytes())?;
+    }
+    if total > 1 {
+        let line = json!({
+            "targets": total,
+            "ok": total - result.missing.len(),
+            "failed": result.missing.len(),
+            "method": result.method.as_str(),
+            "groups": result.groups.len(),
+            "groups_sent": result.reports.iter().map(|r| r.groups_sent).sum::<u64>(),
+            "entries_scanned": result.reports.iter().map(|r| r.entries_scanned).sum::<u64>(),
+        });
+        err.write_all(format!("{line}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use bpfmap_client::Aggregate;
+    use clap::Parser as _;
+
+    use crate::{Cli, Command};
+
+    #[test]
+    fn top_takes_aggregates_and_refuses_bad_spellings() {
+        let cli = Cli::try_parse_from([
+            "bpfmapctl",
+            "top",
+            "m",
+            "--by",
+            "sum(value.bytes)",
+            "--by",
+            "count()",
+            "--group-by",
+            "key.daddr,key.dport",
+            "-n",
+            "3",
+        ])
+        .unwrap();
+        let Command::Top(args) = cli.command else {
+            panic!("top")
+        };
+        assert_eq!(args.by, [Aggregate::sum("value.bytes"), Aggregate::count()]);
+        assert_eq!(args.group_by, ["key.daddr", "key.dport"]);
+        assert_eq!(args.limit, 3);
+        let e =
+            Cli::try_parse_from(["bpfmapctl", "top", "m", "--by", "avg(value.bytes)"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains(
+                "invalid aggregate \"avg(value.bytes)\": use count(), sum(FIELD), min(FIELD) or max(FIELD)"
+            ),
+            "{e}"
+        );
+        assert!(Cli::try_parse_from(["bpfmapctl", "top", "m"]).is_err());
+    }
+}
