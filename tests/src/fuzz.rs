@@ -78,3 +78,194 @@ pub fn decode_through(info: &TypeInfo, bytes: &[u8]) {
     );
     serde_json::from_slice::<serde_json::Value>(&list).expect("a per-CPU list is valid JSON");
 }
+
+/// The map shapes the filter target compiles against.
+pub mod shapes {
+    use bpfmap_proto::v1::{
+        ArrayType, BoolType, CharType, EnumType, Enumerator, IntType, Member, RecordType, TypeInfo,
+        type_info::Kind,
+    };
+
+    fn int(size: u32, signed: bool, big_endian: bool) -> TypeInfo {
+        TypeInfo {
+            name: String::new(),
+            size,
+            kind: Some(Kind::Int(IntType { signed, big_endian })),
+        }
+    }
+
+    fn member(name: &str, bit_offset: u32, bitfield_size: u32, t: TypeInfo) -> Member {
+        Member {
+            name: name.into(),
+            bit_offset,
+            bitfield_size,
+            r#type: Some(t),
+        }
+    }
+
+    fn record(name: &str, size: u32, members: Vec<Member>) -> TypeInfo {
+        TypeInfo {
+            name: name.into(),
+            size,
+            kind: Some(Kind::Struct(RecordType { members })),
+        }
+    }
+
+    fn array(element: TypeInfo, length: u32) -> TypeInfo {
+        TypeInfo {
+            name: String::new(),
+            size: element.size * length,
+            kind: Some(Kind::Array(Box::new(ArrayType {
+                element: Some(Box::new(element)),
+                length,
+            }))),
+        }
+    }
+
+    /// The demo's `struct flow_key` (16 bytes).
+    pub fn flow_key() -> TypeInfo {
+        let proto = TypeInfo {
+            name: "ip_proto".into(),
+            size: 1,
+            kind: Some(Kind::Enum(EnumType {
+                signed: false,
+                enumerators: [("IPPROTO_ICMP", 1), ("IPPROTO_TCP", 6), ("IPPROTO_UDP", 17)]
+                    .into_iter()
+                    .map(|(name, value)| Enumerator {
+                        name: name.into(),
+                        value,
+                    })
+                    .collect(),
+            })),
+        };
+        record(
+            "flow_key",
+            16,
+            vec![
+                member("saddr", 0, 0, int(4, false, false)),
+                member("daddr", 32, 0, int(4, false, false)),
+                member("sport", 64, 0, int(2, false, false)),
+                member("dport", 80, 0, int(2, false, true)),
+                member("proto", 96, 0, proto),
+            ],
+        )
+    }
+
+    /// A value of every kind of member (48 bytes).
+    pub fn stats() -> TypeInfo {
+        let char_t = TypeInfo {
+            name: "char".into(),
+            size: 1,
+            kind: Some(Kind::Char(CharType { signed: true })),
+        };
+        let bool_t = TypeInfo {
+            name: "_Bool".into(),
+            size: 1,
+            kind: Some(Kind::Bool(BoolType {})),
+        };
+        let range = record(
+            "",
+            8,
+            vec![
+                member("lo", 0, 0, int(4, false, false)),
+                member("hi", 32, 0, int(4, true, false)),
+            ],
+        );
+        record(
+            "stats",
+            48,
+            vec![
+                member("packets", 0, 0, int(8, false, false)),
+                member("bytes", 64, 0, int(8, true, false)),
+                member("comm", 128, 0, array(char_t, 16)),
+                member("", 256, 0, range),
+                member("flags", 320, 3, int(1, false, false)),
+                member("level", 323, 5, int(1, true, false)),
+                member("ok", 328, 0, bool_t),
+                member("counters", 336, 0, array(int(2, false, false), 3)),
+                member("wide", 0, 0, int(16, false, false)),
+            ],
+        )
+    }
+}
+
+/// Filter sources the stable runner and the fuzzer start from.
+pub const FILTER_SEEDS: &[&str] = &[
+    "key.dport == 443 && value.bytes > 1000000",
+    "key.proto == \"IPPROTO_UDP\" || key.proto in [\"IPPROTO_TCP\", 1]",
+    "value.comm.startsWith(\"ng\") && value.comm.endsWith(\"x\") && value.comm.contains(\"i\")",
+    "value.comm.matches(\"^(a|b)*c+$\") && size(value.comm) < 10",
+    "value.lo + value.hi * 2 - 1 >= -5 ? value.ok : !value.ok",
+    "value.flags == 5 && value.level < 0 && value.counters[2] != 0",
+    "value.wide > 18446744073709551615u || value.packets % 7 == 3",
+    "key.saddr / (key.daddr - key.daddr) == 1",
+    "values[1].packets > values[0].packets",
+    "key.u32(0) == 7 && value.be16(4) == 443 && u64(value, 8) > 0",
+    "key in [b\"abc\", b\"\\x00\\x01\"] && value.startsWith(b\"\\xff\")",
+];
+
+/// The shapes: 0 typed, 1 per-CPU on 3 CPUs, 2 untyped (8-byte keys,
+/// 16-byte values); and the key and values each evaluation reads.
+fn filter_shape<'a>(
+    which: u8,
+    key: &'a TypeInfo,
+    value: &'a TypeInfo,
+) -> bpfmapd::query::Shape<'a> {
+    match which % 3 {
+        0 => bpfmapd::query::Shape {
+            key: Some(key),
+            value: Some(value),
+            key_size: 16,
+            value_size: 48,
+            cpus: None,
+        },
+        1 => bpfmapd::query::Shape {
+            cpus: Some(3),
+            ..filter_shape(0, key, value)
+        },
+        _ => bpfmapd::query::Shape {
+            key: None,
+            value: None,
+            key_size: 8,
+            value_size: 16,
+            cpus: None,
+        },
+    }
+}
+
+/// A shape selector, a filter's source and, after a NUL, entry bytes:
+/// compiled against the shape and, when it compiles, evaluated on the
+/// bytes at the right sizes and on bytes too short.
+pub fn filter_eval(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    let (source, bytes) = match rest.iter().position(|&b| b == 0) {
+        Some(n) => (&rest[..n], &rest[n + 1..]),
+        None => (rest, &[][..]),
+    };
+    let source = String::from_utf8_lossy(source);
+    let (key_t, value_t) = (shapes::flow_key(), shapes::stats());
+    let shape = filter_shape(which, &key_t, &value_t);
+    let Ok(filter) = bpfmapd::query::Filter::compile(&source, &shape) else {
+        return;
+    };
+    let cpus = shape.cpus.unwrap_or(1);
+    let stride = if shape.cpus.is_some() {
+        shape.value_size
+    } else {
+        0
+    };
+    let mut entry: Vec<u8> = bytes.to_vec();
+    entry.resize(shape.key_size + shape.value_size * cpus, 0);
+    let (key, value) = entry.split_at(shape.key_size);
+    let _ = filter.matches(&bpfmapd::query::EntryRef { key, value, stride });
+    // Bytes too short for the shape: reads past them are errors, never
+    // reads outside them.
+    let half = bytes.len() / 2;
+    let _ = filter.matches(&bpfmapd::query::EntryRef {
+        key: &bytes[..half],
+        value: &bytes[half..],
+        stride,
+    });
+}

@@ -203,3 +203,217 @@ fn random_descriptions_and_bytes_through_the_decoder() {
     // The generator reaches the decoder, not only the checks before it.
     assert!(usable > 500, "only {usable} descriptions were usable");
 }
+
+/// Every seed compiles against the typed shape (else the mutations would
+/// mostly try the parser's errors).
+#[test]
+fn the_filter_seeds_compile() {
+    let (key, value) = (fuzz::shapes::flow_key(), fuzz::shapes::stats());
+    let shape = bpfmapd::query::Shape {
+        key: Some(&key),
+        value: Some(&value),
+        key_size: 16,
+        value_size: 48,
+        cpus: Some(3),
+    };
+    let untyped = bpfmapd::query::Shape {
+        key: None,
+        value: None,
+        key_size: 8,
+        value_size: 16,
+        cpus: None,
+    };
+    let single = bpfmapd::query::Shape {
+        cpus: None,
+        ..shape
+    };
+    for seed in fuzz::FILTER_SEEDS {
+        let results = [&single, &shape, &untyped].map(|s| bpfmapd::query::Filter::compile(seed, s));
+        assert!(results.iter().any(Result::is_ok), "{seed}: {results:?}");
+    }
+}
+
+/// A filter input: shape, source, NUL, entry bytes.
+fn filter_input(which: u8, source: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let mut data = vec![which];
+    data.extend_from_slice(source);
+    data.push(0);
+    data.extend((0..rng.below(200)).map(|_| rng.next() as u8));
+    data
+}
+
+#[test]
+fn mutated_filters_through_the_compiler_and_the_evaluator() {
+    let mut rng = Rng(0x5eed_f11e_0000_0001);
+    for seed in fuzz::FILTER_SEEDS {
+        for which in 0..3 {
+            fuzz::filter_eval(&filter_input(which, seed.as_bytes(), &mut rng));
+        }
+    }
+    for _ in 0..20_000 {
+        let seed = fuzz::FILTER_SEEDS[rng.below(fuzz::FILTER_SEEDS.len() as u64) as usize];
+        let source = mutate(seed.as_bytes(), &mut rng);
+        let which = rng.below(3) as u8;
+        fuzz::filter_eval(&filter_input(which, &source, &mut rng));
+    }
+}
+
+/// Tokens random expressions are made of: members, literals, operators,
+/// functions and brackets, in any order (most do not parse; those that do
+/// reach the checker with types that often do not fit).
+const TOKENS: &[&str] = &[
+    "key",
+    "value",
+    "values[1]",
+    ".dport",
+    ".saddr",
+    ".proto",
+    ".comm",
+    ".packets",
+    ".bytes",
+    ".lo",
+    ".hi",
+    ".flags",
+    ".level",
+    ".ok",
+    ".counters",
+    ".wide",
+    "[0]",
+    "[3]",
+    "[9]",
+    "0",
+    "1",
+    "-1",
+    "443",
+    "18446744073709551615u",
+    "9223372036854775807",
+    "\"IPPROTO_UDP\"",
+    "\"x\"",
+    "b\"\\x01\"",
+    "true",
+    "false",
+    "null",
+    "1.5",
+    "==",
+    "!=",
+    "<",
+    "<=",
+    ">",
+    ">=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "%",
+    "&&",
+    "||",
+    "!",
+    "?",
+    ":",
+    "in",
+    "[",
+    "]",
+    "(",
+    ")",
+    ",",
+    ".startsWith(\"a\")",
+    ".matches(\"(a*)*b\")",
+    ".size()",
+    "size(",
+    ".u32(0)",
+    ".be16(2)",
+    ".exists(x, x > 0)",
+    "has(",
+    "{",
+    "}",
+    "x",
+];
+
+/// A random expression from a small grammar: members and literals,
+/// compared, combined, negated and chosen between, often of types that do
+/// not fit.
+fn grammar(rng: &mut Rng, depth: u32) -> String {
+    const OPERANDS: &[&str] = &[
+        "key.dport",
+        "key.saddr",
+        "key.proto",
+        "value.packets",
+        "value.bytes",
+        "value.lo",
+        "value.hi",
+        "value.flags",
+        "value.level",
+        "value.counters[1]",
+        "value.wide",
+        "1",
+        "-7",
+        "443",
+        "\"IPPROTO_TCP\"",
+        "value.comm",
+        "\"nginx\"",
+        "value.ok",
+        "true",
+        "values[2].packets",
+        "value.comm.size()",
+    ];
+    const COMPARE: &[&str] = &["==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "%"];
+    let pick = |rng: &mut Rng, xs: &[&str]| xs[rng.below(xs.len() as u64) as usize].to_owned();
+    if depth >= 4 || rng.below(3) == 0 {
+        let (a, b) = (pick(rng, OPERANDS), pick(rng, OPERANDS));
+        return format!("{a} {} {b}", pick(rng, COMPARE));
+    }
+    match rng.below(5) {
+        0 => format!(
+            "({} && {})",
+            grammar(rng, depth + 1),
+            grammar(rng, depth + 1)
+        ),
+        1 => format!(
+            "({} || {})",
+            grammar(rng, depth + 1),
+            grammar(rng, depth + 1)
+        ),
+        2 => format!("!({})", grammar(rng, depth + 1)),
+        3 => format!(
+            "({} ? {} : {})",
+            grammar(rng, depth + 1),
+            grammar(rng, depth + 1),
+            grammar(rng, depth + 1)
+        ),
+        _ => format!("{} in [1, 443, \"IPPROTO_UDP\"]", pick(rng, OPERANDS)),
+    }
+}
+
+#[test]
+fn random_expressions_through_the_compiler_and_the_evaluator() {
+    let mut rng = Rng(0x0fed_cba9_8765_4321);
+    let mut compiled = 0;
+    for i in 0..20_000 {
+        let n = 1 + rng.below(24);
+        let source: String = if i % 2 == 0 {
+            grammar(&mut rng, 0)
+        } else {
+            (0..n)
+                .map(|_| TOKENS[rng.below(TOKENS.len() as u64) as usize])
+                .collect::<Vec<_>>()
+                .join(if rng.below(2) == 0 { " " } else { "" })
+        };
+        let which = rng.below(3) as u8;
+        let (key, value) = (fuzz::shapes::flow_key(), fuzz::shapes::stats());
+        let shape = bpfmapd::query::Shape {
+            key: Some(&key),
+            value: Some(&value),
+            key_size: 16,
+            value_size: 48,
+            cpus: None,
+        };
+        if bpfmapd::query::Filter::compile(&source, &shape).is_ok() {
+            compiled += 1;
+        }
+        fuzz::filter_eval(&filter_input(which, source.as_bytes(), &mut rng));
+    }
+    assert!(
+        compiled > 1000,
+        "only {compiled} of 20,000 random expressions compiled"
+    );
+}
