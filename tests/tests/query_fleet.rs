@@ -539,7 +539,8 @@ async fn max_ordering_and_every_group_merge_every_group_exactly() {
     fleet_of.stop().await;
 }
 
-/// A TCP proxy that counts the bytes the server sends.
+/// A TCP proxy that counts the bytes the server sends, and closes every
+/// connection after the first `allow` at once (a host that goes down).
 struct CountingProxy {
     addr: std::net::SocketAddr,
     from_server: Arc<AtomicU64>,
@@ -548,12 +549,21 @@ struct CountingProxy {
 
 impl CountingProxy {
     async fn start(listen: &str, target: std::net::SocketAddr) -> Self {
+        Self::allowing(listen, target, usize::MAX).await
+    }
+
+    async fn allowing(listen: &str, target: std::net::SocketAddr, allow: usize) -> Self {
         let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let from_server = Arc::new(AtomicU64::new(0));
         let count = from_server.clone();
         let task = tokio::spawn(async move {
+            let mut accepted = 0;
             while let Ok((client, _)) = listener.accept().await {
+                accepted += 1;
+                if accepted > allow {
+                    continue;
+                }
                 let Ok(server) = tokio::net::TcpStream::connect(target).await else {
                     continue;
                 };
@@ -1052,4 +1062,51 @@ async fn dump_with_filter_and_fields(t: &[Target]) {
             t[1]
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_fails_between_phases_is_left_out_and_the_answer_stays_exact() {
+    let data = fleet_data(19);
+    let fleet_of = TestFleet::start(108, &data).await;
+    let direct = fleet_of.targets();
+    // Every host but the fourth, by full dumps: the answer to expect.
+    let others: Vec<Target> = direct
+        .iter()
+        .filter(|t| **t != direct[3])
+        .cloned()
+        .collect();
+    let alive = full_dumps(&Fleet::new(others, ConnectOptions::default())).await;
+    // The fourth answers the first phase (allow 1) or the first two.
+    for allow in [1, 2] {
+        let listen = format!("127.0.109.{allow}:0");
+        let addr = fleet_of.daemons[3].running.local_addr();
+        let proxy = CountingProxy::allowing(&listen, addr, allow).await;
+        let flaky: Target = proxy.addr.to_string().parse().unwrap();
+        let mut targets = direct.clone();
+        targets[3] = flaky.clone();
+        let fleet = Fleet::new(targets, ConnectOptions::default());
+        let result = fleet_top(&fleet, By::Bytes, 10).await;
+        assert_eq!(
+            result.missing,
+            std::slice::from_ref(&flaky),
+            "allow {allow}"
+        );
+        assert_eq!(
+            rows(&result),
+            brute_top(&alive, By::Bytes, 10),
+            "allow {allow}"
+        );
+        let report = &result.reports[3];
+        assert_eq!(report.calls, allow as u32, "{report:?}");
+        let code = report.error.as_ref().map(|e| e.code());
+        assert!(
+            matches!(
+                code,
+                Some(Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled)
+            ),
+            "{report:?}"
+        );
+        println!("allow {allow}: {:?}", result.method);
+    }
+    fleet_of.stop().await;
 }
