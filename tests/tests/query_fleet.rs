@@ -1110,3 +1110,89 @@ async fn a_host_that_fails_between_phases_is_left_out_and_the_answer_stays_exact
     }
     fleet_of.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregates_on_one_daemon_and_given_groups_across_the_fleet() {
+    let data = small_fleet();
+    let fleet_of = TestFleet::start(110, &data).await;
+    let map = "flows".parse().unwrap();
+    let options = AggregateOptions::default()
+        .with_group_by(["key.daddr"])
+        .with_aggregates(aggregates(By::Bytes))
+        .with_render([("key.daddr", "ipv4")]);
+    let host0 = fleet_of.daemons[0].client().await;
+    let result = host0.aggregate(&map, options.clone()).await.unwrap();
+    let groups: Vec<(Json, Vec<Option<i128>>, Vec<u8>)> = result
+        .groups()
+        .iter()
+        .map(|g| {
+            let key = json_of(&g.key()["key.daddr"]);
+            (key, g.values().to_vec(), g.key_bytes().to_vec())
+        })
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            (
+                json!("192.168.0.1"),
+                vec![Some(5_000_500), Some(2), Some(30)],
+                0xc0a8_0001u32.to_le_bytes().to_vec()
+            ),
+            (
+                json!("192.168.0.2"),
+                vec![Some(2_000), Some(1), Some(20)],
+                0xc0a8_0002u32.to_le_bytes().to_vec()
+            ),
+        ]
+    );
+    let s = result.summary();
+    assert_eq!(
+        (
+            s.entries_scanned(),
+            s.entries_matched(),
+            s.groups_total(),
+            s.order_non_negative()
+        ),
+        (3, 3, 2, true)
+    );
+    // Given groups, from every host: one held by two hosts, one by none.
+    let given = options.with_groups([
+        0xc0a8_0003u32.to_le_bytes().to_vec(),
+        0xc0a8_0009u32.to_le_bytes().to_vec(),
+    ]);
+    let fleet = fleet_of.fleet();
+    let result = fleet
+        .aggregate(&map, FleetAggregateOptions::default().with_aggregate(given))
+        .await;
+    assert_eq!(result.method, MergeMethod::Groups);
+    let t = fleet_of.targets();
+    let got: Vec<(Json, Vec<Option<i128>>, Vec<Target>)> = result
+        .groups
+        .iter()
+        .map(|g| {
+            (
+                json_of(&g.group.key()["key.daddr"]),
+                g.group.values().to_vec(),
+                g.hosts.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                json!("192.168.0.3"),
+                vec![Some(8_500_000), Some(2), Some(9)],
+                vec![t[1].clone(), t[2].clone()]
+            ),
+            (json!("192.168.0.9"), vec![Some(0), Some(0), None], vec![]),
+        ]
+    );
+    assert!(
+        result
+            .reports
+            .iter()
+            .all(|r| r.is_ok() && r.calls == 1 && r.groups_sent == 2)
+    );
+    fleet_of.stop().await;
+}

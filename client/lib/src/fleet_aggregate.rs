@@ -217,6 +217,14 @@ impl Fleet {
     }
 }
 
+/// Whether every group of an answer has one value per aggregate.
+fn fits(result: &AggregateResult, aggregates: usize) -> bool {
+    result
+        .groups()
+        .iter()
+        .all(|g| g.values().len() == aggregates)
+}
+
 /// A fleet aggregate in progress.
 struct Runner<'a> {
     fleet: &'a Fleet,
@@ -239,7 +247,8 @@ impl Runner<'_> {
             return (MergeMethod::AllGroups, self.all(asked, hosts, max).await);
         }
         for (t, r) in answers {
-            let bound = r.groups().last().and_then(|g| g.values()[asked.order_by()]);
+            let last = r.groups().last();
+            let bound = last.and_then(|g| g.values().get(asked.order_by()).copied().flatten());
             self.merge
                 .add(&t, r, Some(Bound::AtMost(bound.unwrap_or(0))));
         }
@@ -393,6 +402,7 @@ impl Runner<'_> {
                 Ok(())
             }
         });
+        let want = self.merge.width();
         let mut out = BTreeMap::new();
         for (report, mut results) in run.collect().await {
             let t = report.target.clone();
@@ -404,6 +414,12 @@ impl Runner<'_> {
                     self.fail(&t, Error::Deadline { deadline })
                 }
                 (Some(e), _) => self.fail(&t, e),
+                (None, Some(result)) if !fits(&result, want) => {
+                    let e = Error::Protocol(format!(
+                        "a group without one value per aggregate ({want} asked)"
+                    ));
+                    self.fail(&t, e)
+                }
                 (None, Some(result)) => {
                     r.calls += 1;
                     r.entries_scanned += result.summary().entries_scanned();
@@ -450,9 +466,12 @@ impl Runner<'_> {
             .enumerate()
             .map(|(i, t)| (t, i))
             .collect();
+        // Given groups are reported whatever the threshold, as a daemon
+        // reports them.
+        let given = method == MergeMethod::Groups;
         let groups = top
             .into_iter()
-            .filter(|(_, v)| within(v.get(asked.order_by()).copied().flatten()))
+            .filter(|(_, v)| given || within(v.get(asked.order_by()).copied().flatten()))
             .map(|(key_bytes, mut values)| {
                 values.truncate(hidden);
                 let key = self.merge.groups.get(&key_bytes).map(|s| s.key.clone());

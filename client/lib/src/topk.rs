@@ -104,6 +104,12 @@ impl Merge {
         }
     }
 
+    /// The number of values of each group (the aggregates and the hidden
+    /// COUNT).
+    pub(crate) fn width(&self) -> usize {
+        self.ops.len()
+    }
+
     /// Forgets `target` (it failed): its values and its bound.
     pub(crate) fn drop_host(&mut self, target: &Target) {
         self.bounds.remove(target);
