@@ -374,4 +374,107 @@ mod tests {
         let top = m.proven_top(1).unwrap();
         assert_eq!(top, [(vec![2], vec![Some(4), Some(1)])]);
     }
+
+    /// A host as a daemon answers: its groups' (sum, count).
+    type Host = BTreeMap<u8, (i128, u64)>;
+
+    /// A daemon's answer: the top `limit` (0: all) at least `threshold`, or
+    /// exactly `groups`.
+    fn serve(
+        host: &Host,
+        limit: usize,
+        threshold: Option<i128>,
+        groups: &[Vec<u8>],
+    ) -> AggregateResult {
+        let mut rows: Vec<(u8, i128, u64)> = if groups.is_empty() {
+            host.iter().map(|(k, (s, c))| (*k, *s, *c)).collect()
+        } else {
+            groups
+                .iter()
+                .map(|g| (g[0], host.get(&g[0]).map_or((0, 0), |v| *v)))
+                .map(|(k, (s, c))| (k, s, c))
+                .collect()
+        };
+        rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        if groups.is_empty() {
+            rows.retain(|r| threshold.is_none_or(|t| r.1 >= t));
+            if limit > 0 {
+                rows.truncate(limit);
+            }
+        }
+        answer(
+            &rows.iter().map(|r| (r.0, r.1, r.2)).collect::<Vec<_>>(),
+            host.len() as u64,
+        )
+    }
+
+    /// The three phases as the fleet runs them, on simulated hosts.
+    fn tput(hosts: &[Host], k: usize) -> Ranked {
+        let names: Vec<Target> = (0..hosts.len()).map(|i| t(&format!("h{i}:1"))).collect();
+        let mut m = Merge::new(&options());
+        for (name, host) in names.iter().zip(hosts) {
+            let r = serve(host, k, None, &[]);
+            let last = r.groups().last().and_then(|g| g.values()[0]).unwrap_or(0);
+            m.add(name, r, Some(Bound::AtMost(last)));
+        }
+        if let Some(top) = m.proven_top(k) {
+            return top;
+        }
+        let n = hosts.len() as i128;
+        let threshold = (m.kth_lower(k) + n - 1) / n;
+        for (name, host) in names.iter().zip(hosts) {
+            let r = serve(host, 0, Some(threshold), &[]);
+            m.add(name, r, Some(Bound::AtMost(threshold - 1)));
+        }
+        if let Some(top) = m.proven_top(k) {
+            return top;
+        }
+        for (name, keys) in m.to_ask(k) {
+            let host = &hosts[names.iter().position(|n| *n == name).unwrap()];
+            m.add(&name, serve(host, 0, None, &keys), None);
+        }
+        m.proven_top(k).expect("three phases prove the top K")
+    }
+
+    #[test]
+    fn three_phases_give_the_exact_top_k_with_many_ties() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for case in 0..2000 {
+            let (n, groups, range) = (1 + next(6) as usize, 1 + next(40), 1 + next(12) as i128);
+            let mut hosts: Vec<Host> = Vec::new();
+            for _ in 0..n {
+                let mut host = Host::new();
+                for g in 0..groups {
+                    if next(3) != 0 {
+                        host.insert(g as u8, (next(range as u64) as i128, 1 + next(3)));
+                    }
+                }
+                hosts.push(host);
+            }
+            let mut total: BTreeMap<u8, (i128, u64)> = BTreeMap::new();
+            for h in &hosts {
+                for (g, (s, c)) in h {
+                    let e = total.entry(*g).or_default();
+                    e.0 += s;
+                    e.1 += c;
+                }
+            }
+            let mut want: Vec<(u8, i128, u64)> =
+                total.iter().map(|(g, (s, c))| (*g, *s, *c)).collect();
+            want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            let k = 1 + next(12) as usize;
+            want.truncate(k);
+            let want: Ranked = want
+                .into_iter()
+                .map(|(g, s, c)| (vec![g], vec![Some(s), Some(c as i128)]))
+                .collect();
+            assert_eq!(tput(&hosts, k), want, "case {case}: {n} hosts, top {k}");
+        }
+    }
 }
