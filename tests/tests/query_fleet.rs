@@ -1196,3 +1196,80 @@ async fn aggregates_on_one_daemon_and_given_groups_across_the_fleet() {
     );
     fleet_of.stop().await;
 }
+
+/// A map keyed by `__u32 daddr` with `struct { __s64 delta; }` values:
+/// sums that may be negative.
+fn signed_map(fs: &BpfFs, rel: &str, entries: &[(u32, i64)]) -> OwnedMap {
+    let mut b = BtfBuilder::new();
+    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
+    let s64 = b.add_int("long long", 8, E::Signed);
+    let key = b.add_struct("dst", 4, &[M::new("daddr", u32_, 0)]);
+    let value = b.add_struct("change", 8, &[M::new("delta", s64, 0)]);
+    let btf = OwnedBtf::load(&b.to_bytes()).unwrap_or_else(|e| panic!("BPF_BTF_LOAD: {e}"));
+    let map = create_map_with(&CreateMap {
+        map_type: MapType::HASH.0,
+        key_size: 4,
+        value_size: 8,
+        max_entries: 64,
+        name: "signed",
+        btf: Some(btf.for_map(key, value)),
+        ..Default::default()
+    });
+    for (daddr, delta) in entries {
+        update(&map, &daddr.to_le_bytes(), &delta.to_le_bytes());
+    }
+    fs.pin(&map, rel);
+    map
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sums_that_may_be_negative_merge_every_group() {
+    let fleet_of = TestFleet::start(111, &small_fleet()).await;
+    let per_host: [&[(u32, i64)]; 3] = [
+        &[(1, 100), (2, -50), (3, 7)],
+        &[(1, -120), (2, 60), (4, 5)],
+        &[(3, 1), (4, -1), (5, -1_000_000_000_000)],
+    ];
+    let _maps: Vec<OwnedMap> = per_host
+        .iter()
+        .enumerate()
+        .map(|(h, e)| signed_map(&fleet_of.fs, &format!("host{h}/signed"), e))
+        .collect();
+    let options = AggregateOptions::default()
+        .with_group_by(["key.daddr"])
+        .with_aggregate(Aggregate::sum("value.delta"))
+        .with_aggregate(Aggregate::min("value.delta"))
+        .with_limit(3);
+    let map = "signed".parse().unwrap();
+    let one = fleet_of.daemons[0].client().await;
+    let s = one.aggregate(&map, options.clone()).await.unwrap();
+    assert!(!s.summary().order_non_negative());
+    let result = fleet_of
+        .fleet()
+        .aggregate(
+            &map,
+            FleetAggregateOptions::default().with_aggregate(options),
+        )
+        .await;
+    assert_eq!(result.method, MergeMethod::AllGroups);
+    let got: Vec<(Json, Vec<Option<i128>>)> = result
+        .groups
+        .iter()
+        .map(|g| {
+            (
+                json_of(&g.group.key()["key.daddr"]),
+                g.group.values().to_vec(),
+            )
+        })
+        .collect();
+    // Totals: 1 -> -20, 2 -> 10, 3 -> 8, 4 -> 4, 5 -> -1e12.
+    assert_eq!(
+        got,
+        [
+            (json!(2), vec![Some(10), Some(-50)]),
+            (json!(3), vec![Some(8), Some(1)]),
+            (json!(4), vec![Some(4), Some(-1)]),
+        ]
+    );
+    fleet_of.stop().await;
+}
