@@ -1273,3 +1273,55 @@ async fn sums_that_may_be_negative_merge_every_group() {
     );
     fleet_of.stop().await;
 }
+
+/// An address that accepts connections and never answers: a frozen host.
+async fn black_hole(ip: &str) -> (Target, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:0"))
+        .await
+        .unwrap();
+    let target = listener.local_addr().unwrap().to_string().parse().unwrap();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            held.push(c);
+        }
+    });
+    (target, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_host_fails_at_the_answer_timeout_or_the_deadline() {
+    use bpfmap_client::FleetOptions;
+    let fleet_of = TestFleet::start(112, &small_fleet()).await;
+    let (frozen, task) = black_hole("127.0.112.200").await;
+    let targets = [fleet_of.targets(), vec![frozen.clone()]].concat();
+    let alive = full_dumps(&fleet_of.fleet()).await;
+    let want = brute_top(&alive, By::Bytes, 2);
+    for (options, code, says) in [
+        (
+            FleetOptions::default().with_answer_timeout(std::time::Duration::from_millis(500)),
+            Code::DeadlineExceeded,
+            "no answer within 0.5 s",
+        ),
+        (
+            FleetOptions::default().with_deadline(std::time::Duration::from_millis(700)),
+            Code::DeadlineExceeded,
+            "the run's deadline (0.7 s) passed before this target was done",
+        ),
+    ] {
+        let fleet = Fleet::new(targets.clone(), ConnectOptions::default()).with_options(options);
+        let started = std::time::Instant::now();
+        let result = fleet_top(&fleet, By::Bytes, 2).await;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(result.missing, std::slice::from_ref(&frozen));
+        assert_eq!(rows(&result), want);
+        let e = result.reports[3].error.as_ref().unwrap();
+        assert_eq!((e.code(), e.to_string()), (code, says.to_owned()));
+    }
+    task.abort();
+    fleet_of.stop().await;
+}

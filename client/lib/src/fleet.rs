@@ -57,10 +57,9 @@ impl FleetOptions {
         self.deadline
     }
 
-    /// The longest a call that answers once (after a whole walk of the
-    /// map) is waited for: the longer of the answer and idle timeouts.
-    pub(crate) fn call_timeout(&self) -> Duration {
-        self.answer_timeout.max(self.idle_timeout)
+    /// Time for a target to connect and give its first answer.
+    pub(crate) fn answer_timeout(&self) -> Duration {
+        self.answer_timeout
     }
 
     /// Targets in flight at once (default 32).
@@ -70,8 +69,9 @@ impl FleetOptions {
     }
 
     /// Time for a target to connect and give its first answer (default
-    /// 5 s). A target that is up but frozen fails with DEADLINE_EXCEEDED
-    /// ([`Error::Timeout`]).
+    /// 5 s; for [`Fleet::aggregate`], each phase's answer, which comes after
+    /// a whole walk of the map). A target that is up but frozen fails with
+    /// DEADLINE_EXCEEDED ([`Error::Timeout`]).
     pub fn with_answer_timeout(mut self, timeout: Duration) -> Self {
         self.answer_timeout = timeout;
         self

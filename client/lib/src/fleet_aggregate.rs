@@ -185,9 +185,10 @@ impl Fleet {
     /// without every group of every host where the ordering allows it (see
     /// [`MergeMethod`] and the module's documentation). Failed targets are
     /// left out and named ([`FleetAggregate::missing`]). Each call waits at
-    /// most the longer of the fleet's answer and idle timeouts (the daemon
-    /// walks the whole map before it answers); the fleet's deadline bounds
-    /// the whole run.
+    /// most the fleet's answer timeout
+    /// ([`FleetOptions::with_answer_timeout`](crate::FleetOptions::with_answer_timeout):
+    /// the daemon walks the whole map before it answers); the fleet's
+    /// deadline bounds the whole run.
     pub async fn aggregate(&self, map: &MapName, options: FleetAggregateOptions) -> FleetAggregate {
         let asked = options.aggregate.with_hidden_count();
         let mut run = Runner {
@@ -390,7 +391,7 @@ impl Runner<'_> {
             return BTreeMap::new();
         }
         let plan = self.fleet.plan_of(asks.keys().cloned().collect(), left);
-        let wait = self.fleet.options().call_timeout();
+        let wait = self.fleet.options().answer_timeout();
         let (map, asks) = (self.map.clone(), Arc::new(asks));
         let run = plan.run(move |client, answers| {
             let (map, asks) = (map.clone(), asks.clone());
