@@ -1155,10 +1155,12 @@ async fn aggregates_on_one_daemon_and_given_groups_across_the_fleet() {
         ),
         (3, 3, 2, true)
     );
-    // Given groups, from every host: one held by two hosts, one by none.
+    // Given groups, from every host: one held by two hosts, one by none
+    // (and the first again: asked once).
     let given = options.with_groups([
         0xc0a8_0003u32.to_le_bytes().to_vec(),
         0xc0a8_0009u32.to_le_bytes().to_vec(),
+        0xc0a8_0003u32.to_le_bytes().to_vec(),
     ]);
     let fleet = fleet_of.fleet();
     let result = fleet

@@ -223,11 +223,16 @@ impl AggregateOptions {
         self
     }
 
-    /// Exactly these groups ([`Group::key_bytes`] of an earlier answer),
-    /// whatever the limit and threshold; a group without matching entries
-    /// comes back with COUNT 0, SUM 0 and no MIN or MAX.
+    /// Exactly these groups ([`Group::key_bytes`] of an earlier answer;
+    /// duplicates dropped), whatever the limit and threshold; a group
+    /// without matching entries comes back with COUNT 0, SUM 0 and no MIN
+    /// or MAX.
     pub fn with_groups(mut self, groups: impl IntoIterator<Item = Vec<u8>>) -> Self {
-        self.groups = groups.into_iter().collect();
+        let mut seen = std::collections::HashSet::new();
+        self.groups = groups
+            .into_iter()
+            .filter(|g| seen.insert(g.clone()))
+            .collect();
         self
     }
 
