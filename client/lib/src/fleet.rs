@@ -117,15 +117,15 @@ impl FleetDumpOptions {
     }
 
     /// Give each chunk with its target's [`MapTypes`], to decode it with
-    /// (default: no types). For a projected dump
-    /// ([`DumpOptions::with_fields`]) they are the projection's, from the
-    /// dump's first message. Otherwise they come from a GetMap sent beside
-    /// the dump on the same connection (no round trip of its own), and show
-    /// members as
-    /// the target's configuration renders them
+    /// (default: no types). They come from a GetMap sent beside the dump
+    /// on the same connection (no round trip of its own), and show members
+    /// as the target's configuration renders them
     /// ([`MapInfo::render`](crate::MapInfo::render)), overridden by the
     /// dump's renderings ([`DumpOptions::with_render`]); renderings that do
     /// not fit a target's types fail that target with [`Error::Render`].
+    /// For a projected dump ([`DumpOptions::with_fields`]) they are the
+    /// projection's instead, from the dump's first message, with the dump's
+    /// renderings only.
     pub fn with_types(mut self, types: bool) -> Self {
         self.types = types;
         self
