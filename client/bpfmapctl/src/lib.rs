@@ -386,7 +386,7 @@ pub async fn run_with(
             commands::lookup(setup, io, &map, &keys, &render).await
         }
         Command::Dump(args) => dump::run(setup, io, args, saved).await,
-        Command::Top(args) => top::run(setup, io, args).await,
+        Command::Top(args) => top::run(setup, io, args, cli.per_cpu).await,
     }
 }
 

@@ -12,16 +12,28 @@ use serde_json::json;
 use crate::{
     TopArgs, code_and_text,
     drive::Io,
-    output::{Format, cell, write_value},
+    output::{Format, PerCpu, cell, write_value},
     render_pairs,
     setup::{Setup, map_name},
     usage,
 };
 
-/// `top MAP --by AGG ...`.
-pub(crate) async fn run(setup: Setup, io: Io<'_>, args: TopArgs) -> anyhow::Result<()> {
+/// `top MAP --by AGG ...`; with `--per-cpu sum`, each entry of a per-CPU
+/// map counts with its sum over the CPUs (for MIN and MAX; by default each
+/// CPU's value is a value of its own).
+pub(crate) async fn run(
+    setup: Setup,
+    io: Io<'_>,
+    args: TopArgs,
+    per_cpu: PerCpu,
+) -> anyhow::Result<()> {
     let map = map_name(&args.map)?;
+    let per_cpu = match per_cpu {
+        PerCpu::Sum => bpfmap_client::PerCpu::Sum,
+        PerCpu::List => bpfmap_client::PerCpu::Each,
+    };
     let mut aggregate = AggregateOptions::default()
+        .with_per_cpu(per_cpu)
         .with_aggregates(args.by.iter().cloned())
         .with_group_by(args.group_by.iter().cloned())
         .with_limit(args.limit)
