@@ -6,7 +6,7 @@
 //! What compiles: member paths and indexes, integer, bool, string and bytes
 //! literals, lists of them, comparisons, `&&`, `||`, `!`, `? :`, integer
 //! `+ - * / %` and negation (exact, in 128 bits; overflow or a division by
-//! zero is an error), `in` on a list literal (a hash set for long lists),
+//! zero is an error), `in` on a list literal (a sorted set),
 //! and on strings (char arrays) `startsWith`, `endsWith`, `contains`,
 //! `matches` (RE2 syntax, linear time: the `regex` crate) and `size`. A map
 //! without types has bytes: `key.u32(0)`, `value.be16(4)`, ... read
@@ -16,8 +16,6 @@
 //! As in CEL, an error inside the expression (an overflow) makes `||` and
 //! `&&` look at their other side (`true || error` is true), and an entry
 //! whose filter ends in an error does not match.
-
-use std::collections::HashSet;
 
 use bpfmap_proto::v1::type_info::Kind;
 use cel::common::ast::{self, Expr, IdedExpr, LiteralValue, operators as op};
@@ -306,8 +304,10 @@ enum Node {
     And(Vec<Node>),
     Or(Vec<Node>),
     Cond(Box<Node>, Box<Node>, Box<Node>),
-    InInts(Box<Node>, HashSet<i128>),
-    InBytes(Box<Node>, HashSet<Vec<u8>>),
+    InInts(Box<Node>, Set<i128>),
+    /// The fast path of `member in [1, 2, 3]`.
+    IntInConsts(IntLoad, Set<i128>),
+    InBytes(Box<Node>, Set<Vec<u8>>),
     Str(StrFn, Box<Node>, Vec<u8>),
     Matches(Box<Node>, regex::bytes::Regex),
     Size(Box<Node>),
@@ -1024,7 +1024,7 @@ impl Compiler<'_> {
         let (n, t) = self.node(item)?;
         match t {
             Ty::Int(_) => {
-                let mut set = HashSet::with_capacity(l.elements.len());
+                let mut set = Vec::with_capacity(l.elements.len());
                 for x in &l.elements {
                     let v = match (&x.expr, &enums) {
                         (Expr::Literal(LiteralValue::Int(i)), _) => i128::from(*i.inner()),
@@ -1042,28 +1042,67 @@ impl Compiler<'_> {
                             ));
                         }
                     };
-                    set.insert(v);
+                    set.push(v);
                 }
-                Ok((Node::InInts(Box::new(n), set), Ty::Bool))
+                let set = Set::new(set);
+                Ok((
+                    match n {
+                        Node::LoadInt(l) => Node::IntInConsts(l, set),
+                        n => Node::InInts(Box::new(n), set),
+                    },
+                    Ty::Bool,
+                ))
             }
             Ty::Str | Ty::Bytes => {
-                let mut set = HashSet::with_capacity(l.elements.len());
+                let mut set = Vec::with_capacity(l.elements.len());
                 for x in &l.elements {
                     match &x.expr {
-                        Expr::Literal(LiteralValue::String(s)) => set.insert(s.as_bytes().to_vec()),
-                        Expr::Literal(LiteralValue::Bytes(b)) => set.insert(b.to_vec()),
+                        Expr::Literal(LiteralValue::String(s)) => set.push(s.as_bytes().to_vec()),
+                        Expr::Literal(LiteralValue::Bytes(b)) => set.push(b.to_vec()),
                         _ => {
                             return Err(self.err(x, "the list holds string or bytes literals only"));
                         }
                     };
                 }
-                Ok((Node::InBytes(Box::new(n), set), Ty::Bool))
+                Ok((Node::InBytes(Box::new(n), Set::new(set)), Ty::Bool))
             }
             other => Err(self.err(
                 e,
                 format!("`in` is for integers and strings, not {}", other.name()),
             )),
         }
+    }
+}
+
+/// The values of an `in` list: sorted, without repeats; looked up by a
+/// scan when short, by bisection otherwise (no hashing per entry).
+#[derive(Debug)]
+struct Set<T>(Vec<T>);
+
+/// Lists up to this long are scanned.
+const SCAN: usize = 8;
+
+impl<T: Ord> Set<T> {
+    fn new(mut values: Vec<T>) -> Self {
+        values.sort_unstable();
+        values.dedup();
+        Self(values)
+    }
+
+    #[inline]
+    fn contains(&self, x: &T) -> bool {
+        if self.0.len() <= SCAN {
+            self.0.iter().any(|v| v == x)
+        } else {
+            self.0.binary_search(x).is_ok()
+        }
+    }
+}
+
+impl Set<Vec<u8>> {
+    #[inline]
+    fn contains_slice(&self, x: &[u8]) -> bool {
+        self.0.binary_search_by(|v| v.as_slice().cmp(x)).is_ok()
     }
 }
 
@@ -1146,12 +1185,13 @@ fn eval<'a>(n: &'a Node, e: &EntryRef<'a>) -> Option<Val<'a>> {
             Val::Bool(false) => eval(b, e)?,
             _ => return None,
         },
+        Node::IntInConsts(l, set) => Val::Bool(set.contains(&l.read(e)?)),
         Node::InInts(a, set) => match eval(a, e)? {
             Val::Int(x) => Val::Bool(set.contains(&x)),
             _ => return None,
         },
         Node::InBytes(a, set) => match eval(a, e)? {
-            Val::Bytes(x) => Val::Bool(set.contains(x)),
+            Val::Bytes(x) => Val::Bool(set.contains_slice(x)),
             _ => return None,
         },
         Node::Str(f, a, lit) => match eval(a, e)? {
