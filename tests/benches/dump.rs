@@ -20,6 +20,7 @@ use bpfmap_kernel::{
     MapHandle, MapOps as _,
     walk::{Position, Walker},
 };
+use bpfmap_proto::v1::{self as pb, map_service_client::MapServiceClient};
 use bpfmap_tests::{BpfFs, Daemon, MapType, OwnedMap, create_map, median, u64_hash, update_batch};
 
 /// Samples per case (more for cases under 100 ms). Cases compared with a
@@ -1010,7 +1011,9 @@ async fn time_dump(client: &Client, map: &str) -> Duration {
     median(samples)
 }
 
-const SECTIONS: [&str; 6] = ["hash", "batch", "shapes", "catalog", "typed", "profile"];
+const SECTIONS: [&str; 7] = [
+    "hash", "batch", "shapes", "catalog", "typed", "query", "profile",
+];
 
 /// Only library dumps of a u64 hash, default options, over and over: a
 /// steady load to run under a profiler (`perf record -g`), not part of the
@@ -1208,6 +1211,11 @@ fn main() {
             typed(n, &rt, &mut report);
         }
     }
+    if sections.contains(&"query") {
+        for &n in &sizes {
+            queries(n, &rt, &mut report);
+        }
+    }
     println!("\ntargets:");
     for l in &report.lines {
         println!("{l}");
@@ -1217,4 +1225,194 @@ fn main() {
         report.lines.len() - report.missed.len(),
         report.lines.len()
     );
+}
+
+/// The filter of the filtered dump: 1 % of the query flows.
+const ONE_PERCENT: &str = "key.sport < 1624 && key.dport == 443";
+
+/// `n` flows with the demo's types (`bpfmapd::typed_flows`), but `n / 100`
+/// destinations (10,000 at 1M: the aggregate's groups): flow i has daddr
+/// 192.168.0.0 + i % (n / 100), sport 1024 + i % 60,000, dport 443, the
+/// demo's values. Made from the demo's map, emptied and filled again.
+fn query_flows(n: u32) -> OwnedMap {
+    let map = bpfmapd::typed_flows(n).unwrap();
+    for i in 0..n {
+        map.delete(&bpfmapd::flow_key(i)).unwrap();
+    }
+    let groups = (n / 100).max(1);
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let mut k = bpfmapd::flow_key(i);
+        k[4..8].copy_from_slice(&(0xC0A8_0000 | (i % groups)).to_ne_bytes());
+        keys.extend_from_slice(&k);
+        values.extend_from_slice(&bpfmapd::flow_value(i));
+    }
+    for (k, v) in keys.chunks(16 << 16).zip(values.chunks(16 << 16)) {
+        update_batch(&map, k, v);
+    }
+    map
+}
+
+/// How many query flows [`ONE_PERCENT`] selects.
+fn one_percent(n: u32) -> u64 {
+    (0..n).filter(|i| i % 60_000 < 600).count() as u64
+}
+
+type Grpc = MapServiceClient<tonic::transport::Channel>;
+
+/// A filtered packed dump of the query flows; the entries it sent.
+async fn filtered_dump(mut c: Grpc, want: u64) -> u64 {
+    let req = pb::DumpMapRequest {
+        map: bpfmap_tests::map_ref("flows"),
+        filter: ONE_PERCENT.into(),
+        layout: pb::Layout::Packed as i32,
+        ..Default::default()
+    };
+    let mut stream = c.dump_map(req).await.unwrap().into_inner();
+    let mut n = 0;
+    while let Some(m) = stream.message().await.unwrap() {
+        n += m.packed.map_or(0, |p| u64::from(p.count));
+    }
+    assert_eq!(n, want);
+    n
+}
+
+/// The ten destinations with the most bytes; the entries it grouped.
+async fn top_destinations(mut c: Grpc, groups: u64) -> u64 {
+    let req = pb::AggregateMapRequest {
+        map: bpfmap_tests::map_ref("flows"),
+        group_by: vec!["key.daddr".into()],
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Sum as i32,
+            field: "value.bytes".into(),
+        }],
+        limit: 10,
+        ..Default::default()
+    };
+    let r = c.aggregate_map(req).await.unwrap().into_inner();
+    let s = r.summary.unwrap();
+    assert_eq!((r.groups.len(), s.groups_total), (10, groups));
+    s.entries_matched
+}
+
+/// Queries in the daemon on `n` demo-shaped typed flows: a dump filtered
+/// to 1 % of the entries and a top 10 by bytes of `n / 100` destinations,
+/// each timed alternately with the floor walk of the same map; then the
+/// compiled filter alone, in entries per second on one core.
+fn queries(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let fs = BpfFs::new();
+    let map = query_flows(n);
+    fs.pin(&map, "flows");
+    let path = fs.path().join("flows");
+    let n64 = u64::from(n);
+    let groups = u64::from((n / 100).max(1));
+    println!("{n} typed flows, {groups} destinations: queries in the daemon");
+    let floor = || {
+        assert_eq!(batch_walk(&path), n64);
+        n64
+    };
+    report.row(FLOOR, time(floor), n64, None);
+    rt.block_on(async {
+        let state = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(fs.path(), state.path()).await;
+        let c = MapServiceClient::connect(daemon.addr())
+            .await
+            .unwrap()
+            .max_decoding_message_size(64 << 20);
+        let want = one_percent(n);
+        let (d, r) = paired_async(floor, || filtered_dump(c.clone(), want)).await;
+        let what = format!("DumpMap, packed, filtered to 1 % ({want}: {ONE_PERCENT})");
+        report.row(&what, d, n64, Some(("the floor", r)));
+        report.target(
+            &format!("dump filtered to 1 %, {n} typed flows, vs the floor"),
+            r,
+            "x",
+            1.25,
+            true,
+        );
+        let (d, r) = paired_async(floor, || top_destinations(c.clone(), groups)).await;
+        let what = format!("AggregateMap: top 10 of {groups} key.daddr by SUM(value.bytes)");
+        report.row(&what, d, n64, Some(("the floor", r)));
+        report.target(
+            &format!("AggregateMap top 10 of {groups} groups, {n} typed flows, vs the floor"),
+            r,
+            "x",
+            1.5,
+            true,
+        );
+        let info = c
+            .clone()
+            .get_map(pb::GetMapRequest {
+                map: bpfmap_tests::map_ref("flows"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        filter_rates(n, &map, &info, report);
+        daemon.stop().await;
+    });
+}
+
+/// Filters evaluated on the compiled path over the map's entries in
+/// memory, one thread: entries per second per core.
+fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report) {
+    let path_walk = {
+        let fs = BpfFs::new();
+        fs.pin(map, "m");
+        let handle = MapHandle::open_pinned(&fs.path().join("m")).unwrap();
+        let meta = handle.meta().clone();
+        let mut w = Walker::new(handle, meta, Position::Start).unwrap();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        while let Some(c) = w.next_chunk(5000).unwrap() {
+            keys.extend_from_slice(&c.keys);
+            values.extend_from_slice(&c.values);
+        }
+        (keys, values)
+    };
+    let (keys, values) = path_walk;
+    let shape = bpfmapd::query::Shape {
+        key: info.key_type.as_ref(),
+        value: info.value_type.as_ref(),
+        key_size: 16,
+        value_size: 16,
+        cpus: None,
+    };
+    let filters = [
+        ONE_PERCENT,
+        "key.proto == \"IPPROTO_UDP\"",
+        "value.bytes > 1000000 && key.dport in [80, 443, 8080] || key.saddr % 7 == 3",
+    ];
+    for (i, source) in filters.into_iter().enumerate() {
+        let filter = bpfmapd::query::Filter::compile(source, &shape).unwrap();
+        let run = || {
+            let mut matched = 0u64;
+            for (k, v) in keys.chunks_exact(16).zip(values.chunks_exact(16)) {
+                let e = bpfmapd::query::EntryRef {
+                    key: k,
+                    value: v,
+                    stride: 0,
+                };
+                matched += u64::from(filter.matches(std::hint::black_box(&e)));
+            }
+            matched
+        };
+        let d = time(run);
+        let rate = f64::from(n) / d.as_secs_f64() / 1e6;
+        report.row(
+            &format!("Filter::matches, one core: {source}"),
+            d,
+            u64::from(n),
+            None,
+        );
+        println!("  {:<58} {rate:>9.1} M entries/s", "");
+        if i < 2 {
+            report.target(
+                &format!("filter evaluation ({source}), M entries/s per core"),
+                rate,
+                "M/s",
+                20.0,
+                false,
+            );
+        }
+    }
 }

@@ -698,7 +698,7 @@ async fn aggregates_match_a_brute_force_over_the_full_dump() {
     };
     let r = c.aggregate_map(req.clone()).await.unwrap().into_inner();
     assert_eq!(groups_of(&r), top(&rows, 10), "top 10 daddr by bytes");
-    let s = r.summary.clone().unwrap();
+    let s = r.summary.unwrap();
     assert_eq!(
         (
             s.entries_scanned,
@@ -1209,7 +1209,7 @@ async fn the_readme_examples_on_the_demo_through_grpcurl() {
         *sums.entry(i % 250 + 1).or_default() += u64::from(i + 1) * 1500;
     }
     let mut top: Vec<(u32, u64)> = sums.into_iter().collect();
-    top.sort_by(|a, b| b.1.cmp(&a.1));
+    top.sort_by_key(|t| std::cmp::Reverse(t.1));
     let groups: Vec<Json> = top[..3]
         .iter()
         .map(|(d, sum)| {
