@@ -78,6 +78,62 @@ pub enum AggregateError {
     TooManyGroups { limit: usize, seen: usize },
 }
 
+impl Agg {
+    /// Aggregate `i` of a request, checked against `shape` (`each`: each
+    /// CPU's value of a per-CPU map counts as a value of its own).
+    fn of(
+        i: usize,
+        a: &pb::Aggregate,
+        shape: &Shape<'_>,
+        each: bool,
+    ) -> Result<Self, AggregateError> {
+        let bad = AggregateError::Invalid;
+        let op = Op::try_from(a.op).unwrap_or(Op::Unspecified);
+        if op == Op::Unspecified {
+            return Err(bad(format!(
+                "aggregates[{i}]: op is COUNT, SUM, MIN or MAX"
+            )));
+        }
+        if op == Op::Count {
+            if !a.field.is_empty() {
+                return Err(bad(format!(
+                    "aggregates[{i}]: COUNT counts entries and takes no field"
+                )));
+            }
+            return Ok(Agg {
+                op,
+                loads: Vec::new(),
+                small: false,
+            });
+        }
+        if a.field.is_empty() {
+            return Err(bad(format!(
+                "aggregates[{i}]: {} needs a field (\"value.bytes\")",
+                op.as_str_name()
+            )));
+        }
+        let (root, steps) =
+            path::parse(&a.field).map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
+        let r =
+            path::resolve(shape, root, &steps).map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
+        let load = IntLoad::of(&r).map_err(|e| {
+            bad(format!(
+                "aggregates[{i}]: {e}: {} takes an integer member",
+                op.as_str_name()
+            ))
+        })?;
+        let loads = match (root, shape.cpus) {
+            (Root::Value, Some(cpus)) if each => (0..cpus).map(|c| load.on_cpu(c)).collect(),
+            _ => vec![load],
+        };
+        Ok(Agg {
+            op,
+            loads,
+            small: r.size <= 4,
+        })
+    }
+}
+
 impl Spec {
     /// Checks `req` against `shape`. `max_groups` bounds the table.
     pub fn new(
@@ -105,53 +161,12 @@ impl Spec {
             )));
         }
         let each = req.per_cpu == pb::PerCpu::Each as i32;
-        let mut aggs = Vec::new();
-        for (i, a) in req.aggregates.iter().enumerate() {
-            let op = Op::try_from(a.op).unwrap_or(Op::Unspecified);
-            if op == Op::Unspecified {
-                return Err(bad(format!(
-                    "aggregates[{i}]: op is COUNT, SUM, MIN or MAX"
-                )));
-            }
-            if op == Op::Count {
-                if !a.field.is_empty() {
-                    return Err(bad(format!(
-                        "aggregates[{i}]: COUNT counts entries and takes no field"
-                    )));
-                }
-                aggs.push(Agg {
-                    op,
-                    loads: Vec::new(),
-                    small: false,
-                });
-                continue;
-            }
-            if a.field.is_empty() {
-                return Err(bad(format!(
-                    "aggregates[{i}]: {} needs a field (\"value.bytes\")",
-                    op.as_str_name()
-                )));
-            }
-            let (root, steps) =
-                path::parse(&a.field).map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
-            let r = path::resolve(shape, root, &steps)
-                .map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
-            let load = IntLoad::of(&r).map_err(|e| {
-                bad(format!(
-                    "aggregates[{i}]: {e}: {} takes an integer member",
-                    op.as_str_name()
-                ))
-            })?;
-            let loads = match (root, shape.cpus) {
-                (Root::Value, Some(cpus)) if each => (0..cpus).map(|c| load.on_cpu(c)).collect(),
-                _ => vec![load],
-            };
-            aggs.push(Agg {
-                op,
-                loads,
-                small: r.size <= 4,
-            });
-        }
+        let aggs = req
+            .aggregates
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Agg::of(i, a, shape, each))
+            .collect::<Result<Vec<_>, _>>()?;
         let group = if req.group_by.is_empty() {
             None
         } else {

@@ -707,27 +707,7 @@ impl Compiler<'_> {
             return self.compare(e, cmp, &c.args[0], &c.args[1]);
         }
         match name {
-            op::LOGICAL_AND | op::LOGICAL_OR => {
-                let mut parts = Vec::with_capacity(c.args.len());
-                for a in &c.args {
-                    let (n, t) = self.node(a)?;
-                    if t != Ty::Bool {
-                        return Err(self.err(
-                            a,
-                            format!("is {}, not bool: `&&` and `||` join conditions", t.name()),
-                        ));
-                    }
-                    parts.push(n);
-                }
-                Ok((
-                    if name == op::LOGICAL_AND {
-                        Node::And(parts)
-                    } else {
-                        Node::Or(parts)
-                    },
-                    Ty::Bool,
-                ))
-            }
+            op::LOGICAL_AND | op::LOGICAL_OR => self.logic(name, c),
             op::LOGICAL_NOT => {
                 let (n, t) = self.node(&c.args[0])?;
                 if t != Ty::Bool {
@@ -743,44 +723,9 @@ impl Compiler<'_> {
                 Ok((Node::Neg(Box::new(n)), Ty::Int("int".into())))
             }
             op::ADD | op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO => {
-                let arith = match name {
-                    op::ADD => Arith::Add,
-                    op::SUBSTRACT => Arith::Sub,
-                    op::MULTIPLY => Arith::Mul,
-                    op::DIVIDE => Arith::Div,
-                    _ => Arith::Rem,
-                };
-                let (a, ta) = self.node(&c.args[0])?;
-                let (b, tb) = self.node(&c.args[1])?;
-                if !matches!((&ta, &tb), (Ty::Int(_), Ty::Int(_))) {
-                    return Err(self.err(
-                        e,
-                        format!("arithmetic is on integers: {} and {}", ta.name(), tb.name()),
-                    ));
-                }
-                Ok((
-                    Node::Arith(arith, Box::new(a), Box::new(b)),
-                    Ty::Int("int".into()),
-                ))
+                self.arithmetic(e, name, c)
             }
-            op::CONDITIONAL => {
-                let (cond, tc) = self.node(&c.args[0])?;
-                if tc != Ty::Bool {
-                    return Err(self.err(
-                        &c.args[0],
-                        format!("is {}: the condition of `? :` is a bool", tc.name()),
-                    ));
-                }
-                let (a, ta) = self.node(&c.args[1])?;
-                let (b, tb) = self.node(&c.args[2])?;
-                if !ta.same_kind(&tb) {
-                    return Err(self.err(
-                        e,
-                        format!("the branches of `? :` are {} and {}", ta.name(), tb.name()),
-                    ));
-                }
-                Ok((Node::Cond(Box::new(cond), Box::new(a), Box::new(b)), ta))
-            }
+            op::CONDITIONAL => self.conditional(e, c),
             op::IN => self.within(e, &c.args[0], &c.args[1]),
             "startsWith" | "endsWith" | "contains" | "matches" | "size" => self.string_fn(e, c),
             "u8" | "u16" | "u32" | "u64" | "i8" | "i16" | "i32" | "i64" | "be16" | "be32"
@@ -791,6 +736,77 @@ impl Compiler<'_> {
                 format!("unknown function or operator {other:?} in a filter"),
             )),
         }
+    }
+
+    /// `&&` and `||` over conditions.
+    fn logic(&mut self, name: &str, c: &ast::CallExpr) -> Result<Compiled, FilterError> {
+        let mut parts = Vec::with_capacity(c.args.len());
+        for a in &c.args {
+            let (n, t) = self.node(a)?;
+            if t != Ty::Bool {
+                return Err(self.err(
+                    a,
+                    format!("is {}, not bool: `&&` and `||` join conditions", t.name()),
+                ));
+            }
+            parts.push(n);
+        }
+        Ok((
+            if name == op::LOGICAL_AND {
+                Node::And(parts)
+            } else {
+                Node::Or(parts)
+            },
+            Ty::Bool,
+        ))
+    }
+
+    /// `+ - * / %` on integers.
+    fn arithmetic(
+        &mut self,
+        e: &IdedExpr,
+        name: &str,
+        c: &ast::CallExpr,
+    ) -> Result<Compiled, FilterError> {
+        let arith = match name {
+            op::ADD => Arith::Add,
+            op::SUBSTRACT => Arith::Sub,
+            op::MULTIPLY => Arith::Mul,
+            op::DIVIDE => Arith::Div,
+            _ => Arith::Rem,
+        };
+        let (a, ta) = self.node(&c.args[0])?;
+        let (b, tb) = self.node(&c.args[1])?;
+        if !matches!((&ta, &tb), (Ty::Int(_), Ty::Int(_))) {
+            return Err(self.err(
+                e,
+                format!("arithmetic is on integers: {} and {}", ta.name(), tb.name()),
+            ));
+        }
+        Ok((
+            Node::Arith(arith, Box::new(a), Box::new(b)),
+            Ty::Int("int".into()),
+        ))
+    }
+
+    /// `cond ? a : b`, whose branches have one kind.
+    fn conditional(&mut self, e: &IdedExpr, c: &ast::CallExpr) -> Result<Compiled, FilterError> {
+        let (cond, tc) = self.node(&c.args[0])?;
+        if tc != Ty::Bool {
+            return Err(self.err(
+                &c.args[0],
+                format!("is {}: the condition of `? :` is a bool", tc.name()),
+            ));
+        }
+        let (a, ta) = self.node(&c.args[1])?;
+        let (b, tb) = self.node(&c.args[2])?;
+        if !ta.same_kind(&tb) {
+            return Err(self.err(
+                e,
+                format!("the branches of `? :` are {} and {}", ta.name(), tb.name()),
+            ));
+        }
+        Ok((Node::Cond(Box::new(cond), Box::new(a), Box::new(b)), ta))
     }
 
     /// `key.u32(0)`, `u32(value, 4)`: an integer at a byte offset of an

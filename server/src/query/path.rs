@@ -108,7 +108,7 @@ pub(crate) fn type_name(info: &pb::TypeInfo) -> String {
 /// Resolves `steps` under `root`. The error says which step fails and why
 /// ("key.dprt: no such member of struct flow_key").
 pub(crate) fn resolve(shape: &Shape<'_>, root: Root, steps: &[Step]) -> Result<Resolved, String> {
-    let mut path = root.name();
+    let path = root.name();
     let (info, size) = match root {
         Root::Key => (shape.key, shape.key_size),
         Root::Value => (shape.value, shape.value_size),
@@ -124,7 +124,7 @@ pub(crate) fn resolve(shape: &Shape<'_>, root: Root, steps: &[Step]) -> Result<R
             (shape.value, shape.value_size)
         }
     };
-    let Some(mut info) = info else {
+    let Some(info) = info else {
         if let Some(step) = steps.first() {
             let what = match step {
                 Step::Member(m) => format!(".{m}"),
@@ -144,61 +144,21 @@ pub(crate) fn resolve(shape: &Shape<'_>, root: Root, steps: &[Step]) -> Result<R
             size,
         });
     };
-    let mut bit_offset = 0u64;
-    let mut bitfield = 0u32;
+    let mut at = At {
+        path,
+        info,
+        bit_offset: 0,
+        bitfield: 0,
+    };
     for step in steps {
-        if bitfield != 0 {
-            return Err(format!("{path}: a bitfield has no members"));
-        }
-        match step {
-            Step::Member(name) => {
-                let members = match &info.kind {
-                    Some(Kind::Struct(r)) | Some(Kind::Union(r)) => &r.members,
-                    _ => {
-                        return Err(format!(
-                            "{path}.{name}: {path} is {}, which has no members",
-                            type_name(info)
-                        ));
-                    }
-                };
-                let Some((m, off)) = find_member(members, name, 0) else {
-                    return Err(format!(
-                        "{path}.{name}: no such member of {}",
-                        type_name(info)
-                    ));
-                };
-                bit_offset += off;
-                bitfield = m.bitfield_size;
-                path = format!("{path}.{name}");
-                info = m
-                    .r#type
-                    .as_ref()
-                    .ok_or_else(|| format!("{path}: no type"))?;
-            }
-            Step::Index(i) => {
-                let Some(Kind::Array(a)) = &info.kind else {
-                    return Err(format!(
-                        "{path}[{i}]: {path} is {}, not an array",
-                        type_name(info)
-                    ));
-                };
-                if *i >= u64::from(a.length) {
-                    return Err(format!(
-                        "{path}[{i}]: out of bounds ({} has {} elements)",
-                        type_name(info),
-                        a.length
-                    ));
-                }
-                let elem = a
-                    .element
-                    .as_ref()
-                    .ok_or_else(|| format!("{path}: no type"))?;
-                bit_offset += i * u64::from(elem.size) * 8;
-                path = format!("{path}[{i}]");
-                info = elem;
-            }
-        }
+        at.step(step)?;
     }
+    let At {
+        path,
+        info,
+        bit_offset,
+        bitfield,
+    } = at;
     let size = info.size as usize;
     // The descriptions were checked against the map's sizes (Layout), but
     // a path must never reach outside the bytes whatever they say.
@@ -225,6 +185,73 @@ pub(crate) fn resolve(shape: &Shape<'_>, root: Root, steps: &[Step]) -> Result<R
         info: Some(info.clone()),
         size,
     })
+}
+
+/// Where a resolution stands: the path so far, its type, its offset.
+struct At<'a> {
+    path: String,
+    info: &'a pb::TypeInfo,
+    bit_offset: u64,
+    bitfield: u32,
+}
+
+impl At<'_> {
+    /// One step down: a member, or an array element.
+    fn step(&mut self, step: &Step) -> Result<(), String> {
+        let path = &self.path;
+        if self.bitfield != 0 {
+            return Err(format!("{path}: a bitfield has no members"));
+        }
+        match step {
+            Step::Member(name) => {
+                let members = match &self.info.kind {
+                    Some(Kind::Struct(r)) | Some(Kind::Union(r)) => &r.members,
+                    _ => {
+                        return Err(format!(
+                            "{path}.{name}: {path} is {}, which has no members",
+                            type_name(self.info)
+                        ));
+                    }
+                };
+                let Some((m, off)) = find_member(members, name, 0) else {
+                    return Err(format!(
+                        "{path}.{name}: no such member of {}",
+                        type_name(self.info)
+                    ));
+                };
+                self.bit_offset += off;
+                self.bitfield = m.bitfield_size;
+                self.path = format!("{path}.{name}");
+                self.info = m
+                    .r#type
+                    .as_ref()
+                    .ok_or_else(|| format!("{}: no type", self.path))?;
+            }
+            Step::Index(i) => {
+                let Some(Kind::Array(a)) = &self.info.kind else {
+                    return Err(format!(
+                        "{path}[{i}]: {path} is {}, not an array",
+                        type_name(self.info)
+                    ));
+                };
+                if *i >= u64::from(a.length) {
+                    return Err(format!(
+                        "{path}[{i}]: out of bounds ({} has {} elements)",
+                        type_name(self.info),
+                        a.length
+                    ));
+                }
+                let elem = a
+                    .element
+                    .as_ref()
+                    .ok_or_else(|| format!("{path}: no type"))?;
+                self.bit_offset += i * u64::from(elem.size) * 8;
+                self.path = format!("{path}[{i}]");
+                self.info = elem;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A member by name, looking into anonymous members as C does; its offset
