@@ -1331,3 +1331,52 @@ async fn filters_projections_and_aggregates_on_a_clang_compiled_object() {
     assert_eq!(got[0].0, json!({"key": 2}));
     assert_eq!(got[0].1, vec![json!((100 * cpus).to_string()), json!(5)]);
 }
+
+/// The messages of one DumpMap call: (entries, cursor, done, summary).
+async fn messages(
+    c: &mut Grpc,
+    req: pb::DumpMapRequest,
+) -> Vec<(u32, String, Option<pb::DumpSummary>)> {
+    let mut stream = c.dump_map(req).await.unwrap().into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        let n = m.packed.as_ref().map_or(0, |p| p.count);
+        out.push((n, m.cursor, m.summary));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_that_matches_nothing_for_a_second_still_sends_its_cursor() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let _letters = letters(&fs, "letters", 4_000);
+    let mut config = Daemon::config(fs.path(), state.path());
+    config.limits.max_filter_cost = 0;
+    let daemon = Daemon::start_with(config).await;
+    let mut c = grpc(&daemon.addr()).await;
+    // About 0.7 ms an entry in an unoptimized build: seconds in all.
+    let slow = (0..3)
+        .map(|i| format!("value.matches(r\"(a+)+$x{i}\")"))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let started = Instant::now();
+    let got = messages(&mut c, dump_request("letters", &slow, &[], true)).await;
+    let took = started.elapsed();
+    assert!(
+        took > Duration::from_millis(1500),
+        "the walk took {took:?}: too fast to need a heartbeat; give the filter more work"
+    );
+    let (last, heartbeats) = got.split_last().unwrap();
+    assert!(!heartbeats.is_empty(), "no empty chunk in {took:?}");
+    assert!(heartbeats.iter().all(|h| h.0 == 0 && !h.1.is_empty()));
+    assert_eq!(last.2.as_ref().unwrap().entries_scanned, 4_000);
+    // Resumed from a heartbeat's cursor, the walk goes on from there.
+    let req = pb::DumpMapRequest {
+        cursor: heartbeats[0].1.clone(),
+        ..dump_request("letters", &slow, &[], true)
+    };
+    let rest = messages(&mut c, req).await;
+    let scanned = rest.last().unwrap().2.as_ref().unwrap().entries_scanned;
+    assert!(scanned > 0 && scanned < 4_000, "the rest scanned {scanned}");
+}
