@@ -466,6 +466,14 @@ async fn projections_send_only_the_fields_in_both_layouts() {
         "raw key and value bytes are left out"
     );
     assert!(entries.projection.is_some());
+    let mut rendered = dump_request("flows", filter, &fields, false);
+    rendered.render.insert("key.daddr".into(), "ipv4".into());
+    let e = dump(&mut c, rendered).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(
+        e.message(),
+        "render cannot be combined with fields: the projected members are shown as their types say"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -395,3 +395,49 @@ fn the_order_is_non_negative_for_counts_and_unsigned_sums_only() {
     assert!(!spec(agg(Op::Sum, "value.s64")).non_negative_order());
     assert!(!spec(agg(Op::Max, "value.u64")).non_negative_order());
 }
+
+#[test]
+fn untyped_maps_aggregate_whole_keys_and_values_but_cannot_group() {
+    let shape = Shape {
+        key: None,
+        value: None,
+        key_size: 4,
+        value_size: 8,
+        cpus: None,
+    };
+    let req = request(&[], vec![agg(Op::Sum, "value"), agg(Op::Max, "key")]);
+    let spec = Spec::new(&req, &shape, 10).unwrap();
+    let mut table = spec.table();
+    for i in 0..10u32 {
+        let (k, v) = (i.to_le_bytes(), (u64::MAX - u64::from(i)).to_le_bytes());
+        table.add(&EntryRef {
+            key: &k,
+            value: &v,
+            stride: 0,
+        });
+    }
+    let (groups, _) = table.finish().unwrap();
+    let sum = 10 * u128::from(u64::MAX) - 45;
+    let values: Vec<String> = groups[0].values.iter().map(show).collect();
+    assert_eq!(values, [format!("{:?}", sum.to_string()), "9".to_owned()]);
+    let req = request(&["key"], vec![agg(Op::Count, "")]);
+    let Err(AggregateError::Invalid(e)) = Spec::new(&req, &shape, 10) else {
+        panic!("grouped without types");
+    };
+    assert_eq!(
+        e,
+        "group_by: fields select members: the map has no types (BTF)"
+    );
+    let wide = Shape {
+        value_size: 16,
+        ..shape
+    };
+    let req = request(&[], vec![agg(Op::Sum, "value")]);
+    let Err(AggregateError::Invalid(e)) = Spec::new(&req, &wide, 10) else {
+        panic!("a 16-byte untyped value summed");
+    };
+    assert_eq!(
+        e,
+        "aggregates[0]: value is 16 bytes, not an integer: SUM takes an integer member"
+    );
+}
