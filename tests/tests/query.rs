@@ -1125,12 +1125,23 @@ async fn costly_filters_end_with_resource_exhausted() {
     let _map = flows_map(&fs, "flows", MapType::HASH, 2_000);
     let _letters = letters(&fs, "letters", 4_000);
     let mut c = grpc(&daemon.addr()).await;
-    // Thirty regexes without literals to look for, none of which matches:
-    // far more than 8 times the walk.
-    let costly: Vec<String> = (1..=30)
+    // Eight regular expressions without literals to look for, none of which matches:
+    // far more than 8 times the walk (in an unoptimized build too).
+    let costly: Vec<String> = (1..=8)
         .map(|k| format!(r#"value.matches(r"\pL+\pN{{{k}}}")"#))
         .collect();
     let costly = costly.join(" || ");
+    let nine = format!("{costly} || value.matches(r\"x\")");
+    let e = dump(&mut c, dump_request("letters", &nine, &[], true))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message()
+            .ends_with("at most 8 regular expressions in a filter"),
+        "{}",
+        e.message()
+    );
     let e = dump(&mut c, dump_request("letters", &costly, &[], true))
         .await
         .unwrap_err();

@@ -32,7 +32,11 @@ pub const MAX_NODES: usize = 512;
 pub const MAX_LIST_ELEMENTS: usize = 10_000;
 /// The longest regular expression, and its compiled size bound.
 const MAX_REGEX_LEN: usize = 256;
-const MAX_REGEX_SIZE: usize = 1 << 20;
+const MAX_REGEX_SIZE: usize = 256 << 10;
+/// The most regular expressions one filter may hold: each costs its
+/// compilation (on the call's thread, a millisecond near the size bound)
+/// and up to twice [`MAX_REGEX_SIZE`] of memory for the call.
+pub const MAX_REGEXES: usize = 8;
 
 /// A filter that cannot be used: the message names the member or the
 /// operator and where it is.
@@ -323,6 +327,7 @@ impl Filter {
             source,
             nodes: 0,
             list_elements: 0,
+            regexes: 0,
         };
         let (root, ty) = c.node(&expr)?;
         if ty != Ty::Bool {
@@ -416,6 +421,7 @@ struct Compiler<'a> {
     source: &'a str,
     nodes: usize,
     list_elements: usize,
+    regexes: usize,
 }
 
 type Compiled = (Node, Ty);
@@ -899,6 +905,13 @@ impl Compiler<'_> {
             _ => return Err(self.err(arg, format!("{name}() takes a literal"))),
         };
         if name == "matches" {
+            self.regexes += 1;
+            if self.regexes > MAX_REGEXES {
+                return Err(self.err(
+                    e,
+                    format!("at most {MAX_REGEXES} regular expressions in a filter"),
+                ));
+            }
             let text = std::str::from_utf8(&lit)
                 .map_err(|_| self.err(arg, "a regular expression is text"))?;
             if text.len() > MAX_REGEX_LEN {

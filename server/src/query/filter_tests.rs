@@ -729,3 +729,17 @@ fn global_calls_are_quoted_from_their_name() {
         "filter: value.comm (line 2, column 7): u32 reads the bytes of key, value or values[i]"
     );
 }
+
+#[test]
+fn a_filter_holds_at_most_eight_regular_expressions() {
+    let map = Map::everything();
+    let eight: Vec<String> = (0..8)
+        .map(|i| format!("value.comm.matches(\"x{i}\")"))
+        .collect();
+    assert!(map.compile(&eight.join(" || ")).is_ok());
+    let nine = format!("{} || value.comm.matches(\"y\")", eight.join(" || "));
+    assert_eq!(
+        map.refused(&nine),
+        "filter: value.comm.matches(\"y\") (column 225): at most 8 regular expressions in a filter"
+    );
+}

@@ -19,6 +19,7 @@ use bpfmap_proto::v1 as pb;
 pub use aggregate::{AggregateError, MAX_AGGREGATES, Spec, Table};
 pub use filter::{
     EntryRef, Filter, FilterError, MAX_DEPTH, MAX_FILTER_LEN, MAX_LIST_ELEMENTS, MAX_NODES,
+    MAX_REGEXES,
 };
 pub use path::Shape;
 pub use projection::{MAX_FIELDS, Projection};
