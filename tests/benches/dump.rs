@@ -1377,6 +1377,7 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
         value_size: 16,
         cpus: None,
     };
+    group_table_rate(n, (&keys, &values), &shape, report);
     let filters = [
         ONE_PERCENT,
         "key.proto == \"IPPROTO_UDP\"",
@@ -1415,4 +1416,42 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
             );
         }
     }
+}
+
+/// The aggregate's group table alone over the entries in memory, one
+/// thread: what AggregateMap adds to the walk.
+fn group_table_rate(
+    n: u32,
+    (keys, values): (&[u8], &[u8]),
+    shape: &bpfmapd::query::Shape<'_>,
+    report: &mut Report,
+) {
+    let req = pb::AggregateMapRequest {
+        group_by: vec!["key.daddr".into()],
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Sum as i32,
+            field: "value.bytes".into(),
+        }],
+        limit: 10,
+        ..Default::default()
+    };
+    let spec = bpfmapd::query::Spec::new(&req, shape, 100_000).unwrap();
+    let run = || {
+        let mut table = spec.table();
+        for (k, v) in keys.chunks_exact(16).zip(values.chunks_exact(16)) {
+            table.add(&bpfmapd::query::EntryRef {
+                key: k,
+                value: v,
+                stride: 0,
+            });
+        }
+        table.finish().unwrap().1
+    };
+    let d = time(run);
+    report.row(
+        "the group table alone, one core (key.daddr, SUM(value.bytes))",
+        d,
+        u64::from(n),
+        None,
+    );
 }
