@@ -184,6 +184,7 @@ impl Spec {
             ),
             None => (None, None),
         };
+        let only = given_groups(&req.groups, group.as_ref())?;
         let threshold = match req.threshold.as_str() {
             "" => None,
             t => Some(
@@ -204,7 +205,7 @@ impl Spec {
                 req.limit as usize
             },
             threshold,
-            only: (!req.groups.is_empty()).then(|| req.groups.clone()),
+            only,
             max_groups,
         })
     }
@@ -262,6 +263,33 @@ impl Spec {
         let a = &self.aggs[self.order_by];
         a.op == Op::Count || (a.op == Op::Sum && a.loads.iter().all(|l| !l.signed()))
     }
+}
+
+/// The groups a request names (`groups`), each once, in order: INVALID_ARGUMENT
+/// for one whose length is not a group key's (the group-by members' bytes,
+/// back to back; none without group_by).
+fn given_groups(
+    groups: &[Vec<u8>],
+    group: Option<&Projection>,
+) -> Result<Option<Vec<Vec<u8>>>, AggregateError> {
+    if groups.is_empty() {
+        return Ok(None);
+    }
+    let len = group.map_or(0, |g| g.key_size + g.value_size);
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (i, g) in groups.iter().enumerate() {
+        if g.len() != len {
+            return Err(AggregateError::Invalid(format!(
+                "groups[{i}] is {} bytes: a group's key_bytes are {len} bytes here (the group_by members' bytes, back to back, as answers give them)",
+                g.len()
+            )));
+        }
+        if seen.insert(g.as_slice()) {
+            out.push(g.clone());
+        }
+    }
+    Ok(Some(out))
 }
 
 impl Acc {

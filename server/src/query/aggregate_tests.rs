@@ -213,6 +213,21 @@ fn order_limit_threshold_and_exact_groups() {
         rows[1].1,
         vec!["\"0\"".to_owned(), "\"0\"".to_owned(), "null".to_owned()]
     );
+
+    // A group asked for twice is reported once, with its values.
+    req.groups = vec![3u32.to_le_bytes().to_vec(), 3u32.to_le_bytes().to_vec()];
+    let got = types.run(&req, 100).unwrap();
+    assert_eq!(got.groups.len(), 1);
+    assert_eq!(got.rows()[0].1[0], format!("{:?}", g3.1.to_string()));
+    // A group key of the wrong length is refused, saying the right one.
+    req.groups = vec![vec![0]];
+    let Err(e) = types.run(&req, 100) else {
+        panic!("a 1-byte group key was accepted");
+    };
+    assert_eq!(
+        e.to_string(),
+        "groups[0] is 1 bytes: a group's key_bytes are 4 bytes here (the group_by members' bytes, back to back, as answers give them)"
+    );
 }
 
 #[test]
