@@ -1145,6 +1145,22 @@ fn flip(c: Cmp) -> Cmp {
     }
 }
 
+/// `&&` (`decides` false) or `||` (`decides` true), as CEL has them: the
+/// first part that is `decides` decides, whatever errors the others end
+/// in; otherwise an error if a part ended in one.
+#[inline]
+fn join<'a>(parts: &'a [Node], e: &EntryRef<'a>, decides: bool) -> Option<Val<'a>> {
+    let mut failed = false;
+    for p in parts {
+        match eval(p, e) {
+            Some(Val::Bool(b)) if b == decides => return Some(Val::Bool(decides)),
+            Some(Val::Bool(_)) => {}
+            _ => failed = true,
+        }
+    }
+    (!failed).then_some(Val::Bool(!decides))
+}
+
 #[inline]
 fn eval<'a>(n: &'a Node, e: &EntryRef<'a>) -> Option<Val<'a>> {
     Some(match n {
@@ -1181,34 +1197,8 @@ fn eval<'a>(n: &'a Node, e: &EntryRef<'a>) -> Option<Val<'a>> {
             Val::Bool(b) => Val::Bool(!b),
             _ => return None,
         },
-        Node::And(parts) => {
-            let mut failed = false;
-            for p in parts {
-                match eval(p, e) {
-                    Some(Val::Bool(false)) => return Some(Val::Bool(false)),
-                    Some(Val::Bool(true)) => {}
-                    _ => failed = true,
-                }
-            }
-            if failed {
-                return None;
-            }
-            Val::Bool(true)
-        }
-        Node::Or(parts) => {
-            let mut failed = false;
-            for p in parts {
-                match eval(p, e) {
-                    Some(Val::Bool(true)) => return Some(Val::Bool(true)),
-                    Some(Val::Bool(false)) => {}
-                    _ => failed = true,
-                }
-            }
-            if failed {
-                return None;
-            }
-            Val::Bool(false)
-        }
+        Node::And(parts) => return join(parts, e, false),
+        Node::Or(parts) => return join(parts, e, true),
         Node::Cond(c, a, b) => match eval(c, e)? {
             Val::Bool(true) => eval(a, e)?,
             Val::Bool(false) => eval(b, e)?,
