@@ -132,7 +132,7 @@ pub fn open_fds() -> usize {
 }
 
 /// This process's open file descriptors by kind ("socket", "pipe",
-/// "anon_inode:[eventfd]", "file", ...).
+/// `anon_inode:[eventfd]`, "file", ...).
 pub fn fd_kinds() -> BTreeMap<String, usize> {
     let mut kinds = BTreeMap::new();
     for entry in std::fs::read_dir("/proc/self/fd")

@@ -44,7 +44,8 @@ fn run_quietly(program: &str, args: &[&str]) {
     let _ = Command::new(program).args(args).output();
 }
 
-/// Fails with [`MISSING`] unless `ip` and `tc` can be run.
+/// Fails with a message naming the package (iproute2) unless `ip` and `tc`
+/// can be run.
 pub fn require_iproute2() {
     for program in ["ip", "tc"] {
         match Command::new(program).arg("-V").output() {

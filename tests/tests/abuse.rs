@@ -31,6 +31,11 @@ use bpfmap_tests::{
 use futures::TryStreamExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+/// One attack at a time: each measures the daemon's memory, its CPU-bound
+/// answers to a well-behaved client and its kernel reads, which another
+/// attack on the same two CPUs would blur.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// KiB in a MiB (the daemon's memory is read in KiB).
 const MIB: u64 = 1024;
 const MAP: &str = "m";
@@ -652,11 +657,13 @@ async fn rapid_reset(tls: bool, net: u8) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_reset_bursts_get_enhance_your_calm() {
+    let _alone = ALONE.lock().await;
     rapid_reset(false, 11).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rapid_reset_bursts_over_tls_get_enhance_your_calm() {
+    let _alone = ALONE.lock().await;
     rapid_reset(true, 12).await;
 }
 
@@ -732,16 +739,19 @@ async fn reset_after_answer_one_connection(tls: bool, net: u8) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resets_after_the_answer_close_the_connection() {
+    let _alone = ALONE.lock().await;
     reset_after_answer_one_connection(false, 21).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resets_after_the_answer_over_tls_close_the_connection() {
+    let _alone = ALONE.lock().await;
     reset_after_answer_one_connection(true, 22).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resets_after_the_answer_from_eight_addresses_cost_bounded_reads_and_log_lines() {
+    let _alone = ALONE.lock().await;
     let what = "reset after the answer, 8 addresses reconnecting";
     let t = Target::start(23, false, "", Launch::default());
     let probe = Probe::start(&t).await;
@@ -990,6 +1000,7 @@ fn check_held(h: &Held, what: &str, bound: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_that_never_read_stay_within_the_documented_peak() {
+    let _alone = ALONE.lock().await;
     let what = "64 never-reading dumps, plaintext";
     let t = Target::start(31, false, "", Launch::default());
     let h = hold_never_reading(&t, Windows::Closed).await;
@@ -998,6 +1009,7 @@ async fn streams_that_never_read_stay_within_the_documented_peak() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_with_open_windows_that_never_read_stay_within_the_documented_peak() {
+    let _alone = ALONE.lock().await;
     let what = "64 dumps with open windows, socket never read, plaintext";
     let t = Target::start(33, false, "", Launch::default());
     let h = hold_never_reading(&t, Windows::OpenUnread).await;
@@ -1006,6 +1018,7 @@ async fn streams_with_open_windows_that_never_read_stay_within_the_documented_pe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_that_never_read_over_tls_stay_within_the_documented_peak() {
+    let _alone = ALONE.lock().await;
     let what = "64 never-reading dumps, mutual TLS";
     let t = Target::start(32, true, "", Launch::default());
     let h = hold_never_reading(&t, Windows::Closed).await;
@@ -1017,6 +1030,7 @@ async fn streams_that_never_read_over_tls_stay_within_the_documented_peak() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn continuation_floods_get_goaway_at_once_with_memory_flat() {
+    let _alone = ALONE.lock().await;
     let what = "CONTINUATION flood";
     let t = Target::start(41, false, "", Launch::default());
     let probe = Probe::start(&t).await;
@@ -1101,6 +1115,7 @@ async fn flood_unread(conn: &mut Conn, duration: Duration, mut fill: impl FnMut(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_and_ping_floods_from_a_peer_that_never_reads_leave_memory_flat() {
+    let _alone = ALONE.lock().await;
     let what = "SETTINGS and PING floods, never reading";
     let t = Target::start(51, false, "", Launch::default());
     let probe = Probe::start(&t).await;
@@ -1184,6 +1199,7 @@ async fn oversized(t: &Target, k: usize, extra: &[(String, String)]) -> (String,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_headers_are_refused_with_memory_flat() {
+    let _alone = ALONE.lock().await;
     let what = "oversized headers";
     let t = Target::start(61, false, "", Launch::default());
     let probe = Probe::start(&t).await;
@@ -1230,6 +1246,7 @@ async fn oversized_headers_are_refused_with_memory_flat() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_byte_window_updates_do_not_keep_a_dump_past_its_stall_timeout() {
+    let _alone = ALONE.lock().await;
     let what = "one-byte WINDOW_UPDATEs";
     let stall = Duration::from_secs(3);
     let t = Target::start(

@@ -35,7 +35,7 @@ const MAX_REGEX_LEN: usize = 256;
 const MAX_REGEX_SIZE: usize = 256 << 10;
 /// The most regular expressions one filter may hold: each costs its
 /// compilation (on the call's thread, a millisecond near the size bound)
-/// and up to twice [`MAX_REGEX_SIZE`] of memory for the call.
+/// and up to twice the compiled size bound (256 KiB) of memory for the call.
 pub const MAX_REGEXES: usize = 8;
 
 /// A filter that cannot be used: the message names the member or the
