@@ -44,8 +44,10 @@ pub(crate) const IN_TRANSPORT: usize = 3;
 /// the one being read.
 pub(crate) const PIPELINE: usize = CHANNEL_DEPTH + IN_TRANSPORT + 1;
 /// Messages a dump of large entries has in memory at once: it reads the next
-/// entry only once nothing is queued.
-pub(crate) const LARGE_PIPELINE: usize = 1 + 1 + IN_TRANSPORT;
+/// entry only once nothing is queued (one being read, one queued), and the
+/// transport holds the one it writes (its encoded copy, handed over in
+/// frames) and what is left of the one before in its 64 KiB buffer.
+pub(crate) const LARGE_PIPELINE: usize = 1 + 1 + 2;
 /// A chunk's size when the request does not say: the largest a dump's share
 /// allows (a sixth of it: 96 KiB with the default limits), up to
 /// this. Large chunks cost the kernel nothing more per entry, and save the
