@@ -1,6 +1,6 @@
 //! The exact merge of many hosts' groups: what each host said about each
 //! group, what bounds the groups it did not report, and when that proves a
-//! top K. No I/O here: [`crate::fleet_aggregate`] asks the hosts.
+//! top K. No I/O here: the fleet's aggregate run asks the hosts.
 //!
 //! Values are exact integers (i128, saturating far beyond any map's
 //! counters); the ordering aggregate is assumed non-negative where bounds
