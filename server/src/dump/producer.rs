@@ -458,9 +458,9 @@ impl<M: MapOps> Producer<M> {
                 .map(projection_message),
             ..Default::default()
         };
-        // The walk is over: the slot is free for others.
-        self.slot = None;
-        send((&self.tx, &mut self.env, None), last, None).await?;
+        // The slot is kept until the summary is queued: its memory share
+        // still holds what the client has not taken.
+        send((&self.tx, &mut self.env, self.slot.as_ref()), last, None).await?;
         Ok(())
     }
 }
