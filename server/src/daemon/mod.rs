@@ -88,7 +88,7 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     crate::check_privileges(&config)?;
     crate::prepare_roots(&config)?;
     let demo = if config.demo {
-        Some(Demo::start(&config.roots[0]).context("cannot start the demo")?)
+        Some(Demo::start_live(&config.roots[0]).context("cannot start the demo")?)
     } else {
         None
     };

@@ -1,29 +1,57 @@
 //! Demo maps, so that a newcomer sees real data at once. They carry BTF, so
 //! their entries read as JSON with named members:
 //!
-//! - `demo/flows`: hash, 100,000 flows. Key `struct flow_key { __u32 saddr;
-//!   __u32 daddr; __u16 sport; __u16 dport; enum ip_proto proto; }` (16
-//!   bytes: a 1-byte enum, 3 bytes of padding; addresses and ports are
+//! - `demo/flows`: hash (131,072 slots), 100,000 base flows `flow_key(i)` ->
+//!   `flow_value(i)` for i in 0..100,000. Key `struct flow_key { __u32
+//!   saddr; __u32 daddr; __u16 sport; __u16 dport; enum ip_proto proto; }`
+//!   (16 bytes: a 1-byte enum, 3 bytes of padding; addresses and ports are
 //!   integers in host byte order), value `struct flow_stats { __u64 packets;
 //!   __u64 bytes; }`;
 //! - `demo/cpu_counters`: per-CPU array, `__u32` -> `struct cpu_counters`
 //!   (8 `__u64` counters, [`CPU_COUNTERS`]), 8 entries that a background
-//!   thread keeps incrementing;
+//!   thread keeps incrementing every 100 ms;
 //! - `demo/recent`: LRU hash (`__u32` -> `__u64`, 1024 slots) that the
-//!   background thread keeps inserting into, so old entries are evicted;
+//!   background thread keeps inserting into (one key every 100 ms), so old
+//!   entries are evicted;
 //! - `demo/events`: a queue, untyped, which cannot be iterated (DumpMap
 //!   answers FAILED_PRECONDITION).
 //!
-//! The pins are removed when the demo is dropped.
+//! [`Demo::start`] leaves `demo/flows` as it was filled. [`Demo::start_live`]
+//! (what `bpfmapd --demo` runs) also moves it, every 100 ms (a tick), in
+//! one `BPF_MAP_UPDATE_BATCH` of about 2,200 entries and 10 deletes:
+//!
+//! - hot destinations: every tick, each of the 400 base flows of daddr
+//!   192.168.0.1 (i % 250 == 0) gets 3 more packets, of 192.168.0.2
+//!   (i % 250 == 1) 2 more, of 192.168.0.3 (i % 250 == 2) 1 more: 12,000,
+//!   8,000 and 4,000 packets/s (18, 12 and 6 MB/s) per destination;
+//! - the other 98,800 base flows: every tick, those in a window of 1,000
+//!   consecutive ids (0..1,000, then 1,000..2,000, ..., back to 0 after 100
+//!   ticks; the 12 hot flows in it skipped) get 1 more packet each. So each
+//!   of these flows grows by 1 packet every 10 s, and each of the other 247
+//!   destinations (4 flows per window) by 40 packets/s (60,000 B/s);
+//! - every increment adds 1,500 bytes per packet, so bytes stay packets *
+//!   1500 in every flow;
+//! - churn: 1,000 churn flows `flow_key(i)` -> `{ packets: 1, bytes: 1500 }`
+//!   for i from 100,000 up are added at the start; every tick the next 10
+//!   ids are added and the 10 oldest churn flows are deleted, so each lives
+//!   10 s and the map holds 101,000 entries (101,010 for a moment, never
+//!   near 131,072). Ids stay below 2^24 (they start again at 100,000 after
+//!   about 46 hours), so saddr (10.0.0.0 + i) is unique and a churn key
+//!   never collides with a base flow's (or another churn flow's).
+//!
+//! The writer counts the flows' packets in memory and writes its counts:
+//! what anyone else writes into a flow it moves is overwritten. The pins are
+//! removed when the demo is dropped.
 
 use std::{
+    collections::VecDeque,
     path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -54,6 +82,34 @@ pub(super) const CPU_COUNTERS: [&str; 8] = [
 /// Entries of `demo/cpu_counters`.
 const COUNTER_SETS: u32 = 8;
 
+/// How often the demo writer changes the maps.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Slots of `demo/flows`.
+const FLOW_SLOTS: u32 = 131_072;
+
+/// Bytes per packet of the live flows' increments.
+const PACKET_BYTES: u64 = 1500;
+
+/// Packets per tick that each base flow of a hot destination gets, by
+/// `i % 250` (daddr 192.168.0.(i % 250 + 1)).
+const HOT: [(u32, u64); 3] = [(0, 3), (1, 2), (2, 1)];
+
+/// Base flows per tick in the window of the other flows (each gets 1
+/// packet). A divisor of [`FLOWS`] and a multiple of 250, so every window
+/// holds the same number of flows of each destination.
+const COLD_PER_TICK: u32 = 1_000;
+
+/// Churn flows alive at any time.
+const CHURN_FLOWS: usize = 1_000;
+
+/// Churn flows added (and removed) per tick.
+const CHURN_PER_TICK: usize = 10;
+
+/// Churn ids are in `FLOWS..CHURN_END`: below 2^24, `0x0A00_0000 | i` keeps
+/// i whole, so every id has its own saddr.
+const CHURN_END: u32 = 1 << 24;
+
 /// The flow key of `demo/flows` entry `i`, fields in host byte order:
 /// saddr 10.0.0.0 + i (`0x0A00_0000 | i`), daddr 192.168.0.(i % 250 + 1)
 /// (`0xC0A8_0000 | (i % 250 + 1)`), sport 1024 + i % 60000, dport 443, proto
@@ -71,10 +127,22 @@ pub fn flow_key(i: u32) -> [u8; 16] {
 /// The value of `demo/flows` entry `i`: packets i + 1 and bytes
 /// (i + 1) * 1500, u64 in host byte order.
 pub fn flow_value(i: u32) -> [u8; 16] {
+    flow_stats(u64::from(i) + 1)
+}
+
+/// A `struct flow_stats` of `packets` packets of 1500 bytes.
+fn flow_stats(packets: u64) -> [u8; 16] {
     let mut v = [0u8; 16];
-    v[0..8].copy_from_slice(&u64::from(i + 1).to_ne_bytes());
-    v[8..16].copy_from_slice(&(u64::from(i + 1) * 1500).to_ne_bytes());
+    v[0..8].copy_from_slice(&packets.to_ne_bytes());
+    v[8..16].copy_from_slice(&(packets * PACKET_BYTES).to_ne_bytes());
     v
+}
+
+/// Packets per tick of base flow `i` when it is one of a hot destination's.
+fn hot_packets(i: u32) -> Option<u64> {
+    HOT.iter()
+        .find(|(rest, _)| i % 250 == *rest)
+        .map(|(_, packets)| *packets)
 }
 
 /// The demo maps' BTF, loaded, and the ids of the types they use.
@@ -199,7 +267,23 @@ pub fn typed_flows(n: u32) -> anyhow::Result<OwnedMap> {
 
 impl Demo {
     /// Creates the demo maps under `root/demo`, replacing old demo pins.
+    /// `demo/flows` keeps the values it was filled with (`flow_value(i)`);
+    /// `demo/cpu_counters` and `demo/recent` change every 100 ms.
     pub fn start(root: &Path) -> anyhow::Result<Self> {
+        Self::launch(root, false)
+    }
+
+    /// Like [`Demo::start`], and `demo/flows` moves too, every 100 ms:
+    /// each base flow of daddr 192.168.0.1, .2 and .3 gets 3, 2 and 1
+    /// packets, the base flows in a window of 1,000 ids that moves on by
+    /// 1,000 every time get 1 packet each (1,500 bytes per packet), and 10
+    /// churn flows (`flow_key(i)` for i from 100,000 up, about 1,000 of them
+    /// at any time) are added and the 10 oldest removed.
+    pub fn start_live(root: &Path) -> anyhow::Result<Self> {
+        Self::launch(root, true)
+    }
+
+    fn launch(root: &Path, live: bool) -> anyhow::Result<Self> {
         let dir = root.join("demo");
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -216,13 +300,18 @@ impl Demo {
             create(
                 MapType::HASH,
                 (16, 16),
-                131_072,
+                FLOW_SLOTS,
                 "flows",
                 typed(types.flow_key, types.flow_stats),
             )?,
             FLOWS as u32,
         )?;
         demo.pin(&flows, "flows")?;
+        let flows = if live {
+            Some(LiveFlows::new(flows)?)
+        } else {
+            None
+        };
 
         let counters = create(
             MapType::PERCPU_ARRAY,
@@ -247,9 +336,9 @@ impl Demo {
         demo.writer = Some(
             thread::Builder::new()
                 .name("demo-writer".into())
-                .spawn(move || write_loop(&counters, &recent, &stop))?,
+                .spawn(move || write_loop(&counters, &recent, flows, &stop))?,
         );
-        tracing::info!(dir = %dir.display(), "demo maps pinned: flows, cpu_counters, recent, events");
+        tracing::info!(dir = %dir.display(), live, "demo maps pinned: flows, cpu_counters, recent, events");
         Ok(demo)
     }
 
@@ -276,10 +365,113 @@ fn counter_values(tick: u64, set: u32, cpus: usize) -> Vec<u8> {
     value
 }
 
-fn write_loop(counters: &OwnedMap, recent: &OwnedMap, stop: &AtomicBool) {
+/// What the live demo writes into `demo/flows`, and the counters it keeps.
+struct LiveFlows {
+    map: OwnedMap,
+    /// Packets of base flow i (bytes are packets * 1500).
+    packets: Vec<u64>,
+    /// The first base id of the next tick's window.
+    window: u32,
+    /// Live churn ids, oldest first.
+    churn: VecDeque<u32>,
+    /// The next churn id.
+    next_churn: u32,
+    keys: Vec<u8>,
+    values: Vec<u8>,
+}
+
+impl LiveFlows {
+    /// Takes over `map`, filled with the base flows, and adds the first
+    /// churn flows.
+    fn new(map: OwnedMap) -> anyhow::Result<Self> {
+        let mut live = Self {
+            map,
+            packets: (1..=FLOWS as u64).collect(),
+            window: 0,
+            churn: VecDeque::with_capacity(CHURN_FLOWS + CHURN_PER_TICK),
+            next_churn: FLOWS as u32,
+            keys: Vec::new(),
+            values: Vec::new(),
+        };
+        for _ in 0..CHURN_FLOWS {
+            live.add_churn();
+        }
+        live.write().context("cannot add the churn flows")?;
+        Ok(live)
+    }
+
+    fn push(&mut self, key: [u8; 16], value: [u8; 16]) {
+        self.keys.extend_from_slice(&key);
+        self.values.extend_from_slice(&value);
+    }
+
+    /// Queues the next churn flow.
+    fn add_churn(&mut self) {
+        let id = self.next_churn;
+        self.next_churn = if id + 1 >= CHURN_END {
+            FLOWS as u32
+        } else {
+            id + 1
+        };
+        self.churn.push_back(id);
+        self.push(flow_key(id), flow_stats(1));
+    }
+
+    /// Writes what is queued, in one batch.
+    fn write(&mut self) -> bpfmap_kernel::SysResult<()> {
+        let written = self.map.update_batch(&self.keys, &self.values);
+        self.keys.clear();
+        self.values.clear();
+        written
+    }
+
+    /// One tick: counters grow, churn flows come and go.
+    fn tick(&mut self) -> bpfmap_kernel::SysResult<()> {
+        for (rest, packets) in HOT {
+            for i in (rest..FLOWS as u32).step_by(250) {
+                self.bump(i, packets);
+            }
+        }
+        for i in self.window..self.window + COLD_PER_TICK {
+            if hot_packets(i).is_none() {
+                self.bump(i, 1);
+            }
+        }
+        self.window = (self.window + COLD_PER_TICK) % FLOWS as u32;
+        for _ in 0..CHURN_PER_TICK {
+            self.add_churn();
+        }
+        self.write()?;
+        while self.churn.len() > CHURN_FLOWS
+            && let Some(id) = self.churn.pop_front()
+        {
+            if let Err(e) = self.map.delete(&flow_key(id))
+                && e.errno() != Some(libc::ENOENT)
+            {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn bump(&mut self, i: u32, packets: u64) {
+        let p = &mut self.packets[i as usize];
+        *p += packets;
+        let value = flow_stats(*p);
+        self.push(flow_key(i), value);
+    }
+}
+
+fn write_loop(
+    counters: &OwnedMap,
+    recent: &OwnedMap,
+    mut flows: Option<LiveFlows>,
+    stop: &AtomicBool,
+) {
     let cpus = possible_cpus() as usize;
     let mut tick: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
         tick += 1;
         for set in 0..COUNTER_SETS {
             if let Err(e) = counters.update(&set.to_ne_bytes(), &counter_values(tick, set, cpus)) {
@@ -289,7 +481,13 @@ fn write_loop(counters: &OwnedMap, recent: &OwnedMap, stop: &AtomicBool) {
         }
         let key = (tick as u32).to_ne_bytes();
         let _ = recent.update(&key, &tick.to_ne_bytes());
-        thread::sleep(Duration::from_millis(100));
+        if let Some(live) = &mut flows
+            && let Err(e) = live.tick()
+        {
+            tracing::warn!(error = %e, "demo flows stopped moving");
+            flows = None;
+        }
+        thread::sleep(TICK.saturating_sub(began.elapsed()));
     }
 }
 
@@ -312,7 +510,12 @@ mod tests {
         EnumType, Enumerator, IntType, Member, RecordType, TypeInfo, type_info::Kind,
     };
 
-    use bpfmap_kernel::{self as kernel, MapHandle};
+    use std::collections::{HashMap, HashSet};
+
+    use bpfmap_kernel::{
+        self as kernel, MapHandle,
+        walk::{Position, Walker},
+    };
 
     use super::*;
     use crate::maps::{KnownTypes, TypeCache};
@@ -433,5 +636,104 @@ mod tests {
             KnownTypes::None
         ));
         drop(demo);
+    }
+
+    /// Every entry of `demo/flows`: key -> (packets, bytes).
+    fn read_flows(map: &MapHandle) -> HashMap<[u8; 16], (u64, u64)> {
+        let mut walk = Walker::new(map, map.meta().clone(), Position::Start).expect("walk");
+        let mut flows = HashMap::new();
+        while let Some(c) = walk.next_chunk(4096).expect("read demo/flows") {
+            for (k, v) in c.keys.chunks_exact(16).zip(c.values.chunks_exact(16)) {
+                let u64_at = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().unwrap());
+                flows.insert(k.try_into().unwrap(), (u64_at(0), u64_at(8)));
+            }
+        }
+        flows
+    }
+
+    /// The id `i` of `flow_key(i)`.
+    fn flow_id(key: &[u8; 16]) -> u32 {
+        u32::from_ne_bytes(key[0..4].try_into().unwrap()) & 0x00FF_FFFF
+    }
+
+    #[test]
+    fn the_live_demo_moves_its_flows() {
+        let fs = BpfFs(tempfile::tempdir().expect("tempdir"));
+        kernel::mount_bpffs(fs.0.path())
+            .unwrap_or_else(|e| panic!("this test needs root and BPF: cannot mount a bpffs ({e})"));
+        let demo = Demo::start_live(fs.0.path()).expect("live demo");
+        let map = MapHandle::open_pinned(&fs.0.path().join("demo/flows")).expect("open pin");
+        let before = read_flows(&map);
+        thread::sleep(Duration::from_millis(500));
+        let after = read_flows(&map);
+        drop(demo);
+
+        let base: Vec<[u8; 16]> = (0..FLOWS as u32).map(flow_key).collect();
+        for flows in [&before, &after] {
+            for (i, k) in base.iter().enumerate() {
+                assert!(flows.contains_key(k), "base flow {i} is missing");
+            }
+            assert!(
+                flows.len() <= FLOW_SLOTS as usize,
+                "{} entries",
+                flows.len()
+            );
+            for (k, (packets, bytes)) in flows {
+                assert_eq!(*bytes, packets * PACKET_BYTES, "flow {}", flow_id(k));
+            }
+        }
+
+        // Base flows: hot destinations grow, and faster than any other.
+        let grew: Vec<u32> = (0..FLOWS as u32)
+            .filter(|&i| after[&base[i as usize]].1 > before[&base[i as usize]].1)
+            .collect();
+        assert!(grew.contains(&0), "the hot flow 0 did not grow");
+        assert!(
+            grew.iter().any(|&i| hot_packets(i).is_none()),
+            "no other base flow grew"
+        );
+        let mut by_daddr = [0u64; 250];
+        for i in 0..FLOWS as u32 {
+            let k = &base[i as usize];
+            by_daddr[(i % 250) as usize] += after[k].1 - before[k].1;
+        }
+        let coldest_hot = HOT.iter().map(|(d, _)| by_daddr[*d as usize]).min();
+        let hottest_cold = (HOT.len()..250).map(|d| by_daddr[d]).max();
+        assert!(
+            coldest_hot > hottest_cold,
+            "bytes per destination: {by_daddr:?}"
+        );
+
+        // Churn flows: flow_key(i) for ids from FLOWS up, about 1,000 of
+        // them, some added and some removed in between.
+        let churn = |flows: &HashMap<[u8; 16], (u64, u64)>| -> HashSet<[u8; 16]> {
+            flows
+                .keys()
+                .filter(|k| flow_id(k) >= FLOWS as u32)
+                .copied()
+                .collect()
+        };
+        let (old, new) = (churn(&before), churn(&after));
+        for flows in [&before, &after] {
+            assert_eq!(flows.len(), FLOWS + churn(flows).len());
+        }
+        for k in old.iter().chain(&new) {
+            assert_eq!(*k, flow_key(flow_id(k)));
+        }
+        for set in [&old, &new] {
+            assert!(
+                (900..=1_100).contains(&set.len()),
+                "{} churn flows",
+                set.len()
+            );
+        }
+        assert!(
+            new.difference(&old).next().is_some(),
+            "no churn flow was added"
+        );
+        assert!(
+            old.difference(&new).next().is_some(),
+            "no churn flow was removed"
+        );
     }
 }
