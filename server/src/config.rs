@@ -128,6 +128,26 @@ pub struct Limits {
     pub max_filter_cost: u32,
     /// Groups one AggregateMap call may hold (RESOURCE_EXHAUSTED beyond).
     pub max_groups: usize,
+    /// The shortest interval a WatchMap call may ask for.
+    #[serde(with = "humantime_serde")]
+    pub min_watch_interval: Duration,
+    /// Memory for what watches keep of the maps they watch (each entry's
+    /// key and value, and the changes of recent scans), in all; a watch
+    /// that would need more ends with RESOURCE_EXHAUSTED.
+    pub max_watch_bytes: usize,
+    /// Scans whose changes are kept per watched map, so that a watch
+    /// resumes exactly from a cursor that recent.
+    pub watch_history_scans: usize,
+    /// Bytes of changes kept per watched map (the oldest scans go first).
+    pub watch_history_bytes: usize,
+    /// WatchMap calls open at once, in all and for one identity (for
+    /// plaintext callers, one peer address).
+    pub max_watches: usize,
+    pub max_watches_per_identity: usize,
+    /// How long a map stays watched (and its history kept) after its last
+    /// watcher left, so that a client that reconnects resumes exactly.
+    #[serde(with = "humantime_serde")]
+    pub watch_linger: Duration,
     /// On shutdown, dumps in flight get this long to finish before they end
     /// with UNAVAILABLE.
     #[serde(with = "humantime_serde")]
@@ -158,6 +178,13 @@ impl Default for Limits {
             max_lookups: 16,
             max_filter_cost: 8,
             max_groups: 100_000,
+            min_watch_interval: Duration::from_secs(1),
+            max_watch_bytes: 32 << 20,
+            watch_history_scans: 60,
+            watch_history_bytes: 4 << 20,
+            max_watches: 64,
+            max_watches_per_identity: 8,
+            watch_linger: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(2),
             shutdown_grace_secs: None,
         }
@@ -399,8 +426,10 @@ impl Config {
                 && l.max_dumps_per_identity > 0
                 && l.max_streams_per_connection > 0
                 && l.max_connections > 0
-                && l.max_lookups > 0,
-            "limits.max_dumps, max_dumps_per_identity, max_streams_per_connection, max_connections and max_lookups must be at least 1"
+                && l.max_lookups > 0
+                && l.max_watches > 0
+                && l.max_watches_per_identity > 0,
+            "limits.max_dumps, max_dumps_per_identity, max_streams_per_connection, max_connections, max_lookups, max_watches and max_watches_per_identity must be at least 1"
         );
         anyhow::ensure!(
             [
@@ -412,6 +441,14 @@ impl Config {
             .iter()
             .all(|d| *d >= Duration::from_secs(1)),
             "limits.stall_timeout, handshake_timeout, idle_timeout and max_slot_hold must be at least 1s"
+        );
+        anyhow::ensure!(
+            l.min_watch_interval >= Duration::from_millis(100),
+            "limits.min_watch_interval must be at least 100ms"
+        );
+        anyhow::ensure!(
+            l.watch_history_scans >= 1,
+            "limits.watch_history_scans must be at least 1"
         );
         anyhow::ensure!(
             l.max_queued_bytes >= 4 << 20 && l.max_queued_bytes <= u32::MAX as usize,

@@ -74,6 +74,9 @@ pub(crate) enum Error {
         "map {0}: the last key delivered before this cursor was deleted; restart the dump without a cursor"
     )]
     ResumeKeyDeleted(MapRef),
+    /// A watched map was replaced or changed shape; the message says how.
+    #[error("{0}")]
+    MapChanged(String),
     /// The server is stopping.
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,

@@ -19,6 +19,7 @@
 //! - `wire`: domain values to `bpfmap.v1` messages.
 //! - `net`: connections, TLS, authentication of a connection's caller.
 //! - `ops`: metrics, reload, sd_notify, capabilities.
+//! - `watch`: WatchMap: shared scans of watched maps, their changes.
 //! - `rpc`: the gRPC service, the mapping of errors to statuses, health.
 //! - `daemon`: the composition root (start, stop, reload) and `main`.
 #![forbid(unsafe_code)]
@@ -35,6 +36,7 @@ mod net;
 mod ops;
 pub mod query;
 mod rpc;
+mod watch;
 mod wire;
 
 pub use access::RuleConfig;

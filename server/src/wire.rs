@@ -208,7 +208,7 @@ impl IntoProto for ChunkMessage<'_> {
 /// A chunk's entries in the entries layout. Decoded forms are written
 /// straight into one buffer for the chunk (no `Value` tree per entry), and
 /// each entry carries its slice of it.
-fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> Vec<pb::Entry> {
+pub(crate) fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> Vec<pb::Entry> {
     let ks = meta.key_size as usize;
     let kvs = meta.kernel_value_size();
     let per_cpu = meta.per_cpu();

@@ -148,6 +148,11 @@ impl Client {
         AggregateResult::from_proto(resp)
     }
 
+    /// Watches a map; see [`Watch`](crate::Watch).
+    pub fn watch(&self, map: &MapName, options: crate::WatchOptions) -> crate::Watch {
+        crate::Watch::new(self.inner.clone(), map.clone(), options, self.retry.clone())
+    }
+
     /// Dumps a map; see [`Dump`].
     pub fn dump(&self, map: &MapName, options: DumpOptions) -> Dump {
         Dump::new(self.inner.clone(), map.clone(), options, self.retry.clone())

@@ -173,6 +173,17 @@ impl Fleet {
         }
     }
 
+    /// Watches `map` on every target, each from its cursor in `cursors`
+    /// (if any); see [`FleetWatch`](crate::FleetWatch).
+    pub fn watch(
+        &self,
+        map: &MapName,
+        options: crate::WatchOptions,
+        cursors: &HashMap<Target, String>,
+    ) -> crate::FleetWatch {
+        crate::FleetWatch::start(&self.targets, &self.connect, map, &options, cursors)
+    }
+
     /// Sets how runs behave.
     pub fn with_options(mut self, options: FleetOptions) -> Self {
         self.options = options;

@@ -162,6 +162,7 @@ mod resume;
 mod run;
 mod target;
 mod topk;
+mod watch;
 pub mod typed;
 
 pub use aggregate::{
@@ -191,3 +192,4 @@ pub use run::{FleetEvent, FleetRun, TargetReport};
 pub use target::Target;
 pub use tonic::{Code, Status};
 pub use typed::{MapTypes, Projection};
+pub use watch::{FleetScan, FleetWatch, Scan, Watch, WatchOptions};

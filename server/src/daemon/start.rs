@@ -37,6 +37,7 @@ use crate::{
     },
     ops::{self, Metrics, Reloader, SharedKeys, SharedPolicy},
     rpc::{MapServiceImpl, ServiceParts, health_service},
+    watch::{WatchLimits, WatchStats, Watches},
 };
 
 type ServeTask = JoinHandle<Result<(), tonic::transport::Error>>;
@@ -180,6 +181,8 @@ struct Core {
     metrics: Metrics,
     budget: Budget,
     dump_limits: DumpLimits,
+    readers: Arc<tokio::sync::Semaphore>,
+    watch_stats: Arc<WatchStats>,
 }
 
 impl Core {
@@ -190,10 +193,12 @@ impl Core {
             limits.max_dumps_per_identity,
         ));
         let conns = ConnRegistry::default();
+        let watch_stats = Arc::new(WatchStats::default());
         let metrics = Metrics::new(Some(Box::new(Live {
             stats: stats.clone(),
             slots: slots.clone(),
             conns: conns.clone(),
+            watches: watch_stats.clone(),
         })));
         let (share, pool) = split_memory(limits.max_queued_bytes, limits.max_dumps);
         Self {
@@ -202,6 +207,8 @@ impl Core {
             conns,
             metrics,
             budget: Budget::new(pool),
+            readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
+            watch_stats,
             dump_limits: DumpLimits {
                 share,
                 pool,
@@ -217,8 +224,9 @@ impl Core {
         stopping: &Stopping,
     ) -> anyhow::Result<MapServiceImpl> {
         let limits = &config.limits;
+        let catalog = Catalog::new(config.roots.clone(), config.allow_by_id);
         Ok(MapServiceImpl::new(ServiceParts {
-            catalog: Catalog::new(config.roots.clone(), config.allow_by_id),
+            catalog: catalog.clone(),
             renders: Arc::new(RenderRules::new(&config.render).map_err(anyhow::Error::msg)?),
             keys: r.keys.clone(),
             policy: r.policy.clone(),
@@ -235,10 +243,26 @@ impl Core {
                 slots: self.slots.clone(),
                 max_slot_hold: limits.max_slot_hold,
                 max_filter_cost: limits.max_filter_cost,
-                readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
+                readers: self.readers.clone(),
             },
             draining: stopping.draining.subscribe(),
             metrics: self.metrics.clone(),
+            watches: Watches::new(
+                WatchLimits {
+                    min_interval: limits.min_watch_interval,
+                    max_bytes: limits.max_watch_bytes,
+                    history_scans: limits.watch_history_scans,
+                    history_bytes: limits.watch_history_bytes,
+                    max_watches: limits.max_watches,
+                    max_per_identity: limits.max_watches_per_identity,
+                    linger: limits.watch_linger,
+                    stall_timeout: limits.stall_timeout,
+                },
+                catalog,
+                self.readers.clone(),
+                stopping.draining.subscribe(),
+                self.watch_stats.clone(),
+            ),
         }))
     }
 
@@ -506,12 +530,29 @@ struct Live {
     stats: Arc<DumpStats>,
     slots: Arc<DumpSlots>,
     conns: ConnRegistry,
+    watches: Arc<WatchStats>,
 }
 
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.stats;
-        let counters: [(&str, &str, u64); 8] = [
+        let w = &self.watches;
+        let counters: [(&str, &str, u64); 11] = [
+            (
+                "bpfmapd_watch_scans",
+                "Walks of watched maps (one per map and interval, whatever the number of watchers)",
+                w.scans.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_watch_events",
+                "Events and groups sent to watchers",
+                w.events.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_watch_resyncs",
+                "Watches that started again from a fresh state (a cursor too old, a daemon restart, a watcher behind)",
+                w.resyncs.load(Ordering::Relaxed),
+            ),
             (
                 "bpfmapd_dump_entries",
                 "Entries handed to clients by dumps",
@@ -557,7 +598,22 @@ impl Collector for Live {
             let c = ConstCounter::new(value);
             c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
-        let gauges: [(&str, &str, i64); 3] = [
+        let gauges: [(&str, &str, i64); 6] = [
+            (
+                "bpfmapd_watchers",
+                "WatchMap calls open",
+                w.watchers.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "bpfmapd_watched_maps",
+                "Maps (and intervals) being scanned for watches",
+                w.scanners.load(Ordering::Relaxed) as i64,
+            ),
+            (
+                "bpfmapd_watch_bytes",
+                "Bytes held for watches (entries and recent changes), against limits.max_watch_bytes",
+                w.bytes.load(Ordering::Relaxed) as i64,
+            ),
             (
                 "bpfmapd_streams_active",
                 "Dumps whose producer is running",

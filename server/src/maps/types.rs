@@ -279,6 +279,11 @@ impl Decoder {
         }
     }
 
+    /// The same, with keys decoded through `key`.
+    pub(crate) fn with_key(self, key: Option<Arc<Layout>>) -> Self {
+        Self { key, ..self }
+    }
+
     /// About how many more bytes an entry takes with its decoded forms.
     pub(crate) fn extra_bytes(&self, meta: &MapMeta) -> usize {
         let key = self.key.as_ref().map_or(0, |l| l.encoded_size_hint());

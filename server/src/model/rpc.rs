@@ -19,6 +19,8 @@ pub enum Rpc {
     Lookup,
     /// MapService/AggregateMap.
     AggregateMap,
+    /// MapService/WatchMap.
+    WatchMap,
     /// grpc.health.v1.Health/Check.
     HealthCheck,
     /// grpc.health.v1.Health/Watch.
@@ -53,12 +55,13 @@ impl RpcKind {
 
 impl Rpc {
     /// Every RPC.
-    pub const ALL: [Rpc; 9] = [
+    pub const ALL: [Rpc; 10] = [
         Self::ListMaps,
         Self::GetMap,
         Self::DumpMap,
         Self::Lookup,
         Self::AggregateMap,
+        Self::WatchMap,
         Self::HealthCheck,
         Self::HealthWatch,
         Self::ReflectionV1,
@@ -68,9 +71,12 @@ impl Rpc {
     /// The service ("bpfmap.v1.MapService").
     pub fn service(self) -> &'static str {
         match self {
-            Self::ListMaps | Self::GetMap | Self::DumpMap | Self::Lookup | Self::AggregateMap => {
-                SERVICE_NAME
-            }
+            Self::ListMaps
+            | Self::GetMap
+            | Self::DumpMap
+            | Self::Lookup
+            | Self::AggregateMap
+            | Self::WatchMap => SERVICE_NAME,
             Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
             Self::ReflectionV1 => "grpc.reflection.v1.ServerReflection",
             Self::ReflectionV1Alpha => "grpc.reflection.v1alpha.ServerReflection",
@@ -85,6 +91,7 @@ impl Rpc {
             Self::DumpMap => "DumpMap",
             Self::Lookup => "Lookup",
             Self::AggregateMap => "AggregateMap",
+            Self::WatchMap => "WatchMap",
             Self::HealthCheck => "Check",
             Self::HealthWatch => "Watch",
             Self::ReflectionV1 | Self::ReflectionV1Alpha => "ServerReflectionInfo",
@@ -94,7 +101,7 @@ impl Rpc {
     /// How it streams.
     pub fn kind(self) -> RpcKind {
         match self {
-            Self::DumpMap | Self::HealthWatch => RpcKind::ServerStream,
+            Self::DumpMap | Self::WatchMap | Self::HealthWatch => RpcKind::ServerStream,
             Self::ReflectionV1 | Self::ReflectionV1Alpha => RpcKind::BidiStream,
             _ => RpcKind::Unary,
         }

@@ -46,12 +46,15 @@ pub struct Spec {
 }
 
 /// The running totals of one group.
-#[derive(Debug, Clone)]
-struct Acc {
+#[derive(Debug, Clone, PartialEq)]
+pub struct Acc {
     count: u64,
     /// Per aggregate: the sum, or the smallest / largest value (None
     /// before the first).
     values: Vec<Option<i128>>,
+    /// Per aggregate, for a watch: a SUM's increase counted per entry
+    /// since the previous scan.
+    increases: Vec<i128>,
 }
 
 /// A group table being filled.
@@ -297,6 +300,7 @@ impl Acc {
         Self {
             count: 0,
             values: vec![None; n],
+            increases: Vec::new(),
         }
     }
 }
@@ -344,6 +348,74 @@ impl Table<'_> {
             }
         }
         true
+    }
+
+    /// For a watch: adds the increase of each SUM between `prev` (none
+    /// for an entry that appeared) and `now`, counted as a counter: a value
+    /// that went down was reset, and increased by its new value.
+    pub fn add_increase(&mut self, now: &EntryRef<'_>, prev: Option<&EntryRef<'_>>) -> bool {
+        let spec = self.spec;
+        if !self.add_uncounted(now) {
+            return false;
+        }
+        let Some(acc) = self.groups.get_mut(self.key_buf.as_slice()) else {
+            return true;
+        };
+        if acc.increases.is_empty() {
+            acc.increases = vec![0; spec.aggs.len()];
+        }
+        for (a, inc) in spec.aggs.iter().zip(acc.increases.iter_mut()) {
+            if a.op != Op::Sum {
+                continue;
+            }
+            for l in &a.loads {
+                let Some(x) = l.read(now) else { continue };
+                let before = prev.and_then(|p| l.read(p));
+                let d = match before {
+                    Some(b) if x >= b => x - b,
+                    _ => x,
+                };
+                *inc = inc.saturating_add(d);
+            }
+        }
+        true
+    }
+
+    /// Makes sure the group of `e` exists without counting `e` in it.
+    fn add_uncounted(&mut self, e: &EntryRef<'_>) -> bool {
+        let spec = self.spec;
+        self.key_buf.clear();
+        self.value_buf.clear();
+        if let Some(g) = &spec.group {
+            g.write(
+                e.key,
+                e.value,
+                e.stride,
+                &mut self.key_buf,
+                &mut self.value_buf,
+            );
+            self.key_buf.extend_from_slice(&self.value_buf);
+        }
+        if !self.groups.contains_key(self.key_buf.as_slice()) {
+            if self.groups.len() >= spec.max_groups {
+                self.overflowed = Some(self.groups.len() + 1);
+                return false;
+            }
+            self.groups
+                .insert(self.key_buf.clone(), Acc::new(spec.aggs.len()));
+        }
+        true
+    }
+
+    /// For a watch: every group's totals, unordered.
+    pub fn totals(self) -> Result<HashMap<Vec<u8>, Acc>, AggregateError> {
+        if let Some(seen) = self.overflowed {
+            return Err(AggregateError::TooManyGroups {
+                limit: self.spec.max_groups,
+                seen,
+            });
+        }
+        Ok(self.groups)
     }
 
     /// The answer: groups ordered, cut at the threshold and the limit (or
@@ -400,6 +472,33 @@ impl Table<'_> {
 }
 
 impl Spec {
+    /// For a watch: the group message of `key` with totals `acc`.
+    pub fn message(&self, key: Vec<u8>, acc: &Acc) -> pb::Group {
+        self.group_message(key, acc)
+    }
+
+    /// For a watch: per aggregate, its rate between two scans `secs` apart
+    /// (COUNT: the change of the count; SUM: the increase counted per
+    /// entry; NaN for MIN and MAX).
+    pub fn rates(&self, now: &Acc, prev: Option<&Acc>, secs: f64) -> Vec<f64> {
+        self.aggs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match a.op {
+                Op::Count => {
+                    (now.count as f64 - prev.map_or(0.0, |p| p.count as f64)) / secs
+                }
+                Op::Sum => now.increases.get(i).copied().unwrap_or(0) as f64 / secs,
+                _ => f64::NAN,
+            })
+            .collect()
+    }
+
+    /// For a watch: whether a group's values differ between two scans.
+    pub fn same_values(a: &Acc, b: &Acc) -> bool {
+        a.count == b.count && a.values == b.values
+    }
+
     fn order_value(&self, acc: &Acc) -> Option<i128> {
         match self.aggs[self.order_by].op {
             Op::Count => Some(i128::from(acc.count)),

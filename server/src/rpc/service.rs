@@ -23,6 +23,7 @@ use crate::{
     net::caller_of,
     ops::{Metrics, SharedKeys, SharedPolicy},
     query::{AggregateError, EntryRef, Filter, Projection, Query, Shape, Spec},
+    watch::{ScanKey, Ticket, Watch, WatchStream, Watches, parse_position, spawn as spawn_watch},
     wire::{self, IntoProto as _, LookupOutcome},
 };
 
@@ -63,6 +64,8 @@ pub(crate) struct ServiceParts {
     pub(crate) draining: watch::Receiver<bool>,
     /// Where denials and resumed dumps are counted.
     pub(crate) metrics: Metrics,
+    /// Every watch.
+    pub(crate) watches: Arc<Watches>,
 }
 
 /// `bpfmap.v1.MapService`.
@@ -359,6 +362,179 @@ impl MapServiceImpl {
         })
     }
 
+    /// A WatchMap call checked, its place among the watches taken, and the
+    /// first scan of its map made (so that a map too large to watch is
+    /// refused with a status, before any message).
+    async fn watch(
+        &self,
+        caller: &Caller,
+        map: MapRef,
+        req: pb::WatchMapRequest,
+    ) -> Result<(Watch, Ticket), Error> {
+        self.accepting()?;
+        let watches = &self.parts.watches;
+        let interval = watches.interval(req.interval.as_ref())?;
+        let aggregated = !req.group_by.is_empty() || !req.aggregates.is_empty();
+        if aggregated && !req.fields.is_empty() {
+            return Err(Error::InvalidArgument(
+                "fields select members of entries; an aggregated watch (group_by, aggregates) sends groups: use one or the other".into(),
+            ));
+        }
+        if aggregated && req.aggregates.is_empty() {
+            return Err(Error::InvalidArgument(
+                "group_by needs at least one aggregate ({\"op\":\"SUM\",\"field\":\"value.bytes\"})".into(),
+            ));
+        }
+        let op = if aggregated {
+            Operation::Aggregate
+        } else {
+            Operation::Dump
+        };
+        let keys = self.parts.keys.load_full();
+        let cursor = match req.cursor.as_str() {
+            "" => None,
+            token => Some(keys.open(token, &caller.identity, &map)?),
+        };
+        let opened = self
+            .open_for(caller, (op, Rpc::WatchMap), map, true)
+            .await?;
+        let meta = opened.handle.meta().clone();
+        // A map that cannot be iterated is refused now.
+        bpfmap_kernel::walk::Walker::new(&opened.handle, meta.clone(), Position::Start)
+            .map_err(|e| Error::from_walk(&opened.map, e))?;
+        let shape = shape(&opened.types, &meta);
+        let query = Query::of_request(&req.filter, &req.fields, &meta, &shape)
+            .map_err(Error::InvalidArgument)?;
+        let (filter, projection) = match query {
+            Some(q) => (q.filter, q.projection),
+            None => (None, None),
+        };
+        let as_dump = pb::DumpMapRequest {
+            raw: req.raw,
+            per_cpu: req.per_cpu,
+            render: req.render.clone(),
+            ..Default::default()
+        };
+        let (decoder, counters, projected) = match &projection {
+            Some(p) => {
+                let shape = Shape {
+                    key: p.key_type.as_ref(),
+                    value: p.value_type.as_ref(),
+                    key_size: p.key_size,
+                    value_size: p.value_size,
+                    cpus: None,
+                };
+                let mut decoder = projected_decoder(p, &as_dump, false)?;
+                let mut projected = crate::query::projected_meta(&meta, p);
+                if p.key_type.is_none() {
+                    // No member of the key selected: events still say
+                    // which entry changed, with the whole key.
+                    projected.key_size = meta.key_size;
+                    let layouts = self.call_layouts(&opened, &req.render, !req.raw)?;
+                    decoder = decoder.map(|d| d.with_key(layouts.and_then(|l| l.key)));
+                }
+                (
+                    decoder,
+                    crate::query::counters(&shape, true),
+                    Some(projected),
+                )
+            }
+            None => {
+                let layouts = self.call_layouts(&opened, &req.render, !req.raw)?;
+                let decoder = Decoder::for_request(
+                    &opened.map,
+                    &meta,
+                    (&opened.types, layouts.as_ref()),
+                    (req.raw, req.per_cpu),
+                    false,
+                )?;
+                (decoder, crate::query::counters(&shape, false), None)
+            }
+        };
+        let aggregate = if aggregated {
+            let asked = Renderings::parse(&req.render)
+                .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
+            let renderings = self
+                .parts
+                .renders
+                .for_map(&opened.map)
+                .overridden_by(&asked);
+            let as_aggregate = pb::AggregateMapRequest {
+                group_by: req.group_by.clone(),
+                aggregates: req.aggregates.clone(),
+                per_cpu: req.per_cpu,
+                ..Default::default()
+            };
+            let spec = Spec::new(&as_aggregate, &shape, self.parts.max_groups)
+                .and_then(|s| s.with_renderings(&renderings))
+                .map_err(|e| match e {
+                    AggregateError::Invalid(m) => Error::InvalidArgument(m),
+                    e => Error::ResourceExhausted(e.to_string()),
+                })?;
+            Some(spec)
+        } else {
+            None
+        };
+        let digest = watch_digest(&req, interval);
+        let (mut resume, mut resync) = (None, None);
+        if let Some(c) = cursor {
+            c.check_query(Some(digest))?;
+            match c.resume(&meta) {
+                Ok(Position::After(token)) => {
+                    resume = Some(parse_position(&token).ok_or_else(|| {
+                        Error::InvalidArgument(
+                            "this cursor is a dump's, not a watch's: resume a watch with the cursor of one of its bookmarks".into(),
+                        )
+                    })?);
+                }
+                Ok(_) => {
+                    return Err(Error::InvalidArgument(
+                        "this cursor is a dump's, not a watch's".into(),
+                    ));
+                }
+                Err(crate::dump::CursorError::MapReplaced { detail, .. }) => {
+                    resync = Some(format!(
+                        "the map was replaced since this cursor was issued ({detail})"
+                    ));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta)
+            .with_query(Some(digest));
+        let key = ScanKey {
+            map: opened.map.clone(),
+            map_id: meta.id,
+            interval,
+        };
+        let ticket = watches.join(caller, key, meta.clone())?;
+        let scanner = ticket.scanner().clone();
+        let mut first = scanner.subscribe();
+        // The first scan, or why there is none.
+        let _ = first
+            .wait_for(|&r| r > 0 || scanner.failure().is_some())
+            .await;
+        if let Some(f) = scanner.failure() {
+            return Err(f.error());
+        }
+        Ok((
+            Watch {
+                meta,
+                filter,
+                projection,
+                projected,
+                decoder,
+                counters,
+                aggregate,
+                sealer,
+                resume,
+                resync,
+                stall_timeout: watches.limits.stall_timeout,
+            },
+            ticket,
+        ))
+    }
+
     /// The results, and what the response keeps until it is sent: its
     /// memory and its lookup slot.
     async fn lookup(
@@ -579,6 +755,30 @@ fn projected_decoder(
     )))
 }
 
+/// What a watch cursor binds: the interval and everything that decides
+/// which events a watch sends.
+fn watch_digest(req: &pb::WatchMapRequest, interval: Duration) -> [u8; 16] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut put = |b: &[u8]| {
+        ctx.update(&(b.len() as u64).to_le_bytes());
+        ctx.update(b);
+    };
+    put(b"watch");
+    put(&interval.as_nanos().to_le_bytes());
+    put(req.filter.as_bytes());
+    for f in req.fields.iter().chain(&req.group_by) {
+        put(f.as_bytes());
+    }
+    put(b"|");
+    for a in &req.aggregates {
+        put(&a.op.to_le_bytes());
+        put(a.field.as_bytes());
+    }
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&ctx.finish().as_ref()[..16]);
+    out
+}
+
 /// The layout a dump asks for, and its chunk size checked.
 fn dump_layout(req: &pb::DumpMapRequest) -> Result<pb::Layout, Error> {
     let layout = pb::Layout::try_from(req.layout).map_err(|_| {
@@ -729,6 +929,34 @@ impl MapService for MapServiceImpl {
     }
 
     type DumpMapStream = DumpStream;
+
+    type WatchMapStream = WatchStream;
+
+    async fn watch_map(
+        &self,
+        request: Request<pb::WatchMapRequest>,
+    ) -> Result<Response<Self::WatchMapStream>, Status> {
+        let (caller, audit, map) =
+            start_call(&request, Rpc::WatchMap, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let watch = match map {
+            Ok(map) => self.watch(&caller, map, req).await,
+            Err(e) => Err(e),
+        };
+        match watch {
+            // The stream finishes the audit record when it ends.
+            Ok((watch, ticket)) => Ok(Response::new(spawn_watch(
+                watch,
+                ticket,
+                self.parts.watches.stats.clone(),
+                audit,
+            ))),
+            Err(e) => {
+                audit.finish(super::code(&e));
+                Err(e.into())
+            }
+        }
+    }
 
     async fn dump_map(
         &self,

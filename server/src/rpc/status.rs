@@ -37,7 +37,7 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::Unsized { .. }
         | Error::LookupUnsupported { .. }
         | Error::Untyped { .. } => Code::FailedPrecondition,
-        Error::ResumeKeyDeleted(_) => Code::Aborted,
+        Error::ResumeKeyDeleted(_) | Error::MapChanged(_) => Code::Aborted,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
         Error::Cancelled => Code::Cancelled,
         Error::ResourceExhausted(_) => Code::ResourceExhausted,
@@ -75,6 +75,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
             | CursorError::TooLong => "CURSOR_INVALID",
         },
         Error::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
+        Error::MapChanged(_) => "MAP_REPLACED",
         Error::ShuttingDown => "SHUTTING_DOWN",
         Error::Cancelled => "CANCELLED",
         Error::Stalled { .. } => "CLIENT_STALLED",
