@@ -113,7 +113,12 @@ async fn a_watch_sends_the_state_then_exactly_the_changes_with_deltas_and_rates(
     assert!(first.is_initial() && first.resync().is_none());
     let got: BTreeSet<u32> = first.events().iter().map(flow_of).collect();
     assert_eq!(got, (0..1000).collect::<BTreeSet<_>>());
-    assert!(first.events().iter().all(|e| kind(e) == pb::EventType::Added));
+    assert!(
+        first
+            .events()
+            .iter()
+            .all(|e| kind(e) == pb::EventType::Added)
+    );
     assert_eq!(first.bookmark().entries_scanned, 1000);
     let e7 = first.events().iter().find(|e| flow_of(e) == 7).unwrap();
     assert_eq!(decoded_value(e7), json!({"packets": "8", "bytes": "12000"}));
@@ -176,7 +181,10 @@ async fn a_watch_sends_the_state_then_exactly_the_changes_with_deltas_and_rates(
         let (t, v, ..) = &by_flow[&i];
         assert_eq!(*t, pb::EventType::Removed);
         let i = u64::from(i);
-        assert_eq!(*v, json!({"packets": (i + 1).to_string(), "bytes": (1500 * (i + 1)).to_string()}));
+        assert_eq!(
+            *v,
+            json!({"packets": (i + 1).to_string(), "bytes": (1500 * (i + 1)).to_string()})
+        );
     }
     for i in 2000..2003u32 {
         let (t, v, e, _) = &by_flow[&i];
@@ -224,7 +232,11 @@ async fn filters_fields_and_aggregated_watches() {
     let sums = |extra: &dyn Fn(u32) -> u64| {
         let mut s: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
         for i in 0..1000u32 {
-            let p = if i % 4 == 3 { "IPPROTO_UDP" } else { "IPPROTO_TCP" };
+            let p = if i % 4 == 3 {
+                "IPPROTO_UDP"
+            } else {
+                "IPPROTO_TCP"
+            };
             let e = s.entry(p).or_default();
             e.0 += 1500 * (u64::from(i) + 1) + extra(i);
             e.1 += 1;
@@ -254,7 +266,11 @@ async fn filters_fields_and_aggregated_watches() {
     let want = sums(&|_| 0);
     let got = groups(&g0);
     for (p, (bytes, count)) in &want {
-        assert_eq!(got[*p].0, json!([bytes.to_string(), count.to_string()]), "{p}");
+        assert_eq!(
+            got[*p].0,
+            json!([bytes.to_string(), count.to_string()]),
+            "{p}"
+        );
         assert!(got[*p].1.is_empty(), "no rates in the initial state");
     }
 
@@ -303,15 +319,22 @@ async fn filters_fields_and_aggregated_watches() {
             let _ = values;
         }
         let now = groups(&s);
-        if now.get("IPPROTO_UDP").is_some_and(|g| {
-            g.0 == json!([want["IPPROTO_UDP"].0.to_string(), "250"])
-        }) && increase.len() == 2
+        if now
+            .get("IPPROTO_UDP")
+            .is_some_and(|g| g.0 == json!([want["IPPROTO_UDP"].0.to_string(), "250"]))
+            && increase.len() == 2
         {
             break;
         }
     }
-    assert!((increase["IPPROTO_UDP"] - 1_000_000.0).abs() < 1000.0, "{increase:?}");
-    assert!((increase["IPPROTO_TCP"] - 2_000_000.0).abs() < 2000.0, "{increase:?}");
+    assert!(
+        (increase["IPPROTO_UDP"] - 1_000_000.0).abs() < 1000.0,
+        "{increase:?}"
+    );
+    assert!(
+        (increase["IPPROTO_TCP"] - 2_000_000.0).abs() < 2000.0,
+        "{increase:?}"
+    );
     daemon.stop().await;
 }
 
@@ -354,9 +377,24 @@ async fn a_bookmark_resumes_exactly_and_a_restart_or_an_old_cursor_resyncs() {
     assert_eq!(
         got,
         BTreeMap::from([
-            (1, (pb::EventType::Changed, json!({"packets": "20", "bytes": "20"}))),
-            (2, (pb::EventType::Removed, json!({"packets": "3", "bytes": "4500"}))),
-            (600, (pb::EventType::Added, json!({"packets": "6", "bytes": "6"}))),
+            (
+                1,
+                (
+                    pb::EventType::Changed,
+                    json!({"packets": "20", "bytes": "20"})
+                )
+            ),
+            (
+                2,
+                (
+                    pb::EventType::Removed,
+                    json!({"packets": "3", "bytes": "4500"})
+                )
+            ),
+            (
+                600,
+                (pb::EventType::Added, json!({"packets": "6", "bytes": "6"}))
+            ),
         ])
     );
     // Then the live stream goes on from there.
@@ -386,13 +424,19 @@ async fn a_bookmark_resumes_exactly_and_a_restart_or_an_old_cursor_resyncs() {
     let mut w = watch(&client, WatchOptions::default().with_cursor(&old));
     let s = next(&mut w).await;
     assert!(
-        s.resync().is_some_and(|r| r.contains("watch_history_scans")),
+        s.resync()
+            .is_some_and(|r| r.contains("watch_history_scans")),
         "{:?}",
         s.resync()
     );
     assert_eq!(s.events().len(), 100);
     // Another query's cursor is refused.
-    let mut other = watch(&client, WatchOptions::default().with_filter("key.dport == 443").with_cursor(&old));
+    let mut other = watch(
+        &client,
+        WatchOptions::default()
+            .with_filter("key.dport == 443")
+            .with_cursor(&old),
+    );
     let e = other.next_scan().await.unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
     daemon.stop().await;
@@ -517,7 +561,11 @@ async fn grpcurl_watches_the_live_demo() {
     .await;
     let messages = json_stream(&out);
     let bookmarks: Vec<&Json> = messages.iter().filter_map(|m| m.get("bookmark")).collect();
-    assert!(bookmarks.len() >= 2, "{err}\n{}", &out[..out.len().min(2000)]);
+    assert!(
+        bookmarks.len() >= 2,
+        "{err}\n{}",
+        &out[..out.len().min(2000)]
+    );
     assert_eq!(bookmarks[0]["initialStateEnd"], json!(true));
     let changed: Vec<&Json> = messages
         .iter()

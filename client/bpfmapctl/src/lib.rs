@@ -7,12 +7,11 @@ mod commands;
 mod cursors;
 mod drive;
 mod dump;
-// `top --interval` uses it (unused until that command is wired).
-#[cfg_attr(not(test), allow(dead_code))]
 mod live;
 mod output;
 mod setup;
 mod top;
+mod watching;
 
 use std::{
     io::{self, IsTerminal as _},
@@ -132,6 +131,38 @@ pub enum Command {
     /// and merged exactly across the targets (a group's values added up
     /// over every host), largest first by the first --by.
     Top(TopArgs),
+    /// Watch a map: every target's entries as ADDED, then what changes at
+    /// each scan (ADDED, CHANGED with deltas and rates, REMOVED) and a
+    /// bookmark per scan, as JSON Lines, until interrupted.
+    Watch(WatchArgs),
+}
+
+/// The arguments of `watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+    pub map: String,
+    /// Time between two scans (at least the daemon's
+    /// limits.min_watch_interval, 1s by default).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime_serde::re::humantime::parse_duration)]
+    pub interval: std::time::Duration,
+    /// Only entries for which this CEL expression is true.
+    #[arg(long, value_name = "EXPR")]
+    pub filter: Option<String>,
+    /// Only these members ("key.daddr,value.bytes").
+    #[arg(long, value_name = "PATH", value_delimiter = ',')]
+    pub fields: Vec<String>,
+    /// Show members another way than their types say (see `dump --render`).
+    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+    pub render: Vec<RenderArg>,
+    /// Resume after a bookmark: its cursor (every target), or a file
+    /// written by --save-cursor (each target its own).
+    #[arg(long, value_name = "CURSOR|FILE")]
+    pub cursor: Option<String>,
+    /// After each scan, write every target's last cursor to FILE (JSON:
+    /// target to cursor), for --cursor.
+    #[arg(long, value_name = "FILE")]
+    pub save_cursor: Option<String>,
 }
 
 /// The arguments of `top`.
@@ -162,6 +193,11 @@ pub struct TopArgs {
     /// --render`).
     #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
     pub render: Vec<RenderArg>,
+    /// Live: watch the map, scanned every DURATION, and show the top
+    /// groups by the rate of the first --by (full-screen on a terminal,
+    /// keys s/r/p/q; JSON Lines per row and scan otherwise).
+    #[arg(long, value_name = "DURATION", value_parser = humantime_serde::re::humantime::parse_duration)]
+    pub interval: Option<std::time::Duration>,
 }
 
 /// Parses `--by`; the error says which aggregates exist.
@@ -389,7 +425,11 @@ pub async fn run_with(
             commands::lookup(setup, io, &map, &keys, &render).await
         }
         Command::Dump(args) => dump::run(setup, io, args, saved).await,
-        Command::Top(args) => top::run(setup, io, args, cli.per_cpu).await,
+        Command::Top(args) => match args.interval {
+            Some(every) => watching::top(setup, io, args, every, terminals.stdout).await,
+            None => top::run(setup, io, args, cli.per_cpu).await,
+        },
+        Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
     }
 }
 

@@ -162,8 +162,8 @@ mod resume;
 mod run;
 mod target;
 mod topk;
-mod watch;
 pub mod typed;
+mod watch;
 
 pub use aggregate::{
     Aggregate, AggregateOp, AggregateOptions, AggregateResult, AggregateSummary, Group,

@@ -16,8 +16,8 @@ use futures::Stream;
 use tonic::{Status, Streaming, transport::Channel};
 
 use crate::{
-    Aggregate, Error, MapName, PerCpu, RetryPolicy, pb,
-    pb::map_service_client::MapServiceClient, resume::Backoff, typed,
+    Aggregate, Error, MapName, PerCpu, RetryPolicy, pb, pb::map_service_client::MapServiceClient,
+    resume::Backoff, typed,
 };
 
 /// What a watch asks for.
@@ -424,7 +424,10 @@ async fn watch_target(
         let ended = !error
             .status()
             .is_some_and(|s| RetryPolicy::should_retry(s) || s.code() == tonic::Code::Aborted);
-        if error.status().is_some_and(|s| s.code() == tonic::Code::Aborted) {
+        if error
+            .status()
+            .is_some_and(|s| s.code() == tonic::Code::Aborted)
+        {
             // The map was replaced: watch the new one from its state.
             options.cursor.clear();
         }

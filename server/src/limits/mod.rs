@@ -22,5 +22,5 @@ mod slots;
 mod trim;
 
 pub(crate) use memory::{Budget, Held, Reservation, Share, split_memory};
-pub(crate) use slots::{SlotKey, DumpSlots, LookupSlot, LookupSlots, Slot};
+pub(crate) use slots::{DumpSlots, LookupSlot, LookupSlots, Slot, SlotKey};
 pub(crate) use trim::{TrimGuard, Trimmer};

@@ -485,9 +485,7 @@ impl Spec {
             .iter()
             .enumerate()
             .map(|(i, a)| match a.op {
-                Op::Count => {
-                    (now.count as f64 - prev.map_or(0.0, |p| p.count as f64)) / secs
-                }
+                Op::Count => (now.count as f64 - prev.map_or(0.0, |p| p.count as f64)) / secs,
                 Op::Sum => now.increases.get(i).copied().unwrap_or(0) as f64 / secs,
                 _ => f64::NAN,
             })

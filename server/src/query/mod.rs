@@ -17,8 +17,8 @@ use std::time::Duration;
 use bpfmap_kernel::{MapMeta, walk::Chunk};
 use bpfmap_proto::v1 as pb;
 
-pub use counters::{Counter, MAX_COUNTERS, counters};
 pub use aggregate::{Acc, AggregateError, MAX_AGGREGATES, Spec, Table};
+pub use counters::{Counter, MAX_COUNTERS, counters};
 pub use filter::{
     EntryRef, Filter, FilterError, MAX_DEPTH, MAX_FILTER_LEN, MAX_LIST_ELEMENTS, MAX_NODES,
     MAX_REGEXES,

@@ -136,7 +136,10 @@ impl Watches {
     }
 
     /// Checks a requested interval against the minimum.
-    pub(crate) fn interval(&self, asked: Option<&prost_types::Duration>) -> Result<Duration, Error> {
+    pub(crate) fn interval(
+        &self,
+        asked: Option<&prost_types::Duration>,
+    ) -> Result<Duration, Error> {
         let min = self.limits.min_interval;
         let Some(d) = asked else { return Ok(min) };
         let d = Duration::try_from(*d).map_err(|_| {

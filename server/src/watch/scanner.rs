@@ -21,10 +21,7 @@ use super::{
     ScanKey, Watches,
     state::{Changes, State},
 };
-use crate::{
-    error::Error,
-    model::MapRef,
-};
+use crate::{error::Error, model::MapRef};
 
 /// Entries asked of the kernel per batched read.
 const READ: u32 = 4096;
@@ -313,10 +310,7 @@ impl Scanner {
             (i.history_bytes, i.history.back().map(|s| s.at))
         };
         let mut locked = self.state.blocking_lock();
-        let (ks, vs) = (
-            self.meta.key_size as usize,
-            self.meta.kernel_value_size(),
-        );
+        let (ks, vs) = (self.meta.key_size as usize, self.meta.kernel_value_size());
         let entry_bytes = locked.state.entry_bytes();
         let mut changes = locked.state.begin_scan();
         let mut walker = Walker::new(&handle, self.meta.clone(), Position::Start)

@@ -147,7 +147,9 @@ impl State {
         let records = &self.records;
         let found = self
             .index
-            .find(hash, |&s| &records[s as usize * rec..s as usize * rec + ks] == key)
+            .find(hash, |&s| {
+                &records[s as usize * rec..s as usize * rec + ks] == key
+            })
             .copied();
         match found {
             Some(slot) => {

@@ -603,7 +603,7 @@ impl Watcher {
         let end = last.revision;
         // Per key: its value at `revision` (none: absent) and now.
         let mut order: Vec<&[u8]> = Vec::new();
-        let mut keys: HashMap<&[u8], (Option<&[u8]>, Option<&[u8]>)> = HashMap::new();
+        let mut keys: HashMap<&[u8], Span<'_>> = HashMap::new();
         for scan in &scans {
             let c = &scan.changes;
             for ch in &c.list {
@@ -697,9 +697,8 @@ impl Watcher {
                 } else {
                     Vec::new()
                 };
-                let same = before.is_some_and(|(b, rb)| {
-                    Spec::same_values(acc, b) && same_rates(rb, &rates)
-                });
+                let same = before
+                    .is_some_and(|(b, rb)| Spec::same_values(acc, b) && same_rates(rb, &rates));
                 if !same {
                     changed.push(pb::WatchGroup {
                         group: Some(spec.message(k.clone(), acc)),
@@ -760,6 +759,9 @@ const BEHIND: &str = "this watch fell behind the changes the server keeps (limit
 
 type Totals = (u64, HashMap<Vec<u8>, Acc>, f64);
 
+/// A key's value at a cursor's revision and now (`None`: absent).
+type Span<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
 /// The groups of the state as it is now (blocking: a pass over every
 /// entry), with the increases of the scans after `since`.
 fn totals(watch: &Watch, scanner: &Scanner, since: Option<u64>) -> Result<Totals, Stop> {
@@ -807,9 +809,9 @@ fn totals(watch: &Watch, scanner: &Scanner, since: Option<u64>) -> Result<Totals
                 if watch.filter.as_ref().is_some_and(|f| !f.matches(&now)) {
                     continue;
                 }
-                let before = prev.map(|value| EntryRef { key, value, stride }).filter(|b| {
-                    watch.filter.as_ref().is_none_or(|f| f.matches(b))
-                });
+                let before = prev
+                    .map(|value| EntryRef { key, value, stride })
+                    .filter(|b| watch.filter.as_ref().is_none_or(|f| f.matches(b)));
                 if !table.add_increase(&now, before.as_ref()) {
                     break;
                 }
@@ -827,7 +829,12 @@ fn same_rates(a: &[f64], b: &[f64]) -> bool {
 }
 
 /// The delta and rate of every counter between two values of an entry.
-fn deltas(counters: &[Counter], (now, before): (&EntryRef<'_>, &EntryRef<'_>), secs: f64, ev: &mut pb::WatchEvent) {
+fn deltas(
+    counters: &[Counter],
+    (now, before): (&EntryRef<'_>, &EntryRef<'_>),
+    secs: f64,
+    ev: &mut pb::WatchEvent,
+) {
     for c in counters {
         let (Some(x), Some(b)) = (c.read(now), c.read(before)) else {
             continue;
@@ -838,8 +845,10 @@ fn deltas(counters: &[Counter], (now, before): (&EntryRef<'_>, &EntryRef<'_>), s
             (x, true)
         };
         ev.delta.insert(c.path.clone(), d.to_string());
-        ev.rate
-            .insert(c.path.clone(), if secs > 0.0 { d as f64 / secs } else { 0.0 });
+        ev.rate.insert(
+            c.path.clone(),
+            if secs > 0.0 { d as f64 / secs } else { 0.0 },
+        );
         if reset {
             ev.resets.push(c.path.clone());
         }
