@@ -17,7 +17,7 @@ const MAX_ELEMENTS: u32 = 64;
 /// One integer member of a value.
 #[derive(Debug, Clone)]
 pub struct Counter {
-    /// Its path ("value.bytes", "value.counters[2]").
+    /// Its path (`value.bytes`, `value.counters[2]`).
     pub path: String,
     load: IntLoad,
 }
