@@ -521,7 +521,7 @@ async fn watch_limits_are_named_and_dumps_go_on() {
     assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
     assert!(e.to_string().contains("minimum, 200ms"), "{e}");
 
-    // 20,000 entries need about 660 KB: more than max_watch_bytes.
+    // 20,000 entries need about 860 KB: more than max_watch_bytes.
     let mut big = watch(&client, WatchOptions::default());
     let e = big.next_scan().await.unwrap_err();
     assert_eq!(code_of(&e), Code::ResourceExhausted, "{e}");
@@ -577,5 +577,148 @@ async fn grpcurl_watches_the_live_demo() {
     assert!(e["entry"]["decodedKey"]["daddr"].is_number(), "{e}");
     assert!(e["delta"]["value.bytes"].is_string(), "{e}");
     assert!(e["rate"]["value.bytes"].as_f64().unwrap() > 0.0, "{e}");
+    daemon.stop().await;
+}
+
+/// A thread that rewrites entries `0..n` of `map` (packets = tick) every
+/// `every`, until the returned flag is set.
+fn churn(
+    map: bpfmap_kernel::OwnedMap,
+    n: u32,
+    every: Duration,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let writer = std::thread::spawn(move || {
+        let mut tick = 1000u64;
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            tick += 1;
+            let (mut keys, mut values) = (Vec::new(), Vec::new());
+            for i in 0..n {
+                keys.extend_from_slice(&bpfmapd::flow_key(i));
+                values.extend_from_slice(&value(tick, tick * 1500));
+            }
+            update_batch(&map, &keys, &values);
+            std::thread::sleep(every);
+        }
+    });
+    (stop, writer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_falls_behind_the_history_resyncs() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let map = flows(&fs, 20_000);
+    let mut cfg = config(&fs, state.path());
+    cfg.limits.watch_history_scans = 2;
+    let daemon = Daemon::start_with(cfg).await;
+    let client = daemon.client().await;
+    let mut w = watch(&client, WatchOptions::default());
+    assert_eq!(next(&mut w).await.events().len(), 20_000);
+    // Every entry changes at every scan: some 3 MB of events per scan.
+    let (stop, writer) = churn(map, 20_000, Duration::from_millis(100));
+    // The client stops reading for 3 s (10 scans; the daemon keeps 2).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut resynced = None;
+    for _ in 0..20 {
+        let s = next(&mut w).await;
+        if s.resync().is_some() {
+            resynced = Some(s);
+            break;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let s = resynced.expect("a resync within 20 scans");
+    assert!(
+        s.resync().unwrap().contains("fell behind"),
+        "{:?}",
+        s.resync()
+    );
+    // The fresh state holds every entry: nothing is silently lost.
+    let added: BTreeSet<u32> = s
+        .events()
+        .iter()
+        .filter(|e| kind(e) == pb::EventType::Added)
+        .map(flow_of)
+        .collect();
+    assert_eq!(added, (0..20_000).collect::<BTreeSet<_>>());
+    assert!(s.is_initial());
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_that_never_read_stay_within_the_budget_and_end() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let map = flows(&fs, 50_000);
+    let mut cfg = config(&fs, state.path());
+    cfg.limits.max_watch_bytes = 4 << 20;
+    cfg.limits.max_watches = 16;
+    cfg.limits.max_watches_per_identity = 16;
+    cfg.limits.stall_timeout = Duration::from_secs(2);
+    let daemon = Daemon::start_with(cfg).await;
+    let metrics = daemon.running.metrics_addr().unwrap();
+    let (stop, writer) = churn(map, 5_000, Duration::from_millis(50));
+    let request = prost::Message::encode_to_vec(&pb::WatchMapRequest {
+        map: map_ref("flows"),
+        interval: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 200_000_000,
+        }),
+        ..Default::default()
+    });
+    // Twelve watchers, each on a connection of its own, that never read.
+    let mut idle = Vec::new();
+    for _ in 0..12 {
+        idle.push(
+            raw_stream(
+                &daemon.addr(),
+                "/bpfmap.v1.MapService/WatchMap",
+                request.clone(),
+            )
+            .await
+            .expect("the watch starts"),
+        );
+    }
+    let client = daemon.client().await;
+    let mut peak = 0.0f64;
+    for _ in 0..4 {
+        let bytes = metric(metrics, "bpfmapd_watch_bytes").await;
+        peak = peak.max(bytes);
+        assert!(bytes <= f64::from(4u32 << 20), "{bytes} bytes held");
+        // Dumps are served meanwhile.
+        let entries = dump_all(&client, "flows", Default::default()).await;
+        assert_eq!(entries.len(), 50_000);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(peak > 0.0);
+    // Past the stall timeout every one of them has ended...
+    let mut watchers = f64::NAN;
+    for _ in 0..50 {
+        watchers = metric(metrics, "bpfmapd_watchers").await;
+        if watchers == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(watchers, 0.0);
+    // ... with UNAVAILABLE after what was queued.
+    let mut stream = idle.pop().unwrap();
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(s) => break s,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    drop(idle);
     daemon.stop().await;
 }

@@ -266,63 +266,66 @@ pub(crate) async fn top(
         limit: args.limit as usize,
         paused: false,
     };
-    let screen = terminal.then(|| tokio::spawn(live::run(rx, view)));
+    let mut screen = terminal.then(|| tokio::spawn(live::run(rx, view)));
     let mut ended = 0usize;
     loop {
-        let next = async { fleet.next().await };
-        let item = match &screen {
-            Some(s) if s.is_finished() => break,
-            Some(_) => tokio::select! {
-                i = next => i,
-                _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+        let next = fleet.next_round(interval / 2);
+        let round = match screen.as_mut() {
+            // The user quits: the screen's task ends.
+            Some(s) => tokio::select! {
+                r = next => r,
+                done = s => return Ok(done??),
             },
             None => next.await,
         };
-        let Some(FleetScan {
+        let Some(round) = round else { break };
+        let mut scan_time = None;
+        for FleetScan {
             target,
             scan,
             ended: over,
-        }) = item
-        else {
-            break;
-        };
-        let name = target.to_string();
-        let scan = match scan {
-            Ok(s) => {
-                failing.remove(&name);
-                s
-            }
-            Err(e) => {
-                failing.insert(name.clone(), e.to_string());
-                if over {
-                    ended += 1;
-                    if ended == total {
-                        if let Some(s) = screen {
-                            s.abort();
-                        }
-                        anyhow::bail!("{name}: {e}");
-                    }
+        } in round
+        {
+            let name = target.to_string();
+            let scan = match scan {
+                Ok(s) => {
+                    failing.remove(&name);
+                    s
                 }
-                continue;
+                Err(e) => {
+                    failing.insert(name.clone(), e.to_string());
+                    if over {
+                        tables.remove(&target);
+                        ended += 1;
+                        if ended == total {
+                            if let Some(s) = screen {
+                                s.abort();
+                            }
+                            anyhow::bail!("{name}: {e}");
+                        }
+                    }
+                    continue;
+                }
+            };
+            scan_time = scan_time.max(scan.scan_time());
+            let table = tables.entry(target.clone()).or_default();
+            if scan.is_initial() || scan.resync().is_some() {
+                table.clear();
             }
-        };
-        let table = tables.entry(target.clone()).or_default();
-        if scan.is_initial() || scan.resync().is_some() {
-            table.clear();
-        }
-        for g in scan.groups() {
-            let Some(group) = &g.group else { continue };
-            if g.removed {
-                table.remove(&group.key_bytes);
-                continue;
+            for g in scan.groups() {
+                let Some(group) = &g.group else { continue };
+                if g.removed {
+                    table.remove(&group.key_bytes);
+                    continue;
+                }
+                let key = json_of(Some(&prost_types::Value {
+                    kind: Some(prost_types::value::Kind::StructValue(
+                        group.key.clone().unwrap_or_default(),
+                    )),
+                }));
+                let values = group.values.iter().map(number).collect();
+                table.insert(group.key_bytes.clone(), (key, values, g.rates.clone()));
             }
-            let key = json_of(Some(&prost_types::Value {
-                kind: Some(prost_types::value::Kind::StructValue(
-                    group.key.clone().unwrap_or_default(),
-                )),
-            }));
-            let values = group.values.iter().map(number).collect();
-            table.insert(group.key_bytes.clone(), (key, values, g.rates.clone()));
         }
         // Merge: values and rates added up over the targets.
         let mut merged: HashMap<&[u8], Merged<'_>> = HashMap::new();
@@ -375,7 +378,7 @@ pub(crate) async fn top(
         history.retain(|k, _| rows.iter().any(|(r, ..)| r == k));
         rows.sort_by(|a, b| b.1.cells[0].sort.total_cmp(&a.1.cells[0].sort));
         if screen.is_none() {
-            let when = scan.scan_time().map(|t| {
+            let when = scan_time.map(|t| {
                 t.duration_since(std::time::UNIX_EPOCH)
                     .unwrap_or_default()
                     .as_secs_f64()
@@ -405,7 +408,7 @@ pub(crate) async fn top(
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            scan_time: scan.scan_time(),
+            scan_time,
             interval,
         });
     }

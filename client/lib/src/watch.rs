@@ -377,6 +377,29 @@ impl FleetWatch {
     pub async fn next(&mut self) -> Option<FleetScan> {
         self.rx.recv().await
     }
+
+    /// The next round: what arrives from the first item on until every
+    /// target still watched has sent one, or `window` has passed (half the
+    /// interval suits: each target scans once per interval, at its own
+    /// phase); `None` once every target's watch has ended. Rounds follow
+    /// the targets' scan times, one per interval.
+    pub async fn next_round(&mut self, window: Duration) -> Option<Vec<FleetScan>> {
+        let first = self.rx.recv().await?;
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(first.target.clone());
+        let mut round = vec![first];
+        let deadline = tokio::time::Instant::now() + window;
+        while seen.len() < self.targets {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(item)) => {
+                    seen.insert(item.target.clone());
+                    round.push(item);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Some(round)
+    }
 }
 
 /// The delay before a failing target is watched again.

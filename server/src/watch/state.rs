@@ -31,6 +31,9 @@ pub(crate) struct Changes {
     buf: Vec<u8>,
     key_size: usize,
     value_size: usize,
+    /// False for a first scan: nobody needs its changes (a watcher's
+    /// initial state comes from the state itself).
+    record: bool,
 }
 
 impl Changes {
@@ -50,6 +53,9 @@ impl Changes {
     }
 
     fn push(&mut self, kind: Kind, slot: u32, parts: [&[u8]; 3]) {
+        if !self.record {
+            return;
+        }
         let at = self.buf.len() as u32;
         for p in parts {
             self.buf.extend_from_slice(p);
@@ -131,10 +137,12 @@ impl State {
     /// Starts a scan: entries not seen by [`see`](Self::see) before
     /// [`end_scan`](Self::end_scan) are removed.
     pub(crate) fn begin_scan(&mut self) -> Changes {
+        let first = self.scan == 0;
         self.scan = self.scan.wrapping_add(1).max(1);
         Changes {
             key_size: self.key_size,
             value_size: self.value_size,
+            record: !first,
             ..Changes::default()
         }
     }
@@ -245,9 +253,16 @@ mod tests {
     #[test]
     fn a_scan_reports_exactly_what_changed() {
         let mut s = State::new(4, 8);
+        // The first scan fills the state; its changes are not kept.
+        assert_eq!(scan(&mut s, &[(1, 10), (2, 20)]), []);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            scan(&mut s, &[(1, 10), (2, 20), (5, 50)]),
+            [(Kind::Added, 5, 50, None)]
+        );
         assert_eq!(
             scan(&mut s, &[(1, 10), (2, 20)]),
-            [(Kind::Added, 1, 10, None), (Kind::Added, 2, 20, None)]
+            [(Kind::Removed, 5, 50, None)]
         );
         assert_eq!(scan(&mut s, &[(2, 20), (1, 10)]), []);
         assert_eq!(
