@@ -1,11 +1,19 @@
 //! A scripted stand-in for a hash map's batch reads, for unit tests of the
 //! walker and of what is built on it: each call answers what the script
 //! says next, so that the error paths the kernel will not produce on demand
-//! (ENOSPC, EINTR, a failure after some entries) can be reached.
+//! (ENOSPC, EINTR, a failure after some entries) can be reached. The same
+//! script answers drains ([`DrainOps`]).
 
-use std::{collections::VecDeque, io, sync::Mutex};
+use std::{
+    collections::VecDeque,
+    io,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
-use crate::{MapOps, SysResult, SyscallError};
+use crate::{MapOps, SysResult, SyscallError, drain::DrainOps};
 
 /// A syscall error with `errno`, as the kernel would report it.
 pub fn err(errno: i32) -> SyscallError {
@@ -16,21 +24,24 @@ pub fn err(errno: i32) -> SyscallError {
 }
 
 /// One scripted batch answer: entries (u32 key, u32 value) to copy if they
-/// fit, the next bucket token, and the result.
+/// fit, the next bucket token, and the result; `reported: false` when the
+/// call fails before writing anything back.
 #[derive(Debug)]
 struct Answer {
     entries: Vec<(u32, u32)>,
     next: u32,
     result: Result<(), i32>,
+    reported: bool,
 }
 
 /// A hash map of u32 keys and u32 values read by bucket, whose batch calls
 /// answer from a script ([`ScriptedMap::push`]). Key walks and lookups
-/// answer ENOENT.
+/// answer ENOENT. Opened for writing unless [`ScriptedMap::set_read_only`].
 #[derive(Debug, Default)]
 pub struct ScriptedMap {
     answers: Mutex<VecDeque<Answer>>,
     calls: Mutex<Vec<(Option<Vec<u8>>, u32)>>,
+    read_only: AtomicBool,
 }
 
 impl ScriptedMap {
@@ -42,7 +53,25 @@ impl ScriptedMap {
             entries: entries.to_vec(),
             next,
             result,
+            reported: true,
         });
+    }
+
+    /// Scripts a call that fails with `errno` before the kernel writes
+    /// anything back (neither the count nor the token), as when it refuses
+    /// the call's arguments.
+    pub fn push_unreported(&self, errno: i32) {
+        self.answers.lock().expect("script").push_back(Answer {
+            entries: Vec::new(),
+            next: 0,
+            result: Err(errno),
+            reported: false,
+        });
+    }
+
+    /// Makes the map look opened read-only ([`DrainOps::is_writable`]).
+    pub fn set_read_only(&self, read_only: bool) {
+        self.read_only.store(read_only, Ordering::Relaxed);
     }
 
     /// The batch calls made so far: their input token and count.
@@ -56,14 +85,15 @@ impl ScriptedMap {
     }
 }
 
-impl MapOps for ScriptedMap {
-    fn lookup_batch(
+impl ScriptedMap {
+    /// Answers one batch call from the script. The hash path writes the
+    /// token back on ENOSPC; `enospc_token` says whether to.
+    fn answer(
         &self,
-        in_batch: Option<&[u8]>,
-        out_batch: &mut [u8],
-        keys: &mut [u8],
-        values: &mut [u8],
+        (in_batch, out_batch): (Option<&[u8]>, &mut [u8]),
+        (keys, values): (&mut [u8], &mut [u8]),
         count: &mut u32,
+        enospc_token: bool,
     ) -> SysResult<()> {
         self.calls
             .lock()
@@ -74,9 +104,15 @@ impl MapOps for ScriptedMap {
             .lock()
             .expect("script")
             .pop_front()
-            .expect("unexpected extra lookup_batch call");
+            .expect("unexpected extra batch call");
+        if !a.reported {
+            return a.result.map_err(err);
+        }
         if a.result == Err(libc::ENOSPC) {
             *count = 0;
+            if enospc_token {
+                out_batch[..4].copy_from_slice(&a.next.to_le_bytes());
+            }
             return Err(err(libc::ENOSPC));
         }
         assert!(a.entries.len() as u32 <= *count, "script copies too much");
@@ -88,6 +124,19 @@ impl MapOps for ScriptedMap {
         out_batch[..4].copy_from_slice(&a.next.to_le_bytes());
         a.result.map_err(err)
     }
+}
+
+impl MapOps for ScriptedMap {
+    fn lookup_batch(
+        &self,
+        in_batch: Option<&[u8]>,
+        out_batch: &mut [u8],
+        keys: &mut [u8],
+        values: &mut [u8],
+        count: &mut u32,
+    ) -> SysResult<()> {
+        self.answer((in_batch, out_batch), (keys, values), count, false)
+    }
 
     fn get_next_key(&self, _key: Option<&[u8]>, _next: &mut [u8]) -> SysResult<()> {
         Err(err(libc::ENOENT))
@@ -95,6 +144,23 @@ impl MapOps for ScriptedMap {
 
     fn lookup(&self, _key: &[u8], _value: &mut [u8]) -> SysResult<()> {
         Err(err(libc::ENOENT))
+    }
+}
+
+impl DrainOps for ScriptedMap {
+    fn is_writable(&self) -> bool {
+        !self.read_only.load(Ordering::Relaxed)
+    }
+
+    fn lookup_and_delete_batch(
+        &self,
+        in_batch: Option<&[u8]>,
+        out_batch: &mut [u8],
+        keys: &mut [u8],
+        values: &mut [u8],
+        count: &mut u32,
+    ) -> SysResult<()> {
+        self.answer((in_batch, out_batch), (keys, values), count, true)
     }
 }
 

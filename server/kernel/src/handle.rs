@@ -1,5 +1,6 @@
-//! [`MapHandle`]: a map opened read-only, whose every buffer is checked
-//! against the map's sizes before it reaches the kernel.
+//! [`MapHandle`]: an open map (read-only unless opened writable, for
+//! drains), whose every buffer is checked against the map's sizes before it
+//! reaches the kernel.
 #![allow(
     unsafe_code,
     reason = "calls the syscall wrappers after checking their buffers"
@@ -11,8 +12,8 @@ use std::{
 };
 
 use super::{
-    BtfInfo, LookupError, MapMeta, MapOps, OpenError, SysResult, SyscallError, elem_unsupported,
-    sys,
+    BtfInfo, LookupError, MapMeta, MapOps, OpenError, SysResult, SyscallError, drain::DrainOps,
+    elem_unsupported, sys,
 };
 
 /// Reads a BTF object by kernel id ([`MapMeta::btf_id`]): its raw data (at
@@ -24,8 +25,15 @@ pub fn read_btf(btf_id: u32) -> SysResult<BtfInfo> {
     unsafe { sys::btf_info(fd.as_fd()) }
 }
 
-/// An open, read-only map. Every buffer handed to the kernel through it is
-/// checked against the map's key and value sizes first.
+/// An open map. Every buffer handed to the kernel through it is checked
+/// against the map's key and value sizes first.
+///
+/// [`open_pinned`](Self::open_pinned) and [`open_id`](Self::open_id) open
+/// it read-only, so that the kernel itself refuses any change made through
+/// it; that is what the read path uses. Only a drain
+/// ([`Drainer`](super::drain::Drainer)) needs a map opened with
+/// [`open_pinned_writable`](Self::open_pinned_writable) or
+/// [`open_id_writable`](Self::open_id_writable).
 #[derive(Debug)]
 pub struct MapHandle {
     fd: OwnedFd,
@@ -62,6 +70,26 @@ fn check_at_least(call: &'static str, what: &str, got: usize, needed: usize) -> 
     }
 }
 
+/// Checks the buffers of a batch call (`BPF_MAP_LOOKUP_BATCH`,
+/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`) against the map's sizes.
+fn check_batch(
+    call: &'static str,
+    m: &MapMeta,
+    (in_batch, out_batch): (Option<&[u8]>, &[u8]),
+    (keys, values): (&[u8], &[u8]),
+    count: u32,
+) -> SysResult<()> {
+    sized(call, m)?;
+    let token = m.token_size().max(4);
+    if let Some(b) = in_batch {
+        check_at_least(call, "in_batch", b.len(), token)?;
+    }
+    check_at_least(call, "out_batch", out_batch.len(), token)?;
+    let n = count as usize;
+    check_at_least(call, "keys", keys.len(), n * m.key_size as usize)?;
+    check_at_least(call, "values", values.len(), n * m.kernel_value_size())
+}
+
 impl MapHandle {
     /// Opens the map pinned at `path`, read-only.
     pub fn open_pinned(path: &Path) -> Result<Self, OpenError> {
@@ -73,6 +101,35 @@ impl MapHandle {
     pub fn open_id(id: u32) -> Result<Self, OpenError> {
         let fd = sys::map_get_fd_by_id_rdonly(id).map_err(OpenError::from_sys)?;
         Self::from_fd(fd)
+    }
+
+    /// Opens the map pinned at `path` for reading and writing (the pin must
+    /// be readable and writable by this process: EACCES otherwise). Only
+    /// drains need this; everything else opens read-only.
+    pub fn open_pinned_writable(path: &Path) -> Result<Self, OpenError> {
+        let fd = sys::obj_get_writable(path).map_err(OpenError::from_sys)?;
+        Self::from_fd(fd)
+    }
+
+    /// Opens a map by kernel id for reading and writing (needs
+    /// CAP_SYS_ADMIN). Only drains need this; everything else opens
+    /// read-only.
+    pub fn open_id_writable(id: u32) -> Result<Self, OpenError> {
+        let fd = sys::map_get_fd_by_id_writable(id).map_err(OpenError::from_sys)?;
+        Self::from_fd(fd)
+    }
+
+    /// Whether the descriptor was opened for writing, as the kernel records
+    /// it (`fcntl(F_GETFL)`): false for [`open_pinned`](Self::open_pinned)
+    /// and [`open_id`](Self::open_id), true for their `_writable` forms.
+    pub fn is_writable(&self) -> bool {
+        match sys::access_mode(self.fd.as_fd()) {
+            Ok(mode) => mode == libc::O_RDWR || mode == libc::O_WRONLY,
+            Err(e) => {
+                tracing::warn!(error = %e, map_id = self.meta.id, "cannot read the descriptor's access mode");
+                false
+            }
+        }
     }
 
     fn from_fd(fd: OwnedFd) -> Result<Self, OpenError> {
@@ -134,17 +191,13 @@ impl MapOps for MapHandle {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        const CALL: &str = "BPF_MAP_LOOKUP_BATCH";
-        let m = &self.meta;
-        sized(CALL, m)?;
-        let token = m.token_size().max(4);
-        if let Some(b) = in_batch {
-            check_at_least(CALL, "in_batch", b.len(), token)?;
-        }
-        check_at_least(CALL, "out_batch", out_batch.len(), token)?;
-        let n = *count as usize;
-        check_at_least(CALL, "keys", keys.len(), n * m.key_size as usize)?;
-        check_at_least(CALL, "values", values.len(), n * m.kernel_value_size())?;
+        check_batch(
+            "BPF_MAP_LOOKUP_BATCH",
+            &self.meta,
+            (in_batch, out_batch),
+            (keys, values),
+            *count,
+        )?;
         // SAFETY: the buffers were just checked against this map's sizes.
         unsafe { sys::lookup_batch(self.fd.as_fd(), in_batch, out_batch, keys, values, count) }
     }
@@ -168,5 +221,110 @@ impl MapOps for MapHandle {
         check_len(CALL, "value", value.len(), self.meta.kernel_value_size())?;
         // SAFETY: the buffers are exactly one key and one element of this map.
         unsafe { sys::lookup_elem(self.fd.as_fd(), key, value) }
+    }
+}
+
+impl DrainOps for MapHandle {
+    fn is_writable(&self) -> bool {
+        MapHandle::is_writable(self)
+    }
+
+    fn lookup_and_delete_batch(
+        &self,
+        in_batch: Option<&[u8]>,
+        out_batch: &mut [u8],
+        keys: &mut [u8],
+        values: &mut [u8],
+        count: &mut u32,
+    ) -> SysResult<()> {
+        check_batch(
+            "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
+            &self.meta,
+            (in_batch, out_batch),
+            (keys, values),
+            *count,
+        )?;
+        // SAFETY: the buffers were just checked against this map's sizes.
+        unsafe {
+            sys::lookup_and_delete_batch(self.fd.as_fd(), in_batch, out_batch, keys, values, count)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Opening real maps. These need root and a kernel with BPF; without
+    //! them they fail saying so.
+    use std::{
+        path::PathBuf,
+        sync::atomic::{AtomicU32, Ordering},
+    };
+
+    use super::*;
+    use crate::{MapType, OwnedMap, mount_bpffs, umount};
+
+    /// A bpffs mounted on a fresh directory of its own; unmounted and
+    /// removed on drop.
+    struct PrivateBpffs(PathBuf);
+
+    impl PrivateBpffs {
+        fn new() -> Self {
+            static SEQ: AtomicU32 = AtomicU32::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "bpfmap-kernel-test-{}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir(&dir)
+                .unwrap_or_else(|e| panic!("cannot create {} ({e})", dir.display()));
+            if let Err(e) = mount_bpffs(&dir) {
+                let _ = std::fs::remove_dir(&dir);
+                panic!(
+                    "these tests need root and BPF: cannot mount a private bpffs on {} ({e})",
+                    dir.display()
+                );
+            }
+            Self(dir)
+        }
+    }
+
+    impl Drop for PrivateBpffs {
+        fn drop(&mut self) {
+            let _ = umount(&self.0);
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
+    #[test]
+    fn is_writable_tells_how_the_map_was_opened() {
+        let fs = PrivateBpffs::new();
+        let map = OwnedMap::new(MapType::HASH, 4, 4, 8, "open_modes").unwrap_or_else(|e| {
+            panic!("cannot create a hash map ({e}); these tests need root and a kernel with BPF")
+        });
+        let pin = fs.0.join("m");
+        map.pin(&pin).expect("pin");
+        let opened = [
+            ("open_pinned", MapHandle::open_pinned(&pin), false),
+            (
+                "open_pinned_writable",
+                MapHandle::open_pinned_writable(&pin),
+                true,
+            ),
+            ("open_id", MapHandle::open_id(map.id()), false),
+            (
+                "open_id_writable",
+                MapHandle::open_id_writable(map.id()),
+                true,
+            ),
+        ];
+        for (how, handle, writable) in opened {
+            let handle = handle.unwrap_or_else(|e| panic!("{how}: {e}"));
+            assert_eq!(handle.meta().id, map.id(), "{how}: the same map");
+            assert_eq!(handle.is_writable(), writable, "{how}");
+        }
+        assert!(
+            MapHandle::open_pinned_writable(&fs.0.join("missing"))
+                .is_err_and(|e| matches!(e, OpenError::NotFound))
+        );
     }
 }

@@ -1,17 +1,22 @@
-//! Kernel maps: their types, opening them read-only, reading them.
+//! Kernel maps: their types, opening them read-only, reading them, draining
+//! them.
 //!
-//! `sys` holds every syscall. [`MapHandle`] is a read-only map that knows its
-//! key and value sizes and checks every buffer against them, so no call made
-//! through it can let the kernel write past a buffer. [`Walker`](walk::Walker)
-//! turns batch and key-by-key reads into chunks through the [`MapOps`] seam,
-//! which unit tests replace to reach the error paths the kernel will not
-//! produce on demand. Creating and writing maps (the demo, the tests) goes
-//! through [`OwnedMap`], a separate type that the read path never sees; so
-//! does loading BTF ([`OwnedBtf`], with data from [`BtfBuilder`]). The read
-//! path only reads the BTF of existing maps ([`read_btf`]).
+//! `sys` holds every syscall. [`MapHandle`] is an open map (read-only
+//! unless opened writable) that knows its key and value sizes and checks
+//! every buffer against them, so no call made through it can let the kernel
+//! write past a buffer. [`Walker`](walk::Walker) turns batch and key-by-key
+//! reads into chunks through the [`MapOps`] seam, which unit tests replace
+//! to reach the error paths the kernel will not produce on demand;
+//! [`Drainer`](drain::Drainer) reads and deletes chunks the same way through
+//! the [`DrainOps`](drain::DrainOps) seam, from a map opened writable.
+//! Creating and writing maps (the demo, the tests) goes through
+//! [`OwnedMap`], a separate type that the read path never sees; so does
+//! loading BTF ([`OwnedBtf`], with data from [`BtfBuilder`]). The read path
+//! only reads the BTF of existing maps ([`read_btf`]).
 
 pub mod btf;
 mod btf_build;
+pub mod drain;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod handle;

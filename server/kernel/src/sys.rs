@@ -134,10 +134,20 @@ fn ptr<T>(p: *const T) -> u64 {
 
 /// Opens a pinned object read-only (`BPF_OBJ_GET` with `BPF_F_RDONLY`).
 pub(super) fn obj_get_rdonly(path: &Path) -> SysResult<OwnedFd> {
+    obj_get(path, BPF_F_RDONLY)
+}
+
+/// Opens a pinned object for reading and writing (`BPF_OBJ_GET` with
+/// `file_flags` 0): the pin must be readable and writable by the caller.
+pub(super) fn obj_get_writable(path: &Path) -> SysResult<OwnedFd> {
+    obj_get(path, 0)
+}
+
+fn obj_get(path: &Path, file_flags: u32) -> SysResult<OwnedFd> {
     let c = cstring(path, "BPF_OBJ_GET")?;
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_4.pathname = ptr(c.as_ptr());
-    attr.__bindgen_anon_4.file_flags = BPF_F_RDONLY;
+    attr.__bindgen_anon_4.file_flags = file_flags;
     // SAFETY: the only pointer is the NUL-terminated path, alive for the call.
     let ret = unsafe { bpf("BPF_OBJ_GET", bpf_cmd::BPF_OBJ_GET, &mut attr) }?;
     // SAFETY: BPF_OBJ_GET returns a new descriptor.
@@ -146,9 +156,19 @@ pub(super) fn obj_get_rdonly(path: &Path) -> SysResult<OwnedFd> {
 
 /// Opens a map by kernel id, read-only. Needs CAP_SYS_ADMIN.
 pub(super) fn map_get_fd_by_id_rdonly(id: u32) -> SysResult<OwnedFd> {
+    map_get_fd_by_id(id, BPF_F_RDONLY)
+}
+
+/// Opens a map by kernel id for reading and writing (`open_flags` 0). Needs
+/// CAP_SYS_ADMIN.
+pub(super) fn map_get_fd_by_id_writable(id: u32) -> SysResult<OwnedFd> {
+    map_get_fd_by_id(id, 0)
+}
+
+fn map_get_fd_by_id(id: u32, open_flags: u32) -> SysResult<OwnedFd> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_6.__bindgen_anon_1.map_id = id;
-    attr.__bindgen_anon_6.open_flags = BPF_F_RDONLY;
+    attr.__bindgen_anon_6.open_flags = open_flags;
     // SAFETY: no pointers in the attribute.
     let ret = unsafe {
         bpf(
@@ -159,6 +179,22 @@ pub(super) fn map_get_fd_by_id_rdonly(id: u32) -> SysResult<OwnedFd> {
     }?;
     // SAFETY: BPF_MAP_GET_FD_BY_ID returns a new descriptor.
     Ok(unsafe { owned_fd(ret) })
+}
+
+/// The access mode `fd` was opened with (`fcntl(F_GETFL) & O_ACCMODE`):
+/// `O_RDONLY`, `O_WRONLY` or `O_RDWR`. A map opened with `BPF_F_RDONLY`
+/// is `O_RDONLY`; one opened with no flags (or created) is `O_RDWR`.
+pub(super) fn access_mode(fd: BorrowedFd<'_>) -> SysResult<libc::c_int> {
+    // SAFETY: F_GETFL takes no argument and only reads the flags of the
+    // descriptor, which `fd` keeps open for the call.
+    let ret = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if ret < 0 {
+        return Err(SyscallError {
+            call: "fcntl(F_GETFL)",
+            io_error: io::Error::last_os_error(),
+        });
+    }
+    Ok(ret & libc::O_ACCMODE)
 }
 
 /// The next map id after `start` (`BPF_MAP_GET_NEXT_ID`); `None` at the end.
@@ -224,6 +260,70 @@ pub(super) unsafe fn lookup_batch(
     values: &mut [u8],
     count: &mut u32,
 ) -> SysResult<()> {
+    // SAFETY: the caller's guarantees are those of `read_batch`.
+    unsafe {
+        read_batch(
+            ("BPF_MAP_LOOKUP_BATCH", bpf_cmd::BPF_MAP_LOOKUP_BATCH),
+            fd,
+            in_batch,
+            out_batch,
+            (keys, values),
+            count,
+        )
+    }
+}
+
+/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`: as [`lookup_batch`], and the entries
+/// copied are deleted from the map. Needs a writable descriptor (EPERM on a
+/// read-only one). The kernel deletes the entries before it copies them to
+/// `keys` and `values`: if that copy faults, they are gone without being
+/// returned (EFAULT, `count` not written), so the buffers must be memory
+/// the caller has touched.
+///
+/// On the hash path the kernel writes `count` and `out_batch` together, at
+/// the end of every call that got past its argument checks (success,
+/// ENOENT, ENOSPC, a bucket lock that failed); calls refused before that
+/// (ENOENT for a token past the last bucket, EINVAL, ENOMEM) write neither.
+///
+/// # Safety
+/// As [`lookup_batch`].
+pub(super) unsafe fn lookup_and_delete_batch(
+    fd: BorrowedFd<'_>,
+    in_batch: Option<&[u8]>,
+    out_batch: &mut [u8],
+    keys: &mut [u8],
+    values: &mut [u8],
+    count: &mut u32,
+) -> SysResult<()> {
+    // SAFETY: the caller's guarantees are those of `read_batch`.
+    unsafe {
+        read_batch(
+            (
+                "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
+                bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
+            ),
+            fd,
+            in_batch,
+            out_batch,
+            (keys, values),
+            count,
+        )
+    }
+}
+
+/// A batch command that copies entries out (`BPF_MAP_LOOKUP_BATCH`,
+/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`).
+///
+/// # Safety
+/// As [`lookup_batch`].
+unsafe fn read_batch(
+    (call, cmd): (&'static str, bpf_cmd),
+    fd: BorrowedFd<'_>,
+    in_batch: Option<&[u8]>,
+    out_batch: &mut [u8],
+    (keys, values): (&mut [u8], &mut [u8]),
+    count: &mut u32,
+) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.batch.map_fd = fd.as_raw_fd() as u32;
     attr.batch.in_batch = in_batch.map_or(0, |b| ptr(b.as_ptr()));
@@ -232,14 +332,9 @@ pub(super) unsafe fn lookup_batch(
     attr.batch.values = ptr(values.as_mut_ptr());
     attr.batch.count = *count;
     // SAFETY: the caller guarantees the buffers fit `count` elements of the map.
-    let ret = unsafe {
-        bpf(
-            "BPF_MAP_LOOKUP_BATCH",
-            bpf_cmd::BPF_MAP_LOOKUP_BATCH,
-            &mut attr,
-        )
-    };
-    // SAFETY: the kernel writes `count` back in both success and failure.
+    let ret = unsafe { bpf(call, cmd, &mut attr) };
+    // SAFETY: reading a u32 field of the union; the kernel writes `count`
+    // back in both success and failure (or leaves it as it was).
     *count = unsafe { attr.batch.count };
     ret.map(drop)
 }

@@ -81,7 +81,7 @@ pub enum WalkError {
 }
 
 /// How many times EINTR / EBUSY are retried before giving up.
-const MAX_RETRIES: u32 = 32;
+pub(crate) const MAX_RETRIES: u32 = 32;
 /// Delivered keys remembered by a trie walk, as places to continue from
 /// after the kernel restarted.
 const RECENT_KEYS: usize = 32;
@@ -670,7 +670,8 @@ enum AfterError {
     Stop(Result<Option<Chunk>, WalkError>),
 }
 
-fn backoff(attempt: u32) {
+/// Pauses before a retry: not at all for the first few, then longer.
+pub(crate) fn backoff(attempt: u32) {
     if attempt > 4 {
         thread::sleep(Duration::from_micros(50 << attempt.min(10)));
     }
