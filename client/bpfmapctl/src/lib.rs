@@ -5,6 +5,7 @@
 
 mod commands;
 mod cursors;
+mod drain;
 mod drive;
 mod dump;
 mod live;
@@ -24,6 +25,7 @@ use bpfmap_client::{
 };
 use clap::{Args, Parser, Subcommand};
 
+pub use crate::drain::DrainArgs;
 use crate::output::{Format, PerCpu};
 
 /// Read eBPF maps from bpfmapd daemons: one (--addr) or many (--target,
@@ -135,6 +137,13 @@ pub enum Command {
     /// each scan (ADDED, CHANGED with deltas and rates, REMOVED) and a
     /// bookmark per scan, as JSON Lines, until interrupted.
     Watch(WatchArgs),
+    /// Drain a map: read and delete its entries on every target (a map the
+    /// daemon's configuration makes drainable, with the `drain`
+    /// permission), as JSON Lines like `dump`'s; each chunk is
+    /// acknowledged once it is written (and fsync'd when stdout is a
+    /// file). A summary line per target and call on stderr. SIGINT or
+    /// SIGTERM stops it: exit 130 without --interval, 0 with it.
+    Drain(DrainArgs),
 }
 
 /// The arguments of `watch`.
@@ -430,6 +439,7 @@ pub async fn run_with(
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
+        Command::Drain(args) => drain::run(setup, io, args, cli.per_cpu, cli.ca.is_some()).await,
     }
 }
 

@@ -153,6 +153,12 @@ impl Client {
         crate::Watch::new(self.inner.clone(), map.clone(), options, self.retry.clone())
     }
 
+    /// Drains a map: reads and deletes its entries, each chunk kept by the
+    /// daemon until acknowledged; see [`Drain`](crate::Drain).
+    pub fn drain(&self, map: &MapName, options: crate::DrainOptions) -> crate::Drain {
+        crate::Drain::new(self.inner.clone(), map.clone(), options, self.retry.clone())
+    }
+
     /// Dumps a map; see [`Dump`].
     pub fn dump(&self, map: &MapName, options: DumpOptions) -> Dump {
         Dump::new(self.inner.clone(), map.clone(), options, self.retry.clone())

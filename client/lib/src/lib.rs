@@ -153,6 +153,7 @@ mod client;
 mod connect;
 #[cfg(feature = "discovery")]
 mod discovery;
+mod drain;
 mod error;
 mod fleet;
 mod fleet_aggregate;
@@ -179,6 +180,7 @@ pub use client::Client;
 pub use connect::{ClientTls, ConnectOptions};
 #[cfg(feature = "discovery")]
 pub use discovery::{DiscoveryError, Resolver, TargetSpec};
+pub use drain::{Drain, DrainChunk, DrainOptions};
 pub use error::Error;
 pub use fleet::{Fleet, FleetChunk, FleetDumpOptions, FleetOptions};
 pub use fleet_aggregate::{
