@@ -62,10 +62,21 @@ pub struct Config {
     /// How members of matching maps are shown to every caller (`[[render]]`
     /// tables: `maps` globs and `members` renderings).
     pub render: Vec<RenderConfig>,
+    /// The maps DrainMap may read and delete (`[drain] maps`): the only
+    /// maps ever opened read-write.
+    pub drain: DrainConfig,
     /// What the configuration file spelled in a deprecated way, to warn of
     /// once logging is on.
     #[serde(skip)]
     pub deprecated: Vec<String>,
+}
+
+/// `[drain]`: which maps may be drained.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DrainConfig {
+    /// Path globs of drainable maps ("flows/*"); none by default.
+    pub maps: Vec<String>,
 }
 
 /// Resource bounds.
@@ -148,6 +159,10 @@ pub struct Limits {
     /// watcher left, so that a client that reconnects resumes exactly.
     #[serde(with = "humantime_serde")]
     pub watch_linger: Duration,
+    /// Bytes of drained chunks kept in the state directory until their
+    /// client acknowledges them, per map; when full, draining pauses (the
+    /// entries stay in the kernel map).
+    pub max_drain_spool_bytes: u64,
     /// On shutdown, dumps in flight get this long to finish before they end
     /// with UNAVAILABLE.
     #[serde(with = "humantime_serde")]
@@ -185,6 +200,7 @@ impl Default for Limits {
             max_watches: 64,
             max_watches_per_identity: 8,
             watch_linger: Duration::from_secs(30),
+            max_drain_spool_bytes: 256 << 20,
             shutdown_grace: Duration::from_secs(2),
             shutdown_grace_secs: None,
         }
@@ -220,6 +236,7 @@ impl Default for Config {
             limits: Limits::default(),
             rules: Vec::new(),
             render: Vec::new(),
+            drain: DrainConfig::default(),
             deprecated: Vec::new(),
         }
     }

@@ -74,6 +74,16 @@ pub(crate) enum Error {
         "map {0}: the last key delivered before this cursor was deleted; restart the dump without a cursor"
     )]
     ResumeKeyDeleted(MapRef),
+    /// The map cannot be drained (configuration or type); the message says
+    /// why.
+    #[error("{0}")]
+    NotDrainable(String),
+    /// Another call is draining the map.
+    #[error("{0}")]
+    DrainBusy(String),
+    /// A spool file that cannot be read back as written.
+    #[error("{0}")]
+    SpoolCorrupt(String),
     /// A watched map was replaced or changed shape; the message says how.
     #[error("{0}")]
     MapChanged(String),

@@ -15,6 +15,7 @@
 //! - `maps`: which maps are exposed, their types (BTF), the demo.
 //! - `limits`: dump slots, memory shares and the pool, allocator trimming.
 //! - `access`: the policy and the audit log.
+//! - `drain`: DrainMap: read and delete, through a durable spool.
 //! - `dump`: one DumpMap: the job, its producer, its cursors.
 //! - `wire`: domain values to `bpfmap.v1` messages.
 //! - `net`: connections, TLS, authentication of a connection's caller.
@@ -27,6 +28,7 @@
 mod access;
 mod config;
 pub mod daemon;
+mod drain;
 mod dump;
 mod error;
 mod limits;
@@ -40,7 +42,7 @@ mod watch;
 mod wire;
 
 pub use access::RuleConfig;
-pub use config::{Args, Config, Limits, LogFormat};
+pub use config::{Args, Config, DrainConfig, Limits, LogFormat};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
 pub use maps::{Demo, RenderConfig, btf, flow_key, flow_value, typed_flows};

@@ -141,7 +141,8 @@ impl Policy {
     /// Whether `identity` may do `op` to `map`.
     pub(crate) fn allows(&self, identity: &Identity, op: Operation, map: &MapRef) -> bool {
         if self.open {
-            return true;
+            // Writes are never open: a rule must name `drain`.
+            return op != Operation::Drain;
         }
         let (identity, map) = (identity.to_string(), map.to_string());
         // Totals are less than the entries they total: `dump` implies

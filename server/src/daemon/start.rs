@@ -27,6 +27,7 @@ use super::Running;
 use crate::{
     access::{self, Policy},
     config::{Config, Limits},
+    drain::{DrainStats, Drains},
     dump::{CursorKey, DumpEnv, DumpLimits, DumpStats, reader_permits},
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
     maps::{Catalog, RenderRules},
@@ -183,6 +184,7 @@ struct Core {
     dump_limits: DumpLimits,
     readers: Arc<tokio::sync::Semaphore>,
     watch_stats: Arc<WatchStats>,
+    drain_stats: Arc<DrainStats>,
 }
 
 impl Core {
@@ -194,11 +196,13 @@ impl Core {
         ));
         let conns = ConnRegistry::default();
         let watch_stats = Arc::new(WatchStats::default());
+        let drain_stats = Arc::new(DrainStats::default());
         let metrics = Metrics::new(Some(Box::new(Live {
             stats: stats.clone(),
             slots: slots.clone(),
             conns: conns.clone(),
             watches: watch_stats.clone(),
+            drains: drain_stats.clone(),
         })));
         let (share, pool) = split_memory(limits.max_queued_bytes, limits.max_dumps);
         Self {
@@ -209,6 +213,7 @@ impl Core {
             budget: Budget::new(pool),
             readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
             watch_stats,
+            drain_stats,
             dump_limits: DumpLimits {
                 share,
                 pool,
@@ -263,6 +268,12 @@ impl Core {
                 stopping.draining.subscribe(),
                 self.watch_stats.clone(),
             ),
+            drains: Drains::new(
+                &config.drain.maps,
+                &config.state_dir,
+                limits.max_drain_spool_bytes,
+                self.drain_stats.clone(),
+            )?,
         }))
     }
 
@@ -531,13 +542,35 @@ struct Live {
     slots: Arc<DumpSlots>,
     conns: ConnRegistry,
     watches: Arc<WatchStats>,
+    drains: Arc<DrainStats>,
 }
 
 impl Collector for Live {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.stats;
         let w = &self.watches;
-        let counters: [(&str, &str, u64); 11] = [
+        let d = &self.drains;
+        let counters: [(&str, &str, u64); 15] = [
+            (
+                "bpfmapd_drain_entries",
+                "Entries read and deleted from kernel maps by drains",
+                d.drained.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_drain_spooled_entries",
+                "Drained entries written (durably) to spools",
+                d.spooled.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_drain_redelivered_entries",
+                "Spooled entries sent again (not acknowledged before)",
+                d.redelivered.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_drain_acknowledged_entries",
+                "Spooled entries acknowledged by clients and removed",
+                d.acknowledged.load(Ordering::Relaxed),
+            ),
             (
                 "bpfmapd_watch_scans",
                 "Walks of watched maps (one per map and interval, whatever the number of watchers)",

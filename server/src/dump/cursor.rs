@@ -119,6 +119,12 @@ impl Opened {
         }
     }
 
+    /// The position, whichever kernel map the reference names now (for a
+    /// drain's acknowledgement: its spool may hold an earlier map's chunks).
+    pub(crate) fn into_position(self) -> Position {
+        self.position
+    }
+
     /// The position to resume from, unless the map behind the reference was
     /// replaced since the cursor was issued.
     pub(crate) fn resume(self, meta: &MapMeta) -> Result<Position, CursorError> {

@@ -41,14 +41,30 @@ impl Catalog {
         Self { roots, allow_by_id }
     }
 
-    /// Opens the map a reference names.
+    /// Opens the map a reference names, read-only.
     pub(crate) fn open(&self, r: &MapRef) -> Result<Resolved, Error> {
+        self.open_as(r, false)
+    }
+
+    /// Opens the map a reference names for reading and writing: only for
+    /// DrainMap, on a map the configuration names as drainable (the caller
+    /// checks).
+    pub(crate) fn open_writable(&self, r: &MapRef) -> Result<Resolved, Error> {
+        self.open_as(r, true)
+    }
+
+    fn open_as(&self, r: &MapRef, writable: bool) -> Result<Resolved, Error> {
         match r {
             MapRef::Id(id) => {
                 if !self.allow_by_id {
                     return Err(Error::ByIdDisabled);
                 }
-                let handle = MapHandle::open_id(*id).map_err(|e| Error::from_open(r, e))?;
+                let handle = if writable {
+                    MapHandle::open_id_writable(*id)
+                } else {
+                    MapHandle::open_id(*id)
+                }
+                .map_err(|e| Error::from_open(r, e))?;
                 Ok(Resolved {
                     target: None,
                     handle,
@@ -104,7 +120,12 @@ impl Catalog {
                         .and_then(|t| t.to_str())
                         .filter(|t| *t != p)
                         .map(|t| MapRef::Path(t.to_owned()));
-                    match MapHandle::open_pinned(&real) {
+                    let opened = if writable {
+                        MapHandle::open_pinned_writable(&real)
+                    } else {
+                        MapHandle::open_pinned(&real)
+                    };
+                    match opened {
                         Ok(handle) => {
                             return Ok(Resolved { target, handle });
                         }

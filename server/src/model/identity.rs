@@ -74,6 +74,9 @@ pub enum Operation {
     Lookup,
     /// AggregateMap: totals without the entries (implied by `dump`).
     Aggregate,
+    /// DrainMap: read and delete (implied by nothing, never granted without
+    /// a rule naming it).
+    Drain,
 }
 
 impl Operation {
@@ -84,6 +87,7 @@ impl Operation {
             Self::Dump => "dump",
             Self::Lookup => "look up keys in",
             Self::Aggregate => "aggregate",
+            Self::Drain => "drain",
         }
     }
 }

@@ -21,6 +21,8 @@ pub enum Rpc {
     AggregateMap,
     /// MapService/WatchMap.
     WatchMap,
+    /// MapService/DrainMap.
+    DrainMap,
     /// grpc.health.v1.Health/Check.
     HealthCheck,
     /// grpc.health.v1.Health/Watch.
@@ -55,13 +57,14 @@ impl RpcKind {
 
 impl Rpc {
     /// Every RPC.
-    pub const ALL: [Rpc; 10] = [
+    pub const ALL: [Rpc; 11] = [
         Self::ListMaps,
         Self::GetMap,
         Self::DumpMap,
         Self::Lookup,
         Self::AggregateMap,
         Self::WatchMap,
+        Self::DrainMap,
         Self::HealthCheck,
         Self::HealthWatch,
         Self::ReflectionV1,
@@ -76,7 +79,8 @@ impl Rpc {
             | Self::DumpMap
             | Self::Lookup
             | Self::AggregateMap
-            | Self::WatchMap => SERVICE_NAME,
+            | Self::WatchMap
+            | Self::DrainMap => SERVICE_NAME,
             Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
             Self::ReflectionV1 => "grpc.reflection.v1.ServerReflection",
             Self::ReflectionV1Alpha => "grpc.reflection.v1alpha.ServerReflection",
@@ -92,6 +96,7 @@ impl Rpc {
             Self::Lookup => "Lookup",
             Self::AggregateMap => "AggregateMap",
             Self::WatchMap => "WatchMap",
+            Self::DrainMap => "DrainMap",
             Self::HealthCheck => "Check",
             Self::HealthWatch => "Watch",
             Self::ReflectionV1 | Self::ReflectionV1Alpha => "ServerReflectionInfo",
@@ -101,7 +106,9 @@ impl Rpc {
     /// How it streams.
     pub fn kind(self) -> RpcKind {
         match self {
-            Self::DumpMap | Self::WatchMap | Self::HealthWatch => RpcKind::ServerStream,
+            Self::DumpMap | Self::WatchMap | Self::DrainMap | Self::HealthWatch => {
+                RpcKind::ServerStream
+            }
             Self::ReflectionV1 | Self::ReflectionV1Alpha => RpcKind::BidiStream,
             _ => RpcKind::Unary,
         }

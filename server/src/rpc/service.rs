@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use super::{dump_stream::DumpStream, status::code_of};
 use crate::{
     access,
+    drain::{self as draining, DrainCall, DrainStream, Drains, Spool},
     dump::{self, DumpEnv, DumpJob, DumpLimits, Sealer},
     error::Error,
     limits::{Budget, DumpSlots, Held, LookupSlots, Trimmer},
@@ -32,6 +33,8 @@ pub(crate) const MAX_LOOKUP_KEYS: usize = 4096;
 /// Upper bound on a Lookup response, as for a dump chunk (below grpcurl's
 /// 4 MiB default), unless one entry alone is larger.
 pub(crate) const MAX_LOOKUP_RESPONSE: usize = dump::MAX_CHUNK_BYTES;
+/// What a drain chunk's cursor binds in place of a query: it is a drain's.
+const DRAIN_CURSORS: [u8; 16] = *b"DrainMap chunks.";
 /// How long a call waits for room in the memory pool.
 const POOL_WAIT: Duration = Duration::from_secs(2);
 
@@ -66,6 +69,8 @@ pub(crate) struct ServiceParts {
     pub(crate) metrics: Metrics,
     /// Every watch.
     pub(crate) watches: Arc<Watches>,
+    /// Every drain, and which maps may be drained.
+    pub(crate) drains: Arc<Drains>,
 }
 
 /// `bpfmap.v1.MapService`.
@@ -535,6 +540,135 @@ impl MapServiceImpl {
         ))
     }
 
+    /// A DrainMap call checked: allowed, drainable, its map opened for
+    /// writing, its spool read and its acknowledgement applied.
+    async fn drain(
+        &self,
+        caller: &Caller,
+        map: MapRef,
+        req: pb::DrainMapRequest,
+    ) -> Result<DrainCall, Error> {
+        self.accepting()?;
+        self.authorize(caller, Operation::Drain, Rpc::DrainMap, &map)?;
+        let drains = self.parts.drains.clone();
+        drains.check_drainable(&map)?;
+        if req.chunk_size > dump::MAX_CHUNK {
+            return Err(Error::InvalidArgument(format!(
+                "chunk_size {} is too large; use 1 to {}, or 0 for the server's default",
+                req.chunk_size,
+                dump::MAX_CHUNK
+            )));
+        }
+        let keys = self.parts.keys.load_full();
+        let ack = match req.ack.as_str() {
+            "" => None,
+            token => {
+                let c = keys.open(token, &caller.identity, &map)?;
+                c.check_query(Some(DRAIN_CURSORS)).map_err(|_| {
+                    Error::InvalidArgument(
+                        "ack is not a drain's cursor: acknowledge with the cursor of a DrainMap chunk".into(),
+                    )
+                })?;
+                match c.into_position() {
+                    Position::After(t) => Some(draining::parse_position(&t).ok_or_else(|| {
+                        Error::InvalidArgument(
+                            "ack is not a drain's cursor: acknowledge with the cursor of a DrainMap chunk".into(),
+                        )
+                    })?),
+                    _ => {
+                        return Err(Error::InvalidArgument(
+                            "ack is not a drain's cursor: acknowledge with the cursor of a DrainMap chunk".into(),
+                        ));
+                    }
+                }
+            }
+        };
+        let busy = drains.start(&map).await?;
+        let catalog = self.parts.catalog.clone();
+        let cache = self.types.clone();
+        let r = map.clone();
+        let (resolved, types): (Resolved, KnownTypes) = blocking(move || {
+            let resolved = catalog.open_writable(&r)?;
+            let types = cache.map_types(resolved.handle.meta());
+            Ok((resolved, types))
+        })
+        .await?;
+        if let Some(target) = &resolved.target {
+            // A symlink to another map: that map too must be drainable and
+            // allowed.
+            drains.check_drainable(target)?;
+            self.authorize(caller, Operation::Drain, Rpc::DrainMap, target)
+                .map_err(|_| Error::PermissionDenied {
+                    identity: caller.identity.clone(),
+                    operation: Operation::Drain,
+                    map: map.clone(),
+                })?;
+        }
+        let meta = resolved.handle.meta().clone();
+        bpfmap_kernel::drain::drainable(meta.map_type).map_err(|why| {
+            Error::NotDrainable(format!(
+                "map {map} cannot be drained: {why} (type {})",
+                meta.map_type
+            ))
+        })?;
+        let opened = Opened {
+            map,
+            handle: resolved.handle,
+            types,
+        };
+        let layouts = self.call_layouts(&opened, &Default::default(), !req.raw)?;
+        let decoder = Decoder::for_request(
+            &opened.map,
+            &meta,
+            (&opened.types, layouts.as_ref()),
+            (req.raw, req.per_cpu),
+            false,
+        )?;
+        let dir = drains.spool_dir(&opened.map);
+        let (spool, acknowledged) = blocking(move || {
+            let io = |e: std::io::Error| Error::Internal {
+                map: None,
+                message: format!("the drain spool cannot be read: {e}"),
+            };
+            let mut spool = Spool::open(&dir)
+                .map_err(io)?
+                .map_err(Error::SpoolCorrupt)?;
+            let acknowledged = match ack {
+                Some(seq) => spool.ack(seq).map_err(io)?,
+                None => 0,
+            };
+            Ok((spool, acknowledged))
+        })
+        .await?;
+        drains
+            .stats
+            .acknowledged
+            .fetch_add(acknowledged, std::sync::atomic::Ordering::Relaxed);
+        let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta)
+            .with_query(Some(DRAIN_CURSORS));
+        Ok(DrainCall {
+            identity: draining::identity_digest(&caller.identity),
+            map: opened.map,
+            handle: opened.handle,
+            meta,
+            decoder,
+            sealer,
+            spool,
+            acknowledged,
+            limit: req.limit,
+            chunk: if req.chunk_size == 0 {
+                draining::DEFAULT_CHUNK
+            } else {
+                req.chunk_size
+            },
+            max_spool_bytes: drains.max_spool_bytes,
+            stats: drains.stats.clone(),
+            stop: self.parts.dumps.stop.clone(),
+            stall_timeout: self.parts.dumps.stall_timeout,
+            _busy: busy,
+        })
+    }
+
     /// The results, and what the response keeps until it is sent: its
     /// memory and its lookup slot.
     async fn lookup(
@@ -931,6 +1065,28 @@ impl MapService for MapServiceImpl {
     type DumpMapStream = DumpStream;
 
     type WatchMapStream = WatchStream;
+
+    type DrainMapStream = DrainStream;
+
+    async fn drain_map(
+        &self,
+        request: Request<pb::DrainMapRequest>,
+    ) -> Result<Response<Self::DrainMapStream>, Status> {
+        let (caller, audit, map) =
+            start_call(&request, Rpc::DrainMap, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let call = match map {
+            Ok(map) => self.drain(&caller, map, req).await,
+            Err(e) => Err(e),
+        };
+        match call {
+            Ok(call) => Ok(Response::new(draining::spawn(call, audit))),
+            Err(e) => {
+                audit.finish(super::code(&e));
+                Err(e.into())
+            }
+        }
+    }
 
     async fn watch_map(
         &self,

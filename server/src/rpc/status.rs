@@ -37,7 +37,9 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::Unsized { .. }
         | Error::LookupUnsupported { .. }
         | Error::Untyped { .. } => Code::FailedPrecondition,
-        Error::ResumeKeyDeleted(_) | Error::MapChanged(_) => Code::Aborted,
+        Error::ResumeKeyDeleted(_) | Error::MapChanged(_) | Error::DrainBusy(_) => Code::Aborted,
+        Error::NotDrainable(_) => Code::FailedPrecondition,
+        Error::SpoolCorrupt(_) => Code::DataLoss,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
         Error::Cancelled => Code::Cancelled,
         Error::ResourceExhausted(_) => Code::ResourceExhausted,
@@ -76,6 +78,9 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         },
         Error::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
         Error::MapChanged(_) => "MAP_REPLACED",
+        Error::NotDrainable(_) => "NOT_DRAINABLE",
+        Error::DrainBusy(_) => "DRAIN_BUSY",
+        Error::SpoolCorrupt(_) => "SPOOL_CORRUPT",
         Error::ShuttingDown => "SHUTTING_DOWN",
         Error::Cancelled => "CANCELLED",
         Error::Stalled { .. } => "CLIENT_STALLED",
