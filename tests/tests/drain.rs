@@ -457,3 +457,132 @@ async fn drain_is_its_own_operation_on_configured_maps_only() {
     assert_eq!(dumped(&daemon.addr(), "other").await, 100);
     daemon.stop().await;
 }
+
+/// A pseudo-random sequence (xorshift), its seed printed so that a
+/// failure can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Self {
+        let seed = std::env::var("DRAIN_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        eprintln!("DRAIN_SEED={seed}");
+        Self(seed)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The keys in `bpfmapctl drain`'s output (untyped u64 keys, in hex).
+fn output_keys(path: &Path) -> Vec<u64> {
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("a broken line {l:?}: {e}"));
+            let hex = v["key"].as_str().unwrap_or_else(|| panic!("no key in {l}"));
+            let bytes = faster_hex_decode(hex);
+            u64::from_le_bytes(bytes[..8].try_into().unwrap())
+        })
+        .collect()
+}
+
+fn faster_hex_decode(hex: &str) -> Vec<u8> {
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_pipeline_killed_at_random_points_delivers_every_entry_exactly_once() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let map = create_map(bpfmap_kernel::MapType::HASH, 8, 8, 65_536);
+    fs.pin(&map, "flows/live");
+    let mut daemon = DaemonProcess::start(
+        daemon_bin!(),
+        fs.path(),
+        state.path(),
+        free_addr("127.0.0.1"),
+        RULES,
+    );
+    const N: u64 = 40_000;
+    let writer = std::thread::spawn(move || {
+        for start in (0..N).step_by(100) {
+            let (mut keys, mut values) = (Vec::new(), Vec::new());
+            for k in start..start + 100 {
+                keys.extend_from_slice(&k.to_le_bytes());
+                values.extend_from_slice(&k.to_le_bytes());
+            }
+            update_batch(&map, &keys, &values);
+            std::thread::sleep(Duration::from_millis(8));
+        }
+        map
+    });
+    let out = work.path().join("flows.jsonl");
+    let ack = work.path().join("ack.json");
+    let ctl = |interval: bool, addr: &str| {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&out)
+            .unwrap();
+        let mut c = std::process::Command::new(ctl_bin!());
+        c.args(["--target", addr, "drain", "flows/live", "--ack-file"])
+            .arg(&ack)
+            .stdout(file)
+            .stderr(std::process::Stdio::null());
+        if interval {
+            c.args(["--interval", "50ms"]);
+        }
+        c.spawn().unwrap()
+    };
+    let mut rng = Rng::new();
+    let (mut ctl_kills, mut daemon_kills) = (0, 0);
+    while !writer.is_finished() {
+        let addr = daemon.addr.to_string();
+        let mut child = ctl(true, &addr);
+        tokio::time::sleep(Duration::from_millis(50 + rng.below(400))).await;
+        if rng.below(4) == 0 {
+            // The daemon dies mid-drain, and comes back.
+            daemon.kill9();
+            daemon_kills += 1;
+            tokio::time::sleep(Duration::from_millis(rng.below(100))).await;
+            let _ = child.kill();
+            let _ = child.wait();
+            daemon.restart();
+        } else {
+            let _ = child.kill();
+            let _ = child.wait();
+            ctl_kills += 1;
+        }
+    }
+    let _map = writer.join().unwrap();
+    // Once more, to the end, acknowledging everything.
+    for _ in 0..2 {
+        let status = ctl(false, &daemon.addr.to_string()).wait().unwrap();
+        assert!(status.success(), "the last drain failed: {status}");
+    }
+    eprintln!("{ctl_kills} bpfmapctl kills, {daemon_kills} daemon kills");
+    assert!(
+        ctl_kills + daemon_kills >= 5,
+        "too few kills to mean anything"
+    );
+    exactly_once(&output_keys(&out), 0..N);
+    assert_eq!(dumped(&daemon.url(), "flows/live").await, 0);
+}

@@ -58,6 +58,23 @@ pub struct DrainArgs {
 pub(crate) struct Acked {
     pub(crate) cursor: String,
     pub(crate) sequence: u64,
+    /// A chunk being written to stdout (a regular file) and not yet
+    /// acknowledged: on the next start, what follows `output` in that file
+    /// is cut, and the chunk, redelivered, written again. So a pipeline
+    /// `>> FILE` killed at any point holds every chunk exactly once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pending: Option<Pending>,
+}
+
+/// Where a chunk's lines began in the output file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Pending {
+    pub(crate) sequence: u64,
+    /// The file's length before the chunk.
+    pub(crate) output: u64,
+    /// The file (device and inode), so that another file is never cut.
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
 }
 
 /// What --ack-file holds: every target's last durable chunk.
@@ -211,7 +228,28 @@ struct Shared<'a> {
 impl Shared<'_> {
     /// Writes a chunk's entries in one write, flushes stdout, and fsyncs
     /// it when it is a file.
-    fn write_chunk(&mut self, target: &Target, chunk: &DrainChunk) -> io::Result<()> {
+    fn write_chunk(&mut self, target: &Target, chunk: &DrainChunk) -> anyhow::Result<()> {
+        if let (Some(f), Some(path)) = (&self.sync, &self.ack_file) {
+            use std::os::unix::fs::MetadataExt as _;
+            let m = f.metadata()?;
+            let pending = Pending {
+                sequence: chunk.sequence(),
+                output: m.len(),
+                dev: m.dev(),
+                ino: m.ino(),
+            };
+            let entry = self
+                .acks
+                .0
+                .entry(target.to_string())
+                .or_insert_with(|| Acked {
+                    cursor: String::new(),
+                    sequence: 0,
+                    pending: None,
+                });
+            entry.pending = Some(pending);
+            self.acks.write(path)?;
+        }
         self.lines.clear();
         let c = chunk.chunk();
         for (i, e) in c.iter().enumerate() {
@@ -238,6 +276,7 @@ impl Shared<'_> {
         let acked = Acked {
             cursor: cursor.to_owned(),
             sequence,
+            pending: None,
         };
         self.acks.0.insert(target.to_string(), acked);
         match &self.ack_file {
@@ -355,6 +394,7 @@ async fn drain_target(
             acked = Some(Acked {
                 cursor: cursor.to_owned(),
                 sequence,
+                pending: None,
             });
         }
         let line = call_line(&target, call, written, &drain, failure.as_ref());
@@ -370,6 +410,23 @@ async fn drain_target(
         };
         tokio::time::sleep(every).await;
     }
+}
+
+/// Cuts from the output file what a chunk left unacknowledged at the last
+/// run wrote (at most one chunk: chunks are written one at a time), so that
+/// its redelivery is written once.
+fn cut_pending(f: &File, acks: &mut AckFile) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = f.metadata()?;
+    for a in acks.0.values_mut() {
+        let Some(p) = a.pending.take() else { continue };
+        if (p.dev, p.ino) == (m.dev(), m.ino()) && m.len() > p.output {
+            f.set_len(p.output)
+                .context("cannot cut the unacknowledged chunk from the output")?;
+            f.sync_all()?;
+        }
+    }
+    Ok(())
 }
 
 /// `drain MAP`.
@@ -394,10 +451,16 @@ pub(crate) async fn run(
         });
     setup.progress.finish();
     let total = setup.targets.len();
+    let sync = stdout_file();
+    let mut acks = acks;
+    if let (Some(f), Some(path)) = (&sync, &args.ack_file) {
+        cut_pending(f, &mut acks)?;
+        acks.write(path)?;
+    }
     let shared = RefCell::new(Shared {
         out: io.out,
         err: io.err,
-        sync: stdout_file(),
+        sync,
         printer: Printer::new(Format::Json, per_cpu, 0),
         per_cpu,
         lines: Vec::with_capacity(64 << 10),
@@ -550,14 +613,16 @@ mod tests {
                     "10.0.0.7:50051".to_owned(),
                     Acked {
                         cursor: "Q1VSU09S".into(),
-                        sequence: 42
+                        sequence: 42,
+                        pending: None,
                     }
                 ),
                 (
                     "unix:///run/bpfmapd.sock".to_owned(),
                     Acked {
                         cursor: String::new(),
-                        sequence: 0
+                        sequence: 0,
+                        pending: None,
                     }
                 ),
             ]))
@@ -589,7 +654,8 @@ mod tests {
             file.0.get("t:1"),
             Some(&Acked {
                 cursor: "c9".into(),
-                sequence: 9
+                sequence: 9,
+                pending: None,
             })
         );
         std::fs::write(&path, "not json").unwrap();
@@ -614,6 +680,7 @@ mod tests {
             Acked {
                 cursor: "c1".into(),
                 sequence: 1,
+                pending: None,
             },
         );
         file.write(&path).unwrap();
@@ -626,6 +693,7 @@ mod tests {
             Acked {
                 cursor: "d7".into(),
                 sequence: 7,
+                pending: None,
             },
         );
         file.write(&path).unwrap();
