@@ -586,3 +586,48 @@ async fn a_drain_pipeline_killed_at_random_points_delivers_every_entry_exactly_o
     exactly_once(&output_keys(&out), 0..N);
     assert_eq!(dumped(&daemon.url(), "flows/live").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_drains_through_connections_cut_again_and_again() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_map, _) = u64_hash(&fs, "flows/a", 30_000, 32_768);
+    let daemon = Daemon::start_with(config(&fs, state.path())).await;
+    // Every connection is cut after 40 KB from the server.
+    let proxy = CutProxy::start_on(
+        "127.0.0.1:0".parse().unwrap(),
+        daemon.running.local_addr(),
+        40_000,
+        true,
+    )
+    .await;
+    let options = bpfmap_client::ConnectOptions::default().with_retry(
+        bpfmap_client::RetryPolicy::default()
+            .with_max_attempts(1000)
+            .with_min_delay(Duration::from_millis(5))
+            .with_max_delay(Duration::from_millis(20)),
+    );
+    let client = bpfmap_client::Client::connect(&format!("http://{}", proxy.addr), options)
+        .await
+        .unwrap();
+    let map: bpfmap_client::MapName = "flows/a".parse().unwrap();
+    let mut drain = client.drain(
+        &map,
+        bpfmap_client::DrainOptions::default()
+            .with_chunk_size(500)
+            .with_raw(true),
+    );
+    let mut keys = Vec::new();
+    while let Some(chunk) = drain.next_chunk().await.expect("the drain goes on") {
+        for e in chunk.chunk().iter() {
+            keys.push(u64::from_le_bytes(e.key[..8].try_into().unwrap()));
+        }
+        // Durable as soon as received, here.
+        drain.ack(chunk.cursor(), chunk.sequence());
+    }
+    assert!(drain.resumes() >= 3, "{} resumes", drain.resumes());
+    assert!(proxy.connections() >= 4);
+    exactly_once(&keys, 0..30_000);
+    assert_eq!(dumped(&daemon.addr(), "flows/a").await, 0);
+    daemon.stop().await;
+}
