@@ -631,3 +631,64 @@ async fn the_library_drains_through_connections_cut_again_and_again() {
     assert_eq!(dumped(&daemon.addr(), "flows/a").await, 0);
     daemon.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_drains_the_demo_and_acknowledges() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let _demo = bpfmapd::Demo::start_live(fs.path()).expect("the demo starts");
+    let mut cfg = toml_config(
+        "[drain]\nmaps = [\"demo/drainable\"]\n[[rule]]\nidentities = [\"anonymous\"]\nmaps = [\"**\"]\noperations = [\"list\", \"dump\", \"drain\"]\n",
+    );
+    let base = Daemon::config(fs.path(), state.path());
+    (cfg.listen, cfg.roots, cfg.state_dir, cfg.mount_bpffs) =
+        (base.listen, base.roots, base.state_dir, false);
+    let daemon = Daemon::start_with(cfg).await;
+    let host = daemon.running.local_addr().to_string();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let call = |body: String| {
+        let host = host.clone();
+        async move {
+            let (ok, out, err) = grpcurl(
+                &["-plaintext", "-d", &body],
+                &host,
+                &["bpfmap.v1.MapService/DrainMap"],
+            )
+            .await;
+            assert!(ok, "{err}");
+            json_stream(&out)
+        }
+    };
+    let first = call(r#"{"map":{"path":"demo/drainable"}}"#.into()).await;
+    let chunks: Vec<&serde_json::Value> =
+        first.iter().filter(|m| m.get("cursor").is_some()).collect();
+    assert!(!chunks.is_empty(), "{first:?}");
+    let entries: usize = chunks
+        .iter()
+        .map(|m| m["entries"].as_array().unwrap().len())
+        .sum();
+    let e = &chunks[0]["entries"][0];
+    assert!(e["decodedKey"]["saddr"].is_number(), "{e}");
+    assert!(e["decodedValue"]["bytes"].is_string(), "{e}");
+    let summary = &first.last().unwrap()["summary"];
+    assert_eq!(
+        summary["drained"],
+        serde_json::json!(entries.to_string()),
+        "{summary}"
+    );
+    assert_eq!(summary["complete"], serde_json::json!(true));
+    let last = chunks.last().unwrap()["cursor"].as_str().unwrap();
+    let second = call(format!(
+        r#"{{"map":{{"path":"demo/drainable"}},"ack":"{last}"}}"#
+    ))
+    .await;
+    let summary = &second.last().unwrap()["summary"];
+    assert_eq!(
+        summary["acknowledged"],
+        serde_json::json!(entries.to_string()),
+        "{summary}"
+    );
+    assert!(summary.get("redelivered").is_none(), "{summary}");
+    assert!(second.iter().all(|m| m.get("redelivered").is_none()));
+    daemon.stop().await;
+}

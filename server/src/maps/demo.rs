@@ -14,7 +14,13 @@
 //!   background thread keeps inserting into (one key every 100 ms), so old
 //!   entries are evicted;
 //! - `demo/events`: a queue, untyped, which cannot be iterated (DumpMap
-//!   answers FAILED_PRECONDITION).
+//!   answers FAILED_PRECONDITION);
+//! - `demo/drainable`: hash (65,536 slots) of the same types as `demo/flows`
+//!   that the background thread fills with 20 new flows every 100 ms
+//!   (`flow_key(1,000,000 + n)` -> `flow_value(n)`, n counting up): a map
+//!   for DrainMap to empty, once the configuration makes it drainable
+//!   (`[drain] maps = ["demo/drainable"]` and a rule granting `drain`).
+//!   When full it stops filling until drained.
 //!
 //! [`Demo::start`] leaves `demo/flows` as it was filled. [`Demo::start_live`]
 //! (what `bpfmapd --demo` runs) also moves it, every 100 ms (a tick), in
@@ -62,6 +68,12 @@ use bpfmap_kernel::{
 };
 
 pub(super) const FLOWS: usize = 100_000;
+
+/// Slots of `demo/drainable`, the flows it gains per tick, and how many ids
+/// it counts through (below 2^24 - 1,000,000: saddr stays unique).
+const DRAINABLE_SLOTS: u32 = 65_536;
+const DRAINABLE_PER_TICK: u32 = 20;
+const DRAINABLE_IDS: u32 = 15_000_000;
 
 /// `enum ip_proto` values used by `demo/flows`.
 const IPPROTO_TCP: u8 = 6;
@@ -331,14 +343,22 @@ impl Demo {
         demo.pin(&recent, "recent")?;
         let events = create(MapType::QUEUE, (0, 8), 64, "events", None)?;
         demo.pin(&events, "events")?;
+        let drainable = create(
+            MapType::HASH,
+            (16, 16),
+            DRAINABLE_SLOTS,
+            "drainable",
+            typed(types.flow_key, types.flow_stats),
+        )?;
+        demo.pin(&drainable, "drainable")?;
 
         let stop = demo.stop.clone();
         demo.writer = Some(
             thread::Builder::new()
                 .name("demo-writer".into())
-                .spawn(move || write_loop(&counters, &recent, flows, &stop))?,
+                .spawn(move || write_loop(&counters, &recent, (flows, &drainable), &stop))?,
         );
-        tracing::info!(dir = %dir.display(), live, "demo maps pinned: flows, cpu_counters, recent, events");
+        tracing::info!(dir = %dir.display(), live, "demo maps pinned: flows, cpu_counters, recent, events, drainable");
         Ok(demo)
     }
 
@@ -465,11 +485,12 @@ impl LiveFlows {
 fn write_loop(
     counters: &OwnedMap,
     recent: &OwnedMap,
-    mut flows: Option<LiveFlows>,
+    (mut flows, drainable): (Option<LiveFlows>, &OwnedMap),
     stop: &AtomicBool,
 ) {
     let cpus = possible_cpus() as usize;
     let mut tick: u64 = 0;
+    let mut drainable_next: u32 = 0;
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
         tick += 1;
@@ -481,6 +502,17 @@ fn write_loop(
         }
         let key = (tick as u32).to_ne_bytes();
         let _ = recent.update(&key, &tick.to_ne_bytes());
+        // New flows for DrainMap; a full map takes none until drained.
+        for _ in 0..DRAINABLE_PER_TICK {
+            let n = drainable_next % DRAINABLE_IDS;
+            if drainable
+                .update(&flow_key(1_000_000 + n), &flow_value(n))
+                .is_err()
+            {
+                break;
+            }
+            drainable_next = drainable_next.wrapping_add(1);
+        }
         if let Some(live) = &mut flows
             && let Err(e) = live.tick()
         {
