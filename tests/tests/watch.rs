@@ -527,6 +527,25 @@ async fn watch_limits_are_named_and_dumps_go_on() {
     assert_eq!(code_of(&e), Code::ResourceExhausted, "{e}");
     assert!(e.to_string().contains("limits.max_watch_bytes"), "{e}");
 
+    // Two watches per identity, then RESOURCE_EXHAUSTED naming the limit.
+    let small = create_map(bpfmap_kernel::MapType::HASH, 8, 8, 16);
+    fs.pin(&small, "small");
+    let small_ref: MapName = "small".parse().unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut w = client.watch(&small_ref, WatchOptions::default().with_interval(INTERVAL));
+        next(&mut w).await;
+        held.push(w);
+    }
+    let mut third = client.watch(&small_ref, WatchOptions::default().with_interval(INTERVAL));
+    let e = third.next_scan().await.unwrap_err();
+    assert_eq!(code_of(&e), Code::ResourceExhausted, "{e}");
+    assert!(
+        e.to_string().contains("limits.max_watches_per_identity"),
+        "{e}"
+    );
+    drop(held);
+
     // Queues cannot be watched.
     let queue = create_map(bpfmap_kernel::MapType::QUEUE, 0, 8, 4);
     fs.pin(&queue, "queue");
@@ -720,5 +739,106 @@ async fn watchers_that_never_read_stay_within_the_budget_and_end() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.join().unwrap();
     drop(idle);
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpfmapctl_watch_resumes_from_its_saved_cursor_and_top_prints_rates() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let map = flows(&fs, 100);
+    let daemon = Daemon::start_with(config(&fs, state.path())).await;
+    let addr = daemon.running.local_addr().to_string();
+    let saved = work.path().join("cursors.json");
+    let run = {
+        let addr = addr.clone();
+        move |args: Vec<String>, secs: f64| {
+            let out = std::process::Command::new("timeout")
+                .arg(format!("{secs}"))
+                .arg(ctl_bin!())
+                .args(["--target", &addr])
+                .args(&args)
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let watch_args = |extra: &[&str]| {
+        let mut a: Vec<String> = ["watch", "flows", "--interval", "300ms", "--save-cursor"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.push(saved.display().to_string());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let out = tokio::task::spawn_blocking({
+        let a = watch_args(&[]);
+        let run = run.clone();
+        move || run(a, 1.5)
+    })
+    .await
+    .unwrap();
+    let lines = json_lines(&out);
+    let added = lines.iter().filter(|l| l["type"] == "ADDED").count();
+    assert_eq!(added, 100, "{out}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["bookmark"]["initial"] == json!(true)),
+        "{out}"
+    );
+    assert!(std::fs::read_to_string(&saved).unwrap().contains(&addr));
+
+    // A change while nobody watched comes first, alone, on resuming.
+    update(&map, &bpfmapd::flow_key(5), &value(77, 77));
+    tokio::time::sleep(INTERVAL * 2).await;
+    let cursor_file = saved.display().to_string();
+    let out = tokio::task::spawn_blocking({
+        let a = watch_args(&["--cursor", &cursor_file]);
+        let run = run.clone();
+        move || run(a, 1.0)
+    })
+    .await
+    .unwrap();
+    let lines = json_lines(&out);
+    let events: Vec<&Json> = lines.iter().filter(|l| l.get("type").is_some()).collect();
+    assert_eq!(events.len(), 1, "{out}");
+    assert_eq!(events[0]["type"], "CHANGED", "{out}");
+    assert_eq!(events[0]["delta"]["value.packets"], "71", "{out}");
+    assert!(lines.iter().all(|l| l.get("resync").is_none()), "{out}");
+
+    // top --interval off a terminal: a JSON line per group and scan.
+    let out = tokio::task::spawn_blocking({
+        let run = run.clone();
+        let a: Vec<String> = [
+            "top",
+            "flows",
+            "--by",
+            "sum(value.bytes)",
+            "--group-by",
+            "key.proto",
+            "--interval",
+            "300ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        move || run(a, 1.2)
+    })
+    .await
+    .unwrap();
+    let lines = json_lines(&out);
+    assert!(lines.len() >= 4, "{out}");
+    let l = &lines[0];
+    assert!(
+        l["key"] == "IPPROTO_TCP" || l["key"] == "IPPROTO_UDP",
+        "{out}"
+    );
+    assert!(
+        l["sum(value.bytes)"].is_number() && l["rate(sum(value.bytes))"].is_number(),
+        "{out}"
+    );
     daemon.stop().await;
 }

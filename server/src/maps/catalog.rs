@@ -212,3 +212,46 @@ fn walk_dir(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>, depth: us
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bpfmap_kernel::{self as kernel, CreateMap, MapType, OwnedMap};
+
+    use super::*;
+
+    struct BpfFs(tempfile::TempDir);
+
+    impl Drop for BpfFs {
+        fn drop(&mut self) {
+            let _ = kernel::umount(self.0.path());
+        }
+    }
+
+    #[test]
+    fn maps_are_opened_read_only_unless_opened_for_a_drain() {
+        let fs = BpfFs(tempfile::tempdir().expect("tempdir"));
+        kernel::mount_bpffs(fs.0.path())
+            .unwrap_or_else(|e| panic!("this test needs root and BPF: cannot mount a bpffs ({e})"));
+        let map = OwnedMap::create(&CreateMap {
+            map_type: MapType::HASH.0,
+            key_size: 8,
+            value_size: 8,
+            max_entries: 4,
+            name: "m",
+            ..Default::default()
+        })
+        .expect("a map");
+        map.pin(&fs.0.path().join("m")).expect("pinned");
+        let catalog = Catalog::new(vec![fs.0.path().to_owned()], false);
+        let r = MapRef::Path("m".into());
+        // The kernel would refuse a write through this descriptor.
+        assert!(!catalog.open(&r).expect("opens").handle.is_writable());
+        assert!(
+            catalog
+                .open_writable(&r)
+                .expect("opens")
+                .handle
+                .is_writable()
+        );
+    }
+}
