@@ -370,9 +370,11 @@ async fn a_full_spool_pauses_one_drainer_at_a_time_and_a_replaced_map_aborts() {
     let state = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(config(&fs, state.path())).await;
     let mut c = grpc(&daemon.addr()).await;
-    let (_held, _) = u64_hash(&fs, "flows/b", 50_000, 65_536);
+    // 300,000 entries: more than the client's flow-control windows hold,
+    // so the call cannot end before its client reads.
+    let (_held, _) = u64_hash(&fs, "flows/b", 300_000, 524_288);
     let mut slow = c
-        .drain_map(request("flows/b", "", 16))
+        .drain_map(request("flows/b", "", 4096))
         .await
         .unwrap()
         .into_inner();
