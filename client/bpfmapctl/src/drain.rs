@@ -415,18 +415,20 @@ async fn drain_target(
 /// Cuts from the output file what a chunk left unacknowledged at the last
 /// run wrote (at most one chunk: chunks are written one at a time), so that
 /// its redelivery is written once.
-fn cut_pending(f: &File, acks: &mut AckFile) -> anyhow::Result<()> {
+fn cut_pending(f: &File, acks: &mut AckFile) -> anyhow::Result<bool> {
     use std::os::unix::fs::MetadataExt as _;
     let m = f.metadata()?;
+    let mut changed = false;
     for a in acks.0.values_mut() {
         let Some(p) = a.pending.take() else { continue };
+        changed = true;
         if (p.dev, p.ino) == (m.dev(), m.ino()) && m.len() > p.output {
             f.set_len(p.output)
                 .context("cannot cut the unacknowledged chunk from the output")?;
             f.sync_all()?;
         }
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// `drain MAP`.
@@ -453,8 +455,9 @@ pub(crate) async fn run(
     let total = setup.targets.len();
     let sync = stdout_file();
     let mut acks = acks;
-    if let (Some(f), Some(path)) = (&sync, &args.ack_file) {
-        cut_pending(f, &mut acks)?;
+    if let (Some(f), Some(path)) = (&sync, &args.ack_file)
+        && cut_pending(f, &mut acks)?
+    {
         acks.write(path)?;
     }
     let shared = RefCell::new(Shared {

@@ -535,6 +535,7 @@ impl MapServiceImpl {
                 resume,
                 resync,
                 stall_timeout: watches.limits.stall_timeout,
+                events_key: events_key(&req),
             },
             ticket,
         ))
@@ -887,6 +888,30 @@ fn projected_decoder(
         Some(layout(p.key_type.as_ref(), "key")?),
         layout(p.value_type.as_ref(), "value")?,
     )))
+}
+
+/// What decides a watch's events: watches with the same share them.
+fn events_key(req: &pb::WatchMapRequest) -> [u8; 16] {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut put = |b: &[u8]| {
+        ctx.update(&(b.len() as u64).to_le_bytes());
+        ctx.update(b);
+    };
+    put(req.filter.as_bytes());
+    for f in &req.fields {
+        put(f.as_bytes());
+    }
+    put(b"|");
+    put(&req.per_cpu.to_le_bytes());
+    put(&[u8::from(req.raw)]);
+    let render: std::collections::BTreeMap<_, _> = req.render.iter().collect();
+    for (k, v) in render {
+        put(k.as_bytes());
+        put(v.as_bytes());
+    }
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&ctx.finish().as_ref()[..16]);
+    out
 }
 
 /// What a watch cursor binds: the interval and everything that decides

@@ -37,9 +37,41 @@ pub(crate) struct Scan {
     pub(crate) duration: Duration,
     pub(crate) scanned: u64,
     pub(crate) changes: Changes,
+    /// The events built for the watches of each kind (by their events
+    /// key), for the others of that kind.
+    pub(crate) shared: Mutex<Vec<([u8; 16], SharedEvents)>>,
 }
 
+/// One kind of watch's events of a scan.
+pub(crate) type SharedEvents = Arc<Vec<bpfmap_proto::v1::WatchEvent>>;
+
+/// Kinds of watches whose events one scan keeps for sharing.
+const SHARED_KINDS: usize = 4;
+/// Events beyond which a scan's events are not kept for sharing (their
+/// memory is not counted against max_watch_bytes).
+const SHARED_EVENTS: usize = 65_536;
+
 impl Scan {
+    /// The events another watch of this kind built for this scan.
+    pub(crate) fn shared_events(&self, key: &[u8; 16]) -> Option<SharedEvents> {
+        let shared = self.shared.lock().expect("shared events");
+        shared
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, e)| e.clone())
+    }
+
+    /// Keeps a watch's events of this scan for the others of its kind.
+    pub(crate) fn share_events(&self, key: [u8; 16], events: SharedEvents) {
+        if events.len() > SHARED_EVENTS {
+            return;
+        }
+        let mut shared = self.shared.lock().expect("shared events");
+        if shared.len() < SHARED_KINDS && !shared.iter().any(|(k, _)| *k == key) {
+            shared.push((key, events));
+        }
+    }
+
     /// Seconds between the previous scan and this one (0 for the first).
     pub(crate) fn secs(&self) -> f64 {
         self.since
@@ -362,6 +394,7 @@ impl Scanner {
             duration: at.elapsed(),
             scanned,
             changes,
+            shared: Mutex::default(),
         })
     }
 

@@ -81,6 +81,10 @@ pub(crate) struct State {
     hasher: DefaultHashBuilder,
     len: usize,
     scan: u32,
+    /// The slot after the last one seen: a walk reads a map in the same
+    /// order every time, so the next entry is most often in this slot, found
+    /// without hashing its key.
+    next: usize,
 }
 
 impl State {
@@ -97,6 +101,7 @@ impl State {
             hasher: DefaultHashBuilder::default(),
             len: 0,
             scan: 0,
+            next: 0,
         }
     }
 
@@ -139,6 +144,7 @@ impl State {
     pub(crate) fn begin_scan(&mut self) -> Changes {
         let first = self.scan == 0;
         self.scan = self.scan.wrapping_add(1).max(1);
+        self.next = 0;
         Changes {
             key_size: self.key_size,
             value_size: self.value_size,
@@ -149,16 +155,25 @@ impl State {
 
     /// One entry as the walk read it.
     pub(crate) fn see(&mut self, key: &[u8], value: &[u8], out: &mut Changes) {
-        let hash = self.hasher.hash_one(key);
         let rec = self.key_size + self.value_size;
         let ks = self.key_size;
-        let records = &self.records;
-        let found = self
-            .index
-            .find(hash, |&s| {
-                &records[s as usize * rec..s as usize * rec + ks] == key
-            })
-            .copied();
+        let guess = self.next;
+        let in_order = self.marks.get(guess).is_some_and(|&m| m != 0)
+            && &self.records[guess * rec..guess * rec + ks] == key;
+        let found = if in_order {
+            Some(guess as u32)
+        } else {
+            let hash = self.hasher.hash_one(key);
+            let records = &self.records;
+            self.index
+                .find(hash, |&s| {
+                    &records[s as usize * rec..s as usize * rec + ks] == key
+                })
+                .copied()
+        };
+        if let Some(slot) = found {
+            self.next = slot as usize + 1;
+        }
         match found {
             Some(slot) => {
                 if self.marks[slot as usize] == self.scan {
@@ -175,6 +190,7 @@ impl State {
                 }
             }
             None => {
+                let hash = self.hasher.hash_one(key);
                 let slot = match self.free.pop() {
                     Some(s) => {
                         let at = s as usize * rec;

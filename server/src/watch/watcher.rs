@@ -60,6 +60,9 @@ pub(crate) struct Watch {
     /// Why the cursor cannot be served (a resync), if it cannot.
     pub(crate) resync: Option<String>,
     pub(crate) stall_timeout: Duration,
+    /// What decides the events (filter, fields, decoding): watches with the
+    /// same share each scan's events.
+    pub(crate) events_key: [u8; 16],
 }
 
 /// A watch cursor's position: the scanner's epoch and the revision.
@@ -576,6 +579,16 @@ impl Watcher {
         scan: &Scan,
         cut: Option<usize>,
     ) -> Result<u64, Stop> {
+        // Watchers that ask the same share a scan's events: built once.
+        let shared = cut
+            .is_none()
+            .then(|| scan.shared_events(&self.watch.events_key));
+        if let Some(Some(events)) = &shared {
+            for e in events.iter() {
+                self.push_event(out, e.clone()).await?;
+            }
+            return Ok(events.len() as u64);
+        }
         let c = &scan.changes;
         let seen: Vec<Seen<'_>> = c
             .list
@@ -585,8 +598,21 @@ impl Watcher {
                 let (k, v, prev) = c.parts(ch);
                 self.see(ch.kind, k, v, prev)
             })
+            .filter(|s| self.shows_change(s))
             .collect();
-        self.send_seen(out, seen, scan.secs()).await
+        let secs = scan.secs();
+        let mut events = Vec::with_capacity(seen.len());
+        for part in seen.chunks(MESSAGE_ENTRIES) {
+            events.extend(self.events(part, secs));
+        }
+        let events = Arc::new(events);
+        if shared.is_some() {
+            scan.share_events(self.watch.events_key, events.clone());
+        }
+        for e in events.iter() {
+            self.push_event(out, e.clone()).await?;
+        }
+        Ok(events.len() as u64)
     }
 
     /// After a cursor: every key that changed since `revision`, once, in
