@@ -167,11 +167,20 @@ async fn metrics_count_exactly_the_work_done() {
     let state = tempfile::tempdir().unwrap();
     let (_a, _) = u64_array(&fs, "demo/a", 1000);
     let (_b, _) = u64_hash(&fs, "demo/b", 10, 16);
+    // Larger than every buffer between the daemon and a client that does
+    // not read: a dump of it holds its slot.
+    // (Dumped, not listed.)
+    let (_big, _) = u64_hash(&fs, "held/big", 200_000, 262_144);
     let rules = vec![
         RuleConfig {
             identities: vec!["anonymous".into()],
             maps: vec!["demo/a".into()],
             operations: vec![List, Dump],
+        },
+        RuleConfig {
+            identities: vec!["anonymous".into()],
+            maps: vec!["held/big".into()],
+            operations: vec![Dump],
         },
         RuleConfig {
             identities: vec!["anonymous".into()],
@@ -296,7 +305,7 @@ async fn metrics_count_exactly_the_work_done() {
         .await
         .unwrap();
     let mut held = pb::map_service_client::MapServiceClient::new(narrow)
-        .dump_map(dump_request("demo/a", 10, ""))
+        .dump_map(dump_request("held/big", 10, ""))
         .await
         .unwrap()
         .into_inner();
