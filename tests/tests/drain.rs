@@ -694,3 +694,56 @@ async fn grpcurl_drains_the_demo_and_acknowledges() {
     assert!(second.iter().all(|m| m.get("redelivered").is_none()));
     daemon.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_is_delivered_only_to_the_identity_that_drained_it() {
+    use bpfmap_tests::pki::{Name, Pki, Validity};
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let (_map, _) = u64_hash(&fs, "flows/a", 5_000, 8_192);
+    let pki = Pki::new();
+    let mut cfg = toml_config(
+        "[drain]\nmaps = [\"flows/*\"]\n[[rule]]\nidentities = [\"spiffe://example.org/ops/*\"]\nmaps = [\"**\"]\noperations = [\"list\", \"dump\", \"drain\"]\n",
+    );
+    let base = Daemon::config(fs.path(), state.path());
+    (cfg.listen, cfg.roots, cfg.state_dir, cfg.mount_bpffs) =
+        (base.listen, base.roots, base.state_dir, false);
+    cfg.tls = Some(pki.server_files());
+    let daemon = Daemon::start_with(cfg).await;
+    let addr = daemon.tls_addr();
+    let client = |stem: &str, who: &str| {
+        let tls = pki.client(stem, Name::Spiffe(who), Validity::Now);
+        let options = bpfmap_client::ConnectOptions::default()
+            .with_tls(tls)
+            .with_retry(bpfmap_client::RetryPolicy::never());
+        bpfmap_client::Client::connect(&addr, options)
+    };
+    let alice = client("alice", "spiffe://example.org/ops/alice")
+        .await
+        .unwrap();
+    let bob = client("bob", "spiffe://example.org/ops/bob").await.unwrap();
+    let map: bpfmap_client::MapName = "flows/a".parse().unwrap();
+    let options = bpfmap_client::DrainOptions::default()
+        .with_chunk_size(500)
+        .with_raw(true);
+    // Alice drains two chunks and goes away without acknowledging.
+    let mut d = alice.drain(&map, options.clone());
+    let mut first = Vec::new();
+    for _ in 0..2 {
+        let c = d.next_chunk().await.unwrap().unwrap();
+        first.push(c.sequence());
+    }
+    drop(d);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Bob may drain, but not Alice's spool.
+    let mut d = bob.drain(&map, options.clone());
+    let e = d.next_chunk().await.unwrap_err();
+    assert_eq!(code_of(&e), Code::FailedPrecondition, "{e}");
+    assert!(e.to_string().contains("another identity"), "{e}");
+    // Alice gets her chunks again, then the rest.
+    let mut d = alice.drain(&map, options);
+    let c = d.next_chunk().await.unwrap().unwrap();
+    assert!(c.redelivered());
+    assert_eq!(c.sequence(), first[0]);
+    daemon.stop().await;
+}
