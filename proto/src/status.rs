@@ -28,6 +28,36 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
+/// `google.rpc.Status`, as far as the reason of its ErrorInfo.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<prost_types::Any>,
+}
+
+/// `google.rpc.ErrorInfo`'s reason and domain.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ErrorInfo {
+    #[prost(string, tag = "1")]
+    reason: String,
+    #[prost(string, tag = "2")]
+    domain: String,
+}
+
+/// The stable reason a bpfmapd status carries (its google.rpc.ErrorInfo
+/// with domain "bpfmapd": "LIMIT_REACHED", "WATCH_TOO_LARGE", ...), if any.
+pub fn reason(status: &tonic::Status) -> Option<String> {
+    use prost::Message as _;
+    let details = RpcStatus::decode(status.details()).ok()?;
+    details
+        .details
+        .iter()
+        .filter(|a| a.type_url == "type.googleapis.com/google.rpc.ErrorInfo")
+        .filter_map(|a| ErrorInfo::decode(a.value.as_slice()).ok())
+        .find(|i| i.domain == "bpfmapd")
+        .map(|i| i.reason)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -101,6 +101,10 @@ pub(crate) enum Error {
         /// The stall timeout.
         secs: u64,
     },
+    /// A map too large to watch within limits.max_watch_bytes (retrying
+    /// cannot help until the limit or the map changes).
+    #[error("{0}")]
+    WatchTooLarge(String),
     /// A limit was reached; the message names it.
     #[error("{0}")]
     ResourceExhausted(String),

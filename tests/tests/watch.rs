@@ -521,11 +521,21 @@ async fn watch_limits_are_named_and_dumps_go_on() {
     assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
     assert!(e.to_string().contains("minimum, 200ms"), "{e}");
 
-    // 20,000 entries need about 860 KB: more than max_watch_bytes.
-    let mut big = watch(&client, WatchOptions::default());
+    // 20,000 entries need about 860 KB: more than max_watch_bytes. Not
+    // something to wait for: the library (retrying by default) says so at
+    // once.
+    let patient = daemon.client().await;
+    let started = std::time::Instant::now();
+    let mut big = watch(&patient, WatchOptions::default());
     let e = big.next_scan().await.unwrap_err();
     assert_eq!(code_of(&e), Code::ResourceExhausted, "{e}");
+    assert_eq!(reason_of(&e), "WATCH_TOO_LARGE", "{e}");
     assert!(e.to_string().contains("limits.max_watch_bytes"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 
     // Two watches per identity, then RESOURCE_EXHAUSTED naming the limit.
     let small = create_map(bpfmap_kernel::MapType::HASH, 8, 8, 16);

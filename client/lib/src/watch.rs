@@ -278,7 +278,10 @@ impl Watch {
             self.stream = None;
             events.clear();
             groups.clear();
-            if !RetryPolicy::should_retry(&status) {
+            // A map too large for the daemon's watch memory stays so.
+            let too_large =
+                bpfmap_proto::status::reason(&status).as_deref() == Some("WATCH_TOO_LARGE");
+            if too_large || !RetryPolicy::should_retry(&status) {
                 return Err(status.into());
             }
             let backoff = self.backoff.get_or_insert_with(|| self.retry.backoff());

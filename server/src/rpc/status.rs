@@ -42,7 +42,7 @@ pub(crate) fn code(e: &Error) -> Code {
         Error::SpoolCorrupt(_) => Code::DataLoss,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
         Error::Cancelled => Code::Cancelled,
-        Error::ResourceExhausted(_) => Code::ResourceExhausted,
+        Error::ResourceExhausted(_) | Error::WatchTooLarge(_) => Code::ResourceExhausted,
         Error::PermissionDenied { .. } => Code::PermissionDenied,
         Error::Kernel { source, .. } => match source.errno() {
             Some(libc::EPERM) | Some(libc::EACCES) => Code::FailedPrecondition,
@@ -85,6 +85,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         Error::Cancelled => "CANCELLED",
         Error::Stalled { .. } => "CLIENT_STALLED",
         Error::ResourceExhausted(_) => "LIMIT_REACHED",
+        Error::WatchTooLarge(_) => "WATCH_TOO_LARGE",
         Error::PermissionDenied { .. } => "PERMISSION_DENIED",
         Error::Kernel { .. } => "KERNEL_ERROR",
         Error::Internal { .. } => "INTERNAL",

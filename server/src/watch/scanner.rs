@@ -92,7 +92,7 @@ pub(crate) enum Failure {
 impl Failure {
     pub(crate) fn error(&self) -> Error {
         match self {
-            Self::Exhausted(m) => Error::ResourceExhausted(m.clone()),
+            Self::Exhausted(m) => Error::WatchTooLarge(m.clone()),
             Self::NotFound(m) => Error::MapNotFound(m.clone()),
             Self::Replaced(m) => Error::MapChanged(m.clone()),
             Self::ShuttingDown => Error::ShuttingDown,
