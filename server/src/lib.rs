@@ -20,6 +20,7 @@
 //! - `wire`: domain values to `bpfmap.v1` messages.
 //! - `net`: connections, TLS, authentication of a connection's caller.
 //! - `ops`: metrics, reload, sd_notify, capabilities.
+//! - `feed`: a response stream fed by a task of its own, ending with its status.
 //! - `watch`: WatchMap: shared scans of watched maps, their changes.
 //! - `rpc`: the gRPC service, the mapping of errors to statuses, health.
 //! - `daemon`: the composition root (start, stop, reload) and `main`.
@@ -31,6 +32,7 @@ pub mod daemon;
 mod drain;
 mod dump;
 mod error;
+mod feed;
 mod limits;
 mod maps;
 pub mod model;

@@ -31,13 +31,20 @@ operations = ["list", "dump", "drain"]
 "#;
 
 fn config(fs: &BpfFs, state: &Path) -> bpfmapd::Config {
-    let mut c: bpfmapd::Config = toml_config(RULES);
+    config_of(fs, state, RULES)
+}
+
+/// The test configuration (a free port, the private bpffs, `state`) with
+/// the tables of `toml`.
+fn config_of(fs: &BpfFs, state: &Path, toml: &str) -> bpfmapd::Config {
     let base = Daemon::config(fs.path(), state);
-    c.listen = base.listen;
-    c.roots = base.roots;
-    c.state_dir = base.state_dir;
-    c.mount_bpffs = false;
-    c
+    bpfmapd::Config {
+        listen: base.listen,
+        roots: base.roots,
+        state_dir: base.state_dir,
+        mount_bpffs: false,
+        ..toml_config(toml)
+    }
 }
 
 fn toml_config(text: &str) -> bpfmapd::Config {
@@ -425,16 +432,11 @@ async fn drain_is_its_own_operation_on_configured_maps_only() {
     daemon.stop().await;
 
     // `dump` does not imply `drain`.
-    let cfg = toml_config(
+    let daemon = Daemon::start_with(config_of(
+        &fs,
+        state.path(),
         "[drain]\nmaps = [\"flows/*\"]\n[[rule]]\nidentities = [\"anonymous\"]\nmaps = [\"**\"]\noperations = [\"list\", \"dump\"]\n",
-    );
-    let daemon = Daemon::start_with(bpfmapd::Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        roots: vec![fs.path().to_owned()],
-        state_dir: state.path().to_owned(),
-        mount_bpffs: false,
-        ..cfg
-    })
+    ))
     .await;
     let mut c = grpc(&daemon.addr()).await;
     let (_, end) = drain(&mut c, request("flows/a", "", 0), usize::MAX).await;
@@ -639,12 +641,11 @@ async fn grpcurl_drains_the_demo_and_acknowledges() {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
     let _demo = bpfmapd::Demo::start_live(fs.path()).expect("the demo starts");
-    let mut cfg = toml_config(
+    let cfg = config_of(
+        &fs,
+        state.path(),
         "[drain]\nmaps = [\"demo/drainable\"]\n[[rule]]\nidentities = [\"anonymous\"]\nmaps = [\"**\"]\noperations = [\"list\", \"dump\", \"drain\"]\n",
     );
-    let base = Daemon::config(fs.path(), state.path());
-    (cfg.listen, cfg.roots, cfg.state_dir, cfg.mount_bpffs) =
-        (base.listen, base.roots, base.state_dir, false);
     let daemon = Daemon::start_with(cfg).await;
     let host = daemon.running.local_addr().to_string();
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -702,12 +703,11 @@ async fn a_spool_is_delivered_only_to_the_identity_that_drained_it() {
     let state = tempfile::tempdir().unwrap();
     let (_map, _) = u64_hash(&fs, "flows/a", 5_000, 8_192);
     let pki = Pki::new();
-    let mut cfg = toml_config(
+    let mut cfg = config_of(
+        &fs,
+        state.path(),
         "[drain]\nmaps = [\"flows/*\"]\n[[rule]]\nidentities = [\"spiffe://example.org/ops/*\"]\nmaps = [\"**\"]\noperations = [\"list\", \"dump\", \"drain\"]\n",
     );
-    let base = Daemon::config(fs.path(), state.path());
-    (cfg.listen, cfg.roots, cfg.state_dir, cfg.mount_bpffs) =
-        (base.listen, base.roots, base.state_dir, false);
     cfg.tls = Some(pki.server_files());
     let daemon = Daemon::start_with(cfg).await;
     let addr = daemon.tls_addr();

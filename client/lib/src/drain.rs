@@ -5,7 +5,7 @@ use tonic::{Status, Streaming, transport::Channel};
 
 use crate::{
     Chunk, Error, MapName, PerCpu, RetryPolicy, pb, pb::map_service_client::MapServiceClient,
-    resume::Backoff,
+    resume::Resumer,
 };
 
 /// What a drain asks for.
@@ -266,7 +266,7 @@ pub struct Drain {
     client: MapServiceClient<Channel>,
     map: MapName,
     options: DrainOptions,
-    retry: RetryPolicy,
+    resumer: Resumer,
     stream: Option<Streaming<pb::DrainMapResponse>>,
     delivered: Delivered,
     /// The last chunk the caller confirmed (the options' before any).
@@ -274,9 +274,6 @@ pub struct Drain {
     ack_sequence: Option<u64>,
     summary: Option<pb::DrainSummary>,
     finished: bool,
-    resumes: u32,
-    last_failure: Option<Status>,
-    backoff: Option<Backoff>,
 }
 
 impl Drain {
@@ -293,13 +290,10 @@ impl Drain {
             ack: options.ack.clone(),
             ack_sequence: options.acked_sequence,
             options,
-            retry,
+            resumer: Resumer::new(retry),
             stream: None,
             summary: None,
             finished: false,
-            resumes: 0,
-            last_failure: None,
-            backoff: None,
         }
     }
 
@@ -350,12 +344,12 @@ impl Drain {
 
     /// How many times the drain resumed after a broken stream.
     pub fn resumes(&self) -> u32 {
-        self.resumes
+        self.resumer.resumes
     }
 
     /// The failure the drain is retrying after, if it is.
     pub fn last_failure(&self) -> Option<&Status> {
-        self.last_failure.as_ref()
+        self.resumer.last_failure.as_ref()
     }
 
     /// The entries a new call may still drain: `None` when the limit is
@@ -397,8 +391,7 @@ impl Drain {
             let status = match result {
                 Ok(Some(msg)) => match self.delivered.receive(msg)? {
                     Step::Chunk(chunk) => {
-                        self.last_failure = None;
-                        self.backoff = None;
+                        self.resumer.progressed();
                         return Ok(Some(chunk));
                     }
                     Step::Duplicate => continue,
@@ -414,19 +407,8 @@ impl Drain {
                 Err(status) => status,
             };
             self.stream = None;
-            if !RetryPolicy::should_retry(&status) {
-                return Err(status.into());
-            }
-            let backoff = self.backoff.get_or_insert_with(|| self.retry.backoff());
-            match backoff.next(&status) {
-                Some(delay) => {
-                    tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "drain stream broke; resuming with the last acknowledged cursor");
-                    self.last_failure = Some(status);
-                    tokio::time::sleep(delay).await;
-                    self.resumes += 1;
-                }
-                None => return Err(status.into()),
-            }
+            let what = format!("the drain stream of map {}", self.map);
+            self.resumer.wait(status, &what).await?;
         }
     }
 }

@@ -220,6 +220,58 @@ impl Backoff {
     }
 }
 
+/// What a stream that resumes itself keeps between its calls: the retry
+/// policy, the backoff since its last progress, the failure it is waiting
+/// out and how many times it resumed.
+#[derive(Debug)]
+pub(crate) struct Resumer {
+    retry: RetryPolicy,
+    backoff: Option<Backoff>,
+    pub(crate) last_failure: Option<Status>,
+    pub(crate) resumes: u32,
+}
+
+impl Resumer {
+    pub(crate) fn new(retry: RetryPolicy) -> Self {
+        Self {
+            retry,
+            backoff: None,
+            last_failure: None,
+            resumes: 0,
+        }
+    }
+
+    /// The stream made progress: the next failure starts a new backoff.
+    pub(crate) fn progressed(&mut self) {
+        self.last_failure = None;
+        self.backoff = None;
+    }
+
+    /// How long the daemon has been busy while waiting, if it is.
+    pub(crate) fn busy_for(&self) -> Option<Duration> {
+        self.backoff.as_ref().and_then(Backoff::busy_for)
+    }
+
+    /// After the stream broke with `status`: waits out the backoff and
+    /// returns to resume, or gives `status` back when it is not worth
+    /// retrying ([`RetryPolicy::should_retry`]) or the retries are spent.
+    /// `what` names the stream in the log.
+    pub(crate) async fn wait(&mut self, status: Status, what: &str) -> Result<(), Status> {
+        if !RetryPolicy::should_retry(&status) {
+            return Err(status);
+        }
+        let backoff = self.backoff.get_or_insert_with(|| self.retry.backoff());
+        let Some(delay) = backoff.next(&status) else {
+            return Err(status);
+        };
+        tracing::debug!(code = ?status.code(), message = status.message(), ?delay, "{what} broke; resuming");
+        self.last_failure = Some(status);
+        tokio::time::sleep(delay).await;
+        self.resumes += 1;
+        Ok(())
+    }
+}
+
 /// Options of one dump.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -402,18 +454,15 @@ pub struct Dump {
     client: MapServiceClient<Channel>,
     map: MapName,
     options: DumpOptions,
-    retry: RetryPolicy,
     cursor: String,
     stream: Option<Streaming<pb::DumpMapResponse>>,
     summary: Option<DumpSummary>,
     received: u64,
-    resumes: u32,
     finished: bool,
-    /// The last failure retried, while retrying.
-    last_failure: Option<Status>,
-    /// The retries since the last chunk (kept across calls of
-    /// [`Dump::next_chunk`], which a caller may drop and call again).
-    backoff: Option<Backoff>,
+    /// The retries since the last chunk, the failure waited out and the
+    /// resumes (kept across calls of [`Dump::next_chunk`], which a caller
+    /// may drop and call again).
+    resumer: Resumer,
     /// Renderings that cannot be parsed: the first call ends with them.
     bad_render: Option<TypeError>,
     /// The projection's types, from the first message that described them.
@@ -434,14 +483,11 @@ impl Dump {
             map,
             cursor: options.cursor().unwrap_or_default().to_owned(),
             options,
-            retry,
+            resumer: Resumer::new(retry),
             stream: None,
             summary: None,
             received: 0,
-            resumes: 0,
             finished: false,
-            last_failure: None,
-            backoff: None,
             projection: None,
         }
     }
@@ -466,18 +512,18 @@ impl Dump {
     /// The failure the dump is retrying after, if it is (for a caller that
     /// gives up waiting).
     pub fn last_failure(&self) -> Option<&Status> {
-        self.last_failure.as_ref()
+        self.resumer.last_failure.as_ref()
     }
 
     /// How long the daemon has been answering RESOURCE_EXHAUSTED (all its
     /// dump slots in use) while the dump waits for a slot, if it is.
     pub fn busy_for(&self) -> Option<Duration> {
-        self.backoff.as_ref().and_then(Backoff::busy_for)
+        self.resumer.busy_for()
     }
 
     /// How many times the dump resumed after a broken stream.
     pub fn resumes(&self) -> u32 {
-        self.resumes
+        self.resumer.resumes
     }
 
     /// The server's summary of the last call, once the dump has ended.
@@ -561,8 +607,7 @@ impl Dump {
                         self.stream = None;
                         return Ok(None);
                     }
-                    self.last_failure = None;
-                    self.backoff = None;
+                    self.resumer.progressed();
                     let chunk = Chunk::new(msg.entries, msg.packed, msg.cursor)?;
                     self.cursor.clear();
                     self.cursor.push_str(chunk.cursor());
@@ -574,19 +619,8 @@ impl Dump {
                 Err(status) => status,
             };
             self.stream = None;
-            if !RetryPolicy::should_retry(&status) {
-                return Err(status.into());
-            }
-            let backoff = self.backoff.get_or_insert_with(|| self.retry.backoff());
-            match backoff.next(&status) {
-                Some(delay) => {
-                    tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "dump stream broke; resuming from the last cursor");
-                    self.last_failure = Some(status);
-                    tokio::time::sleep(delay).await;
-                    self.resumes += 1;
-                }
-                None => return Err(status.into()),
-            }
+            let what = format!("the dump stream of map {}", self.map);
+            self.resumer.wait(status, &what).await?;
         }
     }
 

@@ -17,7 +17,7 @@ use tonic::{Status, Streaming, transport::Channel};
 
 use crate::{
     Aggregate, Error, MapName, PerCpu, RetryPolicy, pb, pb::map_service_client::MapServiceClient,
-    resume::Backoff, typed,
+    resume::Resumer, typed,
 };
 
 /// What a watch asks for.
@@ -174,12 +174,9 @@ pub struct Watch {
     client: MapServiceClient<Channel>,
     map: MapName,
     options: WatchOptions,
-    retry: RetryPolicy,
+    resumer: Resumer,
     cursor: String,
     stream: Option<Streaming<pb::WatchMapResponse>>,
-    backoff: Option<Backoff>,
-    resumes: u32,
-    last_failure: Option<Status>,
     projection: Option<typed::Projection>,
 }
 
@@ -195,11 +192,8 @@ impl Watch {
             map,
             cursor: options.cursor.clone(),
             options,
-            retry,
+            resumer: Resumer::new(retry),
             stream: None,
-            backoff: None,
-            resumes: 0,
-            last_failure: None,
             projection: None,
         }
     }
@@ -212,12 +206,12 @@ impl Watch {
 
     /// How many times the watch resumed after a broken stream.
     pub fn resumes(&self) -> u32 {
-        self.resumes
+        self.resumer.resumes
     }
 
     /// The failure the watch is retrying after, if it is.
     pub fn last_failure(&self) -> Option<&Status> {
-        self.last_failure.as_ref()
+        self.resumer.last_failure.as_ref()
     }
 
     /// With fields: the projected types, from the daemon's first message.
@@ -259,8 +253,7 @@ impl Watch {
                     events.extend(msg.events);
                     groups.extend(msg.groups);
                     if let Some(bookmark) = msg.bookmark {
-                        self.last_failure = None;
-                        self.backoff = None;
+                        self.resumer.progressed();
                         self.cursor.clone_from(&bookmark.cursor);
                         return Ok(Scan {
                             events,
@@ -281,19 +274,11 @@ impl Watch {
             // A map too large for the daemon's watch memory stays so.
             let too_large =
                 bpfmap_proto::status::reason(&status).as_deref() == Some("WATCH_TOO_LARGE");
-            if too_large || !RetryPolicy::should_retry(&status) {
+            if too_large {
                 return Err(status.into());
             }
-            let backoff = self.backoff.get_or_insert_with(|| self.retry.backoff());
-            match backoff.next(&status) {
-                Some(delay) => {
-                    tracing::debug!(map = %self.map, code = ?status.code(), message = status.message(), ?delay, "watch stream broke; resuming from the last bookmark");
-                    self.last_failure = Some(status);
-                    tokio::time::sleep(delay).await;
-                    self.resumes += 1;
-                }
-                None => return Err(status.into()),
-            }
+            let what = format!("the watch stream of map {}", self.map);
+            self.resumer.wait(status, &what).await?;
         }
     }
 

@@ -10,12 +10,10 @@ mod spool;
 use std::{
     collections::HashSet,
     path::PathBuf,
-    pin::Pin,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
-    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -24,14 +22,13 @@ use bpfmap_kernel::{
     walk::{Chunk, Position},
 };
 use bpfmap_proto::v1 as pb;
-use futures::Stream;
 use globset::{GlobSet, GlobSetBuilder};
-use tokio::sync::{mpsc, watch};
-use tonic::Status;
+use tokio::sync::watch;
 
 use crate::{
     dump::Sealer,
     error::Error,
+    feed::{self, Fed, Feed},
     maps::Decoder,
     model::{Identity, MapRef},
     wire,
@@ -214,34 +211,8 @@ impl std::fmt::Debug for DrainCall {
     }
 }
 
-type End = Arc<Mutex<Option<Status>>>;
-
 /// The response stream of a DrainMap call.
-#[derive(Debug)]
-pub(crate) struct DrainStream {
-    rx: mpsc::Receiver<pb::DrainMapResponse>,
-    end: End,
-    done: bool,
-}
-
-impl Stream for DrainStream {
-    type Item = Result<pb::DrainMapResponse, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(m)) => Poll::Ready(Some(Ok(m))),
-            Poll::Ready(None) => {
-                self.done = true;
-                let end = self.end.lock().expect("drain end").take();
-                Poll::Ready(end.map(Err))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
+pub(crate) type DrainStream = Fed<pb::DrainMapResponse>;
 
 /// What the call did, for its summary and the audit log.
 #[derive(Debug, Default, Clone, Copy)]
@@ -261,20 +232,18 @@ fn io_error(e: std::io::Error) -> Error {
 
 /// Starts the call's task.
 pub(crate) fn spawn(call: DrainCall, mut audit: crate::access::Record) -> DrainStream {
-    let (tx, rx) = mpsc::channel(2);
-    let end: End = Arc::default();
-    let ended = end.clone();
+    let (tx, stream) = feed::channel(2);
     tokio::spawn(async move {
         let started = Instant::now();
         let map = call.map.clone();
         let acknowledged = call.acknowledged;
         let rt = tokio::runtime::Handle::current();
-        // The sender outlives the status: the stream ends with it.
-        let sender = tx.clone();
+        let tx = Arc::new(tx);
+        let feed = tx.clone();
         let (result, totals) = tokio::task::spawn_blocking(move || {
             let mut call = call;
             let mut totals = Totals::default();
-            let r = run(&mut call, &rt, &tx, &mut totals, started);
+            let r = run(&mut call, &rt, &feed, &mut totals, started);
             drop(call);
             (r, totals)
         })
@@ -297,49 +266,39 @@ pub(crate) fn spawn(call: DrainCall, mut audit: crate::access::Record) -> DrainS
             redelivered = totals.redelivered,
             "drain"
         );
-        match result {
-            Ok(()) => audit.finish(tonic::Code::Ok),
-            Err(e) => {
-                let status = Status::from(e);
-                audit.finish(status.code());
-                *ended.lock().expect("drain end") = Some(status);
-            }
-        }
-        drop(sender);
+        // The blocking task has ended: this is the last reference.
+        let tx = Arc::into_inner(tx).expect("the drain's only feed");
+        audit.finish(tx.finish(result, tonic::Code::Ok));
     });
-    DrainStream {
-        rx,
-        end,
-        done: false,
-    }
+    stream
 }
 
 /// Queues a message for the client (blocking: the call runs on the
 /// blocking pool), waiting at most the stall timeout.
 fn send(
     rt: &tokio::runtime::Handle,
-    tx: &mpsc::Sender<pb::DrainMapResponse>,
+    tx: &Feed<pb::DrainMapResponse>,
     msg: pb::DrainMapResponse,
     stall: Duration,
 ) -> Result<(), Error> {
-    match rt.block_on(tx.send_timeout(msg, stall)) {
-        Ok(()) => Ok(()),
-        Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Error::Cancelled),
-        Err(mpsc::error::SendTimeoutError::Timeout(_)) => Err(Error::Stalled {
-            secs: stall.as_secs(),
-        }),
-    }
+    rt.block_on(tx.send(msg, stall))
 }
 
-fn entries(meta: &MapMeta, s: &Spooled, decoder: Option<&Decoder>) -> Vec<pb::Entry> {
+/// The message of a spooled chunk, its entries decoded as `decoder` says.
+fn message(
+    meta: &MapMeta,
+    s: Spooled,
+    decoder: Option<&Decoder>,
+    redelivered: bool,
+) -> pb::DrainMapResponse {
     let chunk = Chunk {
         count: s.count as usize,
-        keys: s.keys.clone(),
-        values: s.values.clone(),
+        keys: s.keys,
+        values: s.values,
     };
     // A chunk spooled from an earlier map of another shape is sent as bytes.
     let same = meta.key_size == s.key_size && meta.kernel_value_size() == s.value_size as usize;
-    if same {
+    let entries = if same {
         wire::entries(meta, &chunk, decoder)
     } else {
         let mut m = meta.clone();
@@ -347,6 +306,13 @@ fn entries(meta: &MapMeta, s: &Spooled, decoder: Option<&Decoder>) -> Vec<pb::En
         m.value_size = s.value_size;
         m.map_type = bpfmap_kernel::MapType::HASH;
         wire::entries(&m, &chunk, None)
+    };
+    pb::DrainMapResponse {
+        entries,
+        cursor: s.cursor,
+        sequence: s.sequence,
+        redelivered,
+        ..Default::default()
     }
 }
 
@@ -354,7 +320,7 @@ fn entries(meta: &MapMeta, s: &Spooled, decoder: Option<&Decoder>) -> Vec<pb::En
 fn run(
     call: &mut DrainCall,
     rt: &tokio::runtime::Handle,
-    tx: &mpsc::Sender<pb::DrainMapResponse>,
+    tx: &Feed<pb::DrainMapResponse>,
     totals: &mut Totals,
     started: Instant,
 ) -> Result<(), Error> {
@@ -375,20 +341,17 @@ fn run(
             )));
         }
         replaced |= s.map_id != call.meta.id;
-        let msg = pb::DrainMapResponse {
-            entries: entries(&call.meta, &s, call.decoder.as_ref()),
-            cursor: s.cursor.clone(),
-            sequence: s.sequence,
-            redelivered: true,
-            ..Default::default()
-        };
-        send(rt, tx, msg, stall)?;
-        totals.entries += u64::from(s.count);
-        totals.redelivered += u64::from(s.count);
+        let n = u64::from(s.count);
+        send(
+            rt,
+            tx,
+            message(&call.meta, s, call.decoder.as_ref(), true),
+            stall,
+        )?;
+        totals.entries += n;
+        totals.redelivered += n;
         totals.chunks += 1;
-        call.stats
-            .redelivered
-            .fetch_add(u64::from(s.count), Ordering::Relaxed);
+        call.stats.redelivered.fetch_add(n, Ordering::Relaxed);
     }
     if replaced {
         return Err(Error::MapChanged(format!(
@@ -449,13 +412,12 @@ fn run(
         call.stats.drained.fetch_add(n, Ordering::Relaxed);
         call.stats.spooled.fetch_add(n, Ordering::Relaxed);
         totals.drained += n;
-        let msg = pb::DrainMapResponse {
-            entries: entries(&call.meta, &s, call.decoder.as_ref()),
-            cursor: s.cursor,
-            sequence: s.sequence,
-            ..Default::default()
-        };
-        send(rt, tx, msg, stall)?;
+        send(
+            rt,
+            tx,
+            message(&call.meta, s, call.decoder.as_ref(), false),
+            stall,
+        )?;
         totals.entries += n;
         totals.chunks += 1;
     }

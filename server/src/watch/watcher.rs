@@ -5,17 +5,12 @@
 
 use std::{
     collections::HashMap,
-    pin::Pin,
-    sync::{Arc, Mutex, atomic::Ordering},
-    task::{Context, Poll},
+    sync::{Arc, atomic::Ordering},
     time::Duration,
 };
 
 use bpfmap_kernel::{MapMeta, walk::Chunk};
 use bpfmap_proto::v1 as pb;
-use futures::Stream;
-use tokio::sync::mpsc;
-use tonic::Status;
 
 use super::{
     Ticket, WatchStats,
@@ -25,6 +20,7 @@ use super::{
 use crate::{
     dump::Sealer,
     error::Error,
+    feed::{self, Fed, Feed},
     maps::Decoder,
     query::{Acc, Counter, EntryRef, Filter, Projection, Spec},
     wire,
@@ -85,35 +81,8 @@ pub(crate) fn parse_position(t: &[u8]) -> Option<(u64, u64)> {
     ))
 }
 
-/// How a call's stream ended, if not by its client.
-type End = Arc<Mutex<Option<Status>>>;
-
 /// The response stream of a WatchMap call.
-#[derive(Debug)]
-pub(crate) struct WatchStream {
-    rx: mpsc::Receiver<pb::WatchMapResponse>,
-    end: End,
-    done: bool,
-}
-
-impl Stream for WatchStream {
-    type Item = Result<pb::WatchMapResponse, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(m)) => Poll::Ready(Some(Ok(m))),
-            Poll::Ready(None) => {
-                self.done = true;
-                let end = self.end.lock().expect("watch end").take();
-                Poll::Ready(end.map(Err))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
+pub(crate) type WatchStream = Fed<pb::WatchMapResponse>;
 
 /// One change as a watch sees it.
 struct Seen<'a> {
@@ -147,9 +116,7 @@ pub(crate) fn spawn(
     stats: Arc<WatchStats>,
     mut audit: crate::access::Record,
 ) -> WatchStream {
-    let (tx, rx) = mpsc::channel(DEPTH);
-    let end: End = Arc::default();
-    let ended = end.clone();
+    let (tx, stream) = feed::channel(DEPTH);
     tokio::spawn(async move {
         let mut w = Watcher {
             watch: Arc::new(watch),
@@ -160,27 +127,18 @@ pub(crate) fn spawn(
         };
         let result = w.run().await;
         audit.add_entries(w.sent);
-        match result {
-            Ok(()) => audit.finish(tonic::Code::Cancelled),
-            Err(e) => {
-                let status = Status::from(e);
-                audit.finish(status.code());
-                *ended.lock().expect("watch end") = Some(status);
-            }
-        }
+        // A watch ends only when its client goes away, or with an error.
+        let Watcher { tx, .. } = w;
+        audit.finish(tx.finish(result, tonic::Code::Cancelled));
         drop(ticket);
     });
-    WatchStream {
-        rx,
-        end,
-        done: false,
-    }
+    stream
 }
 
 struct Watcher {
     watch: Arc<Watch>,
     scanner: Arc<Scanner>,
-    tx: mpsc::Sender<pb::WatchMapResponse>,
+    tx: Feed<pb::WatchMapResponse>,
     stats: Arc<WatchStats>,
     sent: u64,
 }
@@ -267,13 +225,10 @@ impl Watcher {
     }
 
     async fn send(&mut self, msg: pb::WatchMapResponse) -> Result<(), Stop> {
-        let timeout = self.watch.stall_timeout;
-        match self.tx.send_timeout(msg, timeout).await {
+        match self.tx.send(msg, self.watch.stall_timeout).await {
             Ok(()) => Ok(()),
-            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Stop::Gone),
-            Err(mpsc::error::SendTimeoutError::Timeout(_)) => Err(Stop::Error(Error::Stalled {
-                secs: timeout.as_secs(),
-            })),
+            Err(Error::Cancelled) => Err(Stop::Gone),
+            Err(e) => Err(Stop::Error(e)),
         }
     }
 
