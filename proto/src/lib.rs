@@ -1,6 +1,7 @@
 //! Generated types and gRPC stubs for the `bpfmap.v1` protocol.
 #![forbid(unsafe_code)]
 
+pub mod aggregate;
 pub mod codec;
 mod entry;
 pub mod status;

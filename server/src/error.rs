@@ -7,6 +7,7 @@ use bpfmap_kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkErr
 use crate::{
     dump::CursorError,
     model::{Identity, InvalidPath, MapRef, Operation},
+    query::{FilterTooCostly, QueryError},
 };
 
 /// Everything a call can fail with.
@@ -18,6 +19,12 @@ pub(crate) enum Error {
     /// A map path that names no map.
     #[error(transparent)]
     InvalidPath(#[from] InvalidPath),
+    /// A filter or fields that cannot be used on the map.
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    /// A filter that costs too much against the walk it filters.
+    #[error(transparent)]
+    FilterTooCostly(#[from] FilterTooCostly),
     /// Nothing at that path or id.
     #[error("map {0} not found")]
     MapNotFound(MapRef),

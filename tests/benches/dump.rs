@@ -1370,13 +1370,13 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
         (keys, values)
     };
     let (keys, values) = path_walk;
-    let shape = bpfmapd::query::Shape {
-        key: info.key_type.as_ref(),
-        value: info.value_type.as_ref(),
-        key_size: 16,
-        value_size: 16,
-        cpus: None,
-    };
+    let shape = bpfmapd::query::MapLayout::new(
+        info.key_type.as_ref(),
+        info.value_type.as_ref(),
+        (16, 16),
+        None,
+    )
+    .expect("the flows' layout");
     group_table_rate(n, (&keys, &values), &shape, report);
     let filters = [
         ONE_PERCENT,
@@ -1423,7 +1423,7 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
 fn group_table_rate(
     n: u32,
     (keys, values): (&[u8], &[u8]),
-    shape: &bpfmapd::query::Shape<'_>,
+    shape: &bpfmapd::query::MapLayout,
     report: &mut Report,
 ) {
     let req = pb::AggregateMapRequest {

@@ -6,7 +6,7 @@
 //! bytes given; every decoded value must be valid JSON.
 
 use bpfmap_proto::{
-    typed::{JsonWriter, Layout},
+    typed::{JsonWriter, Layout, MapLayout},
     v1::TypeInfo,
 };
 use prost::Message as _;
@@ -204,33 +204,16 @@ pub const FILTER_SEEDS: &[&str] = &[
     "key in [b\"abc\", b\"\\x00\\x01\"] && value.startsWith(b\"\\xff\")",
 ];
 
-/// The shapes: 0 typed, 1 per-CPU on 3 CPUs, 2 untyped (8-byte keys,
-/// 16-byte values); and the key and values each evaluation reads.
-fn filter_shape<'a>(
-    which: u8,
-    key: &'a TypeInfo,
-    value: &'a TypeInfo,
-) -> bpfmapd::query::Shape<'a> {
+/// The layouts filters are tried on: 0 typed, 1 per-CPU on 3 CPUs, 2
+/// untyped (8-byte keys, 16-byte values).
+pub fn filter_layout(which: u8) -> MapLayout {
+    let (key, value) = (shapes::flow_key(), shapes::stats());
     match which % 3 {
-        0 => bpfmapd::query::Shape {
-            key: Some(key),
-            value: Some(value),
-            key_size: 16,
-            value_size: 48,
-            cpus: None,
-        },
-        1 => bpfmapd::query::Shape {
-            cpus: Some(3),
-            ..filter_shape(0, key, value)
-        },
-        _ => bpfmapd::query::Shape {
-            key: None,
-            value: None,
-            key_size: 8,
-            value_size: 16,
-            cpus: None,
-        },
+        0 => MapLayout::new(Some(&key), Some(&value), (16, 48), None),
+        1 => MapLayout::new(Some(&key), Some(&value), (16, 48), Some(3)),
+        _ => Ok(MapLayout::untyped((8, 16), None)),
     }
+    .expect("the fuzz shapes are valid")
 }
 
 /// A shape selector, a filter's source and, after a NUL, entry bytes:
@@ -245,20 +228,20 @@ pub fn filter_eval(data: &[u8]) {
         None => (rest, &[][..]),
     };
     let source = String::from_utf8_lossy(source);
-    let (key_t, value_t) = (shapes::flow_key(), shapes::stats());
-    let shape = filter_shape(which, &key_t, &value_t);
-    let Ok(filter) = bpfmapd::query::Filter::compile(&source, &shape) else {
+    let layout = filter_layout(which);
+    let Ok(filter) = bpfmapd::query::Filter::compile(&source, &layout) else {
         return;
     };
-    let cpus = shape.cpus.unwrap_or(1);
-    let stride = if shape.cpus.is_some() {
-        shape.value_size
+    let (key_size, value_size) = (layout.key().size(), layout.value().size());
+    let cpus = layout.cpus().unwrap_or(1);
+    let stride = if layout.cpus().is_some() {
+        value_size
     } else {
         0
     };
     let mut entry: Vec<u8> = bytes.to_vec();
-    entry.resize(shape.key_size + shape.value_size * cpus, 0);
-    let (key, value) = entry.split_at(shape.key_size);
+    entry.resize(key_size + value_size * cpus, 0);
+    let (key, value) = entry.split_at(key_size);
     let _ = filter.matches(&bpfmapd::query::EntryRef { key, value, stride });
     // Bytes too short for the shape: reads past them are errors, never
     // reads outside them.

@@ -208,27 +208,12 @@ fn random_descriptions_and_bytes_through_the_decoder() {
 /// mostly try the parser's errors).
 #[test]
 fn the_filter_seeds_compile() {
-    let (key, value) = (fuzz::shapes::flow_key(), fuzz::shapes::stats());
-    let shape = bpfmapd::query::Shape {
-        key: Some(&key),
-        value: Some(&value),
-        key_size: 16,
-        value_size: 48,
-        cpus: Some(3),
-    };
-    let untyped = bpfmapd::query::Shape {
-        key: None,
-        value: None,
-        key_size: 8,
-        value_size: 16,
-        cpus: None,
-    };
-    let single = bpfmapd::query::Shape {
-        cpus: None,
-        ..shape
-    };
+    let layouts = [0, 1, 2].map(fuzz::filter_layout);
     for seed in fuzz::FILTER_SEEDS {
-        let results = [&single, &shape, &untyped].map(|s| bpfmapd::query::Filter::compile(seed, s));
+        let results = layouts
+            .iter()
+            .map(|l| bpfmapd::query::Filter::compile(seed, l))
+            .collect::<Vec<_>>();
         assert!(results.iter().any(Result::is_ok), "{seed}: {results:?}");
     }
 }
@@ -399,15 +384,7 @@ fn random_expressions_through_the_compiler_and_the_evaluator() {
                 .join(if rng.below(2) == 0 { " " } else { "" })
         };
         let which = rng.below(3) as u8;
-        let (key, value) = (fuzz::shapes::flow_key(), fuzz::shapes::stats());
-        let shape = bpfmapd::query::Shape {
-            key: Some(&key),
-            value: Some(&value),
-            key_size: 16,
-            value_size: 48,
-            cpus: None,
-        };
-        if bpfmapd::query::Filter::compile(&source, &shape).is_ok() {
+        if bpfmapd::query::Filter::compile(&source, &fuzz::filter_layout(0)).is_ok() {
             compiled += 1;
         }
         fuzz::filter_eval(&filter_input(which, source.as_bytes(), &mut rng));

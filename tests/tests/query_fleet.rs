@@ -454,12 +454,12 @@ async fn the_fleet_top_k_is_exact_where_merging_each_hosts_top_k_is_wrong() {
             !hidden.clone().any(|d| naive.contains(&d)),
             "{by:?} top {k}"
         );
-        let sent: u64 = result.reports.iter().map(|r| r.groups_sent).sum();
+        let sent: u64 = result.reports.iter().map(|r| r.entries).sum();
         let calls: u32 = result.reports.iter().map(|r| r.calls).sum();
         for (r, flows) in result.reports.iter().zip(&data) {
             assert!(r.is_ok() && (1..=3).contains(&r.calls), "{r:?}");
             let walks = u64::from(r.calls) * flows.len() as u64;
-            assert_eq!(r.entries_scanned, walks, "{r:?}: whole walks");
+            assert_eq!(r.scanned, walks, "{r:?}: whole walks");
         }
         println!("{by:?} top {k}: {calls} calls, {sent} groups sent");
     }
@@ -496,7 +496,7 @@ async fn with_a_host_down_the_top_k_is_that_of_the_others_and_names_it() {
         let down = result.reports.iter().find(|r| r.target == dead).unwrap();
         let e = down.error.as_ref().expect("the host that is down failed");
         assert_eq!(e.code(), Code::Unavailable, "{e}");
-        assert_eq!((down.calls, down.groups_sent), (0, 0));
+        assert_eq!((down.calls, down.entries), (0, 0));
         assert_eq!(result.reports.len(), HOSTS + 1);
         assert_eq!(result.reports.iter().filter(|r| r.is_ok()).count(), HOSTS);
     }
@@ -966,7 +966,9 @@ async fn top_usage_errors(t: &[Target]) {
     assert!(e.is::<bpfmapctl::Usage>(), "{e}");
     assert!(
         e.to_string()
-            .ends_with("aggregates[0]: value.byts: no such member of struct flow_stats"),
+            .ends_with(
+                "aggregates[0]: value.byts: no such member of struct flow_stats (members: packets, bytes)"
+            ),
         "{e}"
     );
     // Spellings of aggregates that do not exist, refused with the ones that do.
@@ -1194,7 +1196,7 @@ async fn aggregates_on_one_daemon_and_given_groups_across_the_fleet() {
         result
             .reports
             .iter()
-            .all(|r| r.is_ok() && r.calls == 1 && r.groups_sent == 2)
+            .all(|r| r.is_ok() && r.calls == 1 && r.entries == 2)
     );
     fleet_of.stop().await;
 }

@@ -852,3 +852,98 @@ async fn bpfmapctl_watch_resumes_from_its_saved_cursor_and_top_prints_rates() {
     );
     daemon.stop().await;
 }
+
+/// Runs bpfmapctl against `targets` for at most `secs` seconds; its
+/// stdout.
+fn bpfmapctl_for(targets: &[String], args: &[&str], secs: f64) -> String {
+    let mut cmd = std::process::Command::new("timeout");
+    cmd.arg(format!("{secs}")).arg(ctl_bin!());
+    for t in targets {
+        cmd.args(["--target", t]);
+    }
+    let out = cmd.args(args).output().unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_top_across_two_daemons_merges_min_and_max_as_one_shot_top_does() {
+    // Host a: flows 0..100 (packets i + 1). Host b: flows 0..300, the first
+    // eight raised to 500 packets. Per protocol, the fleet's MAX is the
+    // larger host's and its MIN the smaller's: adding them up is wrong.
+    let (fs_a, fs_b) = (BpfFs::new(), BpfFs::new());
+    let (state_a, state_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let _a = flows(&fs_a, 100);
+    let b = flows(&fs_b, 300);
+    for i in 0..8 {
+        update(&b, &bpfmapd::flow_key(i), &value(500, 500 * 1500));
+    }
+    let packets = |n: u32, raised: u32| {
+        (0..n).map(move |i| (i % 4 == 3, if i < raised { 500 } else { u64::from(i) + 1 }))
+    };
+    let mut want: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    for (udp, p) in packets(100, 0).chain(packets(300, 8)) {
+        let proto = if udp { "IPPROTO_UDP" } else { "IPPROTO_TCP" };
+        let e = want.entry(proto).or_insert((u64::MAX, 0, 0));
+        *e = (e.0.min(p), e.1.max(p), e.2 + p);
+    }
+    let daemon_a = Daemon::start_with(config(&fs_a, state_a.path())).await;
+    let daemon_b = Daemon::start_with(config(&fs_b, state_b.path())).await;
+    let targets = [&daemon_a, &daemon_b].map(|d| d.running.local_addr().to_string());
+    let by = [
+        "--by",
+        "max(value.packets)",
+        "--by",
+        "min(value.packets)",
+        "--by",
+        "sum(value.packets)",
+        "--group-by",
+        "key.proto",
+    ];
+    // One-shot top: the library's exact merge.
+    let one_shot = {
+        let (targets, by) = (targets.clone(), by);
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["top", "flows"];
+            args.extend(by);
+            bpfmapctl_for(&targets, &args, 20.0)
+        })
+        .await
+        .unwrap()
+    };
+    let one_shot: BTreeMap<String, Json> = json_lines(&one_shot)
+        .into_iter()
+        .map(|l| {
+            (
+                l["key"]["key.proto"].as_str().unwrap().to_owned(),
+                l["values"].clone(),
+            )
+        })
+        .collect();
+    // Live top, off a terminal: a line per group and round.
+    let live = {
+        let (targets, by) = (targets.clone(), by);
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["top", "flows", "--interval", "300ms"];
+            args.extend(by);
+            bpfmapctl_for(&targets, &args, 2.0)
+        })
+        .await
+        .unwrap()
+    };
+    let lines = json_lines(&live);
+    let both: Vec<&Json> = lines.iter().filter(|l| l["hosts"] == 2).collect();
+    assert!(both.len() >= 2, "no round of both hosts: {live}");
+    for (proto, (min, max, sum)) in &want {
+        let shot = &one_shot[*proto];
+        assert_eq!(shot["max(value.packets)"], max.to_string(), "{proto}");
+        assert_eq!(shot["min(value.packets)"], min.to_string(), "{proto}");
+        assert_eq!(shot["sum(value.packets)"], sum.to_string(), "{proto}");
+        for l in both.iter().filter(|l| l["key"] == *proto) {
+            assert_eq!(l["max(value.packets)"], json!(max), "{proto}: {live}");
+            assert_eq!(l["min(value.packets)"], json!(min), "{proto}: {live}");
+            assert_eq!(l["sum(value.packets)"], json!(sum), "{proto}: {live}");
+        }
+    }
+    daemon_a.stop().await;
+    daemon_b.stop().await;
+}

@@ -447,10 +447,7 @@ pub(crate) async fn run(
     let options = DrainOptions::default()
         .with_limit(args.limit)
         .with_raw(!setup.decode)
-        .with_per_cpu(match per_cpu {
-            PerCpu::Sum => bpfmap_client::PerCpu::Sum,
-            PerCpu::List => bpfmap_client::PerCpu::Each,
-        });
+        .with_per_cpu(per_cpu.into());
     setup.progress.finish();
     let total = setup.targets.len();
     let sync = stdout_file();

@@ -51,11 +51,14 @@ pub(crate) async fn drive<T>(
                     return (reports, End::Failed(e));
                 }
             }
-            Some(FleetEvent::Waiting { target, status }) => {
-                progress.say(&format!(
-                    "{target}: the daemon is busy ({}); waiting for a slot",
-                    status.message()
-                ));
+            Some(FleetEvent::Retrying { target, error }) => {
+                progress.say(&match error.status() {
+                    Some(s) if s.code() == bpfmap_client::Code::ResourceExhausted => format!(
+                        "{target}: the daemon is busy ({}); waiting for a slot",
+                        s.message()
+                    ),
+                    _ => format!("{target}: {error}; retrying"),
+                });
             }
             Some(FleetEvent::Done(r)) => {
                 progress.done(&r);

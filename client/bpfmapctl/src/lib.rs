@@ -435,7 +435,9 @@ pub async fn run_with(
         }
         Command::Dump(args) => dump::run(setup, io, args, saved).await,
         Command::Top(args) => match args.interval {
-            Some(every) => watching::top(setup, io, args, every, terminals.stdout).await,
+            Some(every) => {
+                watching::top(setup, io, args, (every, cli.per_cpu), terminals.stdout).await
+            }
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,

@@ -33,6 +33,15 @@ pub enum PerCpu {
     Sum,
 }
 
+impl From<PerCpu> for bpfmap_client::PerCpu {
+    fn from(p: PerCpu) -> Self {
+        match p {
+            PerCpu::Sum => Self::Sum,
+            PerCpu::List => Self::Each,
+        }
+    }
+}
+
 /// Appends `bytes` as lowercase hex.
 fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     let start = out.len();

@@ -4,7 +4,7 @@
 use std::io;
 
 use bpfmap_client::{
-    AggregateOptions, AggregateReport, Code, FleetAggregate, FleetAggregateOptions, FleetGroup,
+    AggregateOptions, Code, FleetAggregate, FleetAggregateOptions, FleetGroup, TargetReport,
     typed::write_json_string,
 };
 use serde_json::json;
@@ -28,12 +28,8 @@ pub(crate) async fn run(
     per_cpu: PerCpu,
 ) -> anyhow::Result<()> {
     let map = map_name(&args.map)?;
-    let per_cpu = match per_cpu {
-        PerCpu::Sum => bpfmap_client::PerCpu::Sum,
-        PerCpu::List => bpfmap_client::PerCpu::Each,
-    };
     let mut aggregate = AggregateOptions::default()
-        .with_per_cpu(per_cpu)
+        .with_per_cpu(per_cpu.into())
         .with_aggregates(args.by.iter().cloned())
         .with_group_by(args.group_by.iter().cloned())
         .with_limit(args.limit)
@@ -75,8 +71,8 @@ pub(crate) async fn run(
 /// A usage error when every target refused the request as malformed (an
 /// aggregate field, a group-by path or a filter that does not fit the map):
 /// the command line needs fixing, not the targets.
-fn refused(reports: &[AggregateReport]) -> Option<anyhow::Error> {
-    let invalid = |r: &AggregateReport| {
+fn refused(reports: &[TargetReport]) -> Option<anyhow::Error> {
+    let invalid = |r: &TargetReport| {
         r.error
             .as_ref()
             .is_some_and(|e| e.code() == Code::InvalidArgument)
@@ -199,8 +195,8 @@ fn summary(err: &mut dyn io::Write, result: &FleetAggregate, total: usize) -> io
             "failed": result.missing.len(),
             "method": result.method.as_str(),
             "groups": result.groups.len(),
-            "groups_sent": result.reports.iter().map(|r| r.groups_sent).sum::<u64>(),
-            "entries_scanned": result.reports.iter().map(|r| r.entries_scanned).sum::<u64>(),
+            "groups_sent": result.reports.iter().map(|r| r.entries).sum::<u64>(),
+            "entries_scanned": result.reports.iter().map(|r| r.scanned).sum::<u64>(),
         });
         err.write_all(format!("{line}\n").as_bytes())?;
     }

@@ -7,7 +7,10 @@ use std::{
     time::Duration,
 };
 
-use bpfmap_client::{Aggregate, AggregateOp, FleetScan, Target, WatchOptions, pb};
+use bpfmap_client::aggregate_values::{self as values, Op};
+use bpfmap_client::{
+    Aggregate, AggregateOp, Error, FleetEvent, FleetWatchOptions, Scan, Target, WatchOptions, pb,
+};
 use serde_json::{Value as Json, json};
 
 use crate::{
@@ -85,102 +88,110 @@ pub(crate) async fn watch(
         .with_interval(args.interval)
         .with_fields(args.fields.iter().cloned())
         .with_render(render_pairs(&args.render))
-        .with_per_cpu(match per_cpu {
-            PerCpu::Sum => bpfmap_client::PerCpu::Sum,
-            PerCpu::List => bpfmap_client::PerCpu::Each,
-        });
+        .with_per_cpu(per_cpu.into());
     if let Some(f) = &args.filter {
         options = options.with_filter(f);
     }
     let cursors = start_cursors(args.cursor.as_deref(), &setup.targets)?;
-    let mut fleet = setup.fleet().watch(&map, options, &cursors);
+    let fleet_options = FleetWatchOptions::default()
+        .with_watch(options)
+        .with_cursors(cursors.clone());
+    let mut run = setup.fleet().watch(&map, fleet_options);
     setup.progress.finish();
     let mut saved: BTreeMap<String, String> = cursors
         .iter()
         .map(|(t, c)| (t.to_string(), c.clone()))
         .collect();
-    let mut live = fleet.targets();
-    let mut failed = 0usize;
-    while live > 0 {
-        let Some(FleetScan {
-            target,
-            scan,
-            ended,
-        }) = fleet.next().await
-        else {
-            break;
-        };
-        let t = target.to_string();
-        match scan {
-            Ok(scan) => {
-                if let Some(why) = scan.resync() {
-                    writeln!(io.out, "{}", json!({"target": t, "resync": why}))?;
-                }
-                for e in scan.events() {
-                    let entry = e.entry.clone().unwrap_or_default();
-                    let kind = pb::EventType::try_from(e.r#type)
-                        .map_or("UNSPECIFIED", |k| k.as_str_name());
-                    let mut line = json!({
-                        "target": t,
-                        "type": kind,
-                        "key": if entry.decoded_key.is_some() { json_of(entry.decoded_key.as_ref()) } else { json!(hex(&entry.key)) },
-                        "value": if entry.decoded_value.is_some() { json_of(entry.decoded_value.as_ref()) } else { json!(hex(&entry.value)) },
-                    });
-                    if !e.delta.is_empty() {
-                        line["delta"] = json!(e.delta.iter().collect::<BTreeMap<_, _>>());
-                        line["rate"] = json!(e.rate.iter().collect::<BTreeMap<_, _>>());
-                    }
-                    if !e.resets.is_empty() {
-                        line["resets"] = json!(e.resets);
-                    }
-                    writeln!(io.out, "{line}")?;
-                }
-                let b = scan.bookmark();
-                writeln!(
-                    io.out,
-                    "{}",
-                    json!({"target": t, "bookmark": {
-                        "revision": b.revision,
-                        "events": b.events_sent,
-                        "entries_scanned": b.entries_scanned,
-                        "initial": b.initial_state_end,
-                        "cursor": b.cursor,
-                    }})
-                )?;
-                io.out.flush()?;
-                saved.insert(t, b.cursor.clone());
+    let (total, mut failed) = (setup.targets.len(), 0usize);
+    while let Some(event) = futures::StreamExt::next(&mut run).await {
+        match event {
+            FleetEvent::Answer { target, answer } => {
+                write_scan(io.out, &target, &answer)?;
+                saved.insert(target.to_string(), answer.cursor().to_owned());
                 if let Some(path) = &args.save_cursor {
                     save_cursors(path, &saved)?;
                 }
             }
-            Err(e) => {
-                writeln!(io.err, "{t}: {e}{}", if ended { "" } else { " (retrying)" })?;
-                if ended {
-                    live -= 1;
+            FleetEvent::Retrying { target, error } => {
+                writeln!(io.err, "{target}: {error} (retrying)")?;
+            }
+            FleetEvent::Done(report) => {
+                if let Some(e) = &report.error {
+                    writeln!(io.err, "{}: {e}", report.target)?;
                     failed += 1;
                 }
             }
+            _ => {}
         }
     }
     if failed > 0 {
-        anyhow::bail!("the watch ended on {failed} of {} targets", fleet.targets());
+        anyhow::bail!("the watch ended on {failed} of {total} targets");
     }
     Ok(())
 }
 
-/// A group added up over the targets: its key, values, rates, and how
-/// many targets hold it.
-type Merged<'a> = (&'a Json, Vec<f64>, Vec<f64>, usize);
-
-/// One target's groups: key bytes to (key, values, rates).
-type Groups = HashMap<Vec<u8>, (Json, Vec<f64>, Vec<f64>)>;
-
-fn number(v: &prost_types::Value) -> f64 {
-    match &v.kind {
-        Some(prost_types::value::Kind::StringValue(s)) => s.parse().unwrap_or(f64::NAN),
-        Some(prost_types::value::Kind::NumberValue(n)) => *n,
-        _ => f64::NAN,
+/// One scan of one target: its resync, its events, its bookmark.
+fn write_scan(out: &mut dyn std::io::Write, target: &Target, scan: &Scan) -> anyhow::Result<()> {
+    let t = target.as_str();
+    if let Some(why) = scan.resync() {
+        writeln!(out, "{}", json!({"target": t, "resync": why}))?;
     }
+    for e in scan.events() {
+        writeln!(out, "{}", event_line(t, e))?;
+    }
+    let b = scan.bookmark();
+    let bookmark = json!({"target": t, "bookmark": {
+        "revision": b.revision,
+        "events": b.events_sent,
+        "entries_scanned": b.entries_scanned,
+        "initial": b.initial_state_end,
+        "cursor": b.cursor,
+    }});
+    writeln!(out, "{bookmark}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// An event as a JSON line: its type, key and value (decoded, or hex),
+/// deltas, rates and resets.
+fn event_line(target: &str, e: &pb::WatchEvent) -> Json {
+    let entry = e.entry.clone().unwrap_or_default();
+    let kind = pb::EventType::try_from(e.r#type).map_or("UNSPECIFIED", |k| k.as_str_name());
+    let key = match &entry.decoded_key {
+        Some(k) => json_of(Some(k)),
+        None => json!(hex(&entry.key)),
+    };
+    let value = match &entry.decoded_value {
+        Some(v) => json_of(Some(v)),
+        None => json!(hex(&entry.value)),
+    };
+    let mut line = json!({"target": target, "type": kind, "key": key, "value": value});
+    if !e.delta.is_empty() {
+        line["delta"] = json!(e.delta.iter().collect::<BTreeMap<_, _>>());
+        line["rate"] = json!(e.rate.iter().collect::<BTreeMap<_, _>>());
+    }
+    if !e.resets.is_empty() {
+        line["resets"] = json!(e.resets);
+    }
+    line
+}
+
+/// One group as a target last reported it: its key, its values (exact),
+/// its rates.
+struct Reported {
+    key: Json,
+    values: Vec<Option<i128>>,
+    rates: Vec<f64>,
+}
+
+/// A group merged over the targets: its key, its values (merged as the
+/// daemons merge them: COUNT and SUM added, MIN of the minimums, MAX of
+/// the maximums), its rates added up, and how many targets hold it.
+struct Merged<'a> {
+    key: &'a Json,
+    values: Vec<Option<i128>>,
+    rates: Vec<f64>,
+    hosts: usize,
 }
 
 fn key_text(key: &Json) -> String {
@@ -210,13 +221,197 @@ fn unit(a: &Aggregate) -> &'static str {
     }
 }
 
+/// An exact value as JSON: a number when it fits 64 bits, a decimal
+/// string beyond; null for the MIN or MAX of nothing.
+fn exact(v: Option<i128>) -> Json {
+    match v {
+        None => Json::Null,
+        Some(v) => i64::try_from(v)
+            .map(Json::from)
+            .or_else(|_| u64::try_from(v).map(Json::from))
+            .unwrap_or_else(|_| json!(v.to_string())),
+    }
+}
+
+/// The live view of `top --interval`: what every target last reported,
+/// merged into rows.
+struct LiveTop {
+    by: Vec<Aggregate>,
+    ops: Vec<Op>,
+    /// Each target's groups: key bytes to what it reported.
+    tables: HashMap<Target, HashMap<Vec<u8>, Reported>>,
+    /// Targets failing now, and why.
+    failing: BTreeMap<String, String>,
+    /// Targets whose watch ended.
+    ended: usize,
+    /// Recent rates of the sort column, per group.
+    history: HashMap<Vec<u8>, Vec<u64>>,
+    headers: Vec<String>,
+}
+
+impl LiveTop {
+    fn new(by: &[Aggregate]) -> Self {
+        let mut headers = Vec::new();
+        for a in by {
+            headers.push(format!("rate({a})"));
+            headers.push(a.to_string());
+        }
+        Self {
+            by: by.to_vec(),
+            ops: by.iter().map(|a| a.op().to_proto()).collect(),
+            tables: HashMap::new(),
+            failing: BTreeMap::new(),
+            ended: 0,
+            history: HashMap::new(),
+            headers,
+        }
+    }
+
+    /// Takes in one event of a round.
+    fn apply(&mut self, event: FleetEvent<Scan>) {
+        match event {
+            FleetEvent::Answer { target, answer } => {
+                self.failing.remove(target.as_str());
+                let table = self.tables.entry(target).or_default();
+                if answer.is_initial() || answer.resync().is_some() {
+                    table.clear();
+                }
+                for g in answer.groups() {
+                    apply_group(table, g);
+                }
+            }
+            FleetEvent::Retrying { target, error } => self.fail(&target, &error),
+            FleetEvent::Done(report) => {
+                if let Some(e) = &report.error {
+                    self.fail(&report.target, e);
+                }
+                self.tables.remove(&report.target);
+                self.ended += 1;
+            }
+            _ => {}
+        }
+    }
+
+    fn fail(&mut self, target: &Target, error: &Error) {
+        self.failing.insert(target.to_string(), error.to_string());
+    }
+
+    /// Every group merged over the targets.
+    fn merged(&self) -> HashMap<&[u8], Merged<'_>> {
+        let mut merged: HashMap<&[u8], Merged<'_>> = HashMap::new();
+        for table in self.tables.values() {
+            for (k, r) in table {
+                let m = merged.entry(k.as_slice()).or_insert_with(|| Merged {
+                    key: &r.key,
+                    values: vec![None; self.ops.len()],
+                    rates: vec![0.0; self.ops.len()],
+                    hosts: 0,
+                });
+                values::merge(&self.ops, &mut m.values, &r.values);
+                for (sum, rate) in m.rates.iter_mut().zip(&r.rates) {
+                    *sum += rate;
+                }
+                m.hosts += 1;
+            }
+        }
+        merged
+    }
+
+    /// The rows, largest rate of the first aggregate first, each with its
+    /// key bytes and its hosts.
+    fn rows(&mut self) -> Vec<(Vec<u8>, Row, usize)> {
+        let mut rows: Vec<(Vec<u8>, Row, usize)> = self
+            .merged()
+            .into_iter()
+            .map(|(k, m)| (k.to_vec(), self.row(&m), m.hosts))
+            .collect();
+        for (k, row, _) in &mut rows {
+            let h = self.history.entry(k.clone()).or_default();
+            h.push(row.cells[0].sort.max(0.0) as u64);
+            if h.len() > 60 {
+                h.remove(0);
+            }
+            row.history = h.clone();
+        }
+        self.history
+            .retain(|k, _| rows.iter().any(|(r, ..)| r == k));
+        rows.sort_by(|a, b| b.1.cells[0].sort.total_cmp(&a.1.cells[0].sort));
+        rows
+    }
+
+    fn row(&self, m: &Merged<'_>) -> Row {
+        let mut cells = Vec::new();
+        for (i, a) in self.by.iter().enumerate() {
+            cells.push(Cell {
+                text: live::human_rate(m.rates[i], unit(a)),
+                sort: m.rates[i],
+            });
+            cells.push(Cell {
+                text: m.values[i].map_or_else(|| "-".to_owned(), |v| v.to_string()),
+                sort: m.values[i].map_or(f64::NAN, |v| v as f64),
+            });
+        }
+        Row {
+            key: key_text(m.key),
+            cells,
+            history: Vec::new(),
+        }
+    }
+
+    /// A JSON line per row (off a terminal): its key, the scan's time,
+    /// its hosts, each rate and each exact value.
+    fn write_lines(
+        &self,
+        out: &mut dyn std::io::Write,
+        rows: &[(Vec<u8>, Row, usize)],
+        (limit, when): (usize, Option<f64>),
+    ) -> anyhow::Result<()> {
+        let merged = self.merged();
+        for (k, row, hosts) in rows.iter().take(limit) {
+            let mut line = json!({"key": row.key, "scan_time": when, "hosts": hosts});
+            for (i, a) in self.by.iter().enumerate() {
+                line[&self.headers[2 * i]] = json!(row.cells[2 * i].sort);
+                line[&a.to_string()] = exact(merged[k.as_slice()].values[i]);
+            }
+            writeln!(out, "{line}")?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// One group of a target's scan into its table (a removed group out).
+fn apply_group(table: &mut HashMap<Vec<u8>, Reported>, g: &pb::WatchGroup) {
+    let Some(group) = &g.group else { return };
+    if g.removed {
+        table.remove(&group.key_bytes);
+        return;
+    }
+    let key = json_of(Some(&prost_types::Value {
+        kind: Some(prost_types::value::Kind::StructValue(
+            group.key.clone().unwrap_or_default(),
+        )),
+    }));
+    let values = group
+        .values
+        .iter()
+        .map(|v| values::parse(v).ok().flatten())
+        .collect();
+    let reported = Reported {
+        key,
+        values,
+        rates: g.rates.clone(),
+    };
+    table.insert(group.key_bytes.clone(), reported);
+}
+
 /// `top MAP --by AGG --interval D`: the live top groups across the
 /// fleet, by the rate of the first aggregate.
 pub(crate) async fn top(
     setup: Setup,
     io: Io<'_>,
     args: TopArgs,
-    interval: Duration,
+    (interval, per_cpu): (Duration, PerCpu),
     terminal: bool,
 ) -> anyhow::Result<()> {
     let map = map_name(&args.map)?;
@@ -224,52 +419,27 @@ pub(crate) async fn top(
         .with_interval(interval)
         .with_group_by(args.group_by.iter().cloned())
         .with_aggregates(args.by.iter().cloned())
+        .with_per_cpu(per_cpu.into())
         .with_render(render_pairs(&args.render));
     if let Some(f) = &args.filter {
         options = options.with_filter(f);
     }
-    let mut fleet = setup.fleet().watch(&map, options, &HashMap::new());
+    let mut run = setup
+        .fleet()
+        .watch(&map, FleetWatchOptions::default().with_watch(options));
     setup.progress.finish();
-    let total = fleet.targets();
-    let mut tables: HashMap<Target, Groups> = HashMap::new();
-    let mut failing: BTreeMap<String, String> = BTreeMap::new();
-    let mut history: HashMap<Vec<u8>, Vec<u64>> = HashMap::new();
-    let mut headers = Vec::new();
-    for a in &args.by {
-        headers.push(format!("rate({a})"));
-        headers.push(a.to_string());
-    }
-    let title = format!(
-        "{} by rate({}){}",
-        args.map,
-        args.by[0],
-        if args.group_by.is_empty() {
-            String::new()
-        } else {
-            format!(" per {}", args.group_by.join(","))
-        }
-    );
-    let (tx, rx) = tokio::sync::watch::channel(Snapshot {
-        title: title.clone(),
-        key_header: args.group_by.join(","),
-        headers: headers.clone(),
-        rows: Vec::new(),
-        hosts_ok: 0,
-        hosts_total: total,
-        failing: Vec::new(),
-        scan_time: None,
-        interval,
-    });
-    let view = ViewState {
+    let total = setup.targets.len();
+    let mut view = LiveTop::new(&args.by);
+    let (tx, rx) = tokio::sync::watch::channel(snapshot(&args, &view, interval, total));
+    let state = ViewState {
         sort: 0,
         ascending: false,
         limit: args.limit as usize,
         paused: false,
     };
-    let mut screen = terminal.then(|| tokio::spawn(live::run(rx, view)));
-    let mut ended = 0usize;
+    let mut screen = terminal.then(|| tokio::spawn(live::run(rx, state)));
     loop {
-        let next = fleet.next_round(interval / 2);
+        let next = run.next_round(interval / 2);
         let round = match screen.as_mut() {
             // The user quits: the screen's task ends.
             Some(s) => tokio::select! {
@@ -279,141 +449,76 @@ pub(crate) async fn top(
             None => next.await,
         };
         let Some(round) = round else { break };
-        let mut scan_time = None;
-        for FleetScan {
-            target,
-            scan,
-            ended: over,
-        } in round
-        {
-            let name = target.to_string();
-            let scan = match scan {
-                Ok(s) => {
-                    failing.remove(&name);
-                    s
-                }
-                Err(e) => {
-                    failing.insert(name.clone(), e.to_string());
-                    if over {
-                        tables.remove(&target);
-                        ended += 1;
-                        if ended == total {
-                            if let Some(s) = screen {
-                                s.abort();
-                            }
-                            anyhow::bail!("{name}: {e}");
-                        }
-                    }
-                    continue;
-                }
-            };
-            scan_time = scan_time.max(scan.scan_time());
-            let table = tables.entry(target.clone()).or_default();
-            if scan.is_initial() || scan.resync().is_some() {
-                table.clear();
-            }
-            for g in scan.groups() {
-                let Some(group) = &g.group else { continue };
-                if g.removed {
-                    table.remove(&group.key_bytes);
-                    continue;
-                }
-                let key = json_of(Some(&prost_types::Value {
-                    kind: Some(prost_types::value::Kind::StructValue(
-                        group.key.clone().unwrap_or_default(),
-                    )),
-                }));
-                let values = group.values.iter().map(number).collect();
-                table.insert(group.key_bytes.clone(), (key, values, g.rates.clone()));
-            }
+        let scan_time = round_time(&round);
+        for event in round {
+            view.apply(event);
         }
-        // Merge: values and rates added up over the targets.
-        let mut merged: HashMap<&[u8], Merged<'_>> = HashMap::new();
-        for t in tables.values() {
-            for (k, (key, values, rates)) in t {
-                let e = merged
-                    .entry(k.as_slice())
-                    .or_insert_with(|| (key, vec![0.0; values.len()], vec![0.0; values.len()], 0));
-                for (i, v) in values.iter().enumerate() {
-                    e.1[i] += v;
-                    e.2[i] += rates.get(i).copied().unwrap_or(0.0);
-                }
-                e.3 += 1;
+        if view.ended == total {
+            if let Some(s) = screen {
+                s.abort();
             }
+            let why = view.failing.iter().next().map(|(t, e)| format!("{t}: {e}"));
+            anyhow::bail!(
+                "{}",
+                why.unwrap_or_else(|| "every target's watch ended".into())
+            );
         }
-        let mut rows: Vec<(Vec<u8>, Row, usize)> = merged
-            .into_iter()
-            .map(|(k, (key, values, rates, hosts))| {
-                let mut cells = Vec::new();
-                for (i, a) in args.by.iter().enumerate() {
-                    let r = rates[i];
-                    cells.push(Cell {
-                        text: live::human_rate(r, unit(a)),
-                        sort: r,
-                    });
-                    cells.push(Cell {
-                        text: format!("{:.0}", values[i]),
-                        sort: values[i],
-                    });
-                }
-                (
-                    k.to_vec(),
-                    Row {
-                        key: key_text(key),
-                        cells,
-                        history: Vec::new(),
-                    },
-                    hosts,
-                )
-            })
-            .collect();
-        for (k, row, _) in &mut rows {
-            let h = history.entry(k.clone()).or_default();
-            h.push(row.cells[0].sort.max(0.0) as u64);
-            if h.len() > 60 {
-                h.remove(0);
-            }
-            row.history = h.clone();
-        }
-        history.retain(|k, _| rows.iter().any(|(r, ..)| r == k));
-        rows.sort_by(|a, b| b.1.cells[0].sort.total_cmp(&a.1.cells[0].sort));
+        let rows = view.rows();
         if screen.is_none() {
-            let when = scan_time.map(|t| {
-                t.duration_since(std::time::UNIX_EPOCH)
-                    .unwrap_or_default()
-                    .as_secs_f64()
-            });
             let limit = if args.limit == 0 {
                 rows.len()
             } else {
                 args.limit as usize
             };
-            for (_, row, hosts) in rows.iter().take(limit) {
-                let mut line = json!({"key": row.key, "scan_time": when, "hosts": hosts});
-                for (i, h) in headers.iter().enumerate() {
-                    line[h] = json!(row.cells[i].sort);
-                }
-                writeln!(io.out, "{line}")?;
-            }
-            io.out.flush()?;
+            let when = scan_time.map(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            });
+            view.write_lines(io.out, &rows, (limit, when))?;
         }
-        let _ = tx.send(Snapshot {
-            title: title.clone(),
-            key_header: args.group_by.join(","),
-            headers: headers.clone(),
-            rows: rows.into_iter().map(|(_, r, _)| r).collect(),
-            hosts_ok: tables.len().saturating_sub(failing.len()),
-            hosts_total: total,
-            failing: failing
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            scan_time,
-            interval,
-        });
+        let mut snap = snapshot(&args, &view, interval, total);
+        snap.rows = rows.into_iter().map(|(_, r, _)| r).collect();
+        snap.scan_time = scan_time;
+        let _ = tx.send(snap);
     }
     if let Some(s) = screen {
         s.await??;
     }
     Ok(())
+}
+
+/// The latest scan time of a round.
+fn round_time(round: &[FleetEvent<Scan>]) -> Option<std::time::SystemTime> {
+    round
+        .iter()
+        .filter_map(|e| match e {
+            FleetEvent::Answer { answer, .. } => answer.scan_time(),
+            _ => None,
+        })
+        .max()
+}
+
+/// What the screen shows, without rows.
+fn snapshot(args: &TopArgs, view: &LiveTop, interval: Duration, total: usize) -> Snapshot {
+    let per = if args.group_by.is_empty() {
+        String::new()
+    } else {
+        format!(" per {}", args.group_by.join(","))
+    };
+    Snapshot {
+        title: format!("{} by rate({}){per}", args.map, args.by[0]),
+        key_header: args.group_by.join(","),
+        headers: view.headers.clone(),
+        rows: Vec::new(),
+        hosts_ok: view.tables.len().saturating_sub(view.failing.len()),
+        hosts_total: total,
+        failing: view
+            .failing
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        scan_time: None,
+        interval,
+    }
 }

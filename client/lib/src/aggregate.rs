@@ -31,7 +31,8 @@ impl AggregateOp {
         }
     }
 
-    fn to_proto(self) -> pb::aggregate::Op {
+    /// The operation as requests carry it.
+    pub fn to_proto(self) -> pb::aggregate::Op {
         match self {
             Self::Count => pb::aggregate::Op::Count,
             Self::Sum => pb::aggregate::Op::Sum,
@@ -389,18 +390,7 @@ impl Group {
 
 /// An aggregate's value: a decimal string, an integral number, or null.
 fn integer(v: &prost_types::Value) -> Result<Option<i128>, Error> {
-    use prost_types::value::Kind;
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => Ok(None),
-        Some(Kind::StringValue(s)) => s
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::Protocol(format!("aggregate value {s:?} is not an integer"))),
-        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => Ok(Some(*n as i128)),
-        Some(other) => Err(Error::Protocol(format!(
-            "aggregate value {other:?} is not an integer"
-        ))),
-    }
+    bpfmap_proto::aggregate::parse(v).map_err(|e| Error::Protocol(e.to_string()))
 }
 
 /// What the daemon says about an aggregate's walk.

@@ -51,6 +51,11 @@ impl Client {
         }
     }
 
+    /// The retry policy of its calls.
+    pub(crate) fn retry(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
     /// Runs a unary call, retrying it as [`RetryPolicy::should_retry_call`]
     /// says.
     async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, Error>

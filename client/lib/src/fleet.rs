@@ -1,17 +1,24 @@
 //! One call on every host of a fleet.
 //!
-//! A [`Fleet`] is a list of targets and one way to connect to them. Each
-//! operation runs on every target with at most
+//! A [`Fleet`] is a list of targets and one way to connect to them. Every
+//! call ([`list_maps`](Fleet::list_maps), [`get_map`](Fleet::get_map),
+//! [`lookup`](Fleet::lookup), [`dump`](Fleet::dump),
+//! [`watch`](Fleet::watch), [`aggregate`](Fleet::aggregate)) has the same
+//! shape: it runs on every target with at most
 //! [`FleetOptions::with_concurrency`] targets in flight, each over a
 //! connection of its own (so that a slow or stuck target never holds the
-//! flow-control window of another), and yields [`FleetEvent`]s as answers
-//! arrive: the answers of each target, then its [`TargetReport`].
+//! flow-control window of another), each retrying as the
+//! [`RetryPolicy`] of the fleet's [`ConnectOptions`] says, and returns a
+//! [`FleetRun`]: a stream of [`FleetEvent`]s, the answers of each target
+//! as they arrive, its retries, then its one [`TargetReport`] (and, for a
+//! call that merges the targets' answers, the fleet's answer last).
 //!
 //! [`FleetEvent`]: crate::FleetEvent
-//! [`TargetReport`]: crate::TargetReport A target
-//! that fails never stops the others; a map absent on some hosts is
-//! NOT_FOUND for those hosts. Dropping the stream cancels the run: every
-//! connection is closed and every dump on the daemons stops.
+//! [`TargetReport`]: crate::TargetReport
+//!
+//! A target that fails never stops the others; a map absent on some hosts
+//! is NOT_FOUND for those hosts. Dropping the stream cancels the run:
+//! every connection is closed and every call on the daemons stops.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -62,7 +69,8 @@ impl FleetOptions {
         self.answer_timeout
     }
 
-    /// Targets in flight at once (default 32).
+    /// Targets in flight at once (default 32; a watch, which never ends by
+    /// itself, holds its place only until its first scan or failure).
     pub fn with_concurrency(mut self, targets: usize) -> Self {
         self.concurrency = targets;
         self
@@ -77,7 +85,8 @@ impl FleetOptions {
         self
     }
 
-    /// The longest wait for the next chunk of a dump (default 30 s).
+    /// The longest wait for the next chunk of a dump (default 30 s; a
+    /// watch's scans come once per its interval, whatever this says).
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
@@ -173,17 +182,6 @@ impl Fleet {
         }
     }
 
-    /// Watches `map` on every target, each from its cursor in `cursors`
-    /// (if any); see [`FleetWatch`](crate::FleetWatch).
-    pub fn watch(
-        &self,
-        map: &MapName,
-        options: crate::WatchOptions,
-        cursors: &HashMap<Target, String>,
-    ) -> crate::FleetWatch {
-        crate::FleetWatch::start(&self.targets, &self.connect, map, &options, cursors)
-    }
-
     /// Sets how runs behave.
     pub fn with_options(mut self, options: FleetOptions) -> Self {
         self.options = options;
@@ -195,7 +193,7 @@ impl Fleet {
         &self.targets
     }
 
-    fn plan(&self) -> Plan {
+    pub(crate) fn plan(&self) -> Plan {
         self.plan_of(self.targets.clone(), self.options.deadline)
     }
 
@@ -206,6 +204,7 @@ impl Fleet {
             connect: self.connect.clone(),
             concurrency: self.options.concurrency,
             deadline,
+            release_on_answer: false,
         }
     }
 
@@ -219,7 +218,10 @@ impl Fleet {
         let timeout = self.options.answer_timeout;
         self.plan().run(move |client, answers| async move {
             let maps = timed(timeout, client.list_maps()).await?;
-            answers.update(|p| p.entries = maps.len() as u64);
+            answers.update(|p| {
+                p.entries = maps.len() as u64;
+                p.calls = 1;
+            });
             answers.send(maps).await;
             Ok(())
         })
@@ -233,7 +235,10 @@ impl Fleet {
             let map = map.clone();
             async move {
                 let info = timed(timeout, client.get_map(&map)).await?;
-                answers.update(|p| p.entries = 1);
+                answers.update(|p| {
+                    p.entries = 1;
+                    p.calls = 1;
+                });
                 answers.send(info).await;
                 Ok(())
             }
@@ -253,7 +258,11 @@ impl Fleet {
             let call = call.clone();
             async move {
                 let results = timed(timeout, client.lookup_call(&call)).await?;
-                answers.update(|p| p.entries = results.iter().filter(|r| r.found()).count() as u64);
+                let found = results.iter().filter(|r| r.found()).count() as u64;
+                answers.update(|p| {
+                    p.entries = found;
+                    p.calls = 1;
+                });
                 answers.send(results).await;
                 Ok(())
             }
@@ -352,6 +361,7 @@ async fn dump_target(
     answers.update(|p| {
         p.complete = dump.complete();
         p.resumes = dump.resumes();
+        p.calls = 1;
         dump.cursor().clone_into(&mut p.cursor);
     });
     Ok(())
@@ -374,7 +384,7 @@ async fn next_within(
             Ok(chunk) => return chunk,
             Err(_) if dump.busy_for().is_some() => {
                 if !said && let Some(status) = dump.last_failure() {
-                    answers.waiting(status.clone()).await;
+                    answers.retrying(status.clone().into()).await;
                     said = true;
                 }
             }

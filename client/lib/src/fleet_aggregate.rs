@@ -34,12 +34,18 @@
 
 use std::{
     collections::BTreeMap,
+    future::{Future, IntoFuture},
+    pin::Pin,
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use futures::StreamExt as _;
+use tokio::sync::mpsc;
+
 use crate::{
-    AggregateOp, AggregateOptions, AggregateResult, Error, Fleet, Group, MapName, Target,
+    AggregateOp, AggregateOptions, AggregateResult, Error, Fleet, FleetEvent, FleetRun, Group,
+    MapName, Target, TargetReport,
     fleet::timed,
     topk::{Bound, Merge, Ranked},
 };
@@ -121,39 +127,33 @@ pub struct FleetGroup {
     pub hosts: Vec<Target>,
 }
 
-/// One target's part of a fleet aggregate.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct AggregateReport {
-    /// The target.
-    pub target: Target,
-    /// Why it failed, if it did (it is then left out of the answer).
-    pub error: Option<Error>,
-    /// Calls it answered (one per phase it took part in).
-    pub calls: u32,
-    /// Entries its daemon read, over every call.
-    pub entries_scanned: u64,
-    /// Groups it sent, over every call.
-    pub groups_sent: u64,
-    /// Time spent on it, over every call.
-    pub elapsed: Duration,
+/// What a target did over every phase, for its report.
+#[derive(Debug, Default)]
+struct Tally {
+    error: Option<Error>,
+    calls: u32,
+    scanned: u64,
+    groups: u64,
+    elapsed: Duration,
 }
 
-impl AggregateReport {
-    fn new(target: Target) -> Self {
-        Self {
-            target,
-            error: None,
-            calls: 0,
-            entries_scanned: 0,
-            groups_sent: 0,
-            elapsed: Duration::ZERO,
-        }
+impl Tally {
+    fn is_ok(&self) -> bool {
+        self.error.is_none()
     }
 
-    /// Whether the target answered every call.
-    pub fn is_ok(&self) -> bool {
-        self.error.is_none()
+    fn into_report(self, target: Target) -> TargetReport {
+        TargetReport {
+            target,
+            error: self.error,
+            entries: self.groups,
+            scanned: self.scanned,
+            calls: self.calls,
+            complete: false,
+            resumes: 0,
+            cursor: String::new(),
+            elapsed: self.elapsed,
+        }
     }
 }
 
@@ -165,11 +165,45 @@ pub struct FleetAggregate {
     pub groups: Vec<FleetGroup>,
     /// How they were found.
     pub method: MergeMethod,
-    /// Every target's report, in the fleet's order.
-    pub reports: Vec<AggregateReport>,
+    /// Every target's report, in the fleet's order (its groups sent in
+    /// `entries`, the entries its daemon read in `scanned`, its calls in
+    /// `calls`), when the run was awaited; in the stream they come as
+    /// [`FleetEvent::Done`] before the answer, and this is empty.
+    pub reports: Vec<TargetReport>,
     /// The targets that failed, in the fleet's order: the answer is that
     /// of the others.
     pub missing: Vec<Target>,
+}
+
+/// Awaiting a fleet aggregate runs it to the end: the answer, with every
+/// target's report.
+impl IntoFuture for FleetRun<FleetAggregate> {
+    type Output = FleetAggregate;
+    type IntoFuture = Pin<Box<dyn Future<Output = FleetAggregate> + Send>>;
+
+    fn into_future(mut self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let mut reports = Vec::new();
+            while let Some(event) = self.next().await {
+                match event {
+                    FleetEvent::Done(r) => reports.push(r),
+                    FleetEvent::Merged(mut answer) => {
+                        answer.reports = reports;
+                        return answer;
+                    }
+                    FleetEvent::Answer { .. } | FleetEvent::Retrying { .. } => {}
+                }
+            }
+            // The run was cut short (its task failed): no answer.
+            let missing = reports.iter().map(|r| r.target.clone()).collect();
+            FleetAggregate {
+                groups: Vec::new(),
+                method: MergeMethod::AllGroups,
+                reports,
+                missing,
+            }
+        })
+    }
 }
 
 impl FleetAggregate {
@@ -189,32 +223,52 @@ impl Fleet {
     /// ([`FleetOptions::with_answer_timeout`](crate::FleetOptions::with_answer_timeout):
     /// the daemon walks the whole map before it answers); the fleet's
     /// deadline bounds the whole run.
-    pub async fn aggregate(&self, map: &MapName, options: FleetAggregateOptions) -> FleetAggregate {
+    ///
+    /// The run's events are each target's retries and its report, then
+    /// the fleet's answer ([`FleetEvent::Merged`]); awaiting the run gives
+    /// the answer with the reports in it.
+    pub fn aggregate(
+        &self,
+        map: &MapName,
+        options: FleetAggregateOptions,
+    ) -> FleetRun<FleetAggregate> {
+        let (fleet, map) = (self.clone(), map.clone());
+        let buffer = self.targets().len() + 1;
+        FleetRun::spawn(self.targets().to_vec(), buffer, move |tx| async move {
+            let run = Runner {
+                fleet,
+                map,
+                started: Instant::now(),
+                reports: BTreeMap::new(),
+                merge: Merge::new(&options.aggregate.with_hidden_count()),
+                tx,
+            };
+            run.run(options).await;
+        })
+    }
+}
+
+impl Runner {
+    /// Every phase, then every target's report and the answer.
+    async fn run(mut self, options: FleetAggregateOptions) {
         let asked = options.aggregate.with_hidden_count();
-        let mut run = Runner {
-            fleet: self,
-            map: map.clone(),
-            started: Instant::now(),
-            reports: BTreeMap::new(),
-            merge: Merge::new(&asked),
-        };
         let k = asked.limit() as usize;
         let order = asked.aggregates().get(asked.order_by()).map(|a| a.op());
         let thresholdable = !asked.ascending()
             && k > 0
             && matches!(order, Some(AggregateOp::Count | AggregateOp::Sum));
         let (method, top) = if !asked.groups().is_empty() {
-            (MergeMethod::Groups, run.given(&asked).await)
+            (MergeMethod::Groups, self.given(&asked).await)
         } else if thresholdable {
-            run.threshold(&asked, options.max_groups).await
+            self.threshold(&asked, options.max_groups).await
         } else {
-            let all: Vec<Target> = self.targets().to_vec();
+            let all: Vec<Target> = self.fleet.targets().to_vec();
             (
                 MergeMethod::AllGroups,
-                run.all(&asked, all, options.max_groups).await,
+                self.all(&asked, all, options.max_groups).await,
             )
         };
-        run.finish(method, top, &asked)
+        self.finish(method, top, &asked).await;
     }
 }
 
@@ -227,15 +281,17 @@ fn fits(result: &AggregateResult, aggregates: usize) -> bool {
 }
 
 /// A fleet aggregate in progress.
-struct Runner<'a> {
-    fleet: &'a Fleet,
+struct Runner {
+    fleet: Fleet,
     map: MapName,
     started: Instant,
-    reports: BTreeMap<Target, AggregateReport>,
+    reports: BTreeMap<Target, Tally>,
     merge: Merge,
+    /// Where the run's events go.
+    tx: mpsc::Sender<FleetEvent<FleetAggregate>>,
 }
 
-impl Runner<'_> {
+impl Runner {
     /// The threshold top K, or every group when a daemon says the ordering
     /// values may be negative.
     async fn threshold(&mut self, asked: &AggregateOptions, max: usize) -> (MergeMethod, Ranked) {
@@ -365,7 +421,7 @@ impl Runner<'_> {
             for (t, r) in self.phase(round).await {
                 self.merge.add(&t, r, None);
             }
-            asks.retain(|t, _| self.reports.get(t).is_none_or(AggregateReport::is_ok));
+            asks.retain(|t, _| self.reports.get(t).is_none_or(Tally::is_ok));
         }
     }
 
@@ -377,7 +433,7 @@ impl Runner<'_> {
     ) -> BTreeMap<Target, AggregateResult> {
         let asks: BTreeMap<Target, AggregateOptions> = asks
             .into_iter()
-            .filter(|(t, _)| self.reports.get(t).is_none_or(AggregateReport::is_ok))
+            .filter(|(t, _)| self.reports.get(t).is_none_or(Tally::is_ok))
             .collect();
         if asks.is_empty() {
             return BTreeMap::new();
@@ -393,7 +449,7 @@ impl Runner<'_> {
         let plan = self.fleet.plan_of(asks.keys().cloned().collect(), left);
         let wait = self.fleet.options().answer_timeout();
         let (map, asks) = (self.map.clone(), Arc::new(asks));
-        let run = plan.run(move |client, answers| {
+        let mut run = plan.run(move |client, answers| {
             let (map, asks) = (map.clone(), asks.clone());
             async move {
                 let options = asks.get(&answers.target).cloned().unwrap_or_default();
@@ -403,10 +459,24 @@ impl Runner<'_> {
                 Ok(())
             }
         });
+        let (mut answered, mut reports) = (BTreeMap::new(), Vec::new());
+        while let Some(event) = run.next().await {
+            match event {
+                FleetEvent::Answer { target, answer } => {
+                    answered.insert(target, answer);
+                }
+                FleetEvent::Retrying { target, error } => {
+                    let _ = self.tx.send(FleetEvent::Retrying { target, error }).await;
+                }
+                FleetEvent::Done(report) => reports.push(report),
+                FleetEvent::Merged(_) => {}
+            }
+        }
         let want = self.merge.width();
         let mut out = BTreeMap::new();
-        for (report, mut results) in run.collect().await {
+        for report in reports {
             let t = report.target.clone();
+            let mut results: Vec<AggregateResult> = answered.remove(&t).into_iter().collect();
             let r = self.report(&t);
             r.elapsed += report.elapsed;
             match (report.error, results.pop()) {
@@ -423,8 +493,8 @@ impl Runner<'_> {
                 }
                 (None, Some(result)) => {
                     r.calls += 1;
-                    r.entries_scanned += result.summary().entries_scanned();
-                    r.groups_sent += result.groups().len() as u64;
+                    r.scanned += result.summary().entries_scanned();
+                    r.groups += result.groups().len() as u64;
                     out.insert(t, result);
                 }
                 (None, None) => self.fail(&t, Error::Protocol("no answer".into())),
@@ -433,10 +503,8 @@ impl Runner<'_> {
         out
     }
 
-    fn report(&mut self, t: &Target) -> &mut AggregateReport {
-        self.reports
-            .entry(t.clone())
-            .or_insert_with(|| AggregateReport::new(t.clone()))
+    fn report(&mut self, t: &Target) -> &mut Tally {
+        self.reports.entry(t.clone()).or_default()
     }
 
     /// Notes `t`'s failure and leaves it out of the answer.
@@ -445,14 +513,9 @@ impl Runner<'_> {
         self.merge.drop_host(t);
     }
 
-    /// The answer: the groups (cut at the threshold, if any), with their
-    /// keys and hosts; every target's report.
-    fn finish(
-        mut self,
-        method: MergeMethod,
-        top: Ranked,
-        asked: &AggregateOptions,
-    ) -> FleetAggregate {
+    /// Sends every target's report, then the answer: the groups (cut at
+    /// the threshold, if any), with their keys and hosts.
+    async fn finish(mut self, method: MergeMethod, top: Ranked, asked: &AggregateOptions) {
         let hidden = asked.aggregates().len() - 1;
         let within = |v: Option<i128>| match (asked.threshold(), v) {
             (None, _) => true,
@@ -484,26 +547,27 @@ impl Runner<'_> {
                 }
             })
             .collect();
-        let reports: Vec<AggregateReport> = self
-            .fleet
-            .targets()
-            .iter()
-            .map(|t| {
-                self.reports
-                    .remove(t)
-                    .unwrap_or_else(|| AggregateReport::new(t.clone()))
-            })
-            .collect();
-        let missing = reports
-            .iter()
-            .filter(|r| !r.is_ok())
-            .map(|r| r.target.clone())
-            .collect();
-        FleetAggregate {
+        let mut missing = Vec::new();
+        for t in self.fleet.targets() {
+            let tally = self.reports.remove(t).unwrap_or_default();
+            if !tally.is_ok() {
+                missing.push(t.clone());
+            }
+            if self
+                .tx
+                .send(FleetEvent::Done(tally.into_report(t.clone())))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let answer = FleetAggregate {
             groups,
             method,
-            reports,
+            reports: Vec::new(),
             missing,
-        }
+        };
+        let _ = self.tx.send(FleetEvent::Merged(answer)).await;
     }
 }

@@ -157,6 +157,7 @@ mod drain;
 mod error;
 mod fleet;
 mod fleet_aggregate;
+mod fleet_watch;
 mod lookup;
 mod map;
 mod resume;
@@ -169,6 +170,9 @@ mod watch;
 pub use aggregate::{
     Aggregate, AggregateOp, AggregateOptions, AggregateResult, AggregateSummary, Group,
 };
+/// How aggregate values (COUNT, SUM, MIN, MAX) combine, exactly: what
+/// the daemons and [`Fleet::aggregate`] merge groups with.
+pub use bpfmap_proto::aggregate as aggregate_values;
 /// The canonical name of a gRPC code ("NOT_FOUND").
 pub use bpfmap_proto::status::code_name;
 /// The generated messages and gRPC stubs of `bpfmap.v1`, for what the
@@ -184,9 +188,9 @@ pub use drain::{Drain, DrainChunk, DrainOptions};
 pub use error::Error;
 pub use fleet::{Fleet, FleetChunk, FleetDumpOptions, FleetOptions};
 pub use fleet_aggregate::{
-    AggregateReport, DEFAULT_MAX_GROUPS, FleetAggregate, FleetAggregateOptions, FleetGroup,
-    MergeMethod,
+    DEFAULT_MAX_GROUPS, FleetAggregate, FleetAggregateOptions, FleetGroup, MergeMethod,
 };
+pub use fleet_watch::FleetWatchOptions;
 pub use lookup::{Key, LookupOptions, LookupResult, PerCpu};
 pub use map::{DumpMethod, MapInfo, MapName};
 pub use resume::{Dump, DumpOptions, DumpSummary, RetryPolicy};
@@ -194,4 +198,4 @@ pub use run::{FleetEvent, FleetRun, TargetReport};
 pub use target::Target;
 pub use tonic::{Code, Status};
 pub use typed::{MapTypes, Projection};
-pub use watch::{FleetScan, FleetWatch, Scan, Watch, WatchOptions};
+pub use watch::{Scan, Watch, WatchOptions};

@@ -122,6 +122,11 @@ impl RetryPolicy {
         self.busy_wait
     }
 
+    /// The cap on one delay.
+    pub(crate) fn max_delay(&self) -> Duration {
+        self.max_delay
+    }
+
     /// Whether a unary call that failed with `status` on attempt `attempt`
     /// (from 0) should be tried again after a backoff: when the daemon itself
     /// said so, and once after a transport failure (a connection the daemon

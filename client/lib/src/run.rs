@@ -1,5 +1,6 @@
-//! A fleet run: every target's part of it, what it yields, and how each
-//! target's report is written.
+//! A fleet run: the one shape of every fleet call. Each target's part of
+//! it runs with a client of its own, sends what it answers and is retrying
+//! after as [`FleetEvent`]s, and ends with exactly one [`TargetReport`].
 
 use std::{
     collections::{HashMap, HashSet},
@@ -10,12 +11,16 @@ use std::{
 };
 
 use futures::{Stream, StreamExt as _};
-use tokio::{sync::mpsc, task::JoinHandle};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore, mpsc},
+    task::JoinHandle,
+};
 use tonic::Code;
 
 use crate::{Client, ConnectOptions, Error, Target};
 
-/// How one target's part of a run ended.
+/// How one target's part of a run ended: the one report type of every
+/// fleet call.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct TargetReport {
@@ -26,15 +31,22 @@ pub struct TargetReport {
     /// errors that caused it ([`Error::status`],
     /// [`source`](std::error::Error::source)).
     pub error: Option<Error>,
-    /// Entries received (a dump's entries, a lookup's found keys, the maps
-    /// listed).
+    /// What it sent: a dump's entries, a lookup's found keys, the maps
+    /// listed, a watch's events and groups, an aggregate's groups.
     pub entries: u64,
+    /// Entries its daemon read to answer (an aggregate's walks, over every
+    /// call; a watch's scans).
+    pub scanned: u64,
+    /// Calls it answered: one, or for an aggregate one per phase it took
+    /// part in, for a watch one per scan.
+    pub calls: u32,
     /// For a dump: whether the map was read to the end.
     pub complete: bool,
-    /// For a dump: how many times it resumed after a broken stream.
+    /// For a dump or a watch: how many times it resumed after a broken
+    /// stream.
     pub resumes: u32,
-    /// For a dump: the cursor after the last chunk received (the cursor it
-    /// started from before the first).
+    /// For a dump or a watch: the cursor after the last chunk or scan
+    /// received (the cursor it started from before the first).
     pub cursor: String,
     /// Time from the target's start to its end.
     pub elapsed: Duration,
@@ -59,52 +71,82 @@ impl TargetReport {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum FleetEvent<T> {
-    /// An answer from a target (a dump yields one per chunk).
+    /// An answer from a target (a dump yields one per chunk, a watch one
+    /// per scan).
     Answer {
         /// Where it came from.
         target: Target,
         /// What it said.
         answer: T,
     },
-    /// A target's daemon is busy (RESOURCE_EXHAUSTED: all its dump slots in
-    /// use) and the target waits for a slot, as its retry policy says
-    /// ([`RetryPolicy::with_busy_wait`](crate::RetryPolicy::with_busy_wait)).
-    /// Sent once each time a target starts waiting.
-    Waiting {
+    /// A target is retrying, as its retry policy says, after this failure:
+    /// its daemon is busy (RESOURCE_EXHAUSTED: all its slots in use,
+    /// [`RetryPolicy::with_busy_wait`](crate::RetryPolicy::with_busy_wait)),
+    /// or its watch broke and is started again. Sent once each time a
+    /// target starts retrying.
+    Retrying {
         /// The target.
         target: Target,
-        /// What the daemon said.
-        status: tonic::Status,
+        /// What it failed with.
+        error: Error,
     },
     /// A target is done: its report. Every target gets exactly one, after
     /// all its answers.
     Done(TargetReport),
+    /// The fleet's own answer, for a call that merges the targets'
+    /// answers ([`Fleet::aggregate`](crate::Fleet::aggregate)): last,
+    /// after every report.
+    Merged(T),
 }
 
 /// A run in progress: a stream of [`FleetEvent`]s. Dropping it cancels the
-/// run.
+/// run: every target's call stops, every connection closes.
 #[derive(Debug)]
 pub struct FleetRun<T> {
     rx: mpsc::Receiver<FleetEvent<T>>,
     driver: JoinHandle<()>,
+    /// Targets that have not sent their report yet (for rounds).
+    live: HashSet<Target>,
 }
 
 impl<T> Stream for FleetRun<T> {
     type Item = FleetEvent<T>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().rx.poll_recv(cx)
+        let this = self.get_mut();
+        let next = this.rx.poll_recv(cx);
+        if let Poll::Ready(Some(FleetEvent::Done(r))) = &next {
+            this.live.remove(&r.target);
+        }
+        next
     }
 }
 
 impl<T> Drop for FleetRun<T> {
     fn drop(&mut self) {
-        // Drops every target's future: their dumps, clients and connections.
+        // Drops every target's future: their calls, clients and
+        // connections.
         self.driver.abort();
     }
 }
 
 impl<T> FleetRun<T> {
+    /// A run of `targets` whose events `drive` sends.
+    pub(crate) fn spawn<D, Fut>(targets: Vec<Target>, buffer: usize, drive: D) -> Self
+    where
+        T: Send + 'static,
+        D: FnOnce(mpsc::Sender<FleetEvent<T>>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel(buffer.max(1));
+        let driver = tokio::spawn(drive(tx));
+        FleetRun {
+            rx,
+            driver,
+            live: targets.into_iter().collect(),
+        }
+    }
+
     /// Runs to the end, keeping the answers: every target's answers (in
     /// arrival order) and report, in target order.
     pub async fn collect(mut self) -> Vec<(TargetReport, Vec<T>)> {
@@ -116,7 +158,7 @@ impl<T> FleetRun<T> {
                     answers.entry(target).or_default().push(answer)
                 }
                 FleetEvent::Done(report) => reports.push(report),
-                FleetEvent::Waiting { .. } => {}
+                FleetEvent::Retrying { .. } | FleetEvent::Merged(_) => {}
             }
         }
         reports.sort_by(|a, b| a.target.cmp(&b.target));
@@ -128,6 +170,33 @@ impl<T> FleetRun<T> {
             })
             .collect()
     }
+
+    /// The next round: the events from the next one on, until every target
+    /// still running has sent an answer, or `window` has passed (half the
+    /// interval suits a watch: each target scans once per interval, at its
+    /// own phase); `None` once the run has ended.
+    pub async fn next_round(&mut self, window: Duration) -> Option<Vec<FleetEvent<T>>> {
+        let first = self.next().await?;
+        let mut answered = HashSet::new();
+        let note = |e: &FleetEvent<T>, answered: &mut HashSet<Target>| {
+            if let FleetEvent::Answer { target, .. } = e {
+                answered.insert(target.clone());
+            }
+        };
+        note(&first, &mut answered);
+        let mut round = vec![first];
+        let deadline = tokio::time::Instant::now() + window;
+        while self.live.iter().any(|t| !answered.contains(t)) {
+            match tokio::time::timeout_at(deadline, self.next()).await {
+                Ok(Some(e)) => {
+                    note(&e, &mut answered);
+                    round.push(e);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        Some(round)
+    }
 }
 
 /// A target's progress, kept outside its future so that a report can be
@@ -135,9 +204,12 @@ impl<T> FleetRun<T> {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Progress {
     pub(crate) entries: u64,
+    pub(crate) scanned: u64,
+    pub(crate) calls: u32,
     pub(crate) complete: bool,
     pub(crate) resumes: u32,
     pub(crate) cursor: String,
+    pub(crate) elapsed: Duration,
     started: Option<Instant>,
 }
 
@@ -170,10 +242,12 @@ impl<T> Shared<T> {
             target: target.clone(),
             error,
             entries: p.entries,
+            scanned: p.scanned,
+            calls: p.calls,
             complete: p.complete,
             resumes: p.resumes,
             cursor: p.cursor,
-            elapsed: p.started.map_or(Duration::ZERO, |s| s.elapsed()),
+            elapsed: p.elapsed + p.started.map_or(Duration::ZERO, |s| s.elapsed()),
         };
         let sent = self.tx.send(FleetEvent::Done(report)).await.is_ok();
         // Marked once sent: a target whose future the deadline drops while
@@ -191,11 +265,18 @@ impl<T> Shared<T> {
 pub(crate) struct Answers<T> {
     pub(crate) target: Target,
     shared: Arc<Shared<T>>,
+    /// The target's place among those running at once; for a watch, given
+    /// back at its first answer.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
+    release_on_answer: bool,
 }
 
 impl<T> Answers<T> {
     /// Sends one answer; `false` when the run was dropped.
     pub(crate) async fn send(&self, answer: T) -> bool {
+        if self.release_on_answer {
+            self.slot.lock().expect("slot lock").take();
+        }
         self.shared
             .tx
             .send(FleetEvent::Answer {
@@ -206,14 +287,17 @@ impl<T> Answers<T> {
             .is_ok()
     }
 
-    /// Says that the target waits for its busy daemon.
-    pub(crate) async fn waiting(&self, status: tonic::Status) {
+    /// Says that the target retries after `error`.
+    pub(crate) async fn retrying(&self, error: Error) {
+        if self.release_on_answer {
+            self.slot.lock().expect("slot lock").take();
+        }
         let _ = self
             .shared
             .tx
-            .send(FleetEvent::Waiting {
+            .send(FleetEvent::Retrying {
                 target: self.target.clone(),
-                status,
+                error,
             })
             .await;
     }
@@ -221,6 +305,13 @@ impl<T> Answers<T> {
     /// Notes progress, for the report.
     pub(crate) fn update(&self, f: impl FnOnce(&mut Progress)) {
         self.shared.update(&self.target, f);
+    }
+
+    /// The cursor noted last.
+    pub(crate) fn cursor(&self) -> String {
+        let mut cursor = String::new();
+        self.update(|p| cursor.clone_from(&p.cursor));
+        cursor
     }
 }
 
@@ -232,6 +323,9 @@ pub(crate) struct Plan {
     pub(crate) connect: ConnectOptions,
     pub(crate) concurrency: usize,
     pub(crate) deadline: Option<Duration>,
+    /// A target gives its place back at its first answer (a watch, which
+    /// never ends by itself), not when it is done.
+    pub(crate) release_on_answer: bool,
 }
 
 impl Plan {
@@ -242,14 +336,16 @@ impl Plan {
         F: Fn(Client, Answers<T>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), Error>> + Send + 'static,
     {
-        let (tx, rx) = mpsc::channel(self.concurrency.max(1) * 2);
-        let shared = Arc::new(Shared {
-            tx,
-            progress: Mutex::default(),
-            reported: Mutex::default(),
-        });
-        let driver = tokio::spawn(self.drive(shared, op));
-        FleetRun { rx, driver }
+        let targets = self.targets.clone();
+        let buffer = self.concurrency.max(1) * 2;
+        FleetRun::spawn(targets, buffer, move |tx| async move {
+            let shared = Arc::new(Shared {
+                tx,
+                progress: Mutex::default(),
+                reported: Mutex::default(),
+            });
+            self.drive(shared, op).await;
+        })
     }
 
     async fn drive<T, F, Fut>(self, shared: Arc<Shared<T>>, op: F)
@@ -257,8 +353,9 @@ impl Plan {
         F: Fn(Client, Answers<T>) -> Fut,
         Fut: Future<Output = Result<(), Error>>,
     {
+        let slots = Arc::new(Semaphore::new(self.concurrency.max(1)));
         let work = futures::stream::iter(&self.targets)
-            .for_each_concurrent(self.concurrency.max(1), |t| self.one(t, &shared, &op));
+            .for_each_concurrent(None, |t| self.one(t, &shared, &slots, &op));
         let Some(deadline) = self.deadline else {
             return work.await;
         };
@@ -283,12 +380,21 @@ impl Plan {
         }
     }
 
-    /// One target's part: a client of its own, the operation, the report.
-    async fn one<T, F, Fut>(&self, target: &Target, shared: &Arc<Shared<T>>, op: &F)
-    where
+    /// One target's part: its place among those running at once, a client
+    /// of its own, the operation, the report.
+    async fn one<T, F, Fut>(
+        &self,
+        target: &Target,
+        shared: &Arc<Shared<T>>,
+        slots: &Arc<Semaphore>,
+        op: &F,
+    ) where
         F: Fn(Client, Answers<T>) -> Fut,
         Fut: Future<Output = Result<(), Error>>,
     {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         shared.update(target, |p| p.started = Some(Instant::now()));
         let url = target.url(self.connect.uses_tls());
         let result = match Client::connect_lazy(&url, self.connect.clone()) {
@@ -296,6 +402,8 @@ impl Plan {
                 let answers = Answers {
                     target: target.clone(),
                     shared: shared.clone(),
+                    slot: Mutex::new(Some(slot)),
+                    release_on_answer: self.release_on_answer,
                 };
                 op(client, answers).await
             }

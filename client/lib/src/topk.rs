@@ -8,6 +8,8 @@
 
 use std::{cmp::Ordering, collections::BTreeMap};
 
+use bpfmap_proto::aggregate::{self as values, Op};
+
 use crate::{AggregateOp, AggregateOptions, AggregateResult, Target};
 
 /// Merged groups, ordered: their key bytes and values.
@@ -191,19 +193,15 @@ impl Merge {
     /// Every host's values of a group merged: COUNT and SUM added, the MIN
     /// of the minimums, the MAX of the maximums.
     fn merged(&self, seen: &Seen) -> Vec<Option<i128>> {
-        (0..self.ops.len())
-            .map(|i| {
-                let vals = seen
-                    .from
-                    .values()
-                    .filter_map(|v| v.get(i).copied().flatten());
-                match self.ops[i] {
-                    AggregateOp::Min => vals.min(),
-                    AggregateOp::Max => vals.max(),
-                    _ => Some(vals.fold(0, i128::saturating_add)),
-                }
-            })
-            .collect()
+        let ops: Vec<Op> = self.ops.iter().map(|o| o.to_proto()).collect();
+        let mut out: Vec<Option<i128>> = ops
+            .iter()
+            .map(|op| matches!(op, Op::Count | Op::Sum).then_some(0))
+            .collect();
+        for v in seen.from.values() {
+            values::merge(&ops, &mut out, v);
+        }
+        out
     }
 
     /// Orders (value, key bytes) pairs as the daemons do: by the value

@@ -72,8 +72,8 @@
 use std::{collections::BTreeMap, fmt};
 
 pub use bpfmap_proto::typed::{
-    EncodeError, JsonWriter, Layout, Rendering, Renderings, Sink, TypeError, ValueBuilder,
-    write_json_string,
+    EncodeError, JsonWriter, Layout, MapLayout, Rendering, Renderings, Sink, TypeError,
+    ValueBuilder, write_json_string,
 };
 
 use crate::{EntryRef, Error, ValueRef, pb};
@@ -82,9 +82,7 @@ use crate::{EntryRef, Error, ValueRef, pb};
 /// renderings they were made with: [`renderings`](Self::renderings)).
 #[derive(Debug, Clone)]
 pub struct MapTypes {
-    key: Layout,
-    value: Layout,
-    renderings: Renderings,
+    layout: MapLayout,
 }
 
 /// Renderings given as (member path, rendering) pairs ("key.daddr",
@@ -117,61 +115,41 @@ impl MapTypes {
         let Some(value) = &info.value_type else {
             return Ok(None);
         };
-        let key = match &info.key_type {
-            Some(key) => Layout::new(key, "key")?,
-            None => {
-                if let Some((path, _)) = renderings.under("key").next() {
-                    let path = if path.is_empty() {
-                        "key".to_owned()
-                    } else {
-                        format!("key.{path}")
-                    };
-                    return Err(Error::Render {
-                        path,
-                        message: "the map's keys have no type (only its value is typed)".into(),
-                    });
-                }
-                keyless(info.key_size)?
-            }
-        };
-        let value = Layout::new(value, "value")?;
-        if renderings.is_empty() {
-            return Ok(Some(Self {
-                key,
-                value,
-                renderings: Renderings::default(),
-            }));
-        }
-        Ok(Some(Self {
-            key: key
-                .with_renderings(renderings, "key")
-                .map_err(Error::render)?,
-            value: value
-                .with_renderings(renderings, "value")
-                .map_err(Error::render)?,
-            renderings: renderings.clone(),
-        }))
+        let cpus = info.per_cpu.then_some(info.possible_cpus as usize);
+        let sizes = (info.key_size as usize, info.value_size as usize);
+        let layout = MapLayout::new(info.key_type.as_ref(), Some(value), sizes, cpus)?;
+        Self::rendered(layout, renderings).map(Some)
+    }
+
+    fn rendered(layout: MapLayout, renderings: &Renderings) -> Result<Self, Error> {
+        let layout = layout.with_renderings(renderings).map_err(Error::render)?;
+        Ok(Self { layout })
     }
 
     /// The renderings the layouts show members with (the daemon's
     /// configured ones, overridden by the caller's).
     pub fn renderings(&self) -> &Renderings {
-        &self.renderings
+        self.layout.renderings()
+    }
+
+    /// The map's layout: keys, values, and members by path.
+    pub fn layout(&self) -> &MapLayout {
+        &self.layout
     }
 
     /// The key's layout.
     pub fn key(&self) -> &Layout {
-        &self.key
+        self.layout.key()
     }
 
     /// The value's layout (one CPU's value for per-CPU maps).
     pub fn value(&self) -> &Layout {
-        &self.value
+        self.layout.value()
     }
 
     /// Decodes an entry's key.
     pub fn decode_key(&self, key: &[u8]) -> prost_types::Value {
-        self.key.to_value(key)
+        self.key().to_value(key)
     }
 
     /// Decodes a value: per-CPU values as a list, one per CPU.
@@ -193,19 +171,19 @@ impl MapTypes {
     /// Writes a value into `sink`: per-CPU values as a list.
     pub fn render_value(&self, value: ValueRef<'_>, sink: &mut impl Sink) {
         match value {
-            ValueRef::Single(v) => self.value.render(v, sink),
-            ValueRef::PerCpu(vs) => self.value.render_per_cpu(vs, sink),
+            ValueRef::Single(v) => self.value().render(v, sink),
+            ValueRef::PerCpu(vs) => self.value().render_per_cpu(vs, sink),
         }
     }
 
     /// Writes the per-CPU sum of a value into `sink`.
     pub fn render_sum(&self, value: ValueRef<'_>, sink: &mut impl Sink) -> Result<(), TypeError> {
         match value {
-            ValueRef::Single(v) => self.value.render(v, sink),
+            ValueRef::Single(v) => self.value().render(v, sink),
             ValueRef::PerCpu(vs) => {
-                self.value.check_summable()?;
+                self.value().check_summable()?;
                 let cpus: Vec<&[u8]> = vs.iter().collect();
-                self.value.render_sum(&cpus, sink);
+                self.value().render_sum(&cpus, sink);
             }
         }
         Ok(())
@@ -215,11 +193,11 @@ impl MapTypes {
     /// `"per_cpu_values"`) as JSON text.
     pub fn write_entry_json(&self, entry: EntryRef<'_>, out: &mut Vec<u8>) {
         out.extend_from_slice(b"{\"key\":");
-        self.key.write_json(entry.key, out);
+        self.key().write_json(entry.key, out);
         match entry.value {
             ValueRef::Single(v) => {
                 out.extend_from_slice(b",\"value\":");
-                self.value.write_json(v, out);
+                self.value().write_json(v, out);
             }
             ValueRef::PerCpu(_) => {
                 out.extend_from_slice(b",\"per_cpu_values\":");
@@ -232,7 +210,7 @@ impl MapTypes {
     /// Encodes a key written as JSON (the form [`decode_key`](Self::decode_key)
     /// gives).
     pub fn encode_key(&self, key: &prost_types::Value) -> Result<Vec<u8>, EncodeError> {
-        self.key.encode(key, "key")
+        self.key().encode(key, "key")
     }
 }
 
@@ -267,25 +245,17 @@ impl Projection {
         render: impl IntoIterator<Item = (K, V)>,
     ) -> Result<MapTypes, Error> {
         let renderings = parse_render(&render_map(render)).map_err(Error::render)?;
-        let layout = |t: Option<&pb::TypeInfo>, what: &str| {
-            let empty = pb::TypeInfo {
-                name: what.into(),
-                size: 0,
-                kind: Some(pb::type_info::Kind::Struct(pb::RecordType::default())),
-            };
-            let layout = Layout::new(t.unwrap_or(&empty), what)?;
-            if renderings.under(what).next().is_none() {
-                return Ok(layout);
-            }
-            layout
-                .with_renderings(&renderings, what)
-                .map_err(Error::render)
+        let empty = |what: &str| pb::TypeInfo {
+            name: what.into(),
+            size: 0,
+            kind: Some(pb::type_info::Kind::Struct(pb::RecordType::default())),
         };
-        Ok(MapTypes {
-            key: layout(self.key_type(), "key")?,
-            value: layout(self.value_type(), "value")?,
-            renderings,
-        })
+        let (key, value) = (empty("key"), empty("value"));
+        let key = self.key_type().unwrap_or(&key);
+        let value = self.value_type().unwrap_or(&value);
+        let sizes = (key.size as usize, value.size as usize);
+        let layout = MapLayout::new(Some(key), Some(value), sizes, None)?;
+        MapTypes::rendered(layout, &renderings)
     }
 
     /// The message it came in.
@@ -300,22 +270,8 @@ impl From<pb::Projection> for Projection {
     }
 }
 
-/// The key of a map whose key has no type: an unsigned integer of its size
-/// when it has one (1, 2, 4 or 8 bytes), else its bytes in hex.
-fn keyless(size: u32) -> Result<Layout, TypeError> {
-    if let Some(l) = Layout::unsigned(size as usize) {
-        return Ok(l);
-    }
-    let opaque = pb::TypeInfo {
-        name: String::new(),
-        size,
-        kind: Some(pb::type_info::Kind::Opaque(pb::OpaqueType::default())),
-    };
-    Layout::new(&opaque, "key")
-}
-
 impl fmt::Display for MapTypes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "key {}, value {}", self.key, self.value)
+        write!(f, "key {}, value {}", self.key(), self.value())
     }
 }

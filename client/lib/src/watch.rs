@@ -73,15 +73,14 @@ impl WatchOptions {
         self
     }
 
-    /// How members are shown ("key.daddr" to "ipv4").
+    /// How members are shown ("key.daddr" to "ipv4"), over the daemon's
+    /// configured renderings; repeated calls add up (a later one wins for
+    /// the same member), as for every call's options.
     pub fn with_render<K: AsRef<str>, V: fmt::Display>(
         mut self,
         render: impl IntoIterator<Item = (K, V)>,
     ) -> Self {
-        self.render = render
-            .into_iter()
-            .map(|(k, v)| (k.as_ref().to_owned(), v.to_string()))
-            .collect();
+        self.render.extend(typed::render_map(render));
         self
     }
 
@@ -89,6 +88,11 @@ impl WatchOptions {
     pub fn with_cursor(mut self, cursor: impl Into<String>) -> Self {
         self.cursor = cursor.into();
         self
+    }
+
+    /// The cursor to start from.
+    pub(crate) fn cursor(&self) -> &str {
+        &self.cursor
     }
 
     fn request(&self, map: &MapName, cursor: &str) -> pb::WatchMapRequest {
@@ -291,165 +295,5 @@ impl Watch {
                 Err(e) => Some((Err(e), None)),
             }
         })
-    }
-}
-
-/// One target's scan, or why its watch is failing, in a [`FleetWatch`].
-#[derive(Debug)]
-pub struct FleetScan {
-    /// The target.
-    pub target: crate::Target,
-    /// Its next scan, or the failure its watch is retrying after (or ended
-    /// with, when [`FleetScan::ended`]).
-    pub scan: Result<Scan, Error>,
-    /// The target's watch has ended: the failure cannot be retried
-    /// (INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND, ...).
-    pub ended: bool,
-}
-
-/// Watches of one map on every target of a fleet, each with its own
-/// cursor, their scans merged in the order they arrive (for each target,
-/// the order of its scans). A target that fails is retried (every 5 s at
-/// most, from its last cursor) until its failure cannot be retried; the
-/// others go on. Dropping the stream ends every watch.
-#[derive(Debug)]
-pub struct FleetWatch {
-    rx: tokio::sync::mpsc::Receiver<FleetScan>,
-    _tasks: Vec<tokio::task::JoinHandle<()>>,
-    targets: usize,
-}
-
-impl Drop for FleetWatch {
-    fn drop(&mut self) {
-        for t in &self._tasks {
-            t.abort();
-        }
-    }
-}
-
-impl FleetWatch {
-    pub(crate) fn start(
-        targets: &[crate::Target],
-        connect: &crate::ConnectOptions,
-        map: &MapName,
-        options: &WatchOptions,
-        cursors: &std::collections::HashMap<crate::Target, String>,
-    ) -> Self {
-        let (tx, rx) = tokio::sync::mpsc::channel(targets.len().max(1) * 2);
-        let tasks = targets
-            .iter()
-            .map(|target| {
-                let (tx, target, connect, map) =
-                    (tx.clone(), target.clone(), connect.clone(), map.clone());
-                let mut options = options.clone();
-                if let Some(c) = cursors.get(&target) {
-                    options.cursor.clone_from(c);
-                }
-                tokio::spawn(async move { watch_target(target, connect, map, options, tx).await })
-            })
-            .collect();
-        Self {
-            rx,
-            _tasks: tasks,
-            targets: targets.len(),
-        }
-    }
-
-    /// The number of targets watched.
-    pub fn targets(&self) -> usize {
-        self.targets
-    }
-
-    /// The next scan of any target; `None` once every target's watch has
-    /// ended.
-    pub async fn next(&mut self) -> Option<FleetScan> {
-        self.rx.recv().await
-    }
-
-    /// The next round: what arrives from the first item on until every
-    /// target still watched has sent one, or `window` has passed (half the
-    /// interval suits: each target scans once per interval, at its own
-    /// phase); `None` once every target's watch has ended. Rounds follow
-    /// the targets' scan times, one per interval.
-    pub async fn next_round(&mut self, window: Duration) -> Option<Vec<FleetScan>> {
-        let first = self.rx.recv().await?;
-        let mut seen = std::collections::HashSet::new();
-        seen.insert(first.target.clone());
-        let mut round = vec![first];
-        let deadline = tokio::time::Instant::now() + window;
-        while seen.len() < self.targets {
-            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
-                Ok(Some(item)) => {
-                    seen.insert(item.target.clone());
-                    round.push(item);
-                }
-                Ok(None) | Err(_) => break,
-            }
-        }
-        Some(round)
-    }
-}
-
-/// The delay before a failing target is watched again.
-const FLEET_RETRY: Duration = Duration::from_secs(5);
-
-async fn watch_target(
-    target: crate::Target,
-    connect: crate::ConnectOptions,
-    map: MapName,
-    mut options: WatchOptions,
-    tx: tokio::sync::mpsc::Sender<FleetScan>,
-) {
-    let url = target.url(connect.uses_tls());
-    loop {
-        let client = match crate::Client::connect_lazy(&url, connect.clone()) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = tx
-                    .send(FleetScan {
-                        target,
-                        scan: Err(e),
-                        ended: true,
-                    })
-                    .await;
-                return;
-            }
-        };
-        let mut watch = client.watch(&map, options.clone());
-        let error = loop {
-            match watch.next_scan().await {
-                Ok(scan) => {
-                    let item = FleetScan {
-                        target: target.clone(),
-                        scan: Ok(scan),
-                        ended: false,
-                    };
-                    if tx.send(item).await.is_err() {
-                        return;
-                    }
-                }
-                Err(e) => break e,
-            }
-        };
-        options.cursor = watch.cursor().to_owned();
-        let ended = !error
-            .status()
-            .is_some_and(|s| RetryPolicy::should_retry(s) || s.code() == tonic::Code::Aborted);
-        if error
-            .status()
-            .is_some_and(|s| s.code() == tonic::Code::Aborted)
-        {
-            // The map was replaced: watch the new one from its state.
-            options.cursor.clear();
-        }
-        let item = FleetScan {
-            target: target.clone(),
-            scan: Err(error),
-            ended,
-        };
-        if tx.send(item).await.is_err() || ended {
-            return;
-        }
-        tokio::time::sleep(FLEET_RETRY).await;
     }
 }

@@ -3,7 +3,7 @@
 
 use prost_types::{Value, value::Kind};
 
-use super::{Field, Node, RecordNode, push_member};
+use super::{Field, IntField, Node, RecordNode, push_member};
 
 /// Why a value does not fit its type; names the member.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,37 +137,9 @@ pub(crate) fn integer(
     }
 }
 
-/// Writes the `size`-byte integer `raw` at `offset`, in either byte order.
-pub(crate) fn put_int(out: &mut [u8], offset: usize, size: usize, raw: u128, big_endian: bool) {
-    if big_endian {
-        let bytes = raw.to_be_bytes();
-        if let Some(dst) = out.get_mut(offset..offset + size) {
-            dst.copy_from_slice(&bytes[16 - size..]);
-        }
-    } else {
-        put(out, offset, size, raw);
-    }
-}
-
+/// Writes the little-endian `size`-byte integer `raw` at `offset`.
 fn put(out: &mut [u8], offset: usize, size: usize, raw: u128) {
-    let bytes = raw.to_le_bytes();
-    if let Some(dst) = out.get_mut(offset..offset + size) {
-        dst.copy_from_slice(&bytes[..size]);
-    }
-}
-
-fn put_bits(out: &mut [u8], bit: usize, bits: usize, raw: u128) {
-    for i in 0..bits {
-        let pos = bit + i;
-        if let Some(byte) = out.get_mut(pos / 8) {
-            let mask = 1u8 << (pos % 8);
-            if raw >> i & 1 == 1 {
-                *byte |= mask;
-            } else {
-                *byte &= !mask;
-            }
-        }
-    }
+    IntField::whole(offset, size, false, false).write(out, raw);
 }
 
 /// An enum value by enumerator name or number: its bits.
@@ -241,9 +213,10 @@ pub(crate) fn node(
             size,
             signed,
             big_endian,
+            ..
         } => {
             let raw = integer(v, size * 8, *signed, path)?;
-            put_int(out, offset, *size, raw, *big_endian);
+            IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
         }
         Node::Rendered { how, node, size } => how.encode(node, *size, v, out, offset, path)?,
         Node::Char { signed } => {
@@ -423,7 +396,7 @@ fn field(
             },
             _ => fail(path, "not encodable"),
         };
-        raw.map(|raw| put_bits(out, record * 8 + f.bit_offset, bits, raw))
+        raw.map(|raw| IntField::bitfield(record * 8 + f.bit_offset, bits, false).write(out, raw))
     };
     if result.is_ok() {
         path.truncate(len);

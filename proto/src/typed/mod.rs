@@ -1,12 +1,18 @@
 //! Keys and values read through their types ([`TypeInfo`], from the map's
-//! BTF): one set of rules shared by the daemon (which fills
-//! `Entry.decoded_key` and `decoded_value`), the client library (which
-//! decodes packed chunks itself) and bpfmapctl.
+//! BTF): one model of a map's types for every reader. The daemon (which
+//! fills `Entry.decoded_key` and `decoded_value`, evaluates filters,
+//! projections, aggregates and watch deltas), the client library (which
+//! decodes packed chunks itself) and bpfmapctl all read through it.
 //!
 //! A [`Layout`] is a [`TypeInfo`] checked once (every member inside its
 //! record, array sizes that add up, bounded depth), so that decoding,
 //! encoding and per-CPU sums never read outside the bytes they are given,
-//! whatever the description says. The rules:
+//! whatever the description says. A [`MapLayout`] is a map's key and value
+//! layouts as one call sees them (with the call's [`Renderings`]), and
+//! resolves member paths ("key.daddr", `"value.counters[2]"`, `"values[1].bytes"`)
+//! once per call into a [`Member`]: where its bytes are and what it is.
+//! Integers are read and written through [`IntField`] (width, sign, byte
+//! order, bitfields) wherever they are read. The rules of decoding:
 //!
 //! - integers of up to 32 bits are JSON numbers; 64- and 128-bit integers
 //!   are decimal strings (as the proto3 JSON mapping writes int64), so that
@@ -16,10 +22,11 @@
 //! - an array of `char` is a string when it holds text (printable ASCII up
 //!   to a NUL, as libbpf's dumper decides), else an array of numbers;
 //! - a struct or union is an object, the members of an anonymous member
-//!   appearing in the enclosing object as in C; an array is an array;
-//!   bitfields are extracted (a number up to 32 bits wide, a string above);
-//!   a pointer is a hex string (`"0xffff..."`); a float is a number (NaN and
-//!   the infinities as the strings `"NaN"`, `"Infinity"`, `"-Infinity"`);
+//!   appearing in the enclosing object as in C (member paths reach them the
+//!   same way); an array is an array; bitfields are extracted (a number up
+//!   to 32 bits wide, a string above); a pointer is a hex string
+//!   (`"0xffff..."`); a float is a number (NaN and the infinities as the
+//!   strings `"NaN"`, `"Infinity"`, `"-Infinity"`);
 //! - anything else is the hex string of its bytes.
 //!
 //! Values are read as little-endian, the byte order of the hosts bpfmapd
@@ -29,11 +36,19 @@
 //!
 //! A member may be shown another way than its type says ([`Rendering`]:
 //! an IPv4 or IPv6 address, a MAC address, hex), when a call asks for it
-//! ([`Layout::with_renderings`]); its JSON form is then a string, and
+//! ([`MapLayout::with_renderings`]); its JSON form is then a string, and
 //! encoding accepts that string.
+//!
+//! One set of bounds holds for every description, whoever made it:
+//! [`MAX_DEPTH`] levels, [`MAX_NODES`] types and enumerators, and
+//! [`MAX_VALUES`] decoded values.
 #![forbid(unsafe_code)]
 
 mod encode;
+mod int;
+mod map_layout;
+mod member;
+mod projection;
 mod render;
 mod rendering;
 mod sink;
@@ -42,16 +57,26 @@ mod value_writer;
 use std::{collections::HashSet, fmt};
 
 pub use encode::EncodeError;
-pub use rendering::{Rendering, Renderings};
+pub use int::IntField;
+pub use map_layout::MapLayout;
+pub use member::{
+    BytesMember, Counter, EntryRef, IntMember, MAX_COUNTERS, MAX_PATH, Member, MemberKind, Root,
+    Step, parse as parse_path,
+};
+pub use projection::{MAX_FIELDS, Projection, ProjectionError};
+pub use rendering::{Rendering, Renderings, UnknownRendering};
 pub use sink::{FieldKey, JsonWriter, Sink, ValueBuilder, write_json_string};
 pub use value_writer::ValueWriter;
 
 use crate::v1::{TypeInfo, type_info::Kind};
 
-/// Most levels of nesting a description may have.
+/// Most levels of nesting a description may have, the outermost type being
+/// level 1. Clients decode with prost's recursion limit of 100, and each
+/// level costs three nested messages (TypeInfo, RecordType or ArrayType,
+/// Member).
 pub const MAX_DEPTH: usize = 24;
-/// Most nodes (types, members, elements described) in one description.
-pub const MAX_NODES: usize = 20_000;
+/// Most nodes (types and enumerators) in one description.
+pub const MAX_NODES: usize = 10_000;
 /// Most values one decoded key or value may hold (array elements count one
 /// by one): a description cannot make decoding loop far beyond its bytes.
 pub const MAX_VALUES: usize = 1 << 20;
@@ -82,6 +107,8 @@ pub(crate) enum Node {
         signed: bool,
         /// Stored in network byte order.
         big_endian: bool,
+        /// The type's name ("__u32", "__be16"; empty when anonymous).
+        name: String,
     },
     Bool {
         size: usize,
@@ -134,6 +161,9 @@ impl EnumNode {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RecordNode {
     pub union: bool,
+    /// The type's name ("flow_key"; empty when anonymous).
+    pub name: String,
+    pub size: usize,
     /// Members in declaration order; anonymous records already flattened
     /// into `Field`s of this record with their offsets added up.
     pub fields: Vec<Field>,
@@ -190,10 +220,42 @@ impl Layout {
                 size,
                 signed: false,
                 big_endian: false,
+                name: String::new(),
             },
             size,
             name: String::new(),
         })
+    }
+
+    /// The bytes of an untyped key or value, shown as hex.
+    pub fn opaque(size: usize) -> Self {
+        Self {
+            root: Node::Opaque { size },
+            size,
+            name: String::new(),
+        }
+    }
+
+    /// A layout of `root`, already checked (a record built of checked
+    /// members).
+    pub(crate) fn of_node(root: Node, size: usize, name: String) -> Self {
+        Self { root, size, name }
+    }
+
+    pub(crate) fn root(&self) -> &Node {
+        &self.root
+    }
+
+    /// The description of this layout: its types as [`TypeInfo`], with
+    /// anonymous members flattened into their records and renderings left
+    /// out (what a client needs to decode the same bytes).
+    pub fn describe(&self) -> TypeInfo {
+        member::describe(&self.root, self.size)
+    }
+
+    /// Whether this is a struct or union (for table columns).
+    pub fn is_record(&self) -> bool {
+        matches!(self.root, Node::Record(_))
     }
 
     /// Size of a value in bytes.
@@ -361,7 +423,7 @@ fn values(node: &Node) -> usize {
 }
 
 /// An integer, bool, char, float or pointer of `size` bytes.
-fn scalar(kind: &Kind, size: usize, path: &str) -> Result<Node, TypeError> {
+fn scalar(info: &TypeInfo, kind: &Kind, size: usize, path: &str) -> Result<Node, TypeError> {
     Ok(match kind {
         Kind::Int(i) => {
             if !matches!(size, 1 | 2 | 4 | 8 | 16) {
@@ -371,6 +433,7 @@ fn scalar(kind: &Kind, size: usize, path: &str) -> Result<Node, TypeError> {
                 size,
                 signed: i.signed,
                 big_endian: i.big_endian,
+                name: info.name.clone(),
             }
         }
         Kind::Bool(_) => {
@@ -456,7 +519,7 @@ impl Compiler {
             .ok_or_else(|| err(path, "the type has no kind"))?;
         let node = match kind {
             Kind::Int(_) | Kind::Bool(_) | Kind::Char(_) | Kind::Float(_) | Kind::Pointer(_) => {
-                scalar(kind, size, path)?
+                scalar(info, kind, size, path)?
             }
             Kind::Enum(e) => {
                 if !matches!(size, 1 | 2 | 4 | 8) {
@@ -481,7 +544,12 @@ impl Compiler {
                 let mut fields = Vec::with_capacity(r.members.len());
                 let mut names = HashSet::new();
                 self.record(r, 0, size, path, depth, &mut fields, &mut names)?;
-                Node::Record(RecordNode { union, fields })
+                Node::Record(RecordNode {
+                    union,
+                    name: info.name.clone(),
+                    size,
+                    fields,
+                })
             }
             Kind::Array(a) => self.array(a, size, path, depth)?,
             Kind::Opaque(_) => Node::Opaque { size },

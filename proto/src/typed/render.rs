@@ -1,6 +1,6 @@
 //! Decoding: bytes to JSON-shaped values, by the rules in the module docs.
 
-use super::{Field, Node, Sink};
+use super::{Field, IntField, Node, Sink, int::sign_extend};
 
 /// `bytes[offset..offset + n]`, or an empty slice when out of range (a
 /// checked [`Layout`](super::Layout) never is).
@@ -11,78 +11,63 @@ pub(crate) fn slice(bytes: &[u8], offset: usize, n: usize) -> &[u8] {
         .unwrap_or(&[])
 }
 
-/// A little-endian unsigned integer of up to 16 bytes.
-pub(crate) fn uint(b: &[u8]) -> u128 {
-    b.iter()
-        .take(16)
-        .rev()
-        .fold(0u128, |acc, &x| (acc << 8) | u128::from(x))
-}
-
-/// The `size`-byte integer `raw`, sign-extended when `signed`.
-pub(crate) fn sign_extend(raw: u128, bits: usize, signed: bool) -> i128 {
-    if bits == 0 || bits >= 128 {
-        return raw as i128;
-    }
-    if signed && raw >> (bits - 1) & 1 == 1 {
-        (raw | (!0u128 << bits)) as i128
-    } else {
-        raw as i128
-    }
-}
-
-/// `bits` bits at bit `bit` of `bytes` (little-endian, as the compiler lays
-/// bitfields out on little-endian hosts).
-pub(crate) fn bitfield(bytes: &[u8], bit: usize, bits: usize) -> u128 {
-    let start = bit / 8;
-    let shift = bit % 8;
-    let n = (shift + bits).div_ceil(8);
-    let raw = uint(slice(bytes, start, n)) >> shift;
-    if bits >= 128 {
-        raw
-    } else {
-        raw & ((1u128 << bits) - 1)
-    }
+/// Where the integer-like `node` at byte `offset` (or, for a bitfield
+/// `f`, at its bits) is, and how it is stored.
+fn int_field(node: &Node, offset: usize, f: Option<&Field>) -> Option<IntField> {
+    let (size, signed, big_endian) = match node {
+        Node::Int {
+            size,
+            signed,
+            big_endian,
+            ..
+        } => (*size, *signed, *big_endian),
+        Node::Char { signed } => (1, *signed, false),
+        Node::Enum(e) => (e.size, e.signed, false),
+        Node::Bool { size } | Node::Pointer { size } => (*size, false, false),
+        _ => return None,
+    };
+    Some(match f {
+        Some(f) if f.bitfield_size != 0 => {
+            IntField::bitfield(offset * 8 + f.bit_offset, f.bitfield_size, signed)
+        }
+        Some(f) => IntField::whole(offset + f.bit_offset / 8, size, signed, big_endian),
+        None => IntField::whole(offset, size, signed, big_endian),
+    })
 }
 
 /// An integer of `bits` bits: a number up to 32 bits, a decimal string
-/// above.
-fn integer(v: i128, bits: usize, sink: &mut impl Sink) {
+/// above (an unsigned value that may not fit an i128 included).
+fn int_value(raw: u128, field: &IntField, sink: &mut impl Sink) {
+    let bits = field.bits();
     if bits <= 32 {
+        let v = if field.signed() {
+            sign_extend(raw, bits)
+        } else {
+            raw as i128
+        };
         sink.int(v as i64);
+    } else if field.signed() {
+        sink.decimal(sign_extend(raw, bits));
     } else {
-        sink.decimal(v);
+        sink.decimal_unsigned(raw);
     }
 }
 
-/// The same for an unsigned value that may not fit an i128.
-fn unsigned(v: u128, bits: usize, sink: &mut impl Sink) {
-    if bits <= 32 {
-        sink.int(v as i64);
+fn enum_value(e: &super::EnumNode, raw: u128, field: &IntField, sink: &mut impl Sink) {
+    let value = if e.signed {
+        sign_extend(raw, field.bits())
     } else {
-        sink.decimal_unsigned(v);
-    }
-}
-
-fn int_value(raw: u128, bits: usize, signed: bool, sink: &mut impl Sink) {
-    if signed {
-        integer(sign_extend(raw, bits, true), bits, sink);
-    } else {
-        unsigned(raw, bits, sink);
-    }
-}
-
-fn enum_value(e: &super::EnumNode, raw: u128, bits: usize, sink: &mut impl Sink) {
-    let value = sign_extend(raw, bits, e.signed);
+        raw as i128
+    };
     // Enumerators hold 64-bit two's complement.
-    let as_i64 = value as i64;
-    match e.name_of(as_i64) {
+    match e.name_of(value as i64) {
         Some(name) => sink.string(name),
-        None => int_value(raw, bits, e.signed, sink),
+        None => int_value(raw, field, sink),
     }
 }
 
-fn is_text(b: &[u8]) -> Option<&str> {
+/// The text a char array holds: printable ASCII up to a NUL.
+pub(crate) fn text(b: &[u8]) -> Option<&str> {
     let nul = b.iter().position(|&c| c == 0)?;
     let text = &b[..nul];
     text.iter()
@@ -91,34 +76,22 @@ fn is_text(b: &[u8]) -> Option<&str> {
         .flatten()
 }
 
-/// The integer of `size` bytes at `offset`, in either byte order.
-pub(crate) fn int_at(bytes: &[u8], offset: usize, size: usize, big_endian: bool) -> u128 {
-    let b = slice(bytes, offset, size);
-    if big_endian {
-        b.iter()
-            .take(16)
-            .fold(0u128, |acc, &x| (acc << 8) | u128::from(x))
-    } else {
-        uint(b)
+/// An integer-like value (or a bitfield of one) through `field`.
+fn scalar(node: &Node, field: &IntField, bytes: &[u8], sink: &mut impl Sink) {
+    let raw = field.raw(bytes).unwrap_or(0);
+    match node {
+        Node::Enum(e) => enum_value(e, raw, field, sink),
+        Node::Bool { .. } => sink.bool(raw != 0),
+        Node::Pointer { .. } => sink.pointer(raw as u64),
+        _ => int_value(raw, field, sink),
     }
 }
 
 pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sink) {
+    if let Some(field) = int_field(node, offset, None) {
+        return scalar(node, &field, bytes, sink);
+    }
     match node {
-        Node::Int {
-            size,
-            signed,
-            big_endian,
-        } => int_value(
-            int_at(bytes, offset, *size, *big_endian),
-            size * 8,
-            *signed,
-            sink,
-        ),
-        Node::Bool { size } => sink.bool(uint(slice(bytes, offset, *size)) != 0),
-        Node::Char { signed } => {
-            int_value(uint(slice(bytes, offset, 1)), 8, *signed, sink);
-        }
         Node::Float { size } => {
             let b = slice(bytes, offset, *size);
             let v = match *size {
@@ -130,7 +103,6 @@ pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sin
                 None => sink.null(),
             }
         }
-        Node::Enum(e) => enum_value(e, uint(slice(bytes, offset, e.size)), e.size * 8, sink),
         Node::Record(r) => {
             sink.begin_object();
             for f in &r.fields {
@@ -145,7 +117,7 @@ pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sin
             length,
         } => {
             if element.is_char()
-                && let Some(text) = is_text(slice(bytes, offset, element_size * length))
+                && let Some(text) = text(slice(bytes, offset, element_size * length))
             {
                 sink.string(text);
                 return;
@@ -156,25 +128,21 @@ pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sin
             }
             sink.end_array();
         }
-        Node::Pointer { size } => sink.pointer(uint(slice(bytes, offset, *size)) as u64),
         Node::Opaque { size } => sink.hex(slice(bytes, offset, *size)),
         Node::Rendered { how, node, size } => sink.string(&how.show(node, *size, bytes, offset)),
+        // Integers, chars, enums, bools and pointers are read above.
+        _ => sink.null(),
     }
 }
 
 fn field(f: &Field, bytes: &[u8], record: usize, sink: &mut impl Sink) {
     if f.bitfield_size == 0 {
-        node(&f.node, bytes, record + f.bit_offset / 8, sink);
-        return;
+        return node(&f.node, bytes, record + f.bit_offset / 8, sink);
     }
-    let raw = bitfield(bytes, record * 8 + f.bit_offset, f.bitfield_size);
-    let bits = f.bitfield_size;
-    match &f.node {
-        Node::Int { signed, .. } | Node::Char { signed } => int_value(raw, bits, *signed, sink),
-        Node::Enum(e) => enum_value(e, raw, bits, sink),
-        Node::Bool { .. } => sink.bool(raw != 0),
+    match int_field(&f.node, record, Some(f)) {
+        Some(field) => scalar(&f.node, &field, bytes, sink),
         // A checked layout has no other bitfields.
-        _ => sink.null(),
+        None => sink.null(),
     }
 }
 
@@ -182,17 +150,10 @@ fn field(f: &Field, bytes: &[u8], record: usize, sink: &mut impl Sink) {
 /// structs and arrays of them).
 pub(crate) fn sum(node: &Node, cpus: &[&[u8]], offset: usize, sink: &mut impl Sink) {
     match node {
-        Node::Int {
-            size,
-            signed,
-            big_endian,
-        } => {
-            let bits = size * 8;
-            let total: i128 = cpus
-                .iter()
-                .map(|b| sign_extend(int_at(b, offset, *size, *big_endian), bits, *signed))
-                .sum();
-            sum_out(total, bits, sink);
+        Node::Int { .. } => {
+            if let Some(field) = int_field(node, offset, None) {
+                sum_out(cpus, &field, sink);
+            }
         }
         // Sums are numbers whatever the rendering.
         Node::Rendered { node, .. } => sum(node, cpus, offset, sink),
@@ -202,16 +163,10 @@ pub(crate) fn sum(node: &Node, cpus: &[&[u8]], offset: usize, sink: &mut impl Si
                 sink.field_key(&f.key);
                 if f.bitfield_size == 0 {
                     sum(&f.node, cpus, offset + f.bit_offset / 8, sink);
+                } else if let Some(field) = int_field(&f.node, offset, Some(f)) {
+                    sum_out(cpus, &field, sink);
                 } else {
-                    let signed = matches!(f.node, Node::Int { signed: true, .. });
-                    let total: i128 = cpus
-                        .iter()
-                        .map(|b| {
-                            let raw = bitfield(b, offset * 8 + f.bit_offset, f.bitfield_size);
-                            sign_extend(raw, f.bitfield_size, signed)
-                        })
-                        .sum();
-                    sum_out(total, f.bitfield_size, sink);
+                    sink.null();
                 }
             }
             sink.end_object();
@@ -231,14 +186,16 @@ pub(crate) fn sum(node: &Node, cpus: &[&[u8]], offset: usize, sink: &mut impl Si
     }
 }
 
-/// A sum of `bits`-bit integers: a number while a JSON number holds it
-/// exactly (a 32-bit type summed over up to 2^21 CPUs always is), else a
-/// decimal string.
-fn sum_out(total: i128, bits: usize, sink: &mut impl Sink) {
+/// The sum of an integer over the CPUs: a number while a JSON number holds
+/// it exactly (a 32-bit type summed over up to 2^21 CPUs always is), else a
+/// decimal string; null when it cannot be summed exactly.
+fn sum_out(cpus: &[&[u8]], field: &IntField, sink: &mut impl Sink) {
     const EXACT: i128 = 1 << 53;
-    if bits <= 32 && (-EXACT..=EXACT).contains(&total) {
-        sink.int(total as i64);
-    } else {
-        sink.decimal(total);
+    match field.sum(cpus.iter().copied()) {
+        Some(total) if field.bits() <= 32 && (-EXACT..=EXACT).contains(&total) => {
+            sink.int(total as i64)
+        }
+        Some(total) => sink.decimal(total),
+        None => sink.null(),
     }
 }

@@ -12,8 +12,9 @@ use std::{
 use prost_types::{Value, value::Kind};
 
 use super::{
-    EncodeError, Layout, Node, TypeError, encode, err, kind_name,
-    render::{int_at, slice},
+    EncodeError, IntField, Layout, Member, Node, TypeError, encode, err, kind_name,
+    member::{self, Root},
+    render::slice,
 };
 
 /// How a member is shown.
@@ -75,10 +76,15 @@ impl Rendering {
     /// `node` at `offset` of `bytes`, shown this way.
     pub(crate) fn show(self, node: &Node, size: usize, bytes: &[u8], offset: usize) -> String {
         if let Node::Int {
-            size, big_endian, ..
+            size,
+            signed,
+            big_endian,
+            ..
         } = node
         {
-            let v = int_at(bytes, offset, *size, *big_endian);
+            let v = IntField::whole(offset, *size, *signed, *big_endian)
+                .raw(bytes)
+                .unwrap_or(0);
             return match self {
                 Self::Ipv4 => Ipv4Addr::from(v as u32).to_string(),
                 Self::Ipv6 => Ipv6Addr::from(v).to_string(),
@@ -175,12 +181,15 @@ impl Rendering {
         // significant), in its own byte order; other members hold the bytes.
         match node {
             Node::Int {
-                size, big_endian, ..
+                size,
+                signed,
+                big_endian,
+                ..
             } => {
                 let raw = bytes
                     .iter()
                     .fold(0u128, |acc, &x| (acc << 8) | u128::from(x));
-                encode::put_int(out, offset, *size, raw, *big_endian);
+                IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
             }
             _ => {
                 if let Some(dst) = out.get_mut(offset..offset + size) {
@@ -242,14 +251,25 @@ impl Renderings {
             let how = how
                 .parse::<Rendering>()
                 .map_err(|e| err(path, e.to_string()))?;
-            if !(path == "key"
-                || path == "value"
-                || path.starts_with("key.")
-                || path.starts_with("value."))
-            {
-                return Err(err(
+            let bad_root = || {
+                err(
                     path,
                     "a member path starts with \"key\" or \"value\" (\"key.daddr\")",
+                )
+            };
+            let (root, steps) = match member::parse(path) {
+                Ok((Root::Cpu(_), _)) => return Err(bad_root()),
+                Ok(parsed) => parsed,
+                Err(e) if e.message.starts_with("a member path starts") => {
+                    return Err(bad_root());
+                }
+                Err(e) => return Err(err(path, e.message)),
+            };
+            let _ = root;
+            if steps.iter().any(|s| matches!(s, member::Step::Index(_))) {
+                return Err(err(
+                    path,
+                    "renderings name members, not array elements (render the whole array)",
                 ));
             }
             out.insert(path.clone(), how);
@@ -286,64 +306,28 @@ impl Renderings {
     }
 }
 
-impl Layout {
-    /// This layout with the members at `renderings`' paths under `root`
-    /// ("key" or "value") shown as they say. The error names the member
-    /// that does not exist, is a bitfield, or does not fit its rendering.
-    pub fn with_renderings(
-        &self,
-        renderings: &Renderings,
-        root: &str,
-    ) -> Result<Layout, TypeError> {
-        let mut out = self.clone();
-        for (path, how) in renderings.under(root) {
-            let full = if path.is_empty() {
-                root.to_owned()
-            } else {
-                format!("{root}.{path}")
-            };
-            let (node, size) = find(&mut out.root, out.size, path, &full)?;
-            if let Some(why) = how.misfit(node, size) {
-                return Err(err(&full, why));
-            }
-            let inner = std::mem::replace(node, Node::Opaque { size: 0 });
-            *node = Node::Rendered {
-                how,
-                node: Box::new(inner),
-                size,
-            };
-        }
-        Ok(out)
+/// Shows the member `m` (resolved in a layout like `target`) of `target`
+/// as `how` says: the error says why it cannot be.
+pub(crate) fn apply(target: &mut Layout, m: &Member<'_>, how: Rendering) -> Result<(), TypeError> {
+    if m.bitfield().is_some() {
+        return Err(err(m.path(), "a bitfield cannot be rendered"));
     }
-}
-
-/// The node at `path` (member names joined by '.') below `node` (of
-/// `size` bytes), and its size.
-fn find<'n>(
-    mut node: &'n mut Node,
-    mut size: usize,
-    path: &str,
-    full: &str,
-) -> Result<(&'n mut Node, usize), TypeError> {
-    if path.is_empty() {
-        return Ok((node, size));
+    let size = m.size();
+    let node = target
+        .node_at_mut(&m.trail)
+        .ok_or_else(|| err(m.path(), "not found"))?;
+    let inner = match std::mem::replace(node, Node::Opaque { size: 0 }) {
+        Node::Rendered { node, .. } => *node,
+        n => n,
+    };
+    if let Some(why) = how.misfit(&inner, size) {
+        *node = inner;
+        return Err(err(m.path(), why));
     }
-    for name in path.split('.') {
-        let Node::Record(r) = node else {
-            return Err(err(full, format!("{} has no members", kind_name(node))));
-        };
-        let names: Vec<String> = r.fields.iter().map(|f| f.name.clone()).collect();
-        let Some(f) = r.fields.iter_mut().find(|f| f.name == name) else {
-            return Err(err(
-                full,
-                format!("no member named {name:?} (members: {})", names.join(", ")),
-            ));
-        };
-        if f.bitfield_size != 0 {
-            return Err(err(full, "a bitfield cannot be rendered"));
-        }
-        size = f.size;
-        node = &mut f.node;
-    }
-    Ok((node, size))
+    *node = Node::Rendered {
+        how,
+        node: Box::new(inner),
+        size,
+    };
+    Ok(())
 }

@@ -661,6 +661,19 @@ fn renderings(pairs: &[(&str, &str)]) -> Renderings {
     Renderings::parse(&map).unwrap()
 }
 
+/// `t`'s layout as the key (or value) of a map, with `r` applied.
+fn rendered(t: &TypeInfo, root: &str, r: &Renderings) -> Result<Layout, TypeError> {
+    let other = u(1);
+    let size = t.size as usize;
+    if root == "key" {
+        let l = MapLayout::new(Some(t), Some(&other), (size, 1), None)?;
+        Ok(l.with_renderings(r)?.key().clone())
+    } else {
+        let l = MapLayout::new(Some(&other), Some(t), (1, size), None)?;
+        Ok(l.with_renderings(r)?.value().clone())
+    }
+}
+
 fn decode_layout(l: &Layout, bytes: &[u8]) -> serde_json::Value {
     let mut text = Vec::new();
     l.write_json(bytes, &mut text);
@@ -716,16 +729,16 @@ fn network_order_integers_read_and_encode_as_numbers() {
 
 #[test]
 fn renderings_show_addresses_and_hex_and_accept_them_back() {
-    let l = layout(&ct_tuple())
-        .with_renderings(
-            &renderings(&[
-                ("key.daddr", "ipv4"),
-                ("key.saddr", "ipv4"),
-                ("key.flags", "hex"),
-            ]),
-            "key",
-        )
-        .unwrap();
+    let l = rendered(
+        &ct_tuple(),
+        "key",
+        &renderings(&[
+            ("key.daddr", "ipv4"),
+            ("key.saddr", "ipv4"),
+            ("key.flags", "hex"),
+        ]),
+    )
+    .unwrap();
     let shown = json!({"daddr": "10.0.0.1", "saddr": "192.168.0.2", "dport": 443, "sport": 51234, "nexthdr": 6, "flags": "0x0"});
     assert_eq!(decode_layout(&l, &ct_bytes()), shown);
     assert_eq!(l.encode(&from_json(&shown), "key").unwrap(), ct_bytes());
@@ -733,9 +746,12 @@ fn renderings_show_addresses_and_hex_and_accept_them_back() {
     let numeric = json!({"daddr": 167772161, "saddr": "192.168.0.2", "dport": 443, "sport": 51234, "nexthdr": 6, "flags": 0});
     assert_eq!(l.encode(&from_json(&numeric), "key").unwrap(), ct_bytes());
     // A host-order integer holds the address as its value.
-    let host = layout(&record("k", 4, vec![member("saddr", 0, u(4))]))
-        .with_renderings(&renderings(&[("key.saddr", "ipv4")]), "key")
-        .unwrap();
+    let host = rendered(
+        &record("k", 4, vec![member("saddr", 0, u(4))]),
+        "key",
+        &renderings(&[("key.saddr", "ipv4")]),
+    )
+    .unwrap();
     let bytes = 167772160u32.to_le_bytes();
     assert_eq!(decode_layout(&host, &bytes), json!({"saddr": "10.0.0.0"}));
     assert_eq!(
@@ -765,12 +781,12 @@ fn ipv6_unions_mac_arrays_and_whole_keys_render() {
         22,
         vec![member("addr", 0, v6addr), member("mac", 16, array(u(1), 6))],
     );
-    let l = layout(&t)
-        .with_renderings(
-            &renderings(&[("value.addr", "ipv6"), ("value.mac", "mac")]),
-            "value",
-        )
-        .unwrap();
+    let l = rendered(
+        &t,
+        "value",
+        &renderings(&[("value.addr", "ipv6"), ("value.mac", "mac")]),
+    )
+    .unwrap();
     let mut bytes = "fe80::1"
         .parse::<std::net::Ipv6Addr>()
         .unwrap()
@@ -781,25 +797,26 @@ fn ipv6_unions_mac_arrays_and_whole_keys_render() {
     assert_eq!(decode_layout(&l, &bytes), shown);
     assert_eq!(l.encode(&from_json(&shown), "value").unwrap(), bytes);
     // The whole key, and hex of bytes.
-    let whole = layout(&be("__be32", 4))
-        .with_renderings(&renderings(&[("key", "ipv4")]), "key")
-        .unwrap();
+    let whole = rendered(&be("__be32", 4), "key", &renderings(&[("key", "ipv4")])).unwrap();
     assert_eq!(decode_layout(&whole, &[10, 1, 2, 3]), json!("10.1.2.3"));
-    let hex = layout(&array(u(1), 3))
-        .with_renderings(&renderings(&[("value", "hex")]), "value")
-        .unwrap();
+    let hex = rendered(&array(u(1), 3), "value", &renderings(&[("value", "hex")])).unwrap();
     assert_eq!(decode_layout(&hex, &[0xde, 0xad, 0x01]), json!("0xdead01"));
     assert_eq!(
         hex.encode(&from_json(&json!("0xdead01")), "value").unwrap(),
         [0xde, 0xad, 0x01]
     );
     // Renderings under the other root do not apply.
-    let other = layout(&ct_tuple())
-        .with_renderings(&renderings(&[("value.daddr", "ipv4")]), "key")
+    let both = MapLayout::new(Some(&ct_tuple()), Some(&ct_tuple()), (14, 14), None)
+        .unwrap()
+        .with_renderings(&renderings(&[("value.daddr", "ipv4")]))
         .unwrap();
     assert_eq!(
-        decode_layout(&other, &ct_bytes())["daddr"],
+        decode_layout(both.key(), &ct_bytes())["daddr"],
         json!(167772161)
+    );
+    assert_eq!(
+        decode_layout(both.value(), &ct_bytes())["daddr"],
+        json!("10.0.0.1")
     );
 }
 
@@ -815,14 +832,13 @@ fn renderings_that_cannot_work_name_the_member() {
         ],
     );
     let e = |pairs: &[(&str, &str)]| {
-        layout(&t)
-            .with_renderings(&renderings(pairs), "key")
+        rendered(&t, "key", &renderings(pairs))
             .unwrap_err()
             .to_string()
     };
     assert_eq!(
         e(&[("key.x", "ipv4")]),
-        "key.x: no member named \"x\" (members: a, b, c)"
+        "key.x: no such member of struct k (members: a, b, c)"
     );
     assert_eq!(
         e(&[("key.b", "ipv4")]),
@@ -834,7 +850,7 @@ fn renderings_that_cannot_work_name_the_member() {
     );
     assert_eq!(
         e(&[("key.a.z", "hex")]),
-        "key.a.z: an integer has no members"
+        "key.a.z: key.a is __be32, which has no members"
     );
     let map: std::collections::BTreeMap<String, String> =
         [("key.a".to_owned(), "ipv5".to_owned())].into();
@@ -851,9 +867,7 @@ fn renderings_that_cannot_work_name_the_member() {
             .contains("starts with \"key\"")
     );
     // A bad spelling in a JSON key names the member and the expected form.
-    let l = layout(&t)
-        .with_renderings(&renderings(&[("key.a", "ipv4")]), "key")
-        .unwrap();
+    let l = rendered(&t, "key", &renderings(&[("key.a", "ipv4")])).unwrap();
     let err = l
         .encode(&from_json(&json!({"a": "10.0.0", "b": 1, "c": 1})), "key")
         .unwrap_err()

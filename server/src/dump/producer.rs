@@ -316,9 +316,7 @@ impl<M: MapOps> Producer<M> {
             }
         }
         self.scanned += scanned as u64;
-        self.meter
-            .add(reading, evaluating.elapsed())
-            .map_err(Error::ResourceExhausted)?;
+        self.meter.add(reading, evaluating.elapsed())?;
         Ok(chunk.map(|c| q.project(c, &self.meta).0))
     }
 

@@ -46,12 +46,9 @@ use bpfmap_kernel::{self as kernel, BtfInfo, MAX_BTF_SIZE, MapMeta, SysResult};
 
 use super::{KnownTypes, MapTypes};
 
-/// Deepest description: TypeInfo levels, the outermost type being level 1.
-/// Clients decode with prost's recursion limit of 100, and each level costs
-/// three nested messages (TypeInfo, RecordType or ArrayType, Member).
-pub const MAX_DEPTH: usize = 24;
-/// Most TypeInfo nodes and enumerators in one description.
-pub const MAX_NODES: usize = 10_000;
+/// The bounds of every description, whoever reads it: its depth and its
+/// types and enumerators (the decoder checks the same).
+pub use bpfmap_proto::typed::{MAX_DEPTH, MAX_NODES};
 /// Most members of one struct or union.
 pub const MAX_MEMBERS: usize = 4096;
 /// Most enumerators of one enum.
@@ -904,7 +901,9 @@ impl TypeCache {
                 id => Some(one("key", id)?),
             };
             let value = one("value", value_id)?;
-            MapTypes::new(key, value).map(Arc::new).map_err(Arc::from)
+            MapTypes::new(key, value)
+                .map(Arc::new)
+                .map_err(|e| Arc::from(e.to_string()))
         });
         let mut cached = self.lock();
         cached.descriptions.insert(slot, described.clone());

@@ -13,5 +13,5 @@ pub(crate) use catalog::{Catalog, Resolved};
 pub use demo::{Demo, flow_key, flow_value, typed_flows};
 pub use render::RenderConfig;
 pub(crate) use render::RenderRules;
-pub(crate) use types::{CallLayouts, Decoder};
+pub(crate) use types::Decoder;
 pub(crate) use types::{KnownTypes, MapTypes};

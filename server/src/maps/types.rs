@@ -1,12 +1,14 @@
 //! Typed maps: a map's key and value types ([`MapTypes`], read from BTF by
 //! [`TypeCache`](super::TypeCache)), what is known of them
-//! ([`KnownTypes`]), and the decoding a dump or a lookup asked for (the
+//! ([`KnownTypes`]), the layout a call sees them through
+//! ([`KnownTypes::layout`]: a `bpfmap_proto::typed::MapLayout`, with the
+//! call's renderings), and the decoding a dump or a lookup asked for (the
 //! rules themselves are `bpfmap_proto::typed`, shared with the client).
 
 use std::sync::Arc;
 
 use bpfmap_proto::{
-    typed::{Layout, Renderings, Sink, ValueBuilder, ValueWriter},
+    typed::{Layout, MapLayout, Renderings, Sink, TypeError, ValueBuilder, ValueWriter},
     v1 as pb,
 };
 
@@ -40,13 +42,12 @@ impl PartialEq for MapTypes {
 impl MapTypes {
     /// Builds the layouts of `key` and `value`; the error is the reason
     /// shown in MapInfo.types_unavailable.
-    pub(crate) fn new(key: Option<pb::TypeInfo>, value: pb::TypeInfo) -> Result<Self, String> {
+    pub(crate) fn new(key: Option<pb::TypeInfo>, value: pb::TypeInfo) -> Result<Self, TypeError> {
         let key_layout = key
             .as_ref()
             .map(|k| Layout::new(k, "key").map(Arc::new))
-            .transpose()
-            .map_err(|e| e.to_string())?;
-        let value_layout = Arc::new(Layout::new(&value, "value").map_err(|e| e.to_string())?);
+            .transpose()?;
+        let value_layout = Arc::new(Layout::new(&value, "value")?);
         Ok(Self {
             key,
             value,
@@ -97,22 +98,55 @@ impl KnownTypes {
         }
     }
 
-    /// The key layout for keys given as JSON (`layouts`: the call's), or
+    /// The layout of the map `meta` describes, as a call sees it: its
+    /// types (bytes when it has none, or none that can be used) with
+    /// `renderings` (INVALID_ARGUMENT naming the member that cannot be
+    /// shown so; FAILED_PRECONDITION for renderings of a map without
+    /// types).
+    pub(crate) fn layout(
+        &self,
+        map: &MapRef,
+        meta: &MapMeta,
+        renderings: &Renderings,
+    ) -> Result<MapLayout, Error> {
+        let sizes = (meta.key_size as usize, meta.value_size as usize);
+        let cpus = meta.per_cpu().then_some(meta.possible_cpus as usize);
+        let layout = match self {
+            Self::Typed(t) => {
+                MapLayout::of_layouts(t.key_layout.clone(), t.value_layout.clone(), sizes, cpus)
+                    .map_err(|e| Error::Internal {
+                        map: Some(map.clone()),
+                        message: format!("its types do not fit it: {e}"),
+                    })?
+            }
+            Self::None | Self::Unavailable(_) => {
+                if !renderings.is_empty() {
+                    return Err(Error::Untyped {
+                        map: map.clone(),
+                        why: "render needs the map's types".into(),
+                    });
+                }
+                return Ok(MapLayout::untyped(sizes, cpus));
+            }
+        };
+        layout
+            .with_renderings(renderings)
+            .map_err(|e| Error::InvalidArgument(format!("render: {e} (map {map})")))
+    }
+
+    /// The key layout for keys given as JSON (`layout`: the call's), or
     /// why there is none.
     pub(crate) fn key_layout<'a>(
         &self,
         map: &MapRef,
-        layouts: Option<&'a CallLayouts>,
+        layout: &'a MapLayout,
     ) -> Result<&'a Layout, Error> {
         match self {
-            Self::Typed(_) => {
-                layouts
-                    .and_then(|l| l.key.as_deref())
-                    .ok_or_else(|| Error::Untyped {
-                        map: map.clone(),
-                        why: "it has no keys".into(),
-                    })
-            }
+            Self::Typed(_) if layout.key_typed() => Ok(layout.key()),
+            Self::Typed(_) => Err(Error::Untyped {
+                map: map.clone(),
+                why: "it has no keys".into(),
+            }),
             Self::None => Err(Error::Untyped {
                 map: map.clone(),
                 why: "it carries no BTF; give keys as bytes".into(),
@@ -122,59 +156,6 @@ impl KnownTypes {
                 why: format!("its types cannot be read ({why}); give keys as bytes"),
             }),
         }
-    }
-}
-
-/// A map's layouts as one call shows them: the map's own, or with the
-/// call's renderings.
-#[derive(Debug, Clone)]
-pub(crate) struct CallLayouts {
-    /// The key's, for decoding and for JSON keys.
-    pub(crate) key: Option<Arc<Layout>>,
-    /// The value's.
-    pub(crate) value: Arc<Layout>,
-}
-
-impl CallLayouts {
-    /// `types`' layouts with `renderings` applied (INVALID_ARGUMENT naming
-    /// the member that cannot be shown so).
-    pub(crate) fn new(
-        map: &MapRef,
-        types: &MapTypes,
-        renderings: &Renderings,
-    ) -> Result<Self, Error> {
-        if renderings.is_empty() {
-            return Ok(Self {
-                key: types.key_layout.clone(),
-                value: types.value_layout.clone(),
-            });
-        }
-        let bad = |e: bpfmap_proto::typed::TypeError| {
-            Error::InvalidArgument(format!("render: {e} (map {map})"))
-        };
-        let key = match &types.key_layout {
-            Some(k) => Some(Arc::new(k.with_renderings(renderings, "key").map_err(bad)?)),
-            None => {
-                if let Some((path, _)) = renderings.under("key").next() {
-                    let path = if path.is_empty() {
-                        "key".to_owned()
-                    } else {
-                        format!("key.{path}")
-                    };
-                    return Err(Error::InvalidArgument(format!(
-                        "render: {path}: map {map} has no keys"
-                    )));
-                }
-                None
-            }
-        };
-        let value = Arc::new(
-            types
-                .value_layout
-                .with_renderings(renderings, "value")
-                .map_err(bad)?,
-        );
-        Ok(Self { key, value })
     }
 }
 
@@ -195,16 +176,17 @@ enum ValueDecoding {
 
 impl Decoder {
     /// The decoding a request asks for (`raw`, `per_cpu`) on a map with
-    /// `types` shown as `layouts` says; `None` when nothing is decoded.
+    /// `types` shown as `layout` says; `None` when nothing is decoded.
     /// INVALID_ARGUMENT (or FAILED_PRECONDITION for types that cannot be
     /// read) for a sum that cannot be made.
     pub(crate) fn for_request(
         map: &MapRef,
         meta: &MapMeta,
-        (types, layouts): (&KnownTypes, Option<&CallLayouts>),
+        (types, layout): (&KnownTypes, &MapLayout),
         (raw, per_cpu): (bool, i32),
         packed: bool,
     ) -> Result<Option<Self>, Error> {
+        let layouts = layout.typed().then_some(layout);
         let per_cpu = pb::PerCpu::try_from(per_cpu).map_err(|_| {
             Error::InvalidArgument(format!(
                 "unknown per_cpu {per_cpu}; use PER_CPU_EACH (0) or PER_CPU_SUM (1)"
@@ -215,8 +197,8 @@ impl Decoder {
                 return Ok(None);
             }
             return Ok(layouts.map(|l| Self {
-                key: l.key.clone(),
-                value: ValueDecoding::Typed(l.value.clone()),
+                key: Some(l.key_arc().clone()),
+                value: ValueDecoding::Typed(l.value_arc().clone()),
             }));
         }
         // PER_CPU_SUM.
@@ -239,12 +221,12 @@ impl Decoder {
         }
         let value = match (types, layouts) {
             (KnownTypes::Typed(_), Some(l)) => {
-                l.value.check_summable().map_err(|e| {
+                l.value().check_summable().map_err(|e| {
                     Error::InvalidArgument(format!(
                         "per_cpu = PER_CPU_SUM: the values of map {map} cannot be summed: {e}"
                     ))
                 })?;
-                ValueDecoding::Sum(l.value.clone())
+                ValueDecoding::Sum(l.value_arc().clone())
             }
             (KnownTypes::Unavailable(why), _) => {
                 return Err(Error::Untyped {
@@ -265,7 +247,7 @@ impl Decoder {
             },
         };
         Ok(Some(Self {
-            key: layouts.and_then(|l| l.key.clone()),
+            key: layouts.map(|l| l.key_arc().clone()),
             value,
         }))
     }

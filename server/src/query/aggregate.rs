@@ -3,17 +3,12 @@
 //! by `limits.max_groups`. Sums are exact (128 bits: a map of u64 counters
 //! would need 2^64 entries to overflow one).
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 use bpfmap_proto::{
-    typed::{Layout, Renderings},
-    v1::{self as pb, aggregate::Op},
-};
-
-use super::{
-    filter::{EntryRef, IntLoad},
-    path::{self, Root, Shape},
-    projection::Projection,
+    aggregate::{self as values, Op},
+    typed::{EntryRef, IntMember, MapLayout, Projection, Root},
+    v1 as pb,
 };
 
 /// Most aggregates one request may ask for.
@@ -24,7 +19,7 @@ pub const MAX_AGGREGATES: usize = 16;
 struct Agg {
     op: Op,
     /// The member (none for COUNT); for PER_CPU_EACH, one load per CPU.
-    loads: Vec<IntLoad>,
+    loads: Vec<IntMember>,
     /// Whether MIN and MAX are written as numbers (members of up to 32 bits).
     small: bool,
 }
@@ -32,10 +27,9 @@ struct Agg {
 /// What a request asks to compute, checked against the map's types.
 #[derive(Debug)]
 pub struct Spec {
+    /// The group-by members, whose records (with the call's renderings)
+    /// decode a group's key: the key part, then the value part.
     group: Option<Projection>,
-    /// Decodes a group's key: the key part, then the value part.
-    key_layout: Option<Arc<Layout>>,
-    value_layout: Option<Arc<Layout>>,
     aggs: Vec<Agg>,
     order_by: usize,
     ascending: bool,
@@ -82,12 +76,12 @@ pub enum AggregateError {
 }
 
 impl Agg {
-    /// Aggregate `i` of a request, checked against `shape` (`each`: each
+    /// Aggregate `i` of a request, checked against `layout` (`each`: each
     /// CPU's value of a per-CPU map counts as a value of its own).
     fn of(
         i: usize,
         a: &pb::Aggregate,
-        shape: &Shape<'_>,
+        layout: &MapLayout,
         each: bool,
     ) -> Result<Self, AggregateError> {
         let bad = AggregateError::Invalid;
@@ -115,33 +109,34 @@ impl Agg {
                 op.as_str_name()
             )));
         }
-        let (root, steps) =
-            path::parse(&a.field).map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
-        let r =
-            path::resolve(shape, root, &steps).map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
-        let load = IntLoad::of(&r).map_err(|e| {
+        let m = layout
+            .member(&a.field)
+            .map_err(|e| bad(format!("aggregates[{i}]: {e}")))?;
+        let load = m.int().map_err(|e| {
             bad(format!(
                 "aggregates[{i}]: {e}: {} takes an integer member",
                 op.as_str_name()
             ))
         })?;
-        let loads = match (root, shape.cpus) {
+        let loads = match (m.root(), layout.cpus()) {
             (Root::Value, Some(cpus)) if each => (0..cpus).map(|c| load.on_cpu(c)).collect(),
             _ => vec![load],
         };
         Ok(Agg {
             op,
             loads,
-            small: r.size <= 4,
+            small: load.field().bits() <= 32,
         })
     }
 }
 
 impl Spec {
-    /// Checks `req` against `shape`. `max_groups` bounds the table.
+    /// Checks `req` against `layout` (the map's, with the call's
+    /// renderings: group keys show members as they say). `max_groups`
+    /// bounds the table.
     pub fn new(
         req: &pb::AggregateMapRequest,
-        shape: &Shape<'_>,
+        layout: &MapLayout,
         max_groups: usize,
     ) -> Result<Self, AggregateError> {
         let bad = AggregateError::Invalid;
@@ -168,24 +163,15 @@ impl Spec {
             .aggregates
             .iter()
             .enumerate()
-            .map(|(i, a)| Agg::of(i, a, shape, each))
+            .map(|(i, a)| Agg::of(i, a, layout, each))
             .collect::<Result<Vec<_>, _>>()?;
         let group = if req.group_by.is_empty() {
             None
         } else {
-            Some(Projection::new(&req.group_by, shape).map_err(|e| bad(format!("group_by: {e}")))?)
-        };
-        let layout = |t: Option<&pb::TypeInfo>, what: &str| {
-            t.map(|t| Layout::new(t, what).map(Arc::new))
-                .transpose()
-                .map_err(|e| bad(format!("group_by: {e}")))
-        };
-        let (key_layout, value_layout) = match &group {
-            Some(g) => (
-                layout(g.key_type.as_ref(), "key")?,
-                layout(g.value_type.as_ref(), "value")?,
-            ),
-            None => (None, None),
+            Some(
+                Projection::new(&req.group_by, layout)
+                    .map_err(|e| bad(format!("group_by: {e}")))?,
+            )
         };
         let only = given_groups(&req.groups, group.as_ref())?;
         let threshold = match req.threshold.as_str() {
@@ -197,8 +183,6 @@ impl Spec {
         };
         Ok(Self {
             group,
-            key_layout,
-            value_layout,
             aggs,
             order_by: req.order_by as usize,
             ascending: req.ascending,
@@ -211,41 +195,6 @@ impl Spec {
             only,
             max_groups,
         })
-    }
-
-    /// Shows the group keys' members with `renderings` (member path to
-    /// rendering); those of members the groups do not have are left out.
-    pub fn with_renderings(mut self, renderings: &Renderings) -> Result<Self, AggregateError> {
-        let Some(group) = &self.group else {
-            return Ok(self);
-        };
-        let _ = group;
-        for (layout, root) in [
-            (&mut self.key_layout, "key"),
-            (&mut self.value_layout, "value"),
-        ] {
-            let Some(l) = layout.as_mut() else { continue };
-            let names = l
-                .member_names()
-                .into_iter()
-                .map(str::to_owned)
-                .collect::<Vec<_>>();
-            let picked: std::collections::HashMap<String, String> = renderings
-                .under(root)
-                .filter(|(path, _)| names.iter().any(|n| n == path))
-                .map(|(path, how)| (format!("{root}.{path}"), how.to_string()))
-                .collect();
-            if picked.is_empty() {
-                continue;
-            }
-            let r = Renderings::parse(&picked)
-                .map_err(|e| AggregateError::Invalid(format!("render: {e}")))?;
-            *l = Arc::new(
-                l.with_renderings(&r, root)
-                    .map_err(|e| AggregateError::Invalid(format!("render: {e}")))?,
-            );
-        }
-        Ok(self)
     }
 
     /// An empty table.
@@ -278,7 +227,7 @@ fn given_groups(
     if groups.is_empty() {
         return Ok(None);
     }
-    let len = group.map_or(0, |g| g.key_size + g.value_size);
+    let len = group.map_or(0, |g| g.key_size() + g.value_size());
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for (i, g) in groups.iter().enumerate() {
@@ -313,13 +262,7 @@ impl Table<'_> {
         self.key_buf.clear();
         self.value_buf.clear();
         if let Some(g) = &spec.group {
-            g.write(
-                e.key,
-                e.value,
-                e.stride,
-                &mut self.key_buf,
-                &mut self.value_buf,
-            );
+            g.write(e, &mut self.key_buf, &mut self.value_buf);
             self.key_buf.extend_from_slice(&self.value_buf);
         }
         let acc = match self.groups.get_mut(self.key_buf.as_slice()) {
@@ -337,14 +280,7 @@ impl Table<'_> {
         acc.count += 1;
         for (a, v) in spec.aggs.iter().zip(acc.values.iter_mut()) {
             for l in &a.loads {
-                let Some(x) = l.read(e) else { continue };
-                *v = Some(match (a.op, *v) {
-                    (_, None) => x,
-                    (Op::Sum, Some(s)) => s.saturating_add(x),
-                    (Op::Min, Some(m)) => m.min(x),
-                    (Op::Max, Some(m)) => m.max(x),
-                    (_, Some(s)) => s,
-                });
+                *v = values::combine(a.op, *v, l.read(e));
             }
         }
         true
@@ -387,13 +323,7 @@ impl Table<'_> {
         self.key_buf.clear();
         self.value_buf.clear();
         if let Some(g) = &spec.group {
-            g.write(
-                e.key,
-                e.value,
-                e.stride,
-                &mut self.key_buf,
-                &mut self.value_buf,
-            );
+            g.write(e, &mut self.key_buf, &mut self.value_buf);
             self.key_buf.extend_from_slice(&self.value_buf);
         }
         if !self.groups.contains_key(self.key_buf.as_slice()) {
@@ -507,12 +437,11 @@ impl Spec {
     fn group_message(&self, key_bytes: Vec<u8>, acc: &Acc) -> pb::Group {
         let mut fields = std::collections::BTreeMap::new();
         if let Some(g) = &self.group {
-            let (k, v) = key_bytes.split_at(g.key_size.min(key_bytes.len()));
-            for (layout, bytes, prefix) in [
-                (&self.key_layout, k, "key"),
-                (&self.value_layout, v, "value"),
-            ] {
-                let Some(layout) = layout else { continue };
+            let (k, v) = key_bytes.split_at(g.key_size().min(key_bytes.len()));
+            let records = g.layout();
+            for (layout, bytes, prefix) in
+                [(records.key(), k, "key"), (records.value(), v, "value")]
+            {
                 if let Some(prost_types::value::Kind::StructValue(s)) = layout.to_value(bytes).kind
                 {
                     for (name, value) in s.fields {
@@ -531,16 +460,9 @@ impl Spec {
             .aggs
             .iter()
             .zip(&acc.values)
-            .map(|(a, v)| match (a.op, v) {
-                (Op::Count, _) => string(acc.count.to_string()),
-                (Op::Sum, None) => string("0".into()),
-                (_, None) => prost_types::Value {
-                    kind: Some(prost_types::value::Kind::NullValue(0)),
-                },
-                (Op::Min | Op::Max, Some(v)) if a.small => prost_types::Value {
-                    kind: Some(prost_types::value::Kind::NumberValue(*v as f64)),
-                },
-                (_, Some(v)) => string(v.to_string()),
+            .map(|(a, v)| match a.op {
+                Op::Count => values::to_wire(a.op, Some(i128::from(acc.count)), false),
+                _ => values::to_wire(a.op, *v, a.small),
             })
             .collect();
         pb::Group {
@@ -548,12 +470,6 @@ impl Spec {
             values,
             key_bytes,
         }
-    }
-}
-
-fn string(s: String) -> prost_types::Value {
-    prost_types::Value {
-        kind: Some(prost_types::value::Kind::StringValue(s)),
     }
 }
 

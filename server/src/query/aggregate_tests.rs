@@ -50,7 +50,7 @@ impl Types {
         req: &pb::AggregateMapRequest,
         max_groups: usize,
     ) -> Result<Answer, AggregateError> {
-        let shape = t::shape(&self.key, &self.value, None);
+        let shape = t::layout(&self.key, &self.value, None);
         let spec = Spec::new(req, &shape, max_groups)?;
         let mut table = spec.table();
         for (k, v) in flows() {
@@ -303,7 +303,7 @@ fn requests_that_do_not_fit_are_refused_saying_why() {
         ),
         (
             request(&[], vec![agg(Op::Sum, "key")]),
-            "aggregates[0]: key is struct flow_key, not an integer: SUM takes an integer member",
+            "aggregates[0]: key: not an integer (struct flow_key): SUM takes an integer member",
         ),
         (
             request(&["key.dprt"], vec![agg(Op::Count, "")]),
@@ -330,7 +330,7 @@ fn requests_that_do_not_fit_are_refused_saying_why() {
 fn small_members_min_and_max_are_numbers_wide_ones_strings() {
     let key = t::flow_key();
     let value = t::flow_stats();
-    let shape = t::shape(&key, &value, None);
+    let shape = t::layout(&key, &value, None);
     let req = request(
         &[],
         vec![agg(Op::Min, "key.sport"), agg(Op::Max, "value.bytes")],
@@ -353,7 +353,7 @@ fn small_members_min_and_max_are_numbers_wide_ones_strings() {
 fn per_cpu_table(req: &pb::AggregateMapRequest) -> Vec<pb::Group> {
     let key = t::flow_key();
     let value = t::flow_stats();
-    let shape = t::shape(&key, &value, Some(3));
+    let shape = t::layout(&key, &value, Some(3));
     let spec = Spec::new(req, &shape, 100).unwrap();
     let mut table = spec.table();
     for i in 0..10u64 {
@@ -403,7 +403,7 @@ fn per_cpu_each_takes_each_cpu_and_per_cpu_sum_each_entry() {
 fn the_order_is_non_negative_for_counts_and_unsigned_sums_only() {
     let key = t::flow_key();
     let value = t::everything();
-    let shape = t::shape(&key, &value, None);
+    let shape = t::layout(&key, &value, None);
     let spec = |a: pb::Aggregate| Spec::new(&request(&[], vec![a]), &shape, 10).unwrap();
     assert!(spec(agg(Op::Count, "")).non_negative_order());
     assert!(spec(agg(Op::Sum, "value.u64")).non_negative_order());
@@ -413,13 +413,7 @@ fn the_order_is_non_negative_for_counts_and_unsigned_sums_only() {
 
 #[test]
 fn untyped_maps_aggregate_whole_keys_and_values_but_cannot_group() {
-    let shape = Shape {
-        key: None,
-        value: None,
-        key_size: 4,
-        value_size: 8,
-        cpus: None,
-    };
+    let shape = MapLayout::untyped((4, 8), None);
     let req = request(&[], vec![agg(Op::Sum, "value"), agg(Op::Max, "key")]);
     let spec = Spec::new(&req, &shape, 10).unwrap();
     let mut table = spec.table();
@@ -443,16 +437,13 @@ fn untyped_maps_aggregate_whole_keys_and_values_but_cannot_group() {
         e,
         "group_by: fields select members: the map has no types (BTF)"
     );
-    let wide = Shape {
-        value_size: 16,
-        ..shape
-    };
+    let wide = MapLayout::untyped((4, 16), None);
     let req = request(&[], vec![agg(Op::Sum, "value")]);
     let Err(AggregateError::Invalid(e)) = Spec::new(&req, &wide, 10) else {
         panic!("a 16-byte untyped value summed");
     };
     assert_eq!(
         e,
-        "aggregates[0]: value is 16 bytes, not an integer: SUM takes an integer member"
+        "aggregates[0]: value: not an integer (16 bytes): SUM takes an integer member"
     );
 }

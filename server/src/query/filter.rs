@@ -17,17 +17,18 @@
 //! `&&` look at their other side (`true || error` is true), and an entry
 //! whose filter ends in an error does not match.
 
-use bpfmap_proto::v1::type_info::Kind;
+use bpfmap_proto::typed::{
+    BytesMember, EntryRef, IntField, IntMember, MapLayout, Member, MemberKind, Root, Step,
+};
 use cel::common::ast::{self, Expr, IdedExpr, LiteralValue, operators as op};
-
-use super::path::{self, Resolved, Root, Shape, Step};
 
 /// The longest filter accepted, in bytes.
 pub const MAX_FILTER_LEN: usize = 4096;
-/// The deepest nesting accepted (the parser's recursion limit).
-pub const MAX_DEPTH: u16 = 32;
-/// The most nodes one filter may have.
-pub const MAX_NODES: usize = 512;
+/// The deepest nesting of an expression accepted (the parser's recursion
+/// limit).
+pub const MAX_FILTER_DEPTH: u16 = 32;
+/// The most operators and operands one filter may have.
+pub const MAX_FILTER_NODES: usize = 512;
 /// The most elements of all list literals of one filter.
 pub const MAX_LIST_ELEMENTS: usize = 10_000;
 /// The longest regular expression, and its compiled size bound.
@@ -50,16 +51,6 @@ pub struct Filter {
     root: Node,
     /// Whether it reads the value (the walk can skip decoding otherwise).
     source: String,
-}
-
-/// One entry as the filter reads it: the key, and the value in the
-/// kernel's layout (per-CPU values back to back, each `stride` bytes).
-#[derive(Debug, Clone, Copy)]
-pub struct EntryRef<'a> {
-    pub key: &'a [u8],
-    pub value: &'a [u8],
-    /// For per-CPU maps: the bytes of one CPU's value in `value`.
-    pub stride: usize,
 }
 
 /// The types the filter's values have.
@@ -98,157 +89,6 @@ enum Val<'a> {
     Int(i128),
     Bool(bool),
     Bytes(&'a [u8]),
-}
-
-/// Where an integer is read from.
-#[derive(Debug, Clone)]
-pub(crate) struct IntLoad {
-    root: Root,
-    /// Byte offset (whole bytes), or bit offset for a bitfield.
-    offset: usize,
-    size: usize,
-    bitfield: u32,
-    bit_offset: u64,
-    signed: bool,
-    big_endian: bool,
-}
-
-impl IntLoad {
-    /// The load of an integer (or enum, or char) member; an error naming
-    /// it otherwise.
-    pub(crate) fn of(r: &Resolved) -> Result<Self, String> {
-        let (signed, big_endian) = match r.info.as_ref().and_then(|i| i.kind.as_ref()) {
-            Some(Kind::Int(i)) => (i.signed, i.big_endian),
-            Some(Kind::Enum(e)) => (e.signed, false),
-            Some(Kind::Char(c)) => (c.signed, false),
-            None if matches!(r.size, 1 | 2 | 4 | 8) => (false, false),
-            _ => {
-                let what = r
-                    .info
-                    .as_ref()
-                    .map_or_else(|| format!("{} bytes", r.size), path::type_name);
-                return Err(format!("{} is {what}, not an integer", r.path));
-            }
-        };
-        if r.size > 16 {
-            return Err(format!("{} is wider than 128 bits", r.path));
-        }
-        Ok(Self {
-            root: r.root,
-            offset: (r.bit_offset / 8) as usize,
-            size: r.size,
-            bitfield: r.bitfield,
-            bit_offset: r.bit_offset,
-            signed,
-            big_endian,
-        })
-    }
-
-    /// Whether the member is signed.
-    pub(crate) fn signed(&self) -> bool {
-        self.signed
-    }
-
-    /// The same member in CPU `cpu`'s value.
-    pub(crate) fn on_cpu(&self, cpu: usize) -> Self {
-        Self {
-            root: Root::Cpu(cpu),
-            ..self.clone()
-        }
-    }
-
-    #[inline]
-    fn read_at(&self, bytes: &[u8]) -> Option<i128> {
-        if self.bitfield != 0 {
-            return read_bits(bytes, self.bit_offset, self.bitfield, self.signed);
-        }
-        let b = bytes.get(self.offset..self.offset + self.size)?;
-        let mut buf = [0u8; 16];
-        let v = if self.big_endian {
-            buf[16 - b.len()..].copy_from_slice(b);
-            u128::from_be_bytes(buf)
-        } else {
-            buf[..b.len()].copy_from_slice(b);
-            u128::from_le_bytes(buf)
-        };
-        let bits = self.size * 8;
-        Some(if self.signed && bits < 128 {
-            let shift = 128 - bits;
-            ((v << shift) as i128) >> shift
-        } else if self.signed {
-            v as i128
-        } else {
-            // An unsigned 128-bit value past i128::MAX cannot be compared
-            // exactly: an error, not a negative number.
-            i128::try_from(v).ok()?
-        })
-    }
-
-    #[inline]
-    pub(crate) fn read(&self, e: &EntryRef<'_>) -> Option<i128> {
-        match self.root {
-            Root::Key => self.read_at(e.key),
-            Root::Cpu(i) => self.read_at(e.value.get(i * e.stride..(i + 1) * e.stride)?),
-            Root::Value if e.stride == 0 => self.read_at(e.value),
-            // The sum over the CPUs.
-            Root::Value => {
-                let mut sum = 0i128;
-                for cpu in e.value.chunks_exact(e.stride) {
-                    sum = sum.checked_add(self.read_at(cpu)?)?;
-                }
-                Some(sum)
-            }
-        }
-    }
-}
-
-/// A bitfield of `width` bits at `bit_offset` (little-endian bit order).
-fn read_bits(bytes: &[u8], bit_offset: u64, width: u32, signed: bool) -> Option<i128> {
-    let start = (bit_offset / 8) as usize;
-    let end = (bit_offset + u64::from(width)).div_ceil(8) as usize;
-    let b = bytes.get(start..end)?;
-    let mut buf = [0u8; 16];
-    buf[..b.len()].copy_from_slice(b);
-    let v = u128::from_le_bytes(buf) >> (bit_offset % 8);
-    let mask = if width >= 128 {
-        u128::MAX
-    } else {
-        (1u128 << width) - 1
-    };
-    let v = v & mask;
-    Some(if signed && width < 128 {
-        let shift = 128 - width;
-        ((v << shift) as i128) >> shift
-    } else {
-        v as i128
-    })
-}
-
-#[derive(Debug, Clone)]
-struct BytesLoad {
-    root: Root,
-    offset: usize,
-    len: usize,
-    /// A char array: up to its first NUL.
-    text: bool,
-}
-
-impl BytesLoad {
-    #[inline]
-    fn read<'a>(&self, e: &EntryRef<'a>) -> Option<&'a [u8]> {
-        let bytes = match self.root {
-            Root::Key => e.key,
-            Root::Value if e.stride == 0 => e.value,
-            Root::Value => return None,
-            Root::Cpu(i) => e.value.get(i * e.stride..(i + 1) * e.stride)?,
-        };
-        let b = bytes.get(self.offset..self.offset + self.len)?;
-        Some(if self.text {
-            b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n])
-        } else {
-            b
-        })
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,11 +136,11 @@ enum Node {
     Int(i128),
     Bool(bool),
     Bytes(Vec<u8>),
-    LoadInt(IntLoad),
-    LoadBool(IntLoad),
-    LoadBytes(BytesLoad),
+    LoadInt(IntMember),
+    LoadBool(IntMember),
+    LoadBytes(BytesMember),
     /// The fast path of the common case: a member against a constant.
-    IntCmpConst(IntLoad, Cmp, i128),
+    IntCmpConst(IntMember, Cmp, i128),
     Cmp(Cmp, Box<Node>, Box<Node>),
     Arith(Arith, Box<Node>, Box<Node>),
     Neg(Box<Node>),
@@ -310,7 +150,7 @@ enum Node {
     Cond(Box<Node>, Box<Node>, Box<Node>),
     InInts(Box<Node>, Set<i128>),
     /// The fast path of `member in [1, 2, 3]`.
-    IntInConsts(IntLoad, Set<i128>),
+    IntInConsts(IntMember, Set<i128>),
     InBytes(Box<Node>, Set<Vec<u8>>),
     Str(StrFn, Box<Node>, Vec<u8>),
     Matches(Box<Node>, regex::bytes::Regex),
@@ -318,11 +158,11 @@ enum Node {
 }
 
 impl Filter {
-    /// Parses and checks `source` against `shape`.
-    pub fn compile(source: &str, shape: &Shape<'_>) -> Result<Self, FilterError> {
+    /// Parses and checks `source` against a map's `layout`.
+    pub fn compile(source: &str, layout: &MapLayout) -> Result<Self, FilterError> {
         let (expr, info) = parse(source)?;
         let mut c = Compiler {
-            shape,
+            layout,
             info: &info,
             source,
             nodes: 0,
@@ -376,14 +216,14 @@ fn parse(source: &str) -> Result<(IdedExpr, ast::SourceInfo), FilterError> {
         max = max.max(depth);
     }
     let unary = source.bytes().filter(|&c| c == b'!' || c == b'-').count();
-    if max > usize::from(MAX_DEPTH) || unary > MAX_NODES {
+    if max > usize::from(MAX_FILTER_DEPTH) || unary > MAX_FILTER_NODES {
         return Err(FilterError(format!(
-            "nested too deeply: at most {MAX_DEPTH} levels"
+            "nested too deeply: at most {MAX_FILTER_DEPTH} levels"
         )));
     }
     let parsed = std::panic::catch_unwind(|| {
         cel::parser::Parser::new()
-            .max_recursion_depth(MAX_DEPTH)
+            .max_recursion_depth(MAX_FILTER_DEPTH)
             .error_recovery_limit(4)
             .parse_with_source_info(source)
     });
@@ -416,7 +256,7 @@ fn position(source: &str, at: usize) -> String {
 }
 
 struct Compiler<'a> {
-    shape: &'a Shape<'a>,
+    layout: &'a MapLayout,
     info: &'a ast::SourceInfo,
     source: &'a str,
     nodes: usize,
@@ -435,7 +275,7 @@ impl Compiler<'_> {
                 span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
             }
         };
-        if depth > usize::from(MAX_DEPTH) * 2 {
+        if depth > usize::from(MAX_FILTER_DEPTH) * 2 {
             return span;
         }
         match &e.expr {
@@ -538,9 +378,9 @@ impl Compiler<'_> {
 
     fn node(&mut self, e: &IdedExpr) -> Result<Compiled, FilterError> {
         self.nodes += 1;
-        if self.nodes > MAX_NODES {
+        if self.nodes > MAX_FILTER_NODES {
             return Err(FilterError(format!(
-                "too large: at most {MAX_NODES} operators and operands"
+                "too large: at most {MAX_FILTER_NODES} operators and operands"
             )));
         }
         match &e.expr {
@@ -629,71 +469,39 @@ impl Compiler<'_> {
                 "not a member path (key.member, value.member[i], values[i].member)",
             ));
         };
-        let r = path::resolve(self.shape, root, &steps).map_err(|m| self.err(e, m))?;
-        self.load(e, &r)
+        let m = self
+            .layout
+            .resolve(root, &steps)
+            .map_err(|m| self.err(e, m))?;
+        self.load(e, &m)
     }
 
-    /// Reads a resolved member, by its type.
-    fn load(&self, e: &IdedExpr, r: &Resolved) -> Result<Compiled, FilterError> {
-        let int = |size: usize, signed: bool, big_endian: bool| IntLoad {
-            root: r.root,
-            offset: (r.bit_offset / 8) as usize,
-            size,
-            bitfield: r.bitfield,
-            bit_offset: r.bit_offset,
-            signed,
-            big_endian,
+    /// Reads a resolved member, by its kind.
+    fn load(&self, e: &IdedExpr, m: &Member<'_>) -> Result<Compiled, FilterError> {
+        let name = m.type_name();
+        let bytes = || {
+            m.bytes()
+                .ok_or_else(|| self.err(e, format!("{} cannot be read as bytes", m.path())))
         };
-        let bytes = |text: bool| BytesLoad {
-            root: r.root,
-            offset: (r.bit_offset / 8) as usize,
-            len: r.size,
-            text,
-        };
-        let summed = r.root == Root::Value && self.shape.cpus.is_some();
-        let Some(info) = &r.info else {
-            return Ok((Node::LoadBytes(bytes(false)), Ty::Bytes));
-        };
-        let name = path::type_name(info);
-        let loaded = match &info.kind {
-            Some(Kind::Int(i)) if (1..=16).contains(&r.size) || r.bitfield != 0 => (
-                Node::LoadInt(int(r.size, i.signed, i.big_endian)),
+        Ok(match m.kind() {
+            MemberKind::Integer => (
+                Node::LoadInt(m.int().map_err(|err| self.err(e, err))?),
                 Ty::Int(name),
             ),
-            Some(Kind::Char(c)) if !summed => {
-                (Node::LoadInt(int(1, c.signed, false)), Ty::Int(name))
-            }
-            Some(Kind::Enum(en)) if !summed && matches!(r.size, 1 | 2 | 4 | 8) => {
-                (Node::LoadInt(int(r.size, en.signed, false)), Ty::Int(name))
-            }
-            Some(Kind::Bool(_)) if !summed => {
-                (Node::LoadBool(int(r.size.max(1), false, false)), Ty::Bool)
-            }
-            Some(Kind::Array(a))
-                if !summed
-                    && a.element
-                        .as_ref()
-                        .is_some_and(|t| matches!(t.kind, Some(Kind::Char(_)))) =>
-            {
-                (Node::LoadBytes(bytes(true)), Ty::Str)
-            }
-            _ if summed => {
-                return Err(self.err(
-                    e,
-                    format!("{} is {name}: per-CPU values are summed over the CPUs for `value`, and only integers can be; read one CPU's with values[i]", r.path),
-                ));
-            }
-            Some(Kind::Opaque(_)) | Some(Kind::Array(_)) => {
-                (Node::LoadBytes(bytes(false)), Ty::Bytes)
-            }
+            MemberKind::Bool if !m.summed() => (
+                Node::LoadBool(m.flag().map_err(|err| self.err(e, err))?),
+                Ty::Bool,
+            ),
+            MemberKind::Text if !m.summed() => (Node::LoadBytes(bytes()?), Ty::Str),
+            _ if m.summed() => return Err(self.err(e, m.not_summable())),
+            MemberKind::Bytes => (Node::LoadBytes(bytes()?), Ty::Bytes),
             _ => {
                 return Err(self.err(
                     e,
-                    format!("{} is {name}, which a filter cannot compare (integers, enums, bools, char arrays and bytes can be)", r.path),
+                    format!("{} is {name}, which a filter cannot compare (integers, enums, bools, char arrays and bytes can be)", m.path()),
                 ));
             }
-        };
-        Ok(loaded)
+        })
     }
 
     fn call(&mut self, e: &IdedExpr, c: &ast::CallExpr) -> Result<Compiled, FilterError> {
@@ -848,8 +656,8 @@ impl Compiler<'_> {
             _ => 8,
         };
         let len = match root {
-            Root::Key => self.shape.key_size,
-            _ => self.shape.value_size,
+            Root::Key => self.layout.key().size(),
+            _ => self.layout.value().size(),
         };
         if offset + size > len {
             return Err(self.err(
@@ -861,15 +669,10 @@ impl Compiler<'_> {
                 ),
             ));
         }
-        let load = IntLoad {
+        let load = IntMember::new(
             root,
-            offset,
-            size,
-            bitfield: 0,
-            bit_offset: offset as u64 * 8,
-            signed: f.starts_with('i'),
-            big_endian: f.starts_with("be"),
-        };
+            IntField::whole(offset, size, f.starts_with('i'), f.starts_with("be")),
+        );
         Ok((Node::LoadInt(load), Ty::Int(f.into())))
     }
 
@@ -999,16 +802,13 @@ impl Compiler<'_> {
     /// The enumerators of the enum member `e` names, if it names one.
     fn enum_of(&self, e: &IdedExpr) -> Option<Vec<(String, i64)>> {
         let (root, steps) = self.path(e)?;
-        let r = path::resolve(self.shape, root, &steps).ok()?;
-        match r.info?.kind? {
-            Kind::Enum(en) => Some(
-                en.enumerators
-                    .into_iter()
-                    .map(|x| (x.name, x.value))
-                    .collect(),
-            ),
-            _ => None,
-        }
+        let m = self.layout.resolve(root, &steps).ok()?;
+        Some(
+            m.enumerators()?
+                .iter()
+                .map(|(value, name)| (name.clone(), *value))
+                .collect(),
+        )
     }
 
     fn enumerator(

@@ -31,7 +31,7 @@ impl Map {
     }
 
     fn compile(&self, source: &str) -> Result<Filter, String> {
-        let shape = t::shape(&self.key, &self.value, self.cpus);
+        let shape = t::layout(&self.key, &self.value, self.cpus);
         Filter::compile(source, &shape).map_err(|e| e.to_string())
     }
 
@@ -376,11 +376,11 @@ fn members_that_do_not_fit_are_refused_naming_the_member_and_its_position() {
     let cases = [
         (
             "key.dprt == 1",
-            "key.dprt (column 1): key.dprt: no such member of struct flow_key",
+            "key.dprt (column 1): key.dprt: no such member of struct flow_key (members: saddr, daddr, sport, dport, proto)",
         ),
         (
             "key.dport == 443 && key.dprt == 1",
-            "key.dprt (column 21): key.dprt: no such member of struct flow_key",
+            "key.dprt (column 21): key.dprt: no such member of struct flow_key (members: saddr, daddr, sport, dport, proto)",
         ),
         (
             "value.bytes > \"x\"",
@@ -619,11 +619,11 @@ fn per_cpu_sums_refuse_what_cannot_be_summed() {
     let e = map.refused("value.comm == \"x\"");
     assert_eq!(
         e,
-        "filter: value.comm (column 1): value.comm is char[16]: per-CPU values are summed over the CPUs for `value`, and only integers can be; read one CPU's with values[i]"
+        "filter: value.comm (column 1): value.comm: per-CPU values are summed over the CPUs for `value`, and only integers can be (this is char[16]); read one CPU's with values[i]"
     );
     let e = map.refused("value.ok");
     assert!(
-        e.contains("value.ok is _Bool: per-CPU values are summed"),
+        e.contains("value.ok: per-CPU values are summed over the CPUs for `value`, and only integers can be (this is bool)"),
         "{e}"
     );
     let mut value = sample();
@@ -639,14 +639,8 @@ fn per_cpu_sums_refuse_what_cannot_be_summed() {
 }
 
 /// A map without types: 8-byte keys, 16-byte values.
-fn untyped() -> (Shape<'static>, Vec<u8>, Vec<u8>) {
-    let shape = Shape {
-        key: None,
-        value: None,
-        key_size: 8,
-        value_size: 16,
-        cpus: None,
-    };
+fn untyped() -> (MapLayout, Vec<u8>, Vec<u8>) {
+    let shape = MapLayout::untyped((8, 16), None);
     let key = 0x0102_0304_0506_0708u64.to_le_bytes().to_vec();
     let mut value = vec![0u8; 16];
     value[4..6].copy_from_slice(&443u16.to_be_bytes());

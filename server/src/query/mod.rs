@@ -5,26 +5,49 @@
 //! per call.
 
 mod aggregate;
-mod counters;
 mod filter;
-mod path;
-mod projection;
+#[cfg(test)]
+mod projection_tests;
 #[cfg(test)]
 mod testing;
 
 use std::time::Duration;
 
 use bpfmap_kernel::{MapMeta, walk::Chunk};
+pub use bpfmap_proto::typed::{
+    Counter, EntryRef, MAX_COUNTERS, MAX_FIELDS, MapLayout, Projection, ProjectionError,
+};
 use bpfmap_proto::v1 as pb;
 
 pub use aggregate::{Acc, AggregateError, MAX_AGGREGATES, Spec, Table};
-pub use counters::{Counter, MAX_COUNTERS, counters};
 pub use filter::{
-    EntryRef, Filter, FilterError, MAX_DEPTH, MAX_FILTER_LEN, MAX_LIST_ELEMENTS, MAX_NODES,
+    Filter, FilterError, MAX_FILTER_DEPTH, MAX_FILTER_LEN, MAX_FILTER_NODES, MAX_LIST_ELEMENTS,
     MAX_REGEXES,
 };
-pub use path::Shape;
-pub use projection::{MAX_FIELDS, Projection};
+
+/// Why a dump's or a watch's query cannot be used (INVALID_ARGUMENT).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// The filter does not compile.
+    #[error(transparent)]
+    Filter(#[from] FilterError),
+    /// A field cannot be selected.
+    #[error("fields: {0}")]
+    Fields(ProjectionError),
+}
+
+/// A filter that costs too much against the walk it filters
+/// (RESOURCE_EXHAUSTED).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error(
+    "the filter costs {times:.0} times the walk it filters (limits.max_filter_cost is {limit}): simplify it"
+)]
+pub struct FilterTooCostly {
+    /// Evaluation time over read time.
+    pub times: f64,
+    /// limits.max_filter_cost.
+    pub limit: u32,
+}
 
 /// What a dump asks beyond the walk: a filter, a projection.
 #[derive(Debug)]
@@ -40,25 +63,25 @@ pub(crate) struct Query {
 }
 
 impl Query {
-    /// The query of a dump request, checked against the map; `None` when
-    /// it asks for neither.
+    /// The query of a dump request, checked against the map's `layout`;
+    /// `None` when it asks for neither.
     pub(crate) fn of_request(
         filter: &str,
         fields: &[String],
         meta: &MapMeta,
-        shape: &Shape<'_>,
-    ) -> Result<Option<Self>, String> {
+        layout: &MapLayout,
+    ) -> Result<Option<Self>, QueryError> {
         if filter.is_empty() && fields.is_empty() {
             return Ok(None);
         }
         let digest = digest(filter, fields);
         let filter = match filter {
             "" => None,
-            f => Some(Filter::compile(f, shape).map_err(|e| e.to_string())?),
+            f => Some(Filter::compile(f, layout)?),
         };
         let projection = match fields {
             [] => None,
-            f => Some(Projection::new(f, shape).map_err(|e| format!("fields: {e}"))?),
+            f => Some(Projection::new(f, layout).map_err(QueryError::Fields)?),
         };
         Ok(Some(Self {
             filter,
@@ -116,16 +139,15 @@ impl Query {
             return (c, None);
         };
         let (ks, vs) = (self.key_size, self.value_size);
-        let mut keys = Vec::with_capacity(c.count * p.key_size);
-        let mut values = Vec::with_capacity(c.count * p.value_size);
+        let mut keys = Vec::with_capacity(c.count * p.key_size());
+        let mut values = Vec::with_capacity(c.count * p.value_size());
         for i in 0..c.count {
-            p.write(
-                &c.keys[i * ks..(i + 1) * ks],
-                &c.values[i * vs..(i + 1) * vs],
-                self.stride,
-                &mut keys,
-                &mut values,
-            );
+            let e = EntryRef {
+                key: &c.keys[i * ks..(i + 1) * ks],
+                value: &c.values[i * vs..(i + 1) * vs],
+                stride: self.stride,
+            };
+            p.write(&e, &mut keys, &mut values);
         }
         let chunk = Chunk {
             count: c.count,
@@ -142,8 +164,8 @@ pub(crate) fn projected_meta(meta: &MapMeta, p: &Projection) -> MapMeta {
     if m.per_cpu() {
         m.map_type = bpfmap_kernel::MapType::HASH;
     }
-    m.key_size = p.key_size as u32;
-    m.value_size = p.value_size as u32;
+    m.key_size = p.key_size() as u32;
+    m.value_size = p.value_size() as u32;
     m
 }
 
@@ -176,8 +198,8 @@ fn digest(filter: &str, fields: &[String]) -> [u8; 16] {
 /// The projection's types, for the first message of a projected dump.
 pub(crate) fn projection_message(p: &Projection) -> pb::Projection {
     pb::Projection {
-        key_type: p.key_type.clone(),
-        value_type: p.value_type.clone(),
+        key_type: p.key_type(),
+        value_type: p.value_type(),
     }
 }
 
@@ -203,17 +225,15 @@ impl CostMeter {
         }
     }
 
-    /// Adds one chunk's timings; an error message once the filter costs too
-    /// much.
-    pub(crate) fn add(&mut self, read: Duration, eval: Duration) -> Result<(), String> {
+    /// Adds one chunk's timings; an error once the filter costs too much.
+    pub(crate) fn add(&mut self, read: Duration, eval: Duration) -> Result<(), FilterTooCostly> {
         self.reads += read;
         self.evals += eval;
         if self.multiple != 0 && self.evals > FREE_EVAL && self.evals > self.reads * self.multiple {
-            return Err(format!(
-                "the filter costs {:.0} times the walk it filters (limits.max_filter_cost is {}): simplify it",
-                self.evals.as_secs_f64() / self.reads.as_secs_f64().max(1e-9),
-                self.multiple
-            ));
+            return Err(FilterTooCostly {
+                times: self.evals.as_secs_f64() / self.reads.as_secs_f64().max(1e-9),
+                limit: self.multiple,
+            });
         }
         Ok(())
     }
@@ -226,9 +246,9 @@ mod tests {
     /// A query of `filter` over flow keys and stats.
     fn query(filter: &str) -> Query {
         let (key, value) = (testing::flow_key(), testing::flow_stats());
-        let shape = testing::shape(&key, &value, None);
+        let layout = testing::layout(&key, &value, None);
         Query {
-            filter: Some(Filter::compile(filter, &shape).unwrap()),
+            filter: Some(Filter::compile(filter, &layout).unwrap()),
             projection: None,
             stride: 0,
             key_size: 16,
@@ -296,7 +316,7 @@ mod tests {
         assert!(m.add(ms(1), ms(40)).is_ok(), "190 ms: still free");
         let e = m.add(ms(1), ms(20)).unwrap_err();
         assert_eq!(
-            e,
+            e.to_string(),
             "the filter costs 70 times the walk it filters (limits.max_filter_cost is 8): simplify it"
         );
         let mut m = CostMeter::new(8);

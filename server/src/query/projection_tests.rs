@@ -37,15 +37,15 @@ fn show(v: &prost_types::Value) -> String {
 /// projection's own types.
 fn decoded(p: &Projection, key: &[u8], value: &[u8], stride: usize) -> (String, String) {
     let (mut k, mut v) = (Vec::new(), Vec::new());
-    p.write(key, value, stride, &mut k, &mut v);
-    assert_eq!((k.len(), v.len()), (p.key_size, p.value_size));
+    p.write(&EntryRef { key, value, stride }, &mut k, &mut v);
+    assert_eq!((k.len(), v.len()), (p.key_size(), p.value_size()));
     let json = |t: &Option<pb::TypeInfo>, bytes: &[u8], what: &str| match t {
         None => "null".to_owned(),
         Some(t) => show(&Layout::new(t, what).unwrap().to_value(bytes)),
     };
     (
-        json(&p.key_type, &k, "key"),
-        json(&p.value_type, &v, "value"),
+        json(&p.key_type(), &k, "key"),
+        json(&p.value_type(), &v, "value"),
     )
 }
 
@@ -53,7 +53,7 @@ fn decoded(p: &Projection, key: &[u8], value: &[u8], stride: usize) -> (String, 
 fn selected_members_are_packed_in_request_order_and_decode_by_name() {
     let key = t::flow_key();
     let value = t::everything();
-    let shape = t::shape(&key, &value, None);
+    let shape = t::layout(&key, &value, None);
     let p = Projection::new(
         &fields(&[
             "value.inner.x",
@@ -69,10 +69,10 @@ fn selected_members_are_packed_in_request_order_and_decode_by_name() {
         &shape,
     )
     .unwrap();
-    assert_eq!(p.key_size, 2 + 1);
+    assert_eq!(p.key_size(), 2 + 1);
     // x, flags and level (bitfields: one byte each), comm, counters[1],
     // anon_b, port.
-    assert_eq!(p.value_size, 4 + 1 + 1 + 16 + 4 + 2 + 2);
+    assert_eq!(p.value_size(), 4 + 1 + 1 + 16 + 4 + 2 + 2);
     let mut v = vec![0u8; at::SIZE];
     t::put(&mut v, at::INNER, &7u32.to_le_bytes());
     t::put(&mut v, at::BITS, &[0b101 | (0b11101 << 3)]);
@@ -93,14 +93,14 @@ fn selected_members_are_packed_in_request_order_and_decode_by_name() {
 fn whole_keys_and_values_keep_their_names() {
     let key = t::flow_key();
     let value = t::flow_stats();
-    let shape = t::shape(&key, &value, None);
+    let shape = t::layout(&key, &value, None);
     let p = Projection::new(&fields(&["value", "key.saddr"]), &shape).unwrap();
     let (k, v) = decoded(&p, &t::flow(5, 6, 7, 8, 6), &t::stats(1, 2), 0);
     assert_eq!(k, "{saddr:5}");
     assert_eq!(v, r#"{value:{bytes:"2",packets:"1"}}"#);
     let p = Projection::new(&fields(&["value.bytes"]), &shape).unwrap();
     assert!(
-        p.key_type.is_none() && p.key_size == 0,
+        p.key_type().is_none() && p.key_size() == 0,
         "no key member selected"
     );
 }
@@ -109,9 +109,9 @@ fn whole_keys_and_values_keep_their_names() {
 fn per_cpu_values_project_summed_or_one_cpu() {
     let key = t::flow_key();
     let value = t::flow_stats();
-    let shape = t::shape(&key, &value, Some(3));
+    let shape = t::layout(&key, &value, Some(3));
     let p = Projection::new(&fields(&["value.bytes", "values[2].packets"]), &shape).unwrap();
-    assert_eq!(p.value_size, 16 + 8);
+    assert_eq!(p.value_size(), 16 + 8);
     let mut v = Vec::new();
     for c in 0..3u64 {
         v.extend_from_slice(&t::stats(c + 1, u64::MAX - c));
@@ -125,15 +125,15 @@ fn per_cpu_values_project_summed_or_one_cpu() {
 fn fields_that_do_not_fit_are_refused_naming_them() {
     let key = t::flow_key();
     let value = t::everything();
-    let shape = t::shape(&key, &value, None);
-    let refused = |f: &[&str]| Projection::new(&fields(f), &shape).unwrap_err();
+    let shape = t::layout(&key, &value, None);
+    let refused = |f: &[&str]| Projection::new(&fields(f), &shape).unwrap_err().to_string();
     assert_eq!(
         refused(&["key.dport", "key.dport"]),
         "key.dport: given twice"
     );
     assert_eq!(
         refused(&["key.dprt"]),
-        "key.dprt: no such member of struct flow_key"
+        "key.dprt: no such member of struct flow_key (members: saddr, daddr, sport, dport, proto)"
     );
     assert_eq!(
         refused(&["flow.dport"]),
@@ -141,24 +141,22 @@ fn fields_that_do_not_fit_are_refused_naming_them() {
     );
     let many: Vec<String> = (0..65).map(|i| format!("value.counters[{i}]")).collect();
     assert_eq!(
-        Projection::new(&many, &shape).unwrap_err(),
+        Projection::new(&many, &shape).unwrap_err().to_string(),
         "at most 64 fields"
     );
-    let per_cpu = t::shape(&key, &value, Some(2));
-    let e = Projection::new(&fields(&["value.comm"]), &per_cpu).unwrap_err();
+    let per_cpu = t::layout(&key, &value, Some(2));
+    let e = Projection::new(&fields(&["value.comm"]), &per_cpu)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.starts_with("value.comm: per-CPU values are summed"),
         "{e}"
     );
-    let untyped = Shape {
-        key: None,
-        value: None,
-        key_size: 4,
-        value_size: 8,
-        cpus: None,
-    };
+    let untyped = MapLayout::untyped((4, 8), None);
     assert_eq!(
-        Projection::new(&fields(&["key"]), &untyped).unwrap_err(),
+        Projection::new(&fields(&["key"]), &untyped)
+            .unwrap_err()
+            .to_string(),
         "fields select members: the map has no types (BTF)"
     );
 }

@@ -6,7 +6,7 @@ use bpfmap_proto::v1::{
     type_info::Kind,
 };
 
-use super::path::Shape;
+use super::MapLayout;
 
 pub(crate) fn int(name: &str, size: u32, signed: bool) -> TypeInfo {
     TypeInfo {
@@ -207,15 +207,15 @@ pub(crate) fn everything() -> TypeInfo {
     )
 }
 
-/// The shape of a map of `key` to `value` (per-CPU with `cpus`).
-pub(crate) fn shape<'a>(key: &'a TypeInfo, value: &'a TypeInfo, cpus: Option<usize>) -> Shape<'a> {
-    Shape {
-        key: Some(key),
-        value: Some(value),
-        key_size: key.size as usize,
-        value_size: value.size as usize,
+/// The layout of a map of `key` to `value` (per-CPU with `cpus`).
+pub(crate) fn layout(key: &TypeInfo, value: &TypeInfo, cpus: Option<usize>) -> MapLayout {
+    MapLayout::new(
+        Some(key),
+        Some(value),
+        (key.size as usize, value.size as usize),
         cpus,
-    }
+    )
+    .expect("a valid layout")
 }
 
 /// The bytes of a flow key.

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use bpfmap_kernel::{MapHandle, MapMeta, walk::Position};
 use bpfmap_proto::{
-    typed::{Layout, Renderings},
+    typed::{MapLayout, Renderings},
     v1::{self as pb, map_service_server::MapService},
 };
 use tokio::sync::watch;
@@ -19,11 +19,11 @@ use crate::{
     dump::{self, DumpEnv, DumpJob, DumpLimits, Sealer},
     error::Error,
     limits::{Budget, DumpSlots, Held, LookupSlots, Trimmer},
-    maps::{CallLayouts, Catalog, Decoder, KnownTypes, RenderRules, Resolved, TypeCache},
+    maps::{Catalog, Decoder, KnownTypes, RenderRules, Resolved, TypeCache},
     model::{Caller, MapRef, Operation, Rpc},
     net::caller_of,
     ops::{Metrics, SharedKeys, SharedPolicy},
-    query::{AggregateError, EntryRef, Filter, Projection, Query, Shape, Spec},
+    query::{AggregateError, EntryRef, Filter, Projection, Query, Spec},
     watch::{ScanKey, Ticket, Watch, WatchStream, Watches, parse_position, spawn as spawn_watch},
     wire::{self, IntoProto as _, LookupOutcome},
 };
@@ -169,15 +169,15 @@ impl MapServiceImpl {
         })
     }
 
-    /// The layouts a call shows `opened`'s entries with: the configured
-    /// renderings for the map, overridden by the request's (`render`).
-    /// `decodes` says whether the call decodes anything.
-    fn call_layouts(
+    /// The layout a call shows `opened`'s entries through: its types with
+    /// the configured renderings for the map, overridden by the request's
+    /// (`render`). `decodes` says whether the call decodes anything.
+    fn call_layout(
         &self,
         opened: &Opened,
         render: &std::collections::HashMap<String, String>,
         decodes: bool,
-    ) -> Result<Option<CallLayouts>, Error> {
+    ) -> Result<MapLayout, Error> {
         let asked = Renderings::parse(render)
             .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
         if !asked.is_empty() && !decodes {
@@ -185,21 +185,25 @@ impl MapServiceImpl {
                 "render shows decoded entries: it cannot be combined with LAYOUT_PACKED or raw = true (clients that decode packed entries apply renderings themselves)".into(),
             ));
         }
-        let KnownTypes::Typed(types) = &opened.types else {
-            if asked.is_empty() {
-                return Ok(None);
-            }
-            return Err(Error::Untyped {
-                map: opened.map.clone(),
-                why: "render needs the map's types".into(),
-            });
+        let renderings = match &opened.types {
+            KnownTypes::Typed(_) => self
+                .parts
+                .renders
+                .for_map(&opened.map)
+                .overridden_by(&asked),
+            _ => asked,
         };
-        let renderings = self
-            .parts
-            .renders
-            .for_map(&opened.map)
-            .overridden_by(&asked);
-        CallLayouts::new(&opened.map, types, &renderings).map(Some)
+        opened
+            .types
+            .layout(&opened.map, opened.handle.meta(), &renderings)
+    }
+
+    /// The layout queries (filters, fields) of a call read `opened`'s
+    /// entries through: its types as they are.
+    fn query_layout(&self, opened: &Opened) -> Result<MapLayout, Error> {
+        opened
+            .types
+            .layout(&opened.map, opened.handle.meta(), &Renderings::default())
     }
 
     async fn list(&self, caller: &Caller) -> Result<Vec<pb::MapInfo>, Error> {
@@ -261,9 +265,8 @@ impl MapServiceImpl {
             &req.filter,
             &req.fields,
             &meta,
-            &shape(&opened.types, &meta),
-        )
-        .map_err(Error::InvalidArgument)?
+            &self.query_layout(&opened)?,
+        )?
         .map(Arc::new);
         let digest = query.as_ref().map(|q| q.digest());
         let position = match cursor {
@@ -280,11 +283,11 @@ impl MapServiceImpl {
         let decoder = match projection {
             Some(p) => projected_decoder(p, &req, packed)?,
             None => {
-                let layouts = self.call_layouts(&opened, &req.render, !(packed || req.raw))?;
+                let layout = self.call_layout(&opened, &req.render, !(packed || req.raw))?;
                 Decoder::for_request(
                     &opened.map,
                     &meta,
-                    (&opened.types, layouts.as_ref()),
+                    (&opened.types, &layout),
                     (req.raw, req.per_cpu),
                     packed,
                 )?
@@ -324,26 +327,17 @@ impl MapServiceImpl {
         let slot = self.parts.slots.try_acquire(caller)?;
         let _trim = self.parts.trimmer.enter();
         let opened = self.open_for(caller, rpc, map, true).await?;
-        let meta = opened.handle.meta().clone();
-        let shape = shape(&opened.types, &meta);
         let invalid = |e: AggregateError| match e {
             AggregateError::Invalid(m) => Error::InvalidArgument(m),
             e @ AggregateError::TooManyGroups { .. } => Error::ResourceExhausted(e.to_string()),
         };
-        let asked = Renderings::parse(&req.render)
-            .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
-        let renderings = self
-            .parts
-            .renders
-            .for_map(&opened.map)
-            .overridden_by(&asked);
-        let spec = Spec::new(&req, &shape, self.parts.max_groups)
-            .and_then(|s| s.with_renderings(&renderings))
-            .map_err(invalid)?;
+        let shown = self.call_layout(&opened, &req.render, true)?;
+        let spec = Spec::new(&req, &shown, self.parts.max_groups).map_err(invalid)?;
         let filter = match req.filter.as_str() {
             "" => None,
             f => Some(
-                Filter::compile(f, &shape).map_err(|e| Error::InvalidArgument(e.to_string()))?,
+                Filter::compile(f, &self.query_layout(&opened)?)
+                    .map_err(|e| Error::InvalidArgument(e.to_string()))?,
             ),
         };
         let walk = AggregateWalk {
@@ -407,9 +401,9 @@ impl MapServiceImpl {
         // A map that cannot be iterated is refused now.
         bpfmap_kernel::walk::Walker::new(&opened.handle, meta.clone(), Position::Start)
             .map_err(|e| Error::from_walk(&opened.map, e))?;
-        let shape = shape(&opened.types, &meta);
-        let query = Query::of_request(&req.filter, &req.fields, &meta, &shape)
-            .map_err(Error::InvalidArgument)?;
+        let base = self.query_layout(&opened)?;
+        let query = Query::of_request(&req.filter, &req.fields, &meta, &base)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let (filter, projection) = match query {
             Some(q) => (q.filter, q.projection),
             None => (None, None),
@@ -422,57 +416,40 @@ impl MapServiceImpl {
         };
         let (decoder, counters, projected) = match &projection {
             Some(p) => {
-                let shape = Shape {
-                    key: p.key_type.as_ref(),
-                    value: p.value_type.as_ref(),
-                    key_size: p.key_size,
-                    value_size: p.value_size,
-                    cpus: None,
-                };
                 let mut decoder = projected_decoder(p, &as_dump, false)?;
                 let mut projected = crate::query::projected_meta(&meta, p);
-                if p.key_type.is_none() {
+                if !p.selects_key() {
                     // No member of the key selected: events still say
                     // which entry changed, with the whole key.
                     projected.key_size = meta.key_size;
-                    let layouts = self.call_layouts(&opened, &req.render, !req.raw)?;
-                    decoder = decoder.map(|d| d.with_key(layouts.and_then(|l| l.key)));
+                    let layout = self.call_layout(&opened, &req.render, !req.raw)?;
+                    let key = layout.typed().then(|| layout.key_arc().clone());
+                    decoder = decoder.map(|d| d.with_key(key));
                 }
-                (
-                    decoder,
-                    crate::query::counters(&shape, true),
-                    Some(projected),
-                )
+                (decoder, p.counters(), Some(projected))
             }
             None => {
-                let layouts = self.call_layouts(&opened, &req.render, !req.raw)?;
+                let layout = self.call_layout(&opened, &req.render, !req.raw)?;
                 let decoder = Decoder::for_request(
                     &opened.map,
                     &meta,
-                    (&opened.types, layouts.as_ref()),
+                    (&opened.types, &layout),
                     (req.raw, req.per_cpu),
                     false,
                 )?;
-                (decoder, crate::query::counters(&shape, false), None)
+                (decoder, base.counters(), None)
             }
         };
         let aggregate = if aggregated {
-            let asked = Renderings::parse(&req.render)
-                .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
-            let renderings = self
-                .parts
-                .renders
-                .for_map(&opened.map)
-                .overridden_by(&asked);
             let as_aggregate = pb::AggregateMapRequest {
                 group_by: req.group_by.clone(),
                 aggregates: req.aggregates.clone(),
                 per_cpu: req.per_cpu,
                 ..Default::default()
             };
-            let spec = Spec::new(&as_aggregate, &shape, self.parts.max_groups)
-                .and_then(|s| s.with_renderings(&renderings))
-                .map_err(|e| match e {
+            let shown = self.call_layout(&opened, &req.render, true)?;
+            let spec =
+                Spec::new(&as_aggregate, &shown, self.parts.max_groups).map_err(|e| match e {
                     AggregateError::Invalid(m) => Error::InvalidArgument(m),
                     e => Error::ResourceExhausted(e.to_string()),
                 })?;
@@ -617,11 +594,11 @@ impl MapServiceImpl {
             handle: resolved.handle,
             types,
         };
-        let layouts = self.call_layouts(&opened, &Default::default(), !req.raw)?;
+        let layout = self.call_layout(&opened, &Default::default(), !req.raw)?;
         let decoder = Decoder::for_request(
             &opened.map,
             &meta,
-            (&opened.types, layouts.as_ref()),
+            (&opened.types, &layout),
             (req.raw, req.per_cpu),
             false,
         )?;
@@ -691,18 +668,13 @@ impl MapServiceImpl {
                 decodes || !req.json_keys.is_empty(),
             )
             .await?;
-        let layouts =
-            self.call_layouts(&opened, &req.render, !req.raw || !req.json_keys.is_empty())?;
+        let layout =
+            self.call_layout(&opened, &req.render, !req.raw || !req.json_keys.is_empty())?;
         let Opened { map, handle, types } = opened;
         let meta = handle.meta();
-        let decoder = Decoder::for_request(
-            &map,
-            meta,
-            (&types, layouts.as_ref()),
-            (req.raw, req.per_cpu),
-            false,
-        )?;
-        encode_json_keys(&map, (&types, layouts.as_ref()), &mut req)?;
+        let decoder =
+            Decoder::for_request(&map, meta, (&types, &layout), (req.raw, req.per_cpu), false)?;
+        encode_json_keys(&map, (&types, &layout), &mut req)?;
         for (i, k) in req.keys.iter().enumerate() {
             Error::check_key_size(&map, meta, Some(i), k)?;
         }
@@ -822,9 +794,7 @@ impl AggregateWalk {
             // What the filter costs (with the grouping of what it let
             // through); grouping alone is bounded by limits.max_groups.
             if self.filter.is_some() {
-                meter
-                    .add(reading, eval_at.elapsed())
-                    .map_err(Error::ResourceExhausted)?;
+                meter.add(reading, eval_at.elapsed())?;
             }
             if *walker.position() == Position::End {
                 break;
@@ -847,18 +817,6 @@ impl AggregateWalk {
     }
 }
 
-/// The map's types as filters and member paths see them.
-fn shape<'a>(types: &'a KnownTypes, meta: &MapMeta) -> Shape<'a> {
-    let t = types.types();
-    Shape {
-        key: t.and_then(|t| t.key.as_ref()),
-        value: t.map(|t| &t.value),
-        key_size: meta.key_size as usize,
-        value_size: meta.value_size as usize,
-        cpus: meta.per_cpu().then_some(meta.possible_cpus as usize),
-    }
-}
-
 /// How a projected dump's entries are decoded: through the projection's
 /// records (LAYOUT_ENTRIES, unless raw).
 fn projected_decoder(
@@ -874,19 +832,10 @@ fn projected_decoder(
     if packed || req.raw {
         return Ok(None);
     }
-    let layout = |t: Option<&pb::TypeInfo>, what: &str| {
-        let empty = pb::TypeInfo {
-            name: what.into(),
-            size: 0,
-            kind: Some(pb::type_info::Kind::Struct(pb::RecordType::default())),
-        };
-        Layout::new(t.unwrap_or(&empty), what)
-            .map(Arc::new)
-            .map_err(|e| Error::InvalidArgument(format!("fields: {e}")))
-    };
+    let records = p.layout();
     Ok(Some(Decoder::typed(
-        Some(layout(p.key_type.as_ref(), "key")?),
-        layout(p.value_type.as_ref(), "value")?,
+        Some(records.key_arc().clone()),
+        records.value_arc().clone(),
     )))
 }
 
@@ -975,13 +924,13 @@ fn check_key_count(req: &pb::LookupRequest) -> Result<(), Error> {
 /// byte keys.
 fn encode_json_keys(
     map: &MapRef,
-    (types, layouts): (&KnownTypes, Option<&CallLayouts>),
+    (types, layout): (&KnownTypes, &MapLayout),
     req: &mut pb::LookupRequest,
 ) -> Result<(), Error> {
     if req.json_keys.is_empty() {
         return Ok(());
     }
-    let layout = types.key_layout(map, layouts)?;
+    let layout = types.key_layout(map, layout)?;
     for (i, k) in req.json_keys.iter().enumerate() {
         let key = layout.encode(k, "key").map_err(|e| {
             Error::InvalidArgument(format!("json_keys[{i}] does not fit map {map}: {e}"))

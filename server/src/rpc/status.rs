@@ -15,9 +15,10 @@ pub(crate) const DOMAIN: &str = "bpfmapd";
 /// The gRPC code a client acts on.
 pub(crate) fn code(e: &Error) -> Code {
     match e {
-        Error::InvalidArgument(_) | Error::InvalidPath(_) | Error::ResponseTooLarge { .. } => {
-            Code::InvalidArgument
-        }
+        Error::InvalidArgument(_)
+        | Error::InvalidPath(_)
+        | Error::Query(_)
+        | Error::ResponseTooLarge { .. } => Code::InvalidArgument,
         Error::SlotExpired { .. } => Code::Unavailable,
         Error::EntryTooLarge { .. } => Code::FailedPrecondition,
         Error::Cursor(c) => match c {
@@ -42,7 +43,9 @@ pub(crate) fn code(e: &Error) -> Code {
         Error::SpoolCorrupt(_) => Code::DataLoss,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
         Error::Cancelled => Code::Cancelled,
-        Error::ResourceExhausted(_) | Error::WatchTooLarge(_) => Code::ResourceExhausted,
+        Error::ResourceExhausted(_) | Error::FilterTooCostly(_) | Error::WatchTooLarge(_) => {
+            Code::ResourceExhausted
+        }
         Error::PermissionDenied { .. } => Code::PermissionDenied,
         Error::Kernel { source, .. } => match source.errno() {
             Some(libc::EPERM) | Some(libc::EACCES) => Code::FailedPrecondition,
@@ -55,7 +58,7 @@ pub(crate) fn code(e: &Error) -> Code {
 /// Stable machine-readable reason (google.rpc.ErrorInfo.reason).
 pub(crate) fn reason(e: &Error) -> &'static str {
     match e {
-        Error::InvalidArgument(_) | Error::InvalidPath(_) => "INVALID_REQUEST",
+        Error::InvalidArgument(_) | Error::InvalidPath(_) | Error::Query(_) => "INVALID_REQUEST",
         Error::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
         Error::SlotExpired { .. } => "SLOT_EXPIRED",
         Error::EntryTooLarge { .. } => "ENTRY_TOO_LARGE",
@@ -84,7 +87,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         Error::ShuttingDown => "SHUTTING_DOWN",
         Error::Cancelled => "CANCELLED",
         Error::Stalled { .. } => "CLIENT_STALLED",
-        Error::ResourceExhausted(_) => "LIMIT_REACHED",
+        Error::ResourceExhausted(_) | Error::FilterTooCostly(_) => "LIMIT_REACHED",
         Error::WatchTooLarge(_) => "WATCH_TOO_LARGE",
         Error::PermissionDenied { .. } => "PERMISSION_DENIED",
         Error::Kernel { .. } => "KERNEL_ERROR",

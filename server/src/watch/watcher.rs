@@ -352,17 +352,18 @@ impl Watcher {
         let (chunk, shown_meta, prevs) = match &w.projection {
             Some(p) => {
                 let (mut keys, mut values) = (Vec::new(), Vec::new());
+                let entry = |key, value| EntryRef { key, value, stride };
                 for s in seen {
-                    p.write(s.key, s.value, stride, &mut keys, &mut values);
+                    p.write(&entry(s.key, s.value), &mut keys, &mut values);
                 }
-                if p.key_type.is_none() {
+                if !p.selects_key() {
                     keys = chunk.keys;
                 }
                 let mut prevs = Vec::with_capacity(seen.len());
                 for s in seen {
                     prevs.push(s.prev.map(|prev| {
                         let (mut k, mut v) = (Vec::new(), Vec::new());
-                        p.write(s.key, prev, stride, &mut k, &mut v);
+                        p.write(&entry(s.key, prev), &mut k, &mut v);
                         v
                     }));
                 }
@@ -434,9 +435,14 @@ impl Watcher {
             0
         };
         let (mut k, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new());
-        p.write(s.key, s.value, stride, &mut k, &mut a);
+        let entry = |value| EntryRef {
+            key: s.key,
+            value,
+            stride,
+        };
+        p.write(&entry(s.value), &mut k, &mut a);
         k.clear();
-        p.write(s.key, prev, stride, &mut k, &mut b);
+        p.write(&entry(prev), &mut k, &mut b);
         a != b
     }
 
@@ -817,10 +823,10 @@ fn deltas(
     ev: &mut pb::WatchEvent,
 ) {
     for c in counters {
-        let (Some(x), Some(b)) = (c.read(now), c.read(before)) else {
+        let (Some(x), Some(b)) = (c.int.read(now), c.int.read(before)) else {
             continue;
         };
-        let (d, reset) = if x >= b || c.signed() {
+        let (d, reset) = if x >= b || c.int.signed() {
             (x - b, false)
         } else {
             (x, true)
