@@ -776,6 +776,21 @@ async fn per_cpu_stats_sum_over_the_cpus_in_every_reader() {
         })
         .collect();
     assert_eq!(sorted(got), sums);
+    // Or summed by the daemon, in the entries layout.
+    let options = DumpOptions::default()
+        .with_packed(false)
+        .with_per_cpu(PerCpu::Sum);
+    let mut dump = client.dump(&name, options);
+    let mut got = Vec::new();
+    while let Some(chunk) = dump.next_chunk().await.unwrap() {
+        for i in 0..chunk.len() {
+            got.push((
+                json_of(chunk.decoded_key(i).unwrap()),
+                json_of(chunk.decoded_value(i).unwrap()),
+            ));
+        }
+    }
+    assert_eq!(sorted(got), sums);
     daemon.stop().await;
 }
 

@@ -1,6 +1,7 @@
 //! The shape of the code: the modules of each crate import each other
-//! without cycles (`crate::` paths, test modules left out), and `unsafe`
-//! code lives in the kernel crate only.
+//! without cycles (`crate::` paths, test modules left out; a name the
+//! crate root re-exports, `crate::Watch`, counts as an import of the module
+//! it comes from), and `unsafe` code lives in the kernel crate only.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -114,6 +115,40 @@ fn crate_paths(text: &str) -> Vec<String> {
     paths
 }
 
+/// The names a crate root re-exports from its modules (`pub use
+/// watch::{Scan, Watch}`: "Watch" -> "watch").
+fn reexports(root: &str, modules: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for statement in root.split(';') {
+        let code: Vec<&str> = statement
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.starts_with("//") && !l.starts_with("#["))
+            .collect();
+        let code = code.join(" ");
+        let code = code.trim();
+        let Some(rest) = ["pub use ", "pub(crate) use "]
+            .iter()
+            .find_map(|p| code.strip_prefix(p))
+        else {
+            continue;
+        };
+        let module = rest.split("::").next().unwrap_or("").trim();
+        if !modules.contains_key(module) || module.is_empty() {
+            continue;
+        }
+        for item in rest[module.len()..].split([',', '{', '}']) {
+            let item = item.trim().trim_start_matches("::");
+            let name = item.rsplit(" as ").next().unwrap_or("");
+            let name = name.rsplit("::").next().unwrap_or("").trim();
+            if !name.is_empty() && name != "self" {
+                out.insert(name.to_owned(), module.to_owned());
+            }
+        }
+    }
+    out
+}
+
 /// Module -> the modules it imports (never its own parent or children).
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
@@ -122,16 +157,28 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .iter()
         .map(|f| (module_of(src, f), f.clone()))
         .collect();
+    let root = modules
+        .get("")
+        .map(|f| fs::read_to_string(f).expect("the crate root"))
+        .unwrap_or_default();
+    let reexported = reexports(&root, &modules);
     let mut edges = BTreeMap::new();
     for (name, file) in &modules {
         let text = without_tests(&fs::read_to_string(file).expect("a source file"));
+        // Comments (intra-doc links among them) import nothing.
+        let text: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
         let mut targets = BTreeSet::new();
         for path in crate_paths(&text) {
             let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
             let target = (1..=parts.len())
                 .rev()
                 .map(|k| parts[..k].join("::"))
-                .find(|cand| modules.contains_key(cand));
+                .find(|cand| modules.contains_key(cand))
+                .or_else(|| reexported.get(*parts.first()?).cloned());
             let Some(target) = target else { continue };
             let related = *name == target
                 || name.starts_with(&format!("{target}::"))
@@ -212,6 +259,15 @@ fn the_cycle_check_finds_a_cycle() {
             "dump::spawn"
         ]
     );
+    let modules: BTreeMap<String, PathBuf> = ["", "watch", "client"]
+        .into_iter()
+        .map(|m| (m.to_owned(), PathBuf::new()))
+        .collect();
+    let root = "mod watch;\n/// Watches.\npub use watch::{Scan, Watch as W, x::Y};\npub use client::Client;";
+    let names = reexports(root, &modules);
+    assert_eq!(names["W"], "watch");
+    assert_eq!(names["Y"], "watch");
+    assert_eq!(names["Client"], "client");
     let stripped = without_tests("a\n#[cfg(test)]\nmod tests {\n use crate::x; { }\n}\nb");
     assert!(
         !stripped.contains("crate::x") && stripped.contains('b'),

@@ -348,11 +348,10 @@ fn worth_retrying(e: &Error) -> bool {
 /// writing stdout or the ack file end the whole command.
 async fn drain_target(
     shared: &RefCell<Shared<'_>>,
-    client: Result<Client, Error>,
-    target: Target,
-    map: &MapName,
-    base: &DrainOptions,
+    (client, target): (Result<Client, Error>, Target),
+    (map, base): (&MapName, &DrainOptions),
     interval: Option<Duration>,
+    turns: &tokio::sync::Semaphore,
 ) -> anyhow::Result<()> {
     let client = match client {
         Ok(c) => c,
@@ -375,6 +374,9 @@ async fn drain_target(
                 .with_ack(a.cursor.clone())
                 .with_acked_sequence(a.sequence);
         }
+        // At most --concurrency targets drain at once; a target waits for
+        // its turn before each call, never for another target's lifetime.
+        let turn = turns.acquire().await?;
         let mut drain = client.drain(map, options);
         let mut written = 0;
         let failure = loop {
@@ -397,6 +399,7 @@ async fn drain_target(
                 pending: None,
             });
         }
+        drop(turn);
         let line = call_line(&target, call, written, &drain, failure.as_ref());
         shared.borrow_mut().say(&line)?;
         let every = match (interval, failure) {
@@ -468,11 +471,19 @@ pub(crate) async fn run(
         ack_file: args.ack_file.clone(),
         failed: Vec::new(),
     });
-    // Every target at once: with an interval each drains for as long as
-    // the command runs, and none may wait for another's turn.
+    // Every target runs (with an interval, for as long as the command
+    // does); at most --concurrency of them are in a call at once.
+    let turns = tokio::sync::Semaphore::new(setup.options.concurrency().max(1));
     let drains = futures::future::try_join_all(setup.targets.iter().map(|t| {
         let client = Client::connect_lazy(&t.url(tls), setup.connect.clone());
-        drain_target(&shared, client, t.clone(), &map, &options, args.interval)
+        let (map, options) = (&map, &options);
+        drain_target(
+            &shared,
+            (client, t.clone()),
+            (map, options),
+            args.interval,
+            &turns,
+        )
     }));
     let stopped = tokio::select! {
         ended = drains => {

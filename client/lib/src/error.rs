@@ -5,7 +5,7 @@ use std::time::Duration;
 use bpfmap_proto::status::code_name;
 use tonic::{Code, Status};
 
-use crate::typed::TypeError;
+use bpfmap_proto::typed::TypeError;
 
 /// Errors of the client library.
 ///

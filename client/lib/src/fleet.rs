@@ -69,6 +69,11 @@ impl FleetOptions {
         self.answer_timeout
     }
 
+    /// Targets in flight at once.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
     /// Targets in flight at once (default 32; a watch, which never ends by
     /// itself, holds its place only until its first scan or failure).
     pub fn with_concurrency(mut self, targets: usize) -> Self {

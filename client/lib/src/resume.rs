@@ -288,6 +288,7 @@ pub struct DumpOptions {
     render: BTreeMap<String, String>,
     filter: String,
     fields: Vec<String>,
+    per_cpu: crate::PerCpu,
 }
 
 /// The whole map from the beginning, chunks sized by the daemon, packed.
@@ -301,6 +302,7 @@ impl Default for DumpOptions {
             render: BTreeMap::new(),
             filter: String::new(),
             fields: Vec::new(),
+            per_cpu: crate::PerCpu::Each,
         }
     }
 }
@@ -383,6 +385,19 @@ impl DumpOptions {
     /// cannot go with them. Unknown members are INVALID_ARGUMENT.
     pub fn with_fields(mut self, fields: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.fields = fields.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// How per-CPU values are decoded, as for a lookup, a watch or an
+    /// aggregate: [`PerCpu::Sum`](crate::PerCpu::Sum) has the daemon sum
+    /// every integer member over the CPUs where it decodes, in the entries
+    /// layout (`with_packed(false)`): [`Chunk::decoded_value`] is then the
+    /// sum. The packed layout carries each CPU's bytes, summed where they
+    /// are decoded ([`MapTypes::sum_value`](crate::MapTypes::sum_value)).
+    /// A map that is not per-CPU, or whose values cannot be summed, is
+    /// INVALID_ARGUMENT.
+    pub fn with_per_cpu(mut self, per_cpu: crate::PerCpu) -> Self {
+        self.per_cpu = per_cpu;
         self
     }
 
@@ -546,6 +561,8 @@ impl Dump {
             0 => 0,
             l => l - self.received,
         };
+        // The daemon sums where it decodes: in the entries layout.
+        let sum = self.options.per_cpu == crate::PerCpu::Sum && !self.options.packed;
         let layout = if self.options.packed {
             pb::Layout::Packed
         } else {
@@ -565,7 +582,12 @@ impl Dump {
             chunk_size: self.options.chunk_size,
             limit,
             layout: layout as i32,
-            raw: render.is_empty() && (self.options.packed || !self.options.projected()),
+            raw: render.is_empty() && !sum && (self.options.packed || !self.options.projected()),
+            per_cpu: if sum {
+                pb::PerCpu::Sum
+            } else {
+                pb::PerCpu::Each
+            } as i32,
             render,
             filter: self.options.filter.clone(),
             fields: self.options.fields.clone(),
