@@ -591,7 +591,6 @@ impl Dump {
             render,
             filter: self.options.filter.clone(),
             fields: self.options.fields.clone(),
-            ..Default::default()
         };
         Ok(self.client.dump_map(req).await?.into_inner())
     }
