@@ -483,7 +483,7 @@ impl Config {
             (64usize << 10) * l.max_dumps * 4 / 3 + 4
         );
         crate::access::Policy::new(&self.rules, self.tls.is_some())?;
-        crate::maps::RenderRules::new(&self.render).map_err(anyhow::Error::msg)?;
+        crate::maps::RenderRules::new(&self.render)?;
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 use bpfmap_kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkError};
 
 use crate::{
-    dump::CursorError,
+    cursor::CursorError,
     model::{Identity, InvalidPath, MapRef, Operation},
     query::{FilterTooCostly, QueryError},
 };
@@ -88,7 +88,8 @@ pub(crate) enum Error {
     /// Another call is draining the map.
     #[error("{0}")]
     DrainBusy(String),
-    /// A spool file that cannot be read back as written.
+    /// A spool file that cannot be read back as written: the message names
+    /// it and says what is wrong.
     #[error("{0}")]
     SpoolCorrupt(String),
     /// A watched map was replaced or changed shape; the message says how.

@@ -27,13 +27,18 @@
 #![forbid(unsafe_code)]
 
 mod access;
+mod aggregate;
+mod calls;
 mod config;
+mod cursor;
 pub mod daemon;
 mod drain;
 mod dump;
 mod error;
 mod feed;
+mod info;
 mod limits;
+mod lookup;
 mod maps;
 pub mod model;
 mod net;
@@ -55,5 +60,5 @@ pub use net::TlsFiles;
 /// the current key becomes the previous one, whose cursors stay valid until
 /// the next rotation, and a new key becomes current.
 pub fn rotate_cursor_key(state_dir: &std::path::Path) -> anyhow::Result<()> {
-    Ok(dump::CursorKey::rotate(state_dir)?)
+    Ok(cursor::CursorKey::rotate(state_dir)?)
 }

@@ -9,3 +9,6 @@ mod policy;
 pub(crate) use audit::{INTERVAL as AUDIT_INTERVAL, Record, flush_held_back};
 pub(crate) use policy::Policy;
 pub use policy::RuleConfig;
+
+/// The authorization policy in force (a reload replaces it).
+pub(crate) type SharedPolicy = std::sync::Arc<arc_swap::ArcSwap<Policy>>;

@@ -25,18 +25,21 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use super::Running;
 use crate::{
-    access::{self, Policy},
+    access::{self, Policy, SharedPolicy},
+    calls::Calls,
     config::{Config, Limits},
+    cursor::{CursorKey, SharedKeys},
     drain::{DrainStats, Drains},
-    dump::{CursorKey, DumpEnv, DumpLimits, DumpStats, reader_permits},
+    dump::{DumpEnv, DumpLimits, DumpStats, Dumps, reader_permits},
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
+    lookup::Lookups,
     maps::{Catalog, RenderRules},
     model::SERVICE_NAME,
     net::{
         self, AcceptConfig, ConnRegistry, CountCalls, SharedTls, accept_loop, accept_unix_loop,
         authenticate,
     },
-    ops::{self, Metrics, Reloader, SharedKeys, SharedPolicy},
+    ops::{self, Metrics, Reloader},
     rpc::{MapServiceImpl, ServiceParts, health_service},
     watch::{WatchLimits, WatchStats, Watches},
 };
@@ -230,17 +233,18 @@ impl Core {
     ) -> anyhow::Result<MapServiceImpl> {
         let limits = &config.limits;
         let catalog = Catalog::new(config.roots.clone(), config.allow_by_id);
-        Ok(MapServiceImpl::new(ServiceParts {
+        let trimmer = Trimmer::default();
+        let calls = Calls {
             catalog: catalog.clone(),
-            renders: Arc::new(RenderRules::new(&config.render).map_err(anyhow::Error::msg)?),
+            types: Arc::default(),
+            renders: Arc::new(RenderRules::new(&config.render)?),
             keys: r.keys.clone(),
             policy: r.policy.clone(),
-            slots: self.slots.clone(),
-            lookups: Arc::new(LookupSlots::new(limits.max_lookups)),
-            max_groups: limits.max_groups,
-            pool: self.budget.clone(),
-            trimmer: Trimmer::default(),
-            dumps: DumpEnv {
+            metrics: self.metrics.clone(),
+            draining: stopping.draining.subscribe(),
+        };
+        let dumps = Dumps {
+            env: DumpEnv {
                 stop: stopping.stop_dumps.subscribe(),
                 stats: self.stats.clone(),
                 stall_timeout: limits.stall_timeout,
@@ -250,8 +254,19 @@ impl Core {
                 max_filter_cost: limits.max_filter_cost,
                 readers: self.readers.clone(),
             },
-            draining: stopping.draining.subscribe(),
-            metrics: self.metrics.clone(),
+            pool: self.budget.clone(),
+            trimmer: trimmer.clone(),
+        };
+        Ok(MapServiceImpl::new(ServiceParts {
+            calls,
+            dumps,
+            lookups: Lookups {
+                slots: Arc::new(LookupSlots::new(limits.max_lookups)),
+                pool: self.budget.clone(),
+                trimmer,
+                limits: self.dump_limits,
+            },
+            max_groups: limits.max_groups,
             watches: Watches::new(
                 WatchLimits {
                     min_interval: limits.min_watch_interval,

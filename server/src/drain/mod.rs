@@ -6,6 +6,7 @@
 //!   and the call itself (redeliver the spool, then drain).
 
 mod spool;
+mod start;
 
 use std::{
     collections::HashSet,
@@ -26,7 +27,7 @@ use globset::{GlobSet, GlobSetBuilder};
 use tokio::sync::watch;
 
 use crate::{
-    dump::Sealer,
+    cursor::Sealer,
     error::Error,
     feed::{self, Fed, Feed},
     maps::Decoder,
@@ -34,8 +35,9 @@ use crate::{
     wire,
 };
 
-pub(crate) use spool::Spool;
 use spool::Spooled;
+pub(crate) use spool::{Spool, SpoolError};
+pub(crate) use start::start;
 
 /// Entries per kernel call unless the request asks for fewer (and within
 /// [`CHUNK_BYTES`]).
@@ -329,11 +331,7 @@ fn run(
     let mut replaced = false;
     let pending: Vec<_> = call.spool.pending().to_vec();
     for e in &pending {
-        let s = call
-            .spool
-            .read(e)
-            .map_err(io_error)?
-            .map_err(Error::SpoolCorrupt)?;
+        let s = call.spool.read(e)?;
         if s.identity != call.identity {
             return Err(Error::NotDrainable(format!(
                 "the spool of map {} holds chunks drained by another identity: they are delivered only to it",

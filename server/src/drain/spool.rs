@@ -16,6 +16,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::error::Error;
+
 const MAGIC: &[u8; 8] = b"BPFMAPSP";
 const VERSION: u8 = 1;
 const DIGEST: usize = 32;
@@ -54,11 +56,67 @@ pub(crate) struct Spool {
     acked: u64,
 }
 
-fn corrupt(path: &Path, why: impl std::fmt::Display) -> String {
-    format!(
+/// Why the spool cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SpoolError {
+    /// The file system failed.
+    #[error("the drain spool cannot be read or written: {0}")]
+    Io(#[from] io::Error),
+    /// A file that is not what was written.
+    #[error(
         "spool file {} is corrupt ({why}); the daemon will not drop or guess its entries: inspect it, then move it out of the spool to go on",
         path.display()
-    )
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: Damage,
+    },
+}
+
+/// What is wrong with a spool file.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Damage {
+    #[error("{0} bytes: truncated")]
+    Truncated(usize),
+    #[error("its checksum does not match: truncated or altered")]
+    Checksum,
+    #[error("not a spool file")]
+    NotASpool,
+    #[error("version {0} is not {VERSION}")]
+    Version(u8),
+    #[error("{got} bytes of entries, {want} expected")]
+    Length { got: usize, want: u64 },
+    #[error("its cursor is not text")]
+    Cursor,
+    #[error("its name is not a sequence number")]
+    Name,
+    #[error("its sequence is not its name's")]
+    Sequence,
+    #[error("not a number")]
+    Acked,
+    #[error("a chunk cut short while the daemon stopped: {0}")]
+    CutShort(Box<Damage>),
+}
+
+impl From<SpoolError> for Error {
+    fn from(e: SpoolError) -> Self {
+        match e {
+            SpoolError::Io(_) => Error::Internal {
+                map: None,
+                message: e.to_string(),
+            },
+            SpoolError::Corrupt { .. } => Error::SpoolCorrupt(e.to_string()),
+        }
+    }
+}
+
+fn corrupt(path: &Path, why: Damage) -> SpoolError {
+    SpoolError::Corrupt {
+        path: path.to_owned(),
+        why,
+    }
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -67,7 +125,7 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 
 impl Spool {
     /// Opens (creating) the spool in `dir`, listing its chunks.
-    pub(crate) fn open(dir: &Path) -> io::Result<Result<Self, String>> {
+    pub(crate) fn open(dir: &Path) -> Result<Self, SpoolError> {
         fs::create_dir_all(dir)?;
         let mut files = Vec::new();
         for e in fs::read_dir(dir)? {
@@ -77,7 +135,7 @@ impl Spool {
             if let Some(seq) = name.strip_suffix(SUFFIX) {
                 let path = e.path();
                 let Ok(sequence) = seq.parse::<u64>() else {
-                    return Ok(Err(corrupt(&path, "its name is not a sequence number")));
+                    return Err(corrupt(&path, Damage::Name));
                 };
                 let count = header_count(&path)?;
                 files.push(Entry {
@@ -105,13 +163,8 @@ impl Spool {
                             count: u64::from(c.count),
                         });
                     }
-                    Ok(_) => return Ok(Err(corrupt(&path, "its sequence is not its name's"))),
-                    Err(why) => {
-                        return Ok(Err(corrupt(
-                            &path,
-                            format!("a chunk cut short while the daemon stopped: {why}"),
-                        )));
-                    }
+                    Ok(_) => return Err(corrupt(&path, Damage::Sequence)),
+                    Err(why) => return Err(corrupt(&path, Damage::CutShort(Box::new(why)))),
                 }
             }
         }
@@ -119,16 +172,16 @@ impl Spool {
         let acked = match fs::read_to_string(dir.join("acked")) {
             Ok(s) => match s.trim().parse() {
                 Ok(n) => n,
-                Err(_) => return Ok(Err(corrupt(&dir.join("acked"), "not a number"))),
+                Err(_) => return Err(corrupt(&dir.join("acked"), Damage::Acked)),
             },
             Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
-        Ok(Ok(Self {
+        Ok(Self {
             dir: dir.to_owned(),
             files,
             acked,
-        }))
+        })
     }
 
     /// The chunks not acknowledged, oldest first.
@@ -155,17 +208,13 @@ impl Spool {
     }
 
     /// Reads a chunk back, checking it is exactly what was written.
-    pub(crate) fn read(&self, e: &Entry) -> io::Result<Result<Spooled, String>> {
+    pub(crate) fn read(&self, e: &Entry) -> Result<Spooled, SpoolError> {
         let bytes = fs::read(&e.path)?;
-        Ok(decode(&bytes)
-            .map_err(|why| corrupt(&e.path, why))
-            .and_then(|s| {
-                if s.sequence == e.sequence {
-                    Ok(s)
-                } else {
-                    Err(corrupt(&e.path, "its sequence is not its name's"))
-                }
-            }))
+        let s = decode(&bytes).map_err(|why| corrupt(&e.path, why))?;
+        if s.sequence != e.sequence {
+            return Err(corrupt(&e.path, Damage::Sequence));
+        }
+        Ok(s)
     }
 
     /// Writes a chunk and makes it durable.
@@ -258,19 +307,19 @@ fn encode(s: &Spooled) -> Vec<u8> {
     b
 }
 
-fn decode(b: &[u8]) -> Result<Spooled, String> {
+fn decode(b: &[u8]) -> Result<Spooled, Damage> {
     if b.len() < 8 + 4 + 8 + 16 + 16 + 4 + DIGEST {
-        return Err(format!("{} bytes: truncated", b.len()));
+        return Err(Damage::Truncated(b.len()));
     }
     let (body, digest) = b.split_at(b.len() - DIGEST);
     if ring::digest::digest(&ring::digest::SHA256, body).as_ref() != digest {
-        return Err("its checksum does not match: truncated or altered".into());
+        return Err(Damage::Checksum);
     }
     if &body[..8] != MAGIC {
-        return Err("not a spool file".into());
+        return Err(Damage::NotASpool);
     }
     if body[8] != VERSION {
-        return Err(format!("version {} is not {VERSION}", body[8]));
+        return Err(Damage::Version(body[8]));
     }
     let u32_at = |at: usize| u32::from_le_bytes(body[at..at + 4].try_into().expect("4 bytes"));
     let sequence = u64::from_le_bytes(body[12..20].try_into().expect("8 bytes"));
@@ -280,10 +329,13 @@ fn decode(b: &[u8]) -> Result<Spooled, String> {
     let rest = &body[56..];
     let want = cursor_len as u64 + u64::from(count) * (u64::from(key_size) + u64::from(value_size));
     if rest.len() as u64 != want {
-        return Err(format!("{} bytes of entries, {want} expected", rest.len()));
+        return Err(Damage::Length {
+            got: rest.len(),
+            want,
+        });
     }
     let cursor = std::str::from_utf8(&rest[..cursor_len])
-        .map_err(|_| "its cursor is not text")?
+        .map_err(|_| Damage::Cursor)?
         .to_owned();
     let kb = count as usize * key_size as usize;
     let rest = &rest[cursor_len..];
@@ -321,21 +373,21 @@ mod tests {
     #[test]
     fn chunks_survive_reopening_until_acknowledged() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Spool::open(dir.path()).unwrap().unwrap();
+        let mut s = Spool::open(dir.path()).unwrap();
         assert_eq!(s.next_sequence(), 1);
         s.write(&chunk(1)).unwrap();
         s.write(&chunk(2)).unwrap();
         s.write(&chunk(3)).unwrap();
-        let s2 = Spool::open(dir.path()).unwrap().unwrap();
+        let s2 = Spool::open(dir.path()).unwrap();
         let seqs: Vec<u64> = s2.pending().iter().map(|e| e.sequence).collect();
         assert_eq!(seqs, [1, 2, 3]);
-        assert_eq!(s2.read(&s2.pending()[1]).unwrap().unwrap(), chunk(2));
+        assert_eq!(s2.read(&s2.pending()[1]).unwrap(), chunk(2));
         assert_eq!(s.ack(2).unwrap(), 4);
-        let mut s3 = Spool::open(dir.path()).unwrap().unwrap();
+        let mut s3 = Spool::open(dir.path()).unwrap();
         assert_eq!(s3.pending().len(), 1);
         assert_eq!(s3.ack(3).unwrap(), 2);
         // Sequences go on increasing once the spool is empty.
-        let s4 = Spool::open(dir.path()).unwrap().unwrap();
+        let s4 = Spool::open(dir.path()).unwrap();
         assert!(s4.pending().is_empty());
         assert_eq!(s4.next_sequence(), 4);
     }
@@ -344,15 +396,15 @@ mod tests {
     fn a_chunk_written_but_not_renamed_is_kept_and_a_cut_one_refused() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(format!("{:020}.tmp", 4)), encode(&chunk(4))).unwrap();
-        let s = Spool::open(dir.path()).unwrap().unwrap();
+        let s = Spool::open(dir.path()).unwrap();
         let seqs: Vec<u64> = s.pending().iter().map(|e| e.sequence).collect();
         assert_eq!(seqs, [4]);
-        assert_eq!(s.read(&s.pending()[0]).unwrap().unwrap(), chunk(4));
+        assert_eq!(s.read(&s.pending()[0]).unwrap(), chunk(4));
         assert_eq!(s.next_sequence(), 5);
         let bytes = encode(&chunk(5));
         let cut = dir.path().join(format!("{:020}.tmp", 5));
         fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-        let e = Spool::open(dir.path()).unwrap().unwrap_err();
+        let e = Spool::open(dir.path()).unwrap_err().to_string();
         assert!(
             e.contains("cut short") && e.contains(&cut.display().to_string()),
             "{e}"
@@ -362,7 +414,7 @@ mod tests {
     #[test]
     fn a_truncated_or_altered_file_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = Spool::open(dir.path()).unwrap().unwrap();
+        let mut s = Spool::open(dir.path()).unwrap();
         s.write(&chunk(1)).unwrap();
         s.write(&chunk(2)).unwrap();
         let p1 = s.pending()[0].path.clone();
@@ -372,9 +424,9 @@ mod tests {
         let mut bytes = fs::read(&p2).unwrap();
         bytes[60] ^= 1;
         fs::write(&p2, &bytes).unwrap();
-        let s = Spool::open(dir.path()).unwrap().unwrap();
+        let s = Spool::open(dir.path()).unwrap();
         for e in s.pending() {
-            let err = s.read(e).unwrap().unwrap_err();
+            let err = s.read(e).unwrap_err().to_string();
             assert!(err.contains(&e.path.display().to_string()), "{err}");
             assert!(err.contains("checksum"), "{err}");
         }

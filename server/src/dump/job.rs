@@ -10,9 +10,9 @@ use bpfmap_proto::v1 as pb;
 
 use super::{
     DEFAULT_CHUNK_BYTES, FIRST_CHUNK_BYTES, LARGE_PIPELINE, MAX_CHUNK, MAX_CHUNK_BYTES, PIPELINE,
-    Sealer,
 };
 use crate::{
+    cursor::Sealer,
     error::Error,
     limits::{Budget, Reservation, Slot},
     maps::Decoder,

@@ -24,15 +24,15 @@
 //! shutdown grace is over get UNAVAILABLE after the chunks already queued,
 //! and resume from their last cursor.
 
-mod cursor;
 mod job;
 mod producer;
+mod start;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-pub(crate) use cursor::{CursorError, CursorKey, Sealer};
 pub(crate) use job::{ChunkSizes, DumpJob, DumpLimits, Options};
 pub(crate) use producer::{DumpEnv, Queued, Started, Tail, reader_permits, spawn};
+pub(crate) use start::{Dumps, POOL_WAIT, start};
 
 /// Messages queued between the kernel reader and the transport.
 pub(crate) const CHANNEL_DEPTH: usize = 2;

@@ -14,7 +14,8 @@ use bpfmap_kernel::{
 use bpfmap_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{CHANNEL_DEPTH, ChunkSizes, DumpJob, DumpLimits, DumpStats, Sealer, job::per_entry};
+use super::{CHANNEL_DEPTH, ChunkSizes, DumpJob, DumpLimits, DumpStats, job::per_entry};
+use crate::cursor::Sealer;
 use crate::{
     error::Error,
     limits::{DumpSlots, Reservation, Share, Slot},
@@ -620,10 +621,7 @@ mod tests {
     use bpfmap_kernel::fake::{self, ScriptedMap};
 
     use super::*;
-    use crate::{
-        dump::{CursorKey, Options},
-        model::Identity,
-    };
+    use crate::{cursor::CursorKey, dump::Options, model::Identity};
 
     const MAP: &str = "t";
 

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use bpfmap_proto::typed::Renderings;
+use bpfmap_proto::typed::{Renderings, TypeError};
 use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::Deserialize;
 
@@ -21,6 +21,24 @@ pub struct RenderConfig {
     pub members: BTreeMap<String, String>,
 }
 
+/// A `[[render]]` table that cannot be used: which one, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum RenderConfigError {
+    /// A map pattern that is not a glob.
+    #[error("[[render]] {table}: invalid map pattern {pattern:?}: {why}")]
+    Pattern {
+        table: usize,
+        pattern: String,
+        why: String,
+    },
+    /// The patterns cannot be compiled together.
+    #[error("[[render]] {table}: {why}")]
+    Patterns { table: usize, why: String },
+    /// A member path or a rendering that is not one.
+    #[error("[[render]] {table}: {why}")]
+    Member { table: usize, why: TypeError },
+}
+
 /// The configured renderings, compiled.
 #[derive(Debug, Default)]
 pub(crate) struct RenderRules {
@@ -30,24 +48,27 @@ pub(crate) struct RenderRules {
 impl RenderRules {
     /// Compiles the `[[render]]` tables; the error names the table and what
     /// is wrong.
-    pub(crate) fn new(tables: &[RenderConfig]) -> Result<Self, String> {
+    pub(crate) fn new(tables: &[RenderConfig]) -> Result<Self, RenderConfigError> {
         let mut rules = Vec::new();
-        for (i, t) in tables.iter().enumerate() {
+        for (table, t) in tables.iter().enumerate() {
             let mut set = GlobSetBuilder::new();
             for p in &t.maps {
                 let glob: Glob = GlobBuilder::new(p)
                     .literal_separator(true)
                     .build()
-                    .map_err(|e| {
-                        format!("[[render]] {i}: invalid map pattern {p:?}: {}", e.kind())
+                    .map_err(|e| RenderConfigError::Pattern {
+                        table,
+                        pattern: p.clone(),
+                        why: e.kind().to_string(),
                     })?;
                 set.add(glob);
             }
-            let set = set
-                .build()
-                .map_err(|e| format!("[[render]] {i}: {}", e.kind()))?;
-            let renderings =
-                Renderings::parse(&t.members).map_err(|e| format!("[[render]] {i}: {e}"))?;
+            let set = set.build().map_err(|e| RenderConfigError::Patterns {
+                table,
+                why: e.kind().to_string(),
+            })?;
+            let renderings = Renderings::parse(&t.members)
+                .map_err(|why| RenderConfigError::Member { table, why })?;
             rules.push((set, renderings));
         }
         Ok(Self { rules })
@@ -112,12 +133,16 @@ mod tests {
 
     #[test]
     fn bad_tables_are_refused_naming_them() {
-        let e = RenderRules::new(&[table(&["a"], &[("key.x", "ipv9")])]).unwrap_err();
+        let e = RenderRules::new(&[table(&["a"], &[("key.x", "ipv9")])])
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "[[render]] 0: key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
         );
-        let e = RenderRules::new(&[table(&["a["], &[])]).unwrap_err();
+        let e = RenderRules::new(&[table(&["a["], &[])])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.starts_with("[[render]] 0: invalid map pattern \"a[\""),
             "{e}"

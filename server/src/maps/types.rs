@@ -8,7 +8,9 @@
 use std::sync::Arc;
 
 use bpfmap_proto::{
-    typed::{Layout, MapLayout, Renderings, Sink, TypeError, ValueBuilder, ValueWriter},
+    typed::{
+        Layout, MapLayout, Projection, Renderings, Sink, TypeError, ValueBuilder, ValueWriter,
+    },
     v1 as pb,
 };
 
@@ -250,6 +252,30 @@ impl Decoder {
             key: layouts.map(|l| l.key_arc().clone()),
             value,
         }))
+    }
+
+    /// How a projected call's entries are decoded: through the
+    /// projection's records; nothing is decoded for a `raw` call (or a
+    /// packed dump). Renderings cannot go with fields: the selected
+    /// members are shown as their types say (INVALID_ARGUMENT).
+    pub(crate) fn projected(
+        p: &Projection,
+        render: &std::collections::HashMap<String, String>,
+        raw: bool,
+    ) -> Result<Option<Self>, Error> {
+        if !render.is_empty() {
+            return Err(Error::InvalidArgument(
+                "render cannot be combined with fields: the projected members are shown as their types say".into(),
+            ));
+        }
+        if raw {
+            return Ok(None);
+        }
+        let records = p.layout();
+        Ok(Some(Self::typed(
+            Some(records.key_arc().clone()),
+            records.value_arc().clone(),
+        )))
     }
 
     /// Decodes keys and values (not per-CPU) through these layouts: a

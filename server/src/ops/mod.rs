@@ -10,4 +10,4 @@ mod reload;
 pub(crate) use metrics::{Metrics, serve as serve_metrics};
 pub(crate) use notify::notify;
 pub(crate) use privileges::{effective, missing, typed_maps_off, unprivileged_bpf_allowed};
-pub(crate) use reload::{Reloader, Seen, SharedKeys, SharedPolicy, watch_files};
+pub(crate) use reload::{Reloader, Seen, watch_files};

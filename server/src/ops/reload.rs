@@ -10,21 +10,15 @@ use std::{
     time::Duration,
 };
 
-use arc_swap::ArcSwap;
 use tokio::{sync::watch, task::JoinHandle};
 
 use super::Metrics;
 use crate::{
-    access::Policy,
+    access::{Policy, SharedPolicy},
     config::Config,
-    dump::CursorKey,
+    cursor::{CursorKey, SharedKeys},
     net::{SharedTls, server_config},
 };
-
-/// The authorization policy in force.
-pub(crate) type SharedPolicy = Arc<ArcSwap<Policy>>;
-/// The cursor keys in force.
-pub(crate) type SharedKeys = Arc<ArcSwap<CursorKey>>;
 
 /// What a reload replaces; clones share it with the service and the accept
 /// loop.

@@ -7,7 +7,7 @@
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::{dump::CursorError, error::Error};
+use crate::{cursor::CursorError, error::Error};
 
 /// The ErrorInfo domain of every status.
 pub(crate) const DOMAIN: &str = "bpfmapd";

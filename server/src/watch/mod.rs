@@ -13,6 +13,7 @@
 //! that reconnects within it resumes exactly.
 
 mod scanner;
+mod start;
 mod state;
 mod watcher;
 
@@ -28,7 +29,9 @@ use std::{
 use tokio::sync::{Semaphore, watch};
 
 pub(crate) use scanner::Scanner;
-pub(crate) use watcher::{Watch, WatchStream, parse_position, spawn};
+pub(crate) use start::start;
+use watcher::parse_position;
+pub(crate) use watcher::{Watch, WatchStream, spawn};
 
 use crate::{
     error::Error,

@@ -18,7 +18,7 @@ use super::{
     state::Kind,
 };
 use crate::{
-    dump::Sealer,
+    cursor::Sealer,
     error::Error,
     feed::{self, Fed, Feed},
     maps::Decoder,

@@ -10,6 +10,9 @@
 //! nonce and the sealed, versioned binary record; the format is private to
 //! the server.
 
+/// The cursor keys in force (a reload or a rotation replaces them).
+pub(crate) type SharedKeys = std::sync::Arc<arc_swap::ArcSwap<CursorKey>>;
+
 use std::{
     fs,
     io::{self, Read, Write},

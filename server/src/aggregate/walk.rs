@@ -1,0 +1,107 @@
+//! The walk of an AggregateMap call: the whole map read in chunks on the
+//! blocking pool, the matching entries grouped as they are read, stopped
+//! by the client going away, a shutdown, or a filter that costs too much.
+
+use std::sync::Arc;
+
+use bpfmap_kernel::{MapHandle, walk::Position};
+use bpfmap_proto::v1 as pb;
+use tokio::sync::watch;
+
+use crate::{
+    error::Error,
+    model::MapRef,
+    query::{CostMeter, EntryRef, Filter, Spec},
+};
+
+/// Sets its flag when dropped: the call's future was dropped (the client
+/// went away), and the walk on the blocking pool stops at its next chunk.
+pub(super) struct CancelOnDrop(pub(super) Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The walk of an AggregateMap call.
+pub(super) struct AggregateWalk {
+    pub(super) map: MapRef,
+    pub(super) handle: MapHandle,
+    pub(super) spec: Spec,
+    pub(super) filter: Option<Filter>,
+    pub(super) stop: watch::Receiver<bool>,
+    pub(super) cancelled: Arc<std::sync::atomic::AtomicBool>,
+    pub(super) max_cost: u32,
+}
+
+/// Entries read per kernel call of an aggregate.
+const AGGREGATE_READ: u32 = 1024;
+
+impl AggregateWalk {
+    /// Reads the whole map (blocking), grouping the matching entries.
+    pub(super) fn run(self) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
+        let meta = self.handle.meta().clone();
+        let stride = if meta.per_cpu() { meta.cpu_stride() } else { 0 };
+        let (ks, vs) = (meta.key_size as usize, meta.kernel_value_size());
+        let mut walker = bpfmap_kernel::walk::Walker::new(&self.handle, meta, Position::Start)
+            .map_err(|e| Error::from_walk(&self.map, e))?;
+        let mut table = self.spec.table();
+        let mut meter = CostMeter::new(self.max_cost);
+        let (mut scanned, mut matched) = (0u64, 0u64);
+        'walk: loop {
+            if *self.stop.borrow() {
+                return Err(Error::ShuttingDown);
+            }
+            if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::Cancelled);
+            }
+            let read_at = std::time::Instant::now();
+            let Some(c) = walker
+                .next_chunk(AGGREGATE_READ)
+                .map_err(|e| Error::from_walk(&self.map, e))?
+            else {
+                break;
+            };
+            let eval_at = std::time::Instant::now();
+            let reading = eval_at - read_at;
+            for i in 0..c.count {
+                let e = EntryRef {
+                    key: &c.keys[i * ks..(i + 1) * ks],
+                    value: &c.values[i * vs..(i + 1) * vs],
+                    stride,
+                };
+                scanned += 1;
+                if self.filter.as_ref().is_some_and(|f| !f.matches(&e)) {
+                    continue;
+                }
+                matched += 1;
+                if !table.add(&e) {
+                    break 'walk;
+                }
+            }
+            // What the filter costs (with the grouping of what it let
+            // through); grouping alone is bounded by limits.max_groups.
+            if self.filter.is_some() {
+                meter.add(reading, eval_at.elapsed())?;
+            }
+            if *walker.position() == Position::End {
+                break;
+            }
+        }
+        let order_non_negative = self.spec.non_negative_order();
+        let (groups, total) = table
+            .finish()
+            .map_err(|e| Error::ResourceExhausted(e.to_string()))?;
+        Ok((
+            groups,
+            pb::AggregateSummary {
+                entries_scanned: scanned,
+                entries_matched: matched,
+                groups_total: total,
+                elapsed: None,
+                order_non_negative,
+            },
+        ))
+    }
+}

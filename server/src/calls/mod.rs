@@ -1,0 +1,194 @@
+//! What every call starts from, whatever its RPC: whether the daemon still
+//! accepts calls, the policy's decision, the map opened with its types, the
+//! layouts the call sees its entries through, a request's cursor, and the
+//! blocking pool for kernel work.
+//!
+//! Each RPC's domain (`info`, `lookup`, `dump`, `aggregate`, `watch`,
+//! `drain`) takes [`Calls`] and its request and returns its answer or its
+//! stream; the gRPC handlers (`rpc`) only start the audit record, call the
+//! domain and turn its error into a status. Nothing here holds a lock across
+//! maps.
+
+use std::{collections::HashMap, sync::Arc};
+
+use bpfmap_kernel::MapHandle;
+use bpfmap_proto::typed::{MapLayout, Renderings};
+use tokio::sync::watch;
+
+use crate::{
+    access::SharedPolicy,
+    cursor::{self, SharedKeys},
+    error::Error,
+    maps::{Catalog, KnownTypes, RenderRules, Resolved, TypeCache},
+    model::{Caller, MapRef, Operation, Rpc},
+    ops::Metrics,
+};
+
+/// What every call shares.
+#[derive(Debug, Clone)]
+pub(crate) struct Calls {
+    /// The exposed maps.
+    pub(crate) catalog: Catalog,
+    /// The maps' types, read from BTF once per BTF object.
+    pub(crate) types: Arc<TypeCache>,
+    /// How members of the maps are shown unless a request says otherwise.
+    pub(crate) renders: Arc<RenderRules>,
+    /// The cursor keys in force.
+    pub(crate) keys: SharedKeys,
+    /// The policy in force.
+    pub(crate) policy: SharedPolicy,
+    /// Where denials and resumed dumps are counted.
+    pub(crate) metrics: Metrics,
+    /// True once the server is shutting down: new calls get UNAVAILABLE.
+    pub(crate) draining: watch::Receiver<bool>,
+}
+
+/// A map opened for a call, with its types when they were asked for.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    /// As the request names it.
+    pub(crate) map: MapRef,
+    pub(crate) handle: MapHandle,
+    pub(crate) types: KnownTypes,
+}
+
+impl Calls {
+    /// UNAVAILABLE once the server is shutting down.
+    pub(crate) fn accepting(&self) -> Result<(), Error> {
+        if *self.draining.borrow() {
+            Err(Error::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// PERMISSION_DENIED unless the policy allows `op` on `map` (checked
+    /// before the map is opened, so a denial says nothing about existence).
+    pub(crate) fn authorize(
+        &self,
+        caller: &Caller,
+        (op, rpc): (Operation, Rpc),
+        map: &MapRef,
+    ) -> Result<(), Error> {
+        if self.policy.load().allows(&caller.identity, op, map) {
+            return Ok(());
+        }
+        self.metrics.denied(rpc);
+        Err(Error::PermissionDenied {
+            identity: caller.identity.clone(),
+            operation: op,
+            map: map.clone(),
+        })
+    }
+
+    /// Authorizes, then opens the map (with its types when `types`, read in
+    /// the same trip to the blocking pool: a trip costs more than the
+    /// syscalls). A path that resolves (through a symlink) to another map is
+    /// authorized under that map's name too.
+    pub(crate) async fn open(
+        &self,
+        caller: &Caller,
+        call: (Operation, Rpc),
+        map: MapRef,
+        types: bool,
+    ) -> Result<Opened, Error> {
+        self.authorize(caller, call, &map)?;
+        let (catalog, cache, r) = (self.catalog.clone(), self.types.clone(), map.clone());
+        let (resolved, types): (Resolved, KnownTypes) = blocking(move || {
+            let resolved = catalog.open(&r)?;
+            let types = if types {
+                cache.map_types(resolved.handle.meta())
+            } else {
+                KnownTypes::None
+            };
+            Ok((resolved, types))
+        })
+        .await?;
+        if let Some(target) = &resolved.target {
+            self.authorize_target(caller, call, &map, target)?;
+        }
+        Ok(Opened {
+            map,
+            handle: resolved.handle,
+            types,
+        })
+    }
+
+    /// The map a symlink named `map` resolved to must be allowed too; the
+    /// denial names the map as requested (the target is not revealed).
+    pub(crate) fn authorize_target(
+        &self,
+        caller: &Caller,
+        call: (Operation, Rpc),
+        map: &MapRef,
+        target: &MapRef,
+    ) -> Result<(), Error> {
+        self.authorize(caller, call, target)
+            .map_err(|_| Error::PermissionDenied {
+                identity: caller.identity.clone(),
+                operation: call.0,
+                map: map.clone(),
+            })
+    }
+
+    /// The layout a call shows `opened`'s entries through: its types with
+    /// the configured renderings for the map, overridden by the request's
+    /// (`render`). `decodes` says whether the call decodes anything
+    /// (renderings of a call that does not are refused).
+    pub(crate) fn layout(
+        &self,
+        opened: &Opened,
+        render: &HashMap<String, String>,
+        decodes: bool,
+    ) -> Result<MapLayout, Error> {
+        let asked = Renderings::parse(render)
+            .map_err(|e| Error::InvalidArgument(format!("render: {e}")))?;
+        if !asked.is_empty() && !decodes {
+            return Err(Error::InvalidArgument(
+                "render shows decoded entries: it cannot be combined with LAYOUT_PACKED or raw = true (clients that decode packed entries apply renderings themselves)".into(),
+            ));
+        }
+        let renderings = match &opened.types {
+            KnownTypes::Typed(_) => self.renders.for_map(&opened.map).overridden_by(&asked),
+            _ => asked,
+        };
+        opened
+            .types
+            .layout(&opened.map, opened.handle.meta(), &renderings)
+    }
+
+    /// The layout a call's queries (filters, fields) read `opened`'s
+    /// entries through: its types as they are, without renderings.
+    pub(crate) fn query_layout(&self, opened: &Opened) -> Result<MapLayout, Error> {
+        opened
+            .types
+            .layout(&opened.map, opened.handle.meta(), &Renderings::default())
+    }
+
+    /// A request's cursor, opened for `caller` and `map` (none when
+    /// empty): checked before the map is touched, so that a bad cursor is a
+    /// bad request whatever state the map is in.
+    pub(crate) fn cursor(
+        &self,
+        token: &str,
+        caller: &Caller,
+        map: &MapRef,
+    ) -> Result<Option<cursor::Opened>, Error> {
+        match token {
+            "" => Ok(None),
+            token => Ok(Some(self.keys.load().open(token, &caller.identity, map)?)),
+        }
+    }
+}
+
+/// Runs kernel work on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal {
+            map: None,
+            message: format!("worker failed: {e}"),
+        })?
+}

@@ -1,0 +1,124 @@
+//! A DumpMap call checked and ready to run: its cursor, its slot, its map,
+//! its query, its decoding, its memory.
+
+use std::{sync::Arc, time::Duration};
+
+use bpfmap_kernel::walk::Position;
+use bpfmap_proto::v1 as pb;
+
+use super::{DumpEnv, DumpJob, MAX_CHUNK, Options};
+use crate::{
+    calls::Calls,
+    cursor::Sealer,
+    error::Error,
+    limits::{Budget, Trimmer},
+    maps::Decoder,
+    model::{Caller, MapRef, Operation, Rpc},
+    query::Query,
+};
+
+/// How long a call waits for room in the memory pool.
+pub(crate) const POOL_WAIT: Duration = Duration::from_secs(2);
+
+/// What dumps (and the calls that walk maps as dumps do) share beyond what
+/// every call does.
+#[derive(Debug, Clone)]
+pub(crate) struct Dumps {
+    /// Their slots, limits, stop signal and statistics.
+    pub(crate) env: DumpEnv,
+    /// The memory pool for what a dump's share cannot hold.
+    pub(crate) pool: Budget,
+    /// Dumps and lookups in flight (free memory is handed back when none
+    /// are).
+    pub(crate) trimmer: Trimmer,
+}
+
+/// A DumpMap call checked: its cursor (before the map is touched: a bad
+/// cursor is a bad request whatever state the map is in), its slot (before
+/// the map: a dump that will be refused costs no trip to the kernel), the
+/// map opened, its query, its decoding and its memory reserved.
+pub(crate) async fn start(
+    calls: &Calls,
+    dumps: &Dumps,
+    caller: &Caller,
+    map: MapRef,
+    req: pb::DumpMapRequest,
+) -> Result<DumpJob, Error> {
+    calls.accepting()?;
+    let layout = layout_of(&req)?;
+    let cursor = calls.cursor(&req.cursor, caller, &map)?;
+    let packed = layout == pb::Layout::Packed;
+    let queried = !req.filter.is_empty() || !req.fields.is_empty();
+    let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32 || queried;
+    let call = (Operation::Dump, Rpc::DumpMap);
+    calls.authorize(caller, call, &map)?;
+    let slot = dumps.env.slots.try_acquire(caller)?;
+    let opened = calls.open(caller, call, map, decodes).await?;
+    let meta = opened.handle.meta().clone();
+    let query = Query::of_request(
+        &req.filter,
+        &req.fields,
+        &meta,
+        &calls.query_layout(&opened)?,
+    )?
+    .map(Arc::new);
+    let digest = query.as_ref().map(|q| q.digest());
+    let position = match cursor {
+        None => Position::Start,
+        Some(c) => {
+            calls.metrics.dump_resumed();
+            c.check_query(digest)?;
+            c.resume(&meta)?
+        }
+    };
+    let keys = calls.keys.load_full();
+    let sealer =
+        Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta).with_query(digest);
+    let decoder = match query.as_ref().and_then(|q| q.projection.as_ref()) {
+        Some(p) => Decoder::projected(p, &req.render, packed || req.raw)?,
+        None => {
+            let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
+            Decoder::for_request(
+                &opened.map,
+                &meta,
+                (&opened.types, &shown),
+                (req.raw, req.per_cpu),
+                packed,
+            )?
+        }
+    };
+    let options = Options {
+        layout,
+        decoder,
+        chunk_hint: req.chunk_size,
+        limit: req.limit,
+        query,
+    };
+    let mut job = DumpJob::new(
+        opened.map,
+        (opened.handle, meta),
+        position,
+        options,
+        sealer,
+        &dumps.env.limits,
+    )?;
+    job.reserve_memory(&dumps.pool, POOL_WAIT).await?;
+    Ok(job.with_slot(slot))
+}
+
+/// The layout a dump asks for, and its chunk size checked.
+fn layout_of(req: &pb::DumpMapRequest) -> Result<pb::Layout, Error> {
+    let layout = pb::Layout::try_from(req.layout).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "unknown layout {}; use LAYOUT_ENTRIES (0) or LAYOUT_PACKED (1)",
+            req.layout
+        ))
+    })?;
+    if req.chunk_size > MAX_CHUNK {
+        return Err(Error::InvalidArgument(format!(
+            "chunk_size {} is too large; use 1 to {MAX_CHUNK}, or 0 for the server's default (chunks as large as the dump's memory allows)",
+            req.chunk_size,
+        )));
+    }
+    Ok(layout)
+}
