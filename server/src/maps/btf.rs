@@ -36,7 +36,7 @@ use std::{
     sync::{Arc, Mutex, OnceLock},
 };
 
-use bpfmap_kernel::btf::{Btf, Int, Record, Type};
+use bpfmap_kernel::btf::{Btf, BtfError, Int, Record, Type};
 use bpfmap_proto::v1::{
     ArrayType, BoolType, CharType, EnumType, Enumerator, FloatType, IntType, Member, OpaqueType,
     PointerType, RecordType, TypeInfo, type_info::Kind,
@@ -127,15 +127,46 @@ pub fn describe(btf: &Btf, type_id: u32) -> Result<TypeInfo, DescribeError> {
     Ok(out.info)
 }
 
+/// Why BTF cannot be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum BtfReadError {
+    /// More than [`MAX_BTF_SIZE`] bytes.
+    #[error("{what} is {bytes} bytes, more than {MAX_BTF_SIZE}")]
+    TooLarge {
+        /// What ("BTF", "/sys/kernel/btf/vmlinux").
+        what: &'static str,
+        /// Its size.
+        bytes: u64,
+    },
+    /// A file that cannot be read.
+    #[error("cannot read {what}: {source}")]
+    Io {
+        /// The file.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not BTF, or BTF that does not hold together.
+    #[error(transparent)]
+    Malformed(#[from] BtfError),
+    /// No base BTF to parse split BTF on.
+    #[error("{0}")]
+    NoBase(&'static str),
+}
+
 /// Parses raw BTF, split on `base` when given (a kernel module's BTF on
 /// vmlinux): at most [`MAX_BTF_SIZE`] bytes, in this host's byte order
 /// (the only one the kernel hands out), every section and record within
 /// the data.
-pub fn parse(raw: &[u8], base: Option<&Btf>) -> Result<Btf, String> {
+pub fn parse(raw: &[u8], base: Option<&Btf>) -> Result<Btf, BtfReadError> {
     if raw.len() > MAX_BTF_SIZE {
-        return Err(format!("BTF of {} bytes is too large", raw.len()));
+        return Err(BtfReadError::TooLarge {
+            what: "BTF",
+            bytes: raw.len() as u64,
+        });
     }
-    Btf::parse(raw, base).map_err(|e| e.to_string())
+    Ok(Btf::parse(raw, base)?)
 }
 
 /// A described type and how many values a decoder produces for it.
@@ -696,7 +727,7 @@ fn spell(name: &str, stars: &str, suffix: &str) -> String {
 /// Reads a BTF object by kernel id.
 type BtfSource = dyn Fn(u32) -> SysResult<BtfInfo> + Send + Sync;
 /// Reads the raw vmlinux BTF, the base of module BTF.
-type BaseSource = dyn Fn() -> Result<Vec<u8>, String> + Send + Sync;
+type BaseSource = dyn Fn() -> Result<Vec<u8>, BtfReadError> + Send + Sync;
 
 /// Parsed BTF objects kept (a program's maps share its BTF object).
 const CACHED_OBJECTS: usize = 8;
@@ -801,16 +832,15 @@ impl Default for TypeCache {
 }
 
 /// vmlinux BTF, as the kernel exposes it.
-fn read_vmlinux() -> Result<Vec<u8>, String> {
+fn read_vmlinux() -> Result<Vec<u8>, BtfReadError> {
     const PATH: &str = "/sys/kernel/btf/vmlinux";
-    let too_large = |n: u64| format!("{PATH} is {n} bytes, more than {MAX_BTF_SIZE}");
-    let len = std::fs::metadata(PATH)
-        .map_err(|e| format!("cannot read {PATH}: {e}"))?
-        .len();
+    let too_large = |bytes: u64| BtfReadError::TooLarge { what: PATH, bytes };
+    let io = |source| BtfReadError::Io { what: PATH, source };
+    let len = std::fs::metadata(PATH).map_err(io)?.len();
     if len > MAX_BTF_SIZE as u64 {
         return Err(too_large(len));
     }
-    let raw = std::fs::read(PATH).map_err(|e| format!("cannot read {PATH}: {e}"))?;
+    let raw = std::fs::read(PATH).map_err(io)?;
     if raw.len() > MAX_BTF_SIZE {
         return Err(too_large(raw.len() as u64));
     }
@@ -927,10 +957,11 @@ impl TypeCache {
             }
         })?;
         let parsed = if info.kernel_btf && info.name != "vmlinux" {
-            self.vmlinux()
-                .and_then(|base| parse(&info.data, Some(&base)).map_err(Arc::from))
+            self.vmlinux().and_then(|base| {
+                parse(&info.data, Some(&base)).map_err(|e| Arc::from(e.to_string()))
+            })
         } else {
-            parse(&info.data, None).map_err(Arc::from)
+            parse(&info.data, None).map_err(|e| Arc::from(e.to_string()))
         }
         .map(Arc::new)
         .map_err(|e| Arc::from(format!("BTF object {btf_id}: {e}")));
@@ -1528,7 +1559,7 @@ mod tests {
             }),
             Box::new(move || {
                 base_counter.fetch_add(1, Ordering::Relaxed);
-                base.clone().ok_or_else(|| "no vmlinux here".into())
+                base.clone().ok_or(BtfReadError::NoBase("no vmlinux here"))
             }),
         );
         (cache, reads)
@@ -1542,7 +1573,7 @@ mod tests {
                     io_error: std::io::Error::from_raw_os_error(errno),
                 })
             }),
-            Box::new(|| Err("unused".into())),
+            Box::new(|| Err(BtfReadError::NoBase("unused"))),
         )
     }
 
@@ -1953,7 +1984,7 @@ mod tests {
         let mut lying = raw.clone();
         // str_len past the end.
         lying[20..24].copy_from_slice(&(u32::MAX / 2).to_ne_bytes());
-        let e = parse(&lying, None).expect_err("refused");
+        let e = parse(&lying, None).expect_err("refused").to_string();
         assert!(e.contains("string section"), "{e}");
         let mut lying = raw.clone();
         lying[4..8].copy_from_slice(&4u32.to_ne_bytes());
@@ -1961,12 +1992,14 @@ mod tests {
         let mut swapped = raw;
         swapped[0..2].copy_from_slice(&0xeb9fu16.to_be_bytes());
         if cfg!(target_endian = "little") {
-            assert!(parse(&swapped, None).err().unwrap().contains("bad magic"));
+            let e = parse(&swapped, None).err().unwrap().to_string();
+            assert!(e.contains("bad magic"), "{e}");
         }
         assert!(
             parse(&[], None)
                 .err()
                 .unwrap()
+                .to_string()
                 .contains("shorter than its header")
         );
     }
