@@ -6,23 +6,28 @@
 //! and the demo maps. Kernel access (every syscall and all unsafe code) is
 //! the crate `bpfmap-kernel`.
 //!
-//! The modules, each a folder whose `mod.rs` says what it owns; `crate::`
-//! imports between them form no cycle (a test in the `tests` crate checks):
+//! The modules, each a folder (or a file) whose first comment says what it
+//! owns; `crate::` imports between them form no cycle (a test in the
+//! `tests` crate checks). server/README.md is the map: the crates, these
+//! folders, the path of one call.
 //! - [`model`]: the shared value types (map references, identities,
 //!   operations, RPC names); it uses no other module.
 //! - `error`: what a call can fail with, in the daemon's terms (no gRPC).
 //! - `config`: the command line and the configuration file.
+//! - `cursor`: opaque, authenticated resume tokens.
 //! - `maps`: which maps are exposed, their types (BTF), the demo.
 //! - `limits`: dump slots, memory shares and the pool, allocator trimming.
 //! - `access`: the policy and the audit log.
-//! - `drain`: DrainMap: read and delete, through a durable spool.
-//! - `dump`: one DumpMap: the job, its producer, its cursors.
+//! - [`query`]: filters, the query of a dump, aggregate groups.
+//! - `calls`: what every call starts from (authorization, the map opened,
+//!   its layouts, its cursor, the blocking pool).
+//! - `info`, `lookup`, `dump`, `aggregate`, `watch`, `drain`: one RPC's
+//!   domain each.
 //! - `wire`: domain values to `bpfmap.v1` messages.
 //! - `net`: connections, TLS, authentication of a connection's caller.
 //! - `ops`: metrics, reload, sd_notify, capabilities.
 //! - `feed`: a response stream fed by a task of its own, ending with its status.
-//! - `watch`: WatchMap: shared scans of watched maps, their changes.
-//! - `rpc`: the gRPC service, the mapping of errors to statuses, health.
+//! - `rpc`: the gRPC handlers, the mapping of errors to statuses, health.
 //! - `daemon`: the composition root (start, stop, reload) and `main`.
 #![forbid(unsafe_code)]
 
@@ -52,7 +57,7 @@ pub use access::RuleConfig;
 pub use config::{Args, Config, DrainConfig, Limits, LogFormat};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
-pub use maps::{Demo, RenderConfig, btf, flow_key, flow_value, typed_flows};
+pub use maps::{Demo, RenderConfig, btf, flow_key, flow_types, flow_value, typed_flows};
 pub use model::{Operation, SERVICE_NAME};
 pub use net::TlsFiles;
 

@@ -421,7 +421,7 @@ mod topk {
         Aggregate, AggregateOptions, ConnectOptions, Fleet, FleetAggregateOptions,
         FleetDumpOptions, FleetEvent, MergeMethod, Target, ValueRef,
     };
-    use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
+    use bpfmap_kernel::{BtfBuilder, CreateMap, OwnedBtf};
     use bpfmap_tests::{BpfFs, MapType, OwnedMap, median, process::DaemonProcess, update_batch};
     use futures::StreamExt as _;
 
@@ -433,24 +433,7 @@ mod topk {
     /// destinations follow a skewed law (a few take most bytes), pinned.
     fn flow_map(fs: &BpfFs, host: u32) -> OwnedMap {
         let mut b = BtfBuilder::new();
-        let u16_ = b.add_int("unsigned short", 2, E::Unsigned);
-        let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
-        let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
-        let key = b.add_struct(
-            "flow_key",
-            16,
-            &[
-                M::new("saddr", u32_, 0),
-                M::new("daddr", u32_, 32),
-                M::new("sport", u16_, 64),
-                M::new("dport", u16_, 80),
-            ],
-        );
-        let value = b.add_struct(
-            "flow_stats",
-            16,
-            &[M::new("packets", u64_, 0), M::new("bytes", u64_, 64)],
-        );
+        let (key, value) = bpfmapd::flow_types(&mut b);
         let btf = OwnedBtf::load(&b.to_bytes()).expect("BPF_BTF_LOAD");
         let map = OwnedMap::create(&CreateMap {
             map_type: MapType::HASH.0,

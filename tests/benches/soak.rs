@@ -47,7 +47,7 @@ use bpfmap_tests::{
     u64_hash, update_batch,
 };
 use clap::Parser;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::AsyncReadExt as _;
 
 /// The large map: key i (u64 LE) -> i * 3 (u64 LE).
 const BIG: &str = "big/flows";
@@ -333,26 +333,7 @@ fn rules(generation: u64) -> String {
 /// GET /metrics; the value of each series, by its name and labels as
 /// written ("bpfmapd_reloads_total{result=\"ok\"}").
 async fn scrape(addr: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
-    let get = async {
-        let mut tcp = tokio::net::TcpStream::connect(addr).await?;
-        tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: bpfmapd\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut raw = String::new();
-        tcp.read_to_string(&mut raw).await?;
-        anyhow::Ok(raw)
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(2), get)
-        .await
-        .context("metrics: no answer within 2 s")??;
-    let (_, body) = raw.split_once("\r\n\r\n").context("not an HTTP response")?;
-    Ok(body
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect())
+    Ok(bpfmap_tests::metrics::try_scrape(addr).await?.series())
 }
 
 /// Every few seconds the 1M map, every second the small maps, all in full.

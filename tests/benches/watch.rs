@@ -36,12 +36,9 @@ use bpfmap_kernel::{
     walk::{Position, Walker},
 };
 use bpfmap_proto::v1::{self as pb, map_service_client::MapServiceClient};
-use bpfmap_tests::{BpfFs, Daemon, OwnedMap, median, update_batch};
+use bpfmap_tests::{BpfFs, Daemon, OwnedMap, median, metrics::Metrics, update_batch};
 use prost::Message as _;
-use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
-    sync::mpsc,
-};
+use tokio::sync::mpsc;
 
 /// Entries of the watched map.
 const N: u32 = 1_000_000;
@@ -125,30 +122,14 @@ impl Writer {
     }
 }
 
-/// GET /metrics: the value of each series by its name as written.
-async fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
-    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: bpfmapd\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    tcp.read_to_string(&mut raw).await.unwrap();
-    let (_, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_owned(), v.parse().ok()?))
-        })
-        .collect()
+/// The daemon's metrics.
+async fn scrape(addr: SocketAddr) -> Metrics {
+    bpfmap_tests::metrics::scrape(addr).await
 }
 
 /// A series by name (counters may carry the `_total` suffix).
-fn metric(m: &HashMap<String, f64>, name: &str) -> f64 {
-    m.get(name)
-        .or_else(|| m.get(&format!("{name}_total")))
-        .copied()
-        .unwrap_or_else(|| panic!("no series {name} in the metrics"))
+fn metric(m: &Metrics, name: &str) -> f64 {
+    m.get(name, &[])
 }
 
 /// The CPU time (user and system) of the whole process so far.

@@ -20,6 +20,7 @@ pub mod dns;
 pub mod fleet;
 pub mod fuzz;
 pub mod h2;
+pub mod metrics;
 pub mod netns;
 pub mod networking;
 pub mod pki;
@@ -276,6 +277,16 @@ pub async fn channel_from(addr: &str, source: &str) -> tonic::transport::Channel
         .unwrap_or_else(|e| panic!("cannot connect to {addr} from {source}: {e}"))
 }
 
+/// The raw gRPC stub of `MapService`.
+pub type Grpc = bpfmap_proto::v1::map_service_client::MapServiceClient<tonic::transport::Channel>;
+
+/// A raw gRPC stub connected to `addr` (a plaintext daemon on loopback), for
+/// the requests and statuses themselves; it decodes messages of up to
+/// 64 MiB.
+pub async fn grpc(addr: &str) -> Grpc {
+    Grpc::new(channel_from(addr, "127.0.0.1").await).max_decoding_message_size(64 << 20)
+}
+
 /// A client whose connection comes from `source`, with the retry policy
 /// of `options`.
 pub async fn client_from(addr: &str, source: &str, options: ConnectOptions) -> Client {
@@ -484,5 +495,37 @@ impl CutProxy {
 impl Drop for CutProxy {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// A writer thread that changes maps while a test reads them: it runs its
+/// step over and over until stopped.
+#[derive(Debug)]
+pub struct Churn {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Churn {
+    /// Runs `step` until [`stop`](Self::stop) (each step may sleep to pace
+    /// itself).
+    pub fn start(mut step: impl FnMut() + Send + 'static) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut steps = 0u64;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                step();
+                steps += 1;
+            }
+            steps
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops the writer; how many steps it made.
+    pub fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the churning writer")
     }
 }

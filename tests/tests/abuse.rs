@@ -24,12 +24,12 @@ use std::{
 use bpfmap_client::{Client, ClientTls, ConnectOptions, DumpOptions, MapName, RetryPolicy};
 use bpfmap_tests::{
     h2::{self, Conn, code, flag, kind, setting},
+    metrics::{Metrics, scrape},
     pki::{Name, Pki, Validity},
     process::{DaemonProcess, Launch, free_addr},
     *,
 };
 use futures::TryStreamExt as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// One attack at a time: each measures the daemon's memory, its CPU-bound
 /// answers to a well-behaved client and its kernel reads, which another
@@ -57,12 +57,17 @@ const FLAT_MIB: u64 = 16;
 /// `limits.max_cancelled_calls`, by default: more calls cancelled by the
 /// client within 10 s close its connection with ENHANCE_YOUR_CALM.
 const MAX_CANCELLED_CALLS: u64 = 50;
-/// A GetMap from a well-behaved client, during any attack.
-const GETMAP_BOUND: Duration = Duration::from_millis(100);
-/// The same while 64 streams with open windows take all the data the
-/// daemon may send them at once (64 dumps at full speed, on 2 CPUs, in a
-/// debug build): the CPUs are busy moving their data, not stuck.
-const GETMAP_BOUND_BUSY: Duration = Duration::from_millis(1000);
+/// A GetMap from a well-behaved client, during any attack: what the design
+/// guarantees is that it is served, not starved (a starved client waits
+/// for the attack to end, or for its deadline), with a wide margin for a
+/// shared 2-core machine where another process may hold a core, and for 64
+/// dumps at full speed in a debug build. How fast it is served is a figure
+/// of the soak benchmark (GetMap latency under mixed load, p50 and p99),
+/// and these tests print theirs.
+const GETMAP_BOUND: Duration = Duration::from_secs(2);
+/// Latency printed as a figure (samples above it are counted), not
+/// asserted.
+const GETMAP_REPORTED: Duration = Duration::from_millis(100);
 
 const IDENTITIES: &str = "spiffe://example.org/abuse";
 
@@ -244,7 +249,7 @@ impl Target {
             .count()
     }
 
-    async fn scrape(&self) -> Scrape {
+    async fn scrape(&self) -> Metrics {
         scrape(self.metrics).await
     }
 }
@@ -258,44 +263,14 @@ fn proc_status_field(pid: u32, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
 }
 
-/// A scrape of the metrics endpoint.
-struct Scrape(String);
-
-impl Scrape {
-    /// The sum of the series `name` whose labels contain `labels` (e.g.
-    /// `grpc_method="DumpMap"`; "" for all).
-    fn get(&self, name: &str, labels: &str) -> f64 {
-        self.0
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (series, value) = l.rsplit_once(' ')?;
-                let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-                (n == name && rest.contains(labels)).then(|| value.parse::<f64>().ok())?
-            })
-            .sum()
-    }
-
-    fn batch_calls(&self) -> f64 {
-        self.get("bpfmapd_kernel_batch_calls_total", "")
-    }
-
-    fn dumps_started(&self) -> f64 {
-        self.get("grpc_server_started_total", "grpc_method=\"DumpMap\"")
-    }
+/// The kernel's batch calls so far.
+fn batch_calls(m: &Metrics) -> f64 {
+    m.sum("bpfmapd_kernel_batch_calls_total", &[])
 }
 
-async fn scrape(addr: SocketAddr) -> Scrape {
-    let mut tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the metrics listener");
-    tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: bpfmapd\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    tcp.read_to_string(&mut raw).await.unwrap();
-    let (_, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    Scrape(body.to_owned())
+/// The dumps started so far.
+fn dumps_started(m: &Metrics) -> f64 {
+    m.sum("grpc_server_started_total", &[("grpc_method", "DumpMap")])
 }
 
 /// The well-behaved client's GetMap every 100 ms, on a thread and runtime
@@ -380,7 +355,7 @@ impl Probe {
             slowest,
             over: samples
                 .iter()
-                .filter(|s| s.as_ref().is_ok_and(|d| *d > GETMAP_BOUND))
+                .filter(|s| s.as_ref().is_ok_and(|d| *d > GETMAP_REPORTED))
                 .count(),
             lasted: self.started.elapsed(),
         }
@@ -395,20 +370,18 @@ struct ProbeReport {
     max: Duration,
     /// Which sample was the slowest (from 0, about 100 ms apart).
     slowest: usize,
-    /// Samples over [`GETMAP_BOUND`].
+    /// Samples over [`GETMAP_REPORTED`].
     over: usize,
     lasted: Duration,
 }
 
 impl ProbeReport {
+    /// Every GetMap answered, within [`GETMAP_BOUND`].
     fn check(&self, during: &str) {
-        self.check_within(during, GETMAP_BOUND);
-    }
-
-    fn check_within(&self, during: &str, bound: Duration) {
+        let bound = GETMAP_BOUND;
         let (samples, max) = (self.samples, self.max);
         eprintln!(
-            "{during}: well-behaved GetMap: {samples} samples over {:?}, max {max:?} (sample {}), {} over {GETMAP_BOUND:?}, {} failed",
+            "{during}: well-behaved GetMap: {samples} samples over {:?}, max {max:?} (sample {}), {} over {GETMAP_REPORTED:?}, {} failed",
             self.lasted,
             self.slowest,
             self.over,
@@ -630,8 +603,8 @@ async fn rapid_reset(tls: bool, net: u8) {
     let streams = one.streams + eight.iter().map(|o| o.streams).sum::<u64>();
     eprintln!(
         "rapid reset {what}: {streams} streams sent; the daemon started {} DumpMap calls and made {} kernel batch calls",
-        after.dumps_started() - before.dumps_started(),
-        after.batch_calls() - before.batch_calls()
+        dumps_started(&after) - dumps_started(&before),
+        batch_calls(&after) - batch_calls(&before)
     );
 
     assert!(
@@ -697,8 +670,8 @@ fn check_cancel_limit(o: &Outcome, what: &str) {
     );
 }
 
-fn reads_per_call(before: &Scrape, after: &Scrape, cancelled: u64) -> f64 {
-    (after.batch_calls() - before.batch_calls()) / cancelled.max(1) as f64
+fn reads_per_call(before: &Metrics, after: &Metrics, cancelled: u64) -> f64 {
+    (batch_calls(after) - batch_calls(before)) / cancelled.max(1) as f64
 }
 
 async fn reset_after_answer_one_connection(tls: bool, net: u8) {
@@ -721,7 +694,7 @@ async fn reset_after_answer_one_connection(tls: bool, net: u8) {
         "{what}: {}; {:.2} kernel batch calls per cancelled call ({} in all); {lines} log lines, {audits} DumpMap audit records",
         o.describe(),
         reads,
-        after.batch_calls() - before.batch_calls()
+        batch_calls(&after) - batch_calls(&before)
     );
     check_cancel_limit(&o, what);
     assert!(
@@ -916,8 +889,8 @@ async fn hold_never_reading(t: &Target, windows: Windows) -> Held {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let m = t.scrape().await;
-            running = m.get("bpfmapd_dump_slots_in_use", "") as usize;
-            refused = m.get("bpfmapd_dump_slots_refused_total", "") as usize;
+            running = m.sum("bpfmapd_dump_slots_in_use", &[]) as usize;
+            refused = m.sum("bpfmapd_dump_slots_refused_total", &[]) as usize;
             if running >= 64 || Instant::now() > deadline {
                 break;
             }
@@ -966,7 +939,7 @@ async fn hold_never_reading(t: &Target, windows: Windows) -> Held {
     }
 }
 
-fn check_held(h: &Held, what: &str, bound: Duration) {
+fn check_held(h: &Held, what: &str) {
     let per_dump = h.held_hwm.saturating_sub(h.base_hwm) / h.running.max(1) as u64;
     eprintln!(
         "{what}: {} dumps held, {} calls refused; VmHWM {:.1} MiB before, {:.1} MiB held ({} KiB more per held dump), {:.1} MiB at the end; {} threads; the well-behaved dump: {:?} in {:?}",
@@ -980,7 +953,7 @@ fn check_held(h: &Held, what: &str, bound: Duration) {
         h.good,
         h.good_took
     );
-    h.probe.check_within(what, bound);
+    h.probe.check(what);
     assert_eq!(
         h.running, 64,
         "{what}: 64 dumps (8 per caller) should be running"
@@ -1007,7 +980,7 @@ async fn streams_that_never_read_stay_within_the_documented_peak() {
     let what = "64 never-reading dumps, plaintext";
     let t = Target::start(31, false, "", Launch::default());
     let h = hold_never_reading(&t, Windows::Closed).await;
-    check_held(&h, what, GETMAP_BOUND);
+    check_held(&h, what);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1016,7 +989,7 @@ async fn streams_with_open_windows_that_never_read_stay_within_the_documented_pe
     let what = "64 dumps with open windows, socket never read, plaintext";
     let t = Target::start(33, false, "", Launch::default());
     let h = hold_never_reading(&t, Windows::OpenUnread).await;
-    check_held(&h, what, GETMAP_BOUND_BUSY);
+    check_held(&h, what);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1025,7 +998,7 @@ async fn streams_that_never_read_over_tls_stay_within_the_documented_peak() {
     let what = "64 never-reading dumps, mutual TLS";
     let t = Target::start(32, true, "", Launch::default());
     let h = hold_never_reading(&t, Windows::Closed).await;
-    check_held(&h, what, GETMAP_BOUND);
+    check_held(&h, what);
 }
 
 // ---------------------------------------------------------------------------
@@ -1305,10 +1278,10 @@ async fn one_byte_window_updates_do_not_keep_a_dump_past_its_stall_timeout() {
         "still open after 30 s".to_owned()
     };
     let after = t.scrape().await;
-    let stalled = after.get("bpfmapd_stalled_clients_total", "")
-        - before.get("bpfmapd_stalled_clients_total", "");
-    let closed_stalled = after.get("bpfmapd_connections_closed_total", "reason=\"stalled\"")
-        - before.get("bpfmapd_connections_closed_total", "reason=\"stalled\"");
+    let stalled = after.sum("bpfmapd_stalled_clients_total", &[])
+        - before.sum("bpfmapd_stalled_clients_total", &[]);
+    let closed_stalled = after.sum("bpfmapd_connections_closed_total", &[("reason", "stalled")])
+        - before.sum("bpfmapd_connections_closed_total", &[("reason", "stalled")]);
     eprintln!(
         "{what}: {how} after {ended:?} ({updates} updates, {} DATA bytes received); stalled dumps counted: {stalled}, connections closed as stalled: {closed_stalled}",
         conn.data_bytes

@@ -11,14 +11,12 @@ use std::{
     time::Duration,
 };
 
-use bpfmap_proto::v1::{self as pb, map_service_client::MapServiceClient};
+use bpfmap_proto::v1 as pb;
 use bpfmap_tests::{
     process::{DaemonProcess, free_addr},
     *,
 };
-use tonic::{Code, transport::Channel};
-
-type Grpc = MapServiceClient<Channel>;
+use tonic::Code;
 
 const RULES: &str = r#"
 [drain]
@@ -49,10 +47,6 @@ fn config_of(fs: &BpfFs, state: &Path, toml: &str) -> bpfmapd::Config {
 
 fn toml_config(text: &str) -> bpfmapd::Config {
     bpfmapd::Config::from_toml(text).expect("a valid configuration")
-}
-
-async fn grpc(addr: &str) -> Grpc {
-    MapServiceClient::new(channel_from(addr, "127.0.0.1").await)
 }
 
 fn request(path: &str, ack: &str, chunk_size: u32) -> pb::DrainMapRequest {

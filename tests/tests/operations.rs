@@ -18,12 +18,12 @@ use bpfmap_client::{
     Client, ClientTls, ConnectOptions, DumpOptions, Entry, RetryPolicy, Value, pb,
 };
 use bpfmap_tests::{
+    metrics::{Metrics, http_get, scrape},
     pki::{Name, Pki, Validity},
     process::{DaemonProcess, Launch, free_addr},
     *,
 };
 use bpfmapd::{Config, Limits, Operation, RuleConfig};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Code;
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -40,6 +40,13 @@ fn dump_request(path: &str, chunk_size: u32, cursor: &str) -> pb::DumpMapRequest
     }
 }
 
+/// A per-method gRPC series (`code`: its `grpc_code` label too).
+fn rpc(m: &Metrics, name: &str, method: &str, code: Option<&str>) -> f64 {
+    let mut labels = vec![("grpc_method", method)];
+    labels.extend(code.map(|c| ("grpc_code", c)));
+    m.get(name, &labels)
+}
+
 /// An array of `n` entries, key i (u32 LE) -> i*7 (u64 LE), pinned.
 fn u64_array(fs: &BpfFs, rel: &str, n: u32) -> (OwnedMap, Entries) {
     let map = create_map(MapType::ARRAY, 4, 8, n);
@@ -53,87 +60,6 @@ fn u64_array(fs: &BpfFs, rel: &str, n: u32) -> (OwnedMap, Entries) {
     update_batch(&map, &keys, &values);
     fs.pin(&map, rel);
     (map, expected)
-}
-
-/// GET `path` from the metrics listener: (status line, content type, body).
-async fn http_get(addr: SocketAddr, path: &str) -> (String, String, String) {
-    let mut tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the metrics listener");
-    tcp.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: bpfmapd\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut raw = String::new();
-    tcp.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
-    let status = head.lines().next().unwrap_or_default().to_owned();
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            l.split_once(':')
-                .filter(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-                .map(|(_, v)| v.trim().to_owned())
-        })
-        .unwrap_or_default();
-    (status, content_type, body.to_owned())
-}
-
-async fn scrape(addr: SocketAddr) -> Metrics {
-    let (status, content_type, body) = http_get(addr, "/metrics").await;
-    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
-    assert!(
-        content_type.starts_with("application/openmetrics-text"),
-        "{content_type}"
-    );
-    assert!(body.ends_with("# EOF\n"), "{body}");
-    Metrics(body)
-}
-
-/// A scrape in the OpenMetrics text format.
-struct Metrics(String);
-
-impl Metrics {
-    /// The value of the one series `name` whose labels include `labels`
-    /// (0 when there is none: a counter family with no child yet).
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let mut found = Vec::new();
-        for line in self.0.lines().filter(|l| !l.starts_with('#')) {
-            let (series, value) = line.rsplit_once(' ').expect("series value");
-            let (series_name, series_labels) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            if series_name != name {
-                continue;
-            }
-            let pairs: Vec<(&str, &str)> = series_labels
-                .split(',')
-                .filter(|p| !p.is_empty())
-                .map(|p| {
-                    let (k, v) = p.split_once('=').expect("label=value");
-                    (k, v.trim_matches('"'))
-                })
-                .collect();
-            if labels.iter().all(|l| pairs.contains(l)) {
-                found.push(value.parse::<f64>().expect("a number"));
-            }
-        }
-        assert!(
-            found.len() <= 1,
-            "{name}{labels:?} matches {} series:\n{}",
-            found.len(),
-            self.0
-        );
-        found.first().copied().unwrap_or(0.0)
-    }
-
-    fn rpc(&self, name: &str, method: &str, code: Option<&str>) -> f64 {
-        let mut labels = vec![("grpc_method", method)];
-        labels.extend(code.map(|c| ("grpc_code", c)));
-        self.get(name, &labels)
-    }
 }
 
 /// Reads a whole dump with the raw API: its messages' entries and encoded
@@ -251,14 +177,14 @@ async fn metrics_count_exactly_the_work_done() {
     let m = scrape(metrics).await;
     let started = "grpc_server_started_total";
     let handled = "grpc_server_handled_total";
-    assert_eq!(m.rpc(started, "ListMaps", None), 1.0);
-    assert_eq!(m.rpc(started, "DumpMap", None), 4.0);
-    assert_eq!(m.rpc(started, "Lookup", None), 1.0);
-    assert_eq!(m.rpc(handled, "ListMaps", Some("OK")), 1.0);
-    assert_eq!(m.rpc(handled, "DumpMap", Some("OK")), 2.0);
-    assert_eq!(m.rpc(handled, "DumpMap", Some("PERMISSION_DENIED")), 1.0);
-    assert_eq!(m.rpc(handled, "DumpMap", Some("INVALID_ARGUMENT")), 1.0);
-    assert_eq!(m.rpc(handled, "Lookup", Some("PERMISSION_DENIED")), 1.0);
+    assert_eq!(rpc(&m, started, "ListMaps", None), 1.0);
+    assert_eq!(rpc(&m, started, "DumpMap", None), 4.0);
+    assert_eq!(rpc(&m, started, "Lookup", None), 1.0);
+    assert_eq!(rpc(&m, handled, "ListMaps", Some("OK")), 1.0);
+    assert_eq!(rpc(&m, handled, "DumpMap", Some("OK")), 2.0);
+    assert_eq!(rpc(&m, handled, "DumpMap", Some("PERMISSION_DENIED")), 1.0);
+    assert_eq!(rpc(&m, handled, "DumpMap", Some("INVALID_ARGUMENT")), 1.0);
+    assert_eq!(rpc(&m, handled, "Lookup", Some("PERMISSION_DENIED")), 1.0);
     assert_eq!(
         m.get(
             "grpc_server_handling_seconds_count",
@@ -318,10 +244,10 @@ async fn metrics_count_exactly_the_work_done() {
     let m = scrape(metrics).await;
     assert_eq!(m.get("bpfmapd_dump_slots_in_use", &[]), 1.0);
     assert_eq!(m.get("bpfmapd_dump_slots_refused_total", &[]), 1.0);
-    assert_eq!(m.rpc(handled, "DumpMap", Some("RESOURCE_EXHAUSTED")), 1.0);
-    assert_eq!(m.rpc(started, "DumpMap", None), 6.0);
+    assert_eq!(rpc(&m, handled, "DumpMap", Some("RESOURCE_EXHAUSTED")), 1.0);
+    assert_eq!(rpc(&m, started, "DumpMap", None), 6.0);
 
-    let (status, _, _) = http_get(metrics, "/").await;
+    let (status, _, _) = http_get(metrics, "/").await.unwrap();
     assert_eq!(status, "HTTP/1.1 404 Not Found");
     drop(held);
     daemon.stop().await;

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
+use bpfmap_kernel::{BtfBuilder, CreateMap, OwnedBtf};
 use bpfmap_proto::{
     typed::Layout,
     v1::{self as pb, aggregate::Op, map_service_client::MapServiceClient},
@@ -19,41 +19,6 @@ use bpfmap_tests::*;
 use serde_json::{Value as Json, json};
 use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt as _;
-
-type Grpc = MapServiceClient<Channel>;
-
-/// The demo's `struct flow_key` and `struct flow_stats` (key and value ids).
-fn flow_types(b: &mut BtfBuilder) -> (u32, u32) {
-    let u16_ = b.add_int("unsigned short", 2, E::Unsigned);
-    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
-    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
-    let u16_t = b.add_typedef("__u16", u16_);
-    let u32_t = b.add_typedef("__u32", u32_);
-    let u64_t = b.add_typedef("__u64", u64_);
-    let proto = b.add_enum(
-        "ip_proto",
-        1,
-        false,
-        &[("IPPROTO_ICMP", 1), ("IPPROTO_TCP", 6), ("IPPROTO_UDP", 17)],
-    );
-    let key = b.add_struct(
-        "flow_key",
-        16,
-        &[
-            M::new("saddr", u32_t, 0),
-            M::new("daddr", u32_t, 32),
-            M::new("sport", u16_t, 64),
-            M::new("dport", u16_t, 80),
-            M::new("proto", proto, 96),
-        ],
-    );
-    let value = b.add_struct(
-        "flow_stats",
-        16,
-        &[M::new("packets", u64_t, 0), M::new("bytes", u64_t, 64)],
-    );
-    (key, value)
-}
 
 /// One flow as the brute force sees it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -133,7 +98,7 @@ impl Flow {
 /// A map of `n` flows of `map_type` with the demo's types, pinned at `rel`.
 fn flows_map(fs: &BpfFs, rel: &str, map_type: MapType, n: u32) -> OwnedMap {
     let mut b = BtfBuilder::new();
-    let (key, value) = flow_types(&mut b);
+    let (key, value) = bpfmapd::flow_types(&mut b);
     let btf = OwnedBtf::load(&b.to_bytes()).unwrap_or_else(|e| panic!("BPF_BTF_LOAD: {e}"));
     let map = OwnedMap::create(&CreateMap {
         map_type: map_type.0,
@@ -165,13 +130,6 @@ fn cpus_of(map_type: MapType) -> usize {
     } else {
         1
     }
-}
-
-async fn grpc(addr: &str) -> Grpc {
-    MapServiceClient::connect(addr.to_owned())
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to {addr}: {e}"))
-        .max_decoding_message_size(64 << 20)
 }
 
 fn dump_request(path: &str, filter: &str, fields: &[&str], packed: bool) -> pb::DumpMapRequest {

@@ -27,38 +27,6 @@ use tonic::Code;
 /// Hosts of the fleet tests.
 const HOSTS: usize = 24;
 
-/// `struct flow_key { __u32 saddr, daddr; __u16 sport, dport; enum ip_proto
-/// proto; }` and `struct flow_stats { __u64 packets, bytes; }`, as the demo
-/// declares them.
-fn flow_types(b: &mut BtfBuilder) -> (u32, u32) {
-    let u16_ = b.add_int("unsigned short", 2, E::Unsigned);
-    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
-    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
-    let proto = b.add_enum(
-        "ip_proto",
-        1,
-        false,
-        &[("IPPROTO_ICMP", 1), ("IPPROTO_TCP", 6), ("IPPROTO_UDP", 17)],
-    );
-    let key = b.add_struct(
-        "flow_key",
-        16,
-        &[
-            M::new("saddr", u32_, 0),
-            M::new("daddr", u32_, 32),
-            M::new("sport", u16_, 64),
-            M::new("dport", u16_, 80),
-            M::new("proto", proto, 96),
-        ],
-    );
-    let value = b.add_struct(
-        "flow_stats",
-        16,
-        &[M::new("packets", u64_, 0), M::new("bytes", u64_, 64)],
-    );
-    (key, value)
-}
-
 /// One flow: its key's and value's members.
 #[derive(Debug, Clone, Copy)]
 struct Flow {
@@ -93,7 +61,7 @@ impl Flow {
 /// A typed hash map of `flows`, pinned at `rel`.
 fn flow_map(fs: &BpfFs, rel: &str, flows: &[Flow]) -> OwnedMap {
     let mut b = BtfBuilder::new();
-    let (key, value) = flow_types(&mut b);
+    let (key, value) = bpfmapd::flow_types(&mut b);
     let btf = OwnedBtf::load(&b.to_bytes()).unwrap_or_else(|e| panic!("BPF_BTF_LOAD: {e}"));
     let map = create_map_with(&CreateMap {
         map_type: MapType::HASH.0,

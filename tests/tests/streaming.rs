@@ -1,12 +1,6 @@
 //! Resuming, cancelling, restarts, network cuts and concurrent writers.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::atomic::Ordering, time::Duration};
 
 use bpfmap_client::{Client, ConnectOptions, DumpOptions, Entry, RetryPolicy};
 use bpfmap_tests::*;
@@ -198,20 +192,13 @@ async fn a_hash_map_updated_during_a_dump_yields_no_duplicates() {
     let (fs, _state, daemon, client) = setup().await;
     // Keys 0..10,000 churn (deleted and re-inserted); 10,000..50,000 stay.
     let (fd, expected) = u64_hash(&fs, "m", 50_000, 65_536);
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let k = (i % 10_000).to_le_bytes();
-                let _ = fd.delete(&k);
-                update(&fd, &k, &(i * 3).to_le_bytes());
-                i += 1;
-            }
-            i
-        })
-    };
+    let mut i = 0u64;
+    let writer = Churn::start(move || {
+        let k = (i % 10_000).to_le_bytes();
+        let _ = fd.delete(&k);
+        update(&fd, &k, &(i * 3).to_le_bytes());
+        i += 1;
+    });
     for pass in 0..5 {
         // collect_unique fails on any key seen twice.
         let got = dump_all(&client, "m", opts(64, None)).await;
@@ -222,8 +209,7 @@ async fn a_hash_map_updated_during_a_dump_yields_no_duplicates() {
             }
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    let writes = writer.join().unwrap();
+    let writes = writer.stop();
     assert!(
         writes > 1000,
         "the writer ran concurrently ({writes} writes)"

@@ -13,7 +13,6 @@ use std::{
 use bpfmap_client::{Aggregate, Client, MapName, Scan, Watch, WatchOptions, pb};
 use bpfmap_tests::*;
 use serde_json::{Value as Json, json};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Code;
 
 const INTERVAL: Duration = Duration::from_millis(300);
@@ -442,16 +441,9 @@ async fn a_bookmark_resumes_exactly_and_a_restart_or_an_old_cursor_resyncs() {
     daemon.stop().await;
 }
 
+/// The one series `name` of the daemon's metrics.
 async fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.unwrap();
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {body}"))
+    bpfmap_tests::metrics::scrape(addr).await.get(name, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -609,32 +601,19 @@ async fn grpcurl_watches_the_live_demo() {
     daemon.stop().await;
 }
 
-/// A thread that rewrites entries `0..n` of `map` (packets = tick) every
-/// `every`, until the returned flag is set.
-fn churn(
-    map: bpfmap_kernel::OwnedMap,
-    n: u32,
-    every: Duration,
-) -> (
-    std::sync::Arc<std::sync::atomic::AtomicBool>,
-    std::thread::JoinHandle<()>,
-) {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = stop.clone();
-    let writer = std::thread::spawn(move || {
-        let mut tick = 1000u64;
-        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            tick += 1;
-            let (mut keys, mut values) = (Vec::new(), Vec::new());
-            for i in 0..n {
-                keys.extend_from_slice(&bpfmapd::flow_key(i));
-                values.extend_from_slice(&value(tick, tick * 1500));
-            }
-            update_batch(&map, &keys, &values);
-            std::thread::sleep(every);
+/// Flows 0..n rewritten every `every`, with a new value each time.
+fn churn(map: bpfmap_kernel::OwnedMap, n: u32, every: Duration) -> Churn {
+    let mut tick = 1000u64;
+    Churn::start(move || {
+        tick += 1;
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            keys.extend_from_slice(&bpfmapd::flow_key(i));
+            values.extend_from_slice(&value(tick, tick * 1500));
         }
-    });
-    (stop, writer)
+        update_batch(&map, &keys, &values);
+        std::thread::sleep(every);
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -649,7 +628,7 @@ async fn a_watcher_that_falls_behind_the_history_resyncs() {
     let mut w = watch(&client, WatchOptions::default());
     assert_eq!(next(&mut w).await.events().len(), 20_000);
     // Every entry changes at every scan: some 3 MB of events per scan.
-    let (stop, writer) = churn(map, 20_000, Duration::from_millis(100));
+    let writer = churn(map, 20_000, Duration::from_millis(100));
     // The client stops reading for 3 s (10 scans; the daemon keeps 2).
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut resynced = None;
@@ -660,8 +639,7 @@ async fn a_watcher_that_falls_behind_the_history_resyncs() {
             break;
         }
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    writer.stop();
     let s = resynced.expect("a resync within 20 scans");
     assert!(
         s.resync().unwrap().contains("fell behind"),
@@ -692,7 +670,7 @@ async fn watchers_that_never_read_stay_within_the_budget_and_end() {
     cfg.limits.stall_timeout = Duration::from_secs(2);
     let daemon = Daemon::start_with(cfg).await;
     let metrics = daemon.running.metrics_addr().unwrap();
-    let (stop, writer) = churn(map, 5_000, Duration::from_millis(50));
+    let writer = churn(map, 5_000, Duration::from_millis(50));
     let request = prost::Message::encode_to_vec(&pb::WatchMapRequest {
         map: map_ref("flows"),
         interval: Some(prost_types::Duration {
@@ -746,8 +724,7 @@ async fn watchers_that_never_read_stay_within_the_budget_and_end() {
         }
     };
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.join().unwrap();
+    writer.stop();
     drop(idle);
     daemon.stop().await;
 }

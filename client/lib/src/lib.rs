@@ -97,6 +97,29 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Every fleet call ([`Fleet::list_maps`], [`Fleet::get_map`],
+//! [`Fleet::lookup`], [`Fleet::dump`], [`Fleet::watch`],
+//! [`Fleet::aggregate`]) has this shape: a [`FleetRun`] of
+//! [`FleetEvent`]s, each target's answers as they arrive, its retries
+//! ([`FleetEvent::Retrying`]), then its one [`TargetReport`]: the error it
+//! failed with, if it did (whose `code()` is the status code or the
+//! transport failure's), what it sent, whether a dump read the map to the
+//! end, its resumes, its last cursor, its time. A failed target never stops
+//! the others. Every target gets a connection of its own (made when its turn
+//! comes, so a stuck target never holds another's HTTP/2 flow-control
+//! window) and retries as the [`RetryPolicy`] of the fleet's
+//! [`ConnectOptions`] says. [`FleetOptions`] sets the targets in flight at
+//! once (32), the time for a target to connect and answer (5 s), the
+//! longest wait for a dump's next chunk (30 s) and a deadline for the run.
+//! Dropping the run closes every connection and stops every call on the
+//! daemons. [`FleetDumpOptions`] (and [`FleetWatchOptions`]) give each
+//! target a cursor of its own to resume from, and
+//! [`FleetDumpOptions::with_types`] each chunk with its target's
+//! [`MapTypes`], read by a GetMap sent beside the dump on the same
+//! connection. With latency, as across a network, the targets overlap: 25
+//! daemons behind a 5 ms delay each way take 75 ms at concurrency 32,
+//! against 0.95 s one after the other.
+//!
 //! # Queries where the map lives
 //!
 //! ```no_run

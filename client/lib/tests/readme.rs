@@ -67,8 +67,8 @@ fn fenced<'a>(lines: impl Iterator<Item = &'a str>, keep: impl Fn(&str) -> bool)
 fn every_readme_example_is_a_compiled_doc_example() {
     let readme = readme_blocks();
     assert!(
-        readme.len() >= 3,
-        "the README's library examples: {readme:?}"
+        !readme.is_empty(),
+        "the README's library section has no example: {readme:?}"
     );
     let docs = doc_blocks();
     for block in &readme {

@@ -92,7 +92,7 @@ use KeyWalk::{
 use WalkMethod::{BatchBucket as BUCKET, BatchKey as BKEY, KeyByKey as KBK, None as NONE};
 
 /// Every map type, indexed by its number in the kernel's enum bpf_map_type
-/// (see the support table in the README).
+/// (what each can do: "Which maps can be dumped" in proto/README.md).
 const TYPES: [TypeRow; 34] = [
     row("unspec", NONE, false, STABLE),
     row("hash", BUCKET, false, STABLE),

@@ -1,7 +1,8 @@
 //! Walks a map chunk by chunk, from any position a cursor can name.
 //!
-//! Batch reads follow the kernel's contract (see `BPF_MAP_LOOKUP_BATCH` in
-//! the README): ENOENT ends the walk and its count is valid, ENOSPC means the
+//! Batch reads follow the kernel's contract (`BPF_MAP_LOOKUP_BATCH` in
+//! kernel/bpf/hashtab.c and syscall.c): ENOENT ends the walk and its count
+//! is valid, ENOSPC means the
 //! next hash bucket does not fit and is retried with a larger batch from the
 //! same token, EINTR and EBUSY are retried.
 //!

@@ -157,6 +157,48 @@ fn hot_packets(i: u32) -> Option<u64> {
         .map(|(_, packets)| *packets)
 }
 
+/// `struct flow_key { __u32 saddr, daddr; __u16 sport, dport; enum ip_proto
+/// proto; }` and `struct flow_stats { __u64 packets, bytes; }`, as
+/// `demo/flows` declares them, added to `b`: their ids.
+pub fn flow_types(b: &mut BtfBuilder) -> (u32, u32) {
+    let u16_ = b.add_int("unsigned short", 2, IntEncoding::Unsigned);
+    let u32_ = b.add_int("unsigned int", 4, IntEncoding::Unsigned);
+    let u64_ = b.add_int("unsigned long long", 8, IntEncoding::Unsigned);
+    let u16_t = b.add_typedef("__u16", u16_);
+    let u32_t = b.add_typedef("__u32", u32_);
+    let u64_t = b.add_typedef("__u64", u64_);
+    let ip_proto = b.add_enum(
+        "ip_proto",
+        1,
+        false,
+        &[
+            ("IPPROTO_ICMP", 1),
+            ("IPPROTO_TCP", IPPROTO_TCP.into()),
+            ("IPPROTO_UDP", IPPROTO_UDP.into()),
+        ],
+    );
+    let flow_key = b.add_struct(
+        "flow_key",
+        16,
+        &[
+            BtfMember::new("saddr", u32_t, 0),
+            BtfMember::new("daddr", u32_t, 32),
+            BtfMember::new("sport", u16_t, 64),
+            BtfMember::new("dport", u16_t, 80),
+            BtfMember::new("proto", ip_proto, 96),
+        ],
+    );
+    let flow_stats = b.add_struct(
+        "flow_stats",
+        16,
+        &[
+            BtfMember::new("packets", u64_t, 0),
+            BtfMember::new("bytes", u64_t, 64),
+        ],
+    );
+    (flow_key, flow_stats)
+}
+
 /// The demo maps' BTF, loaded, and the ids of the types they use.
 struct DemoTypes {
     btf: OwnedBtf,
@@ -170,41 +212,11 @@ struct DemoTypes {
 impl DemoTypes {
     fn load() -> anyhow::Result<Self> {
         let mut b = BtfBuilder::new();
-        let u16_ = b.add_int("unsigned short", 2, IntEncoding::Unsigned);
+        let (flow_key, flow_stats) = flow_types(&mut b);
         let u32_ = b.add_int("unsigned int", 4, IntEncoding::Unsigned);
         let u64_ = b.add_int("unsigned long long", 8, IntEncoding::Unsigned);
-        let u16_t = b.add_typedef("__u16", u16_);
         let u32_t = b.add_typedef("__u32", u32_);
         let u64_t = b.add_typedef("__u64", u64_);
-        let ip_proto = b.add_enum(
-            "ip_proto",
-            1,
-            false,
-            &[
-                ("IPPROTO_ICMP", 1),
-                ("IPPROTO_TCP", IPPROTO_TCP.into()),
-                ("IPPROTO_UDP", IPPROTO_UDP.into()),
-            ],
-        );
-        let flow_key = b.add_struct(
-            "flow_key",
-            16,
-            &[
-                BtfMember::new("saddr", u32_t, 0),
-                BtfMember::new("daddr", u32_t, 32),
-                BtfMember::new("sport", u16_t, 64),
-                BtfMember::new("dport", u16_t, 80),
-                BtfMember::new("proto", ip_proto, 96),
-            ],
-        );
-        let flow_stats = b.add_struct(
-            "flow_stats",
-            16,
-            &[
-                BtfMember::new("packets", u64_t, 0),
-                BtfMember::new("bytes", u64_t, 64),
-            ],
-        );
         let counters: Vec<BtfMember<'_>> = CPU_COUNTERS
             .iter()
             .zip(0..)

@@ -10,7 +10,7 @@ mod types;
 
 pub(crate) use btf::TypeCache;
 pub(crate) use catalog::{Catalog, Resolved};
-pub use demo::{Demo, flow_key, flow_value, typed_flows};
+pub use demo::{Demo, flow_key, flow_types, flow_value, typed_flows};
 pub use render::RenderConfig;
 pub(crate) use render::RenderRules;
 pub(crate) use types::Decoder;
