@@ -290,9 +290,12 @@ async fn a_daemon_killed_mid_drain_loses_nothing_and_a_corrupt_spool_is_refused(
     );
     let mut c = grpc(&daemon.url()).await;
     let mut col = Collector::new();
-    // Five chunks received and made durable, then the daemon dies.
+    // Five chunks received and made durable, then the daemon dies (once it
+    // waits for its client: a kill while it writes a chunk to the spool
+    // loses that chunk, as documented).
     let (got, _) = drain(&mut c, request("flows/a", "", 512), 5).await;
     col.keep(&got);
+    settled(state.path()).await;
     daemon.kill9();
     daemon.restart();
     let mut c = grpc(&daemon.url()).await;
@@ -305,6 +308,7 @@ async fn a_daemon_killed_mid_drain_loses_nothing_and_a_corrupt_spool_is_refused(
     let (_map2, _) = u64_hash(&fs, "flows/b", 3_000, 4_096);
     let (got, _) = drain(&mut c, request("flows/b", "", 512), 2).await;
     assert_eq!(got.len(), 2);
+    settled(state.path()).await;
     daemon.kill9();
     let spooled: Vec<_> = walk(&state.path().join("spool"))
         .into_iter()
@@ -324,6 +328,30 @@ async fn a_daemon_killed_mid_drain_loses_nothing_and_a_corrupt_spool_is_refused(
             .contains(victim.file_name().unwrap().to_str().unwrap()),
         "{e:?}"
     );
+}
+
+/// Waits until the spool under `state` stops changing: no chunk being
+/// written, the same chunks for 300 ms (the daemon waits for its client).
+async fn settled(state: &Path) {
+    let spool = state.join("spool");
+    let mut last = Vec::new();
+    for _ in 0..100 {
+        let mut now = if spool.exists() {
+            walk(&spool)
+        } else {
+            Vec::new()
+        };
+        now.sort();
+        let writing = now
+            .iter()
+            .any(|p| p.extension().is_some_and(|e| e == "tmp"));
+        if !writing && !now.is_empty() && now == last {
+            return;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("the spool under {} never settled", state.display());
 }
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {

@@ -452,7 +452,6 @@ pub(crate) async fn run(
         .with_raw(!setup.decode)
         .with_per_cpu(per_cpu.into());
     setup.progress.finish();
-    let total = setup.targets.len();
     let sync = stdout_file();
     let mut acks = acks;
     if let (Some(f), Some(path)) = (&sync, &args.ack_file)
@@ -492,16 +491,34 @@ pub(crate) async fn run(
         }
         signal = interrupted() => Some(signal),
     };
-    let mut shared = shared.into_inner();
+    finish(
+        shared.into_inner(),
+        &setup.targets,
+        stopped,
+        args.interval.is_none(),
+    )
+}
+
+/// Ends the command, once every target is done or a signal stopped it
+/// (`stopped`): where each target stands, the totals of several targets,
+/// and the error to exit with (with `once`, no --interval, a signal is an
+/// error).
+fn finish(
+    mut shared: Shared<'_>,
+    targets: &[Target],
+    stopped: Option<&'static str>,
+    once: bool,
+) -> anyhow::Result<()> {
+    let total = targets.len();
     shared.out.flush()?;
     if let Some(signal) = stopped {
         // Where each target stands: its last chunk written.
-        for t in &setup.targets {
+        for t in targets {
             let sequence = shared.acks.0.get(t.as_str()).map(|a| a.sequence);
             let line = json!({"target": t.as_str(), "stopped": signal, "sequence": sequence});
             shared.say(&line)?;
         }
-        if args.interval.is_none() {
+        if once {
             return Err(Interrupted(signal).into());
         }
     }

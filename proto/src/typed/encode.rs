@@ -71,8 +71,24 @@ pub(crate) fn integer(
             ),
         )
     };
-    // (negative, magnitude)
-    let (negative, magnitude): (bool, u128) = match &v.kind {
+    let (negative, magnitude) = sign_and_magnitude(v, path)?;
+    if negative && magnitude != 0 {
+        if !signed || magnitude > min.unsigned_abs() {
+            return out_of_range();
+        }
+        Ok((magnitude as i128).wrapping_neg() as u128)
+    } else {
+        if magnitude > max {
+            return out_of_range();
+        }
+        Ok(magnitude)
+    }
+}
+
+/// Whether an integer written as a JSON number (integral) or a string
+/// (decimal, or hex with 0x) is negative, and its magnitude.
+fn sign_and_magnitude(v: &Value, path: &str) -> Result<(bool, u128), EncodeError> {
+    match &v.kind {
         Some(Kind::NumberValue(n)) => {
             if n.fract() != 0.0 || !n.is_finite() {
                 return fail(path, format!("{} is not an integer", describe(v)));
@@ -86,7 +102,7 @@ pub(crate) fn integer(
                     ),
                 );
             }
-            (*n < 0.0, n.abs() as u128)
+            Ok((*n < 0.0, n.abs() as u128))
         }
         Some(Kind::StringValue(s)) => {
             let t = s.trim();
@@ -102,38 +118,23 @@ pub(crate) fn integer(
                 None => digits.parse::<u128>(),
             };
             match parsed {
-                Ok(m) => (negative, m),
-                Err(_) => {
-                    return fail(
-                        path,
-                        format!(
-                            "{} is not an integer (decimal, or hex with 0x)",
-                            describe(v)
-                        ),
-                    );
-                }
+                Ok(m) => Ok((negative, m)),
+                Err(_) => fail(
+                    path,
+                    format!(
+                        "{} is not an integer (decimal, or hex with 0x)",
+                        describe(v)
+                    ),
+                ),
             }
         }
-        _ => {
-            return fail(
-                path,
-                format!(
-                    "expected an integer (a number or a string), got {}",
-                    describe(v)
-                ),
-            );
-        }
-    };
-    if negative && magnitude != 0 {
-        if !signed || magnitude > min.unsigned_abs() {
-            return out_of_range();
-        }
-        Ok((magnitude as i128).wrapping_neg() as u128)
-    } else {
-        if magnitude > max {
-            return out_of_range();
-        }
-        Ok(magnitude)
+        _ => fail(
+            path,
+            format!(
+                "expected an integer (a number or a string), got {}",
+                describe(v)
+            ),
+        ),
     }
 }
 

@@ -610,32 +610,12 @@ impl Compiler {
             let bit_offset = m.bit_offset as usize;
             let bitfield_size = m.bitfield_size as usize;
             let (node, member_size) = self.node(ty, &member_path, depth + 1)?;
-            let end_bits = if bitfield_size > 0 {
-                if bitfield_size > 64 || bitfield_size > member_size * 8 {
-                    return Err(err(
-                        &member_path,
-                        format!("a bitfield of {bitfield_size} bits in {member_size} bytes"),
-                    ));
-                }
-                if !matches!(
-                    node,
-                    Node::Int { .. } | Node::Enum(_) | Node::Bool { .. } | Node::Char { .. }
-                ) {
-                    return Err(err(
-                        &member_path,
-                        format!("a bitfield of {}", kind_name(&node)),
-                    ));
-                }
-                bit_offset + bitfield_size
-            } else {
-                if !bit_offset.is_multiple_of(8) {
-                    return Err(err(
-                        &member_path,
-                        format!("not a bitfield, yet at bit offset {bit_offset}"),
-                    ));
-                }
-                bit_offset + member_size * 8
-            };
+            let end_bits = end_bits(
+                &member_path,
+                &node,
+                member_size,
+                (bit_offset, bitfield_size),
+            )?;
             if end_bits > size * 8 {
                 return Err(err(
                     &member_path,
@@ -675,6 +655,40 @@ impl Compiler {
             });
         }
         Ok(())
+    }
+}
+
+/// Where a member (of `size` bytes, of type `node`) ends, in bits, once
+/// checked: a bitfield (`bitfield_size` > 0) is of an integer-like type and
+/// fits the member; any other member starts on a byte.
+fn end_bits(
+    path: &str,
+    node: &Node,
+    size: usize,
+    (bit_offset, bitfield_size): (usize, usize),
+) -> Result<usize, TypeError> {
+    if bitfield_size > 0 {
+        if bitfield_size > 64 || bitfield_size > size * 8 {
+            return Err(err(
+                path,
+                format!("a bitfield of {bitfield_size} bits in {size} bytes"),
+            ));
+        }
+        if !matches!(
+            node,
+            Node::Int { .. } | Node::Enum(_) | Node::Bool { .. } | Node::Char { .. }
+        ) {
+            return Err(err(path, format!("a bitfield of {}", kind_name(node))));
+        }
+        Ok(bit_offset + bitfield_size)
+    } else {
+        if !bit_offset.is_multiple_of(8) {
+            return Err(err(
+                path,
+                format!("not a bitfield, yet at bit offset {bit_offset}"),
+            ));
+        }
+        Ok(bit_offset + size * 8)
     }
 }
 

@@ -130,7 +130,40 @@ impl Rendering {
         let Some(Kind::StringValue(text)) = &v.kind else {
             return encode::node(node, v, out, offset, path);
         };
-        let bytes: Vec<u8> = match self {
+        let bytes = self.parse(node, size, text, path)?;
+        // An integer holds the address as its value (the first byte most
+        // significant), in its own byte order; other members hold the bytes.
+        match node {
+            Node::Int {
+                size,
+                signed,
+                big_endian,
+                ..
+            } => {
+                let raw = bytes
+                    .iter()
+                    .fold(0u128, |acc, &x| (acc << 8) | u128::from(x));
+                IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
+            }
+            _ => {
+                if let Some(dst) = out.get_mut(offset..offset + size) {
+                    dst.copy_from_slice(&bytes);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes `text` spells in this rendering (for `node`, of `size`
+    /// bytes), most significant first.
+    fn parse(
+        self,
+        node: &Node,
+        size: usize,
+        text: &str,
+        path: &str,
+    ) -> Result<Vec<u8>, EncodeError> {
+        let bytes = match self {
             Self::Ipv4 => match text.parse::<Ipv4Addr>() {
                 Ok(a) => a.octets().to_vec(),
                 Err(_) => return self.bad(text, path),
@@ -177,30 +210,10 @@ impl Rendering {
                 }
             }
         };
-        // An integer holds the address as its value (the first byte most
-        // significant), in its own byte order; other members hold the bytes.
-        match node {
-            Node::Int {
-                size,
-                signed,
-                big_endian,
-                ..
-            } => {
-                let raw = bytes
-                    .iter()
-                    .fold(0u128, |acc, &x| (acc << 8) | u128::from(x));
-                IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
-            }
-            _ => {
-                if let Some(dst) = out.get_mut(offset..offset + size) {
-                    dst.copy_from_slice(&bytes);
-                }
-            }
-        }
-        Ok(())
+        Ok(bytes)
     }
 
-    fn bad(self, text: &str, path: &str) -> Result<(), EncodeError> {
+    fn bad<T>(self, text: &str, path: &str) -> Result<T, EncodeError> {
         let example = match self {
             Self::Ipv4 => "\"10.0.0.1\"",
             Self::Ipv6 => "\"fe80::1\"",

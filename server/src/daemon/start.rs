@@ -449,24 +449,7 @@ fn serve_main(
     let service = tower::ServiceBuilder::new()
         .layer(CountCalls(metrics))
         .service(routes);
-    let settings = net::Http2Settings {
-        max_streams: limits.max_streams_per_connection,
-        // Streams a client resets before the daemon answered them, pending
-        // at once (the burst form of rapid reset: GOAWAY ENHANCE_YOUR_CALM
-        // past it; those reset after the answer are max_cancelled_calls'),
-        // and the headers of one request (431 or a reset above).
-        max_pending_resets: MAX_PENDING_RESETS,
-        max_local_error_resets: 1024,
-        max_header_list: MAX_HEADER_LIST_BYTES,
-        // What a stream may have buffered beyond the client's window (with
-        // the frame being written), which the dump's share counts
-        // (IN_TRANSPORT).
-        max_send_buf: 64 << 10,
-        keepalive: (
-            std::time::Duration::from_secs(30),
-            std::time::Duration::from_secs(10),
-        ),
-    };
+    let settings = http2_settings(limits);
     let (conn_tx, conn_rx) = mpsc::channel(64);
     if let Some(unix) = unix {
         tokio::spawn(accept_unix_loop(
@@ -484,24 +467,12 @@ fn serve_main(
         conn_tx,
         stopping.draining.subscribe(),
     ));
+    spawn_audit_flush(stopping);
     // NOT_SERVING as soon as draining starts and the listener is closed, in
     // a task of its own (the router may stop polling its shutdown signal
     // once the accept loop has ended its stream of connections): a client
     // told NOT_SERVING that connects again is refused (UNAVAILABLE), never
     // taken into the backlog of a listener about to close and reset.
-    // The audit lines of failed calls held back: summaries written each
-    // interval, and once more at the end.
-    let stopped = Stopping::when(&stopping.draining);
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(access::AUDIT_INTERVAL);
-        tokio::pin!(stopped);
-        loop {
-            tokio::select! {
-                _ = every.tick() => access::flush_held_back(),
-                _ = &mut stopped => return access::flush_held_back(),
-            }
-        }
-    });
     let draining = Stopping::when(&stopping.draining);
     let reporter = reporter.clone();
     tokio::spawn(async move {
@@ -515,6 +486,44 @@ fn serve_main(
         conn_rx,
         Stopping::when(&stopping.draining),
     )))
+}
+
+/// The HTTP/2 settings of the main listener's connections.
+fn http2_settings(limits: &Limits) -> net::Http2Settings {
+    net::Http2Settings {
+        max_streams: limits.max_streams_per_connection,
+        // Streams a client resets before the daemon answered them, pending
+        // at once (the burst form of rapid reset: GOAWAY ENHANCE_YOUR_CALM
+        // past it; those reset after the answer are max_cancelled_calls'),
+        // and the headers of one request (431 or a reset above).
+        max_pending_resets: MAX_PENDING_RESETS,
+        max_local_error_resets: 1024,
+        max_header_list: MAX_HEADER_LIST_BYTES,
+        // What a stream may have buffered beyond the client's window (with
+        // the frame being written), which the dump's share counts
+        // (IN_TRANSPORT).
+        max_send_buf: 64 << 10,
+        keepalive: (
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_secs(10),
+        ),
+    }
+}
+
+/// The audit lines of failed calls held back: summaries written each
+/// interval, and once more at the end (when draining starts).
+fn spawn_audit_flush(stopping: &Stopping) {
+    let stopped = Stopping::when(&stopping.draining);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(access::AUDIT_INTERVAL);
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                _ = every.tick() => access::flush_held_back(),
+                _ = &mut stopped => return access::flush_held_back(),
+            }
+        }
+    });
 }
 
 /// The Prometheus endpoint.
@@ -560,12 +569,11 @@ struct Live {
     drains: Arc<DrainStats>,
 }
 
-impl Collector for Live {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = &self.stats;
-        let w = &self.watches;
+impl Live {
+    /// The drains' counters: name, help, value.
+    fn drain_counters(&self) -> [(&'static str, &'static str, u64); 4] {
         let d = &self.drains;
-        let counters: [(&str, &str, u64); 15] = [
+        [
             (
                 "bpfmapd_drain_entries",
                 "Entries read and deleted from kernel maps by drains",
@@ -586,6 +594,13 @@ impl Collector for Live {
                 "Spooled entries acknowledged by clients and removed",
                 d.acknowledged.load(Ordering::Relaxed),
             ),
+        ]
+    }
+
+    /// The watches' counters: name, help, value.
+    fn watch_counters(&self) -> [(&'static str, &'static str, u64); 3] {
+        let w = &self.watches;
+        [
             (
                 "bpfmapd_watch_scans",
                 "Walks of watched maps (one per map and interval, whatever the number of watchers)",
@@ -601,6 +616,13 @@ impl Collector for Live {
                 "Watches that started again from a fresh state (a cursor too old, a daemon restart, a watcher behind)",
                 w.resyncs.load(Ordering::Relaxed),
             ),
+        ]
+    }
+
+    /// The dumps' counters: name, help, value.
+    fn dump_counters(&self) -> [(&'static str, &'static str, u64); 8] {
+        let s = &self.stats;
+        [
             (
                 "bpfmapd_dump_entries",
                 "Entries handed to clients by dumps",
@@ -641,12 +663,14 @@ impl Collector for Live {
                 "Dumps refused a slot (RESOURCE_EXHAUSTED)",
                 self.slots.refused(),
             ),
-        ];
-        for (name, help, value) in counters {
-            let c = ConstCounter::new(value);
-            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
-        }
-        let gauges: [(&str, &str, i64); 6] = [
+        ]
+    }
+
+    /// The gauges: name, help, value.
+    fn gauges(&self) -> [(&'static str, &'static str, i64); 6] {
+        let s = &self.stats;
+        let w = &self.watches;
+        [
             (
                 "bpfmapd_watchers",
                 "WatchMap calls open",
@@ -677,8 +701,22 @@ impl Collector for Live {
                 "Connections open on the main listener",
                 self.conns.len() as i64,
             ),
-        ];
-        for (name, help, value) in gauges {
+        ]
+    }
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counters = self
+            .drain_counters()
+            .into_iter()
+            .chain(self.watch_counters())
+            .chain(self.dump_counters());
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value);
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        for (name, help, value) in self.gauges() {
             let g = ConstGauge::new(value);
             g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
         }

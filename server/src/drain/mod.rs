@@ -326,8 +326,37 @@ fn run(
     totals: &mut Totals,
     started: Instant,
 ) -> Result<(), Error> {
-    let stall = call.stall_timeout;
     // The spool first, as it was sent.
+    redeliver(call, rt, tx, totals)?;
+    let (paused, complete) = drain(call, rt, tx, totals)?;
+    let summary = pb::DrainSummary {
+        entries: totals.entries,
+        chunks: totals.chunks,
+        drained: totals.drained,
+        redelivered: totals.redelivered,
+        acknowledged: call.acknowledged,
+        spooled: call.spool.entries(),
+        complete,
+        elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
+        paused,
+    };
+    let msg = pb::DrainMapResponse {
+        done: true,
+        summary: Some(summary),
+        ..Default::default()
+    };
+    send(rt, tx, msg, call.stall_timeout)
+}
+
+/// Sends the spool again, as it was sent; MapChanged when it held chunks
+/// of a map since replaced.
+fn redeliver(
+    call: &mut DrainCall,
+    rt: &tokio::runtime::Handle,
+    tx: &Feed<pb::DrainMapResponse>,
+    totals: &mut Totals,
+) -> Result<(), Error> {
+    let stall = call.stall_timeout;
     let mut replaced = false;
     let pending: Vec<_> = call.spool.pending().to_vec();
     for e in &pending {
@@ -357,6 +386,19 @@ fn run(
             call.map, call.meta.id
         )));
     }
+    Ok(())
+}
+
+/// Drains the map a chunk at a time, each spooled before it is sent,
+/// until it is empty, the call's limit is reached or the spool is full;
+/// returns why it paused (empty if it did not) and whether the map was
+/// emptied.
+fn drain(
+    call: &mut DrainCall,
+    rt: &tokio::runtime::Handle,
+    tx: &Feed<pb::DrainMapResponse>,
+    totals: &mut Totals,
+) -> Result<(String, bool), Error> {
     let (ks, vs) = (call.meta.key_size as usize, call.meta.kernel_value_size());
     let per_chunk = call
         .chunk
@@ -364,46 +406,31 @@ fn run(
         .max(1);
     let mut drainer = bpfmap_kernel::drain::Drainer::new(&call.handle)
         .map_err(|e| Error::NotDrainable(format!("map {}: {e}", call.map)))?;
-    let mut paused = String::new();
-    let mut complete = false;
     loop {
         if *call.stop.borrow() {
             return Err(Error::ShuttingDown);
         }
         if call.limit != 0 && totals.drained >= call.limit {
-            paused = "limit reached".into();
-            break;
+            return Ok(("limit reached".into(), false));
         }
         let room = call.max_spool_bytes.saturating_sub(call.spool.bytes());
         let want_bytes = u64::from(per_chunk) * (ks + vs) as u64;
         if room < want_bytes.min(call.max_spool_bytes) {
-            paused = format!(
+            let paused = format!(
                 "spool full ({} bytes unacknowledged, limits.max_drain_spool_bytes is {}): acknowledge what you received; the rest stays in the map",
                 call.spool.bytes(),
                 call.max_spool_bytes
             );
-            break;
+            return Ok((paused, false));
         }
         let chunk = drainer.next_chunk(per_chunk).map_err(|e| Error::Internal {
             map: Some(call.map.clone()),
             message: format!("lookup-and-delete failed: {e}"),
         })?;
         let Some(c) = chunk else {
-            complete = true;
-            break;
+            return Ok((String::new(), true));
         };
-        let sequence = call.spool.next_sequence();
-        let s = Spooled {
-            sequence,
-            map_id: call.meta.id,
-            key_size: call.meta.key_size,
-            value_size: vs as u32,
-            count: c.count as u32,
-            identity: call.identity,
-            cursor: call.sealer.seal(&Position::After(position(sequence))),
-            keys: c.keys,
-            values: c.values,
-        };
+        let s = spooled(call, c);
         // Durable before it is sent.
         call.spool.write(&s).map_err(io_error)?;
         let n = u64::from(s.count);
@@ -414,26 +441,26 @@ fn run(
             rt,
             tx,
             message(&call.meta, s, call.decoder.as_ref(), false),
-            stall,
+            call.stall_timeout,
         )?;
         totals.entries += n;
         totals.chunks += 1;
     }
-    let summary = pb::DrainSummary {
-        entries: totals.entries,
-        chunks: totals.chunks,
-        drained: totals.drained,
-        redelivered: totals.redelivered,
-        acknowledged: call.acknowledged,
-        spooled: call.spool.entries(),
-        complete,
-        elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
-        paused,
-    };
-    let msg = pb::DrainMapResponse {
-        done: true,
-        summary: Some(summary),
-        ..Default::default()
-    };
-    send(rt, tx, msg, stall)
+}
+
+/// A drained chunk as the spool keeps it, with the next sequence and its
+/// cursor.
+fn spooled(call: &DrainCall, c: Chunk) -> Spooled {
+    let sequence = call.spool.next_sequence();
+    Spooled {
+        sequence,
+        map_id: call.meta.id,
+        key_size: call.meta.key_size,
+        value_size: call.meta.kernel_value_size() as u32,
+        count: c.count as u32,
+        identity: call.identity,
+        cursor: call.sealer.seal(&Position::After(position(sequence))),
+        keys: c.keys,
+        values: c.values,
+    }
 }

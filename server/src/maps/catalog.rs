@@ -70,72 +70,50 @@ impl Catalog {
                     handle,
                 })
             }
-            MapRef::Path(p) => {
-                MapRef::validate_path(p)?;
-                for root in &self.roots {
-                    let joined = root.join(p);
-                    // Messages name the map as requested, never a host path.
-                    let real = match fs::canonicalize(&joined) {
-                        Ok(real) => real,
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => continue,
-                        Err(e) => {
-                            let why = match e.raw_os_error() {
-                                Some(libc::ELOOP) => {
-                                    "leads through too many symbolic links (a loop?)"
-                                }
-                                Some(libc::ENAMETOOLONG) => {
-                                    "is too long once its symbolic links are followed"
-                                }
-                                _ => {
-                                    tracing::warn!(path = %joined.display(), error = %e, "cannot resolve a map path");
-                                    return Err(Error::Internal {
-                                        map: Some(r.clone()),
-                                        message: format!("cannot resolve the path: {e}"),
-                                    });
-                                }
-                            };
-                            return Err(Error::InvalidArgument(format!(
-                                "map path {} {why}",
-                                quote(p)
-                            )));
-                        }
-                    };
-                    let real_root = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
-                    if !real.starts_with(&real_root) {
-                        return Err(Error::InvalidArgument(format!(
-                            "map path {} leads outside the exposed root (through a symlink)",
-                            quote(p)
-                        )));
-                    }
-                    if real.is_dir() {
-                        return Err(Error::NotAMap {
-                            map: r.clone(),
-                            what: "a directory; list its maps with ListMaps",
-                        });
-                    }
-                    let target = real
-                        .strip_prefix(&real_root)
-                        .ok()
-                        .and_then(|t| t.to_str())
-                        .filter(|t| *t != p)
-                        .map(|t| MapRef::Path(t.to_owned()));
-                    let opened = if writable {
-                        MapHandle::open_pinned_writable(&real)
-                    } else {
-                        MapHandle::open_pinned(&real)
-                    };
-                    match opened {
-                        Ok(handle) => {
-                            return Ok(Resolved { target, handle });
-                        }
-                        Err(OpenError::NotFound) => continue,
-                        Err(e) => return Err(Error::from_open(r, e)),
-                    }
+            MapRef::Path(p) => self.open_path(r, p, writable),
+        }
+    }
+
+    /// Opens the map pinned at `p` under the first root that has it.
+    fn open_path(&self, r: &MapRef, p: &str, writable: bool) -> Result<Resolved, Error> {
+        MapRef::validate_path(p)?;
+        for root in &self.roots {
+            let Some(real) = resolve(r, p, &root.join(p))? else {
+                continue;
+            };
+            let real_root = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+            if !real.starts_with(&real_root) {
+                return Err(Error::InvalidArgument(format!(
+                    "map path {} leads outside the exposed root (through a symlink)",
+                    quote(p)
+                )));
+            }
+            if real.is_dir() {
+                return Err(Error::NotAMap {
+                    map: r.clone(),
+                    what: "a directory; list its maps with ListMaps",
+                });
+            }
+            let target = real
+                .strip_prefix(&real_root)
+                .ok()
+                .and_then(|t| t.to_str())
+                .filter(|t| *t != p)
+                .map(|t| MapRef::Path(t.to_owned()));
+            let opened = if writable {
+                MapHandle::open_pinned_writable(&real)
+            } else {
+                MapHandle::open_pinned(&real)
+            };
+            match opened {
+                Ok(handle) => {
+                    return Ok(Resolved { target, handle });
                 }
-                Err(Error::MapNotFound(r.clone()))
+                Err(OpenError::NotFound) => continue,
+                Err(e) => return Err(Error::from_open(r, e)),
             }
         }
+        Err(Error::MapNotFound(r.clone()))
     }
 
     /// Every exposed map, sorted by path (then maps reachable only by id,
@@ -188,6 +166,34 @@ impl Catalog {
             }
         }
         out
+    }
+}
+
+/// The path `joined` (map `p` under one root) resolves to, symlinks
+/// followed; none when that root has nothing there.
+fn resolve(r: &MapRef, p: &str, joined: &Path) -> Result<Option<PathBuf>, Error> {
+    // Messages name the map as requested, never a host path.
+    match fs::canonicalize(joined) {
+        Ok(real) => Ok(Some(real)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
+        Err(e) => {
+            let why = match e.raw_os_error() {
+                Some(libc::ELOOP) => "leads through too many symbolic links (a loop?)",
+                Some(libc::ENAMETOOLONG) => "is too long once its symbolic links are followed",
+                _ => {
+                    tracing::warn!(path = %joined.display(), error = %e, "cannot resolve a map path");
+                    return Err(Error::Internal {
+                        map: Some(r.clone()),
+                        message: format!("cannot resolve the path: {e}"),
+                    });
+                }
+            };
+            Err(Error::InvalidArgument(format!(
+                "map path {} {why}",
+                quote(p)
+            )))
+        }
     }
 }
 

@@ -334,8 +334,10 @@ impl Watcher {
         })
     }
 
-    /// Events for `seen` (in order), with deltas over `secs` seconds.
-    fn events(&self, seen: &[Seen<'_>], secs: f64) -> Vec<pb::WatchEvent> {
+    /// What this watch shows of `seen`: the entries (projected, when it
+    /// has a projection), the layout that describes them, and the previous
+    /// values as shown.
+    fn shown(&self, seen: &[Seen<'_>]) -> (Chunk, &MapMeta, Vec<Option<Vec<u8>>>) {
         let w = &self.watch;
         let meta = &w.meta;
         let (ks, vs) = (meta.key_size as usize, meta.kernel_value_size());
@@ -349,7 +351,7 @@ impl Watcher {
             chunk.values.extend_from_slice(s.value);
         }
         let stride = if meta.per_cpu() { meta.cpu_stride() } else { 0 };
-        let (chunk, shown_meta, prevs) = match &w.projection {
+        match &w.projection {
             Some(p) => {
                 let (mut keys, mut values) = (Vec::new(), Vec::new());
                 let entry = |key, value| EntryRef { key, value, stride };
@@ -379,7 +381,13 @@ impl Watcher {
                 meta,
                 seen.iter().map(|s| s.prev.map(<[u8]>::to_vec)).collect(),
             ),
-        };
+        }
+    }
+
+    /// Events for `seen` (in order), with deltas over `secs` seconds.
+    fn events(&self, seen: &[Seen<'_>], secs: f64) -> Vec<pb::WatchEvent> {
+        let w = &self.watch;
+        let (chunk, shown_meta, prevs) = self.shown(seen);
         let value_stride = if shown_meta.per_cpu() {
             shown_meta.cpu_stride()
         } else {
@@ -658,69 +666,15 @@ impl Watcher {
     /// An aggregated watch: every group at first, then per scan the groups
     /// whose values or rates changed. Returns only when it stops.
     async fn groups(&mut self, out: &mut Out) -> Result<u64, Stop> {
-        let mut prev: HashMap<Vec<u8>, (Acc, Vec<f64>)> = HashMap::new();
+        let mut prev = Groups::default();
         let mut latest = self.scanner.subscribe();
         let mut revision: Option<u64> = None;
         loop {
-            let watch = self.watch.clone();
-            let scanner = self.scanner.clone();
-            let since = revision;
-            let computed = tokio::task::spawn_blocking(move || totals(&watch, &scanner, since))
-                .await
-                .map_err(|e| {
-                    Stop::Error(Error::Internal {
-                        map: None,
-                        message: format!("aggregate failed: {e}"),
-                    })
-                })??;
-            let (r, totals, secs) = computed;
+            let (r, totals, secs) = self.totals(revision).await?;
             let spec = self.watch.aggregate.as_ref().expect("an aggregated watch");
-            let mut n = 0u64;
-            let mut changed = Vec::new();
-            for (k, acc) in &totals {
-                let before = prev.get(k);
-                let rates = if revision.is_some() {
-                    spec.rates(acc, before.map(|b| &b.0), secs)
-                } else {
-                    Vec::new()
-                };
-                let same = before
-                    .is_some_and(|(b, rb)| Spec::same_values(acc, b) && same_rates(rb, &rates));
-                if !same {
-                    changed.push(pb::WatchGroup {
-                        group: Some(spec.message(k.clone(), acc)),
-                        rates: rates.clone(),
-                        removed: false,
-                    });
-                }
-                let _ = rates;
-            }
-            for (k, (acc, _)) in &prev {
-                if !totals.contains_key(k) {
-                    changed.push(pb::WatchGroup {
-                        group: Some(spec.message(k.clone(), acc)),
-                        rates: Vec::new(),
-                        removed: true,
-                    });
-                }
-            }
             let first = revision.is_none();
-            let new_prev = totals
-                .into_iter()
-                .map(|(k, acc)| {
-                    let rates = if first {
-                        Vec::new()
-                    } else {
-                        spec.rates(&acc, prev.get(&k).map(|b| &b.0), secs)
-                    };
-                    (k, (acc, rates))
-                })
-                .collect();
-            prev = new_prev;
-            changed.sort_by(|a, b| {
-                let key = |g: &pb::WatchGroup| g.group.as_ref().map(|g| g.key_bytes.clone());
-                key(a).cmp(&key(b))
-            });
+            let changed = prev.update(spec, totals, secs, first);
+            let mut n = 0u64;
             for g in changed {
                 self.push_group(out, g).await?;
                 n += 1;
@@ -739,6 +693,84 @@ impl Watcher {
                 return Err(Stop::Error(f.error()));
             }
         }
+    }
+
+    /// The groups as they are now, with the increases of the scans after
+    /// `since` (on the blocking pool).
+    async fn totals(&self, since: Option<u64>) -> Result<Totals, Stop> {
+        let watch = self.watch.clone();
+        let scanner = self.scanner.clone();
+        tokio::task::spawn_blocking(move || totals(&watch, &scanner, since))
+            .await
+            .map_err(|e| {
+                Stop::Error(Error::Internal {
+                    map: None,
+                    message: format!("aggregate failed: {e}"),
+                })
+            })?
+    }
+}
+
+/// An aggregated watch's groups at its last scan, with their rates.
+#[derive(Default)]
+struct Groups(HashMap<Vec<u8>, (Acc, Vec<f64>)>);
+
+impl Groups {
+    /// Replaces the groups with `totals` (their rates over `secs` seconds,
+    /// none at the `first` scan); returns the groups that changed, removed
+    /// ones included, sorted by key.
+    fn update(
+        &mut self,
+        spec: &Spec,
+        totals: HashMap<Vec<u8>, Acc>,
+        secs: f64,
+        first: bool,
+    ) -> Vec<pb::WatchGroup> {
+        let prev = &self.0;
+        let mut changed = Vec::new();
+        for (k, acc) in &totals {
+            let before = prev.get(k);
+            let rates = if first {
+                Vec::new()
+            } else {
+                spec.rates(acc, before.map(|b| &b.0), secs)
+            };
+            let same =
+                before.is_some_and(|(b, rb)| Spec::same_values(acc, b) && same_rates(rb, &rates));
+            if !same {
+                changed.push(pb::WatchGroup {
+                    group: Some(spec.message(k.clone(), acc)),
+                    rates,
+                    removed: false,
+                });
+            }
+        }
+        for (k, (acc, _)) in prev {
+            if !totals.contains_key(k) {
+                changed.push(pb::WatchGroup {
+                    group: Some(spec.message(k.clone(), acc)),
+                    rates: Vec::new(),
+                    removed: true,
+                });
+            }
+        }
+        let new_prev = totals
+            .into_iter()
+            .map(|(k, acc)| {
+                let rates = if first {
+                    Vec::new()
+                } else {
+                    spec.rates(&acc, prev.get(&k).map(|b| &b.0), secs)
+                };
+                (k, (acc, rates))
+            })
+            .collect();
+        self.0 = new_prev;
+        changed.sort_by(|a, b| {
+            let key = |g: &pb::WatchGroup| g.group.as_ref().map(|g| g.key_bytes.clone());
+            key(a).cmp(&key(b))
+        });
+        changed
     }
 }
 
