@@ -999,7 +999,7 @@ async fn renderings_that_do_not_fit_are_refused_naming_the_member() {
     for (arg, says) in [
         (
             "key.daddr=ipv9",
-            "key.daddr: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex",
+            "key.daddr: unknown rendering \"ipv9\"; use ipv4, ipv6, mac, hex, be16, be32 or string",
         ),
         (
             "daddr=ipv4",
@@ -1056,7 +1056,7 @@ async fn renderings_that_do_not_fit_are_refused_naming_the_member() {
     let e = dump.next_chunk().await.unwrap_err();
     assert_eq!(
         e.to_string(),
-        "render: key.daddr: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+        "render: key.daddr: unknown rendering \"ipv9\"; use ipv4, ipv6, mac, hex, be16, be32 or string"
     );
     assert!(dump.next_chunk().await.unwrap().is_none(), "the dump ended");
     let e = client

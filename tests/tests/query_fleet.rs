@@ -604,10 +604,16 @@ async fn a_fleet_top_10_receives_a_fraction_of_the_bytes_of_full_dumps() {
 }
 
 /// The small fleet of the library and bpfmapctl tests: 3 hosts, 7 flows.
+/// An address as programs keep it: its bytes in network order, in a
+/// `__u32` (what the ipv4 rendering reads).
+fn net(addr: u32) -> u32 {
+    u32::from_le_bytes(addr.to_be_bytes())
+}
+
 fn small_fleet() -> Vec<Vec<Flow>> {
     let f = |saddr, daddr, sport, dport, proto, packets, bytes| Flow {
-        saddr,
-        daddr,
+        saddr: net(saddr),
+        daddr: net(daddr),
         sport,
         dport,
         proto,
@@ -779,11 +785,11 @@ async fn projected_dumps(client: &bpfmap_client::Client) {
         decoded,
         [
             (
-                json!({"daddr": 3232235521u32, "proto": "IPPROTO_UDP"}),
+                json!({"daddr": net(0xc0a8_0001), "proto": "IPPROTO_UDP"}),
                 json!({"bytes": "500"})
             ),
             (
-                json!({"daddr": 3232235522u32, "proto": "IPPROTO_UDP"}),
+                json!({"daddr": net(0xc0a8_0002), "proto": "IPPROTO_UDP"}),
                 json!({"bytes": "2000"})
             ),
         ]
@@ -814,6 +820,7 @@ async fn fleet_dump_with_fields(fleet_of: &TestFleet) {
     }
     let t = fleet_of.targets();
     let line = |daddr: u32, bytes: u64| {
+        let daddr = net(daddr);
         format!(r#"{{"key":{{"daddr":{daddr}}},"value":{{"bytes":"{bytes}"}}}}"#)
     };
     let want = BTreeSet::from([
@@ -861,8 +868,8 @@ async fn bpfmapctl_top_and_dump_with_filter_and_fields() {
     assert_eq!(
         json_lines(&out),
         [
-            json!({"key": {"key.daddr": 3232235523u32}, "values": values("8500000", "2", "9"), "hosts": [t[1].as_str(), t[2].as_str()]}),
-            json!({"key": {"key.daddr": 3232235521u32}, "values": values("5000600", "3", "30"), "hosts": [t[0].as_str(), t[2].as_str()]}),
+            json!({"key": {"key.daddr": net(0xc0a8_0003)}, "values": values("8500000", "2", "9"), "hosts": [t[1].as_str(), t[2].as_str()]}),
+            json!({"key": {"key.daddr": net(0xc0a8_0001)}, "values": values("5000600", "3", "30"), "hosts": [t[0].as_str(), t[2].as_str()]}),
         ]
     );
     assert_eq!(
@@ -978,6 +985,7 @@ async fn dump_with_filter_and_fields(t: &[Target]) {
     let mut lines: Vec<String> = out.lines().map(str::to_owned).collect();
     lines.sort();
     let line = |t: &Target, daddr: u32, bytes: u64| {
+        let daddr = net(daddr);
         format!(r#"{{"target":"{t}","key":{{"daddr":{daddr}}},"value":{{"bytes":"{bytes}"}}}}"#)
     };
     let mut want = vec![
@@ -1106,12 +1114,12 @@ async fn aggregates_on_one_daemon_and_given_groups_across_the_fleet() {
             (
                 json!("192.168.0.1"),
                 vec![Some(5_000_500), Some(2), Some(30)],
-                0xc0a8_0001u32.to_le_bytes().to_vec()
+                0xc0a8_0001u32.to_be_bytes().to_vec()
             ),
             (
                 json!("192.168.0.2"),
                 vec![Some(2_000), Some(1), Some(20)],
-                0xc0a8_0002u32.to_le_bytes().to_vec()
+                0xc0a8_0002u32.to_be_bytes().to_vec()
             ),
         ]
     );
@@ -1128,9 +1136,9 @@ async fn aggregates_on_one_daemon_and_given_groups_across_the_fleet() {
     // Given groups, from every host: one held by two hosts, one by none
     // (and the first again: asked once).
     let given = options.with_groups([
-        0xc0a8_0003u32.to_le_bytes().to_vec(),
-        0xc0a8_0009u32.to_le_bytes().to_vec(),
-        0xc0a8_0003u32.to_le_bytes().to_vec(),
+        0xc0a8_0003u32.to_be_bytes().to_vec(),
+        0xc0a8_0009u32.to_be_bytes().to_vec(),
+        0xc0a8_0003u32.to_be_bytes().to_vec(),
     ]);
     let fleet = fleet_of.fleet();
     let result = fleet

@@ -768,7 +768,7 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
         &[
             "-plaintext",
             "-d",
-            r#"{"map":{"path":"demo/flows"},"limit":2}"#,
+            r#"{"map":{"path":"demo/flows"},"limit":2,"render":{"key.saddr":"ipv4","key.daddr":"ipv4"}}"#,
         ],
         &host,
         &["bpfmap.v1.MapService/DumpMap"],
@@ -792,12 +792,13 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
     );
     for e in entries {
         let key = &e["decodedKey"];
-        let i = key["saddr"].as_u64().unwrap() - 167772160;
+        let saddr: std::net::Ipv4Addr = key["saddr"].as_str().unwrap().parse().unwrap();
+        let i = u64::from(u32::from(saddr) - 0x0a00_0000);
         assert_eq!(
             key,
             &json!({
-                "saddr": 167772160 + i,
-                "daddr": 3232235520u64 + i % 250 + 1,
+                "saddr": saddr.to_string(),
+                "daddr": format!("192.168.0.{}", i % 250 + 1),
                 "sport": 1024 + i % 60000,
                 "dport": 443,
                 "proto": if i % 4 == 3 { "IPPROTO_UDP" } else { "IPPROTO_TCP" },
@@ -809,14 +810,15 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
             json!({"packets": (i + 1).to_string(), "bytes": ((i + 1) * 1500).to_string()})
         );
     }
-    // The issue's lookup, from grpcurl and bpfmapctl.
-    let key =
-        r#"{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP"}"#;
+    // The issue's lookup, from grpcurl and bpfmapctl, the addresses in
+    // their rendered spelling.
+    let key = r#"{"saddr":"10.0.0.0","daddr":"192.168.0.1","sport":1024,"dport":443,"proto":"IPPROTO_TCP"}"#;
+    let render = r#"{"key.saddr":"ipv4","key.daddr":"ipv4"}"#;
     let (ok, out, err) = grpcurl(
         &[
             "-plaintext",
             "-d",
-            &format!(r#"{{"map":{{"path":"demo/flows"}},"jsonKeys":[{key}]}}"#),
+            &format!(r#"{{"map":{{"path":"demo/flows"}},"jsonKeys":[{key}],"render":{render}}}"#),
         ],
         &host,
         &["bpfmap.v1.MapService/Lookup"],
@@ -829,7 +831,18 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
         result["decodedValue"],
         json!({"packets": "1", "bytes": "1500"})
     );
-    let (r, out, err) = ctl(&["--addr", &daemon.addr(), "lookup", "demo/flows", key]).await;
+    let (r, out, err) = ctl(&[
+        "--addr",
+        &daemon.addr(),
+        "lookup",
+        "demo/flows",
+        key,
+        "--render",
+        "key.saddr=ipv4",
+        "--render",
+        "key.daddr=ipv4",
+    ])
+    .await;
     assert!(r.is_ok(), "{err}");
     assert_eq!(
         json_lines(&out)[0]["value"],

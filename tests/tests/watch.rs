@@ -59,7 +59,8 @@ async fn next(w: &mut Watch) -> Scan {
 /// The flow number of an event (from its decoded key's saddr).
 fn flow_of(e: &pb::WatchEvent) -> u32 {
     let key = json_of(e.entry.as_ref().unwrap().decoded_key.as_ref().unwrap());
-    (key["saddr"].as_u64().unwrap() - 0x0A00_0000) as u32
+    // The demo keeps addresses in network order, as programs do.
+    u32::from_be(key["saddr"].as_u64().unwrap() as u32) - 0x0A00_0000
 }
 
 fn kind(e: &pb::WatchEvent) -> pb::EventType {
@@ -574,7 +575,7 @@ async fn grpcurl_watches_the_live_demo() {
             "-max-time",
             "6",
             "-d",
-            r#"{"map":{"path":"demo/flows"},"interval":"1s","filter":"key.daddr == 3232235521","fields":["key.daddr","value.bytes"]}"#,
+            r#"{"map":{"path":"demo/flows"},"interval":"1s","filter":"key.daddr == \"192.168.0.1\"","fields":["key.daddr","value.bytes"],"render":{"key.daddr":"ipv4"}}"#,
         ],
         &host,
         &["bpfmap.v1.MapService/WatchMap"],
@@ -595,7 +596,11 @@ async fn grpcurl_watches_the_live_demo() {
         .collect();
     assert!(!changed.is_empty(), "{err}");
     let e = changed[0];
-    assert!(e["entry"]["decodedKey"]["daddr"].is_number(), "{e}");
+    assert_eq!(
+        e["entry"]["decodedKey"]["daddr"],
+        json!("192.168.0.1"),
+        "{e}"
+    );
     assert!(e["delta"]["value.bytes"].is_string(), "{e}");
     assert!(e["rate"]["value.bytes"].as_f64().unwrap() > 0.0, "{e}");
     daemon.stop().await;

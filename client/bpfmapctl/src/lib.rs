@@ -121,7 +121,7 @@ pub enum Command {
         /// Keys: hex strings of exactly the map's key size, or JSON through
         /// the map's key type (an argument starting with `{`, `[` or `"`,
         /// or any JSON after `json:`), e.g.
-        /// '{"saddr":167772160,"daddr":3232235521,"sport":1024,"dport":443,"proto":"IPPROTO_TCP"}'.
+        /// '{"saddr":"10.0.0.0","daddr":"192.168.0.1","sport":1024,"dport":443,"proto":"IPPROTO_TCP"}'.
         #[arg(required = true)]
         keys: Vec<String>,
         /// Show members another way than their types say, and read JSON
@@ -507,7 +507,7 @@ mod tests {
         );
         assert_eq!(
             parse_render("key.x=ipv9").unwrap_err(),
-            "key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+            "key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac, hex, be16, be32 or string"
         );
         assert!(parse_render("x=ipv4").is_err());
         assert!(parse_render("key.x").is_err());

@@ -60,8 +60,8 @@
 //! }
 //! // Keys as bytes, or as JSON through the map's key type.
 //! let key: BTreeMap<String, prost_types::Value> = BTreeMap::from([
-//!     ("saddr".to_owned(), 167772160u32.into()),
-//!     ("daddr".to_owned(), 3232235521u32.into()),
+//!     ("saddr".to_owned(), "10.0.0.0".into()), // in the rendered spelling
+//!     ("daddr".to_owned(), "192.168.0.1".into()),
 //!     ("sport".to_owned(), 1024u16.into()),
 //!     ("dport".to_owned(), 443u16.into()),
 //!     ("proto".to_owned(), "IPPROTO_TCP".into()),

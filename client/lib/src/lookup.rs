@@ -14,7 +14,7 @@ pub enum Key {
     /// Exactly the map's key size.
     Bytes(Vec<u8>),
     /// Written as JSON (the form [`LookupResult::decoded_key`] gives):
-    /// `{"saddr": 167772160, "proto": "IPPROTO_TCP", ...}`. The daemon
+    /// `{"sport": 1024, "proto": "IPPROTO_TCP", ...}`. The daemon
     /// encodes it through the map's key type: every named member must be
     /// given, integers as numbers or decimal strings, enums by name or
     /// number, char arrays as strings; a rendered member
@@ -314,7 +314,7 @@ mod tests {
                 assert_eq!(path, "key.daddr");
                 assert_eq!(
                     message,
-                    "unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+                    "unknown rendering \"ipv9\"; use ipv4, ipv6, mac, hex, be16, be32 or string"
                 );
             }
             other => panic!("{other:?}"),

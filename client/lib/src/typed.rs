@@ -103,7 +103,9 @@ pub(crate) fn parse_render(render: &BTreeMap<String, String>) -> Result<Renderin
 
 impl MapTypes {
     /// The types GetMap described, with `renderings` applied; `None` when
-    /// the map has none. A map without a key type (the keyless BTF of a
+    /// the map has none and no renderings show its bytes (a map without
+    /// types has renderings of its whole key or value: "key" = "string").
+    /// A map without a key type (the keyless BTF of a
     /// global data section) gets its key as an unsigned integer of the key
     /// size (the index, 0), or as hex. Errors: [`Error::Types`] for a
     /// description that cannot be used, [`Error::Render`] for renderings
@@ -112,12 +114,18 @@ impl MapTypes {
         info: &pb::MapInfo,
         renderings: &Renderings,
     ) -> Result<Option<Self>, Error> {
-        let Some(value) = &info.value_type else {
-            return Ok(None);
-        };
         let cpus = info.per_cpu.then_some(info.possible_cpus as usize);
         let sizes = (info.key_size as usize, info.value_size as usize);
-        let layout = MapLayout::new(info.key_type.as_ref(), Some(value), sizes, cpus)?;
+        // A map without types has bytes, which renderings can show.
+        if info.value_type.is_none() && renderings.is_empty() {
+            return Ok(None);
+        }
+        let layout = MapLayout::new(
+            info.key_type.as_ref(),
+            info.value_type.as_ref(),
+            sizes,
+            cpus,
+        )?;
         Self::rendered(layout, renderings).map(Some)
     }
 
@@ -236,15 +244,18 @@ impl Projection {
     }
 
     /// The types to decode the records with: a side without selected
-    /// members decodes as `{}`. Renderings are (member path, rendering)
-    /// pairs, paths as in the request ("key.daddr"); [`Error::Render`]
-    /// names one that does not fit, [`Error::Types`] is a description that
-    /// cannot be used.
+    /// members decodes as `{}`, members with the renderings the daemon
+    /// showed them with (its configured ones), overridden by `render`:
+    /// (member path, rendering) pairs, paths as in the request
+    /// ("key.daddr"). [`Error::Render`] names one that does not fit,
+    /// [`Error::Types`] is a description that cannot be used.
     pub fn types_with<K: AsRef<str>, V: fmt::Display>(
         &self,
         render: impl IntoIterator<Item = (K, V)>,
     ) -> Result<MapTypes, Error> {
-        let renderings = parse_render(&render_map(render)).map_err(Error::render)?;
+        let mut all: BTreeMap<String, String> = render_map(&self.0.render);
+        all.extend(render_map(render));
+        let renderings = parse_render(&all).map_err(Error::render)?;
         let empty = |what: &str| pb::TypeInfo {
             name: what.into(),
             size: 0,

@@ -219,7 +219,7 @@ pub(crate) fn node(
             let raw = integer(v, size * 8, *signed, path)?;
             IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
         }
-        Node::Rendered { how, node, size } => how.encode(node, *size, v, out, offset, path)?,
+        Node::Rendered { how, node, size } => how.encode(node, *size, v, (out, offset), path)?,
         Node::Char { signed } => {
             let raw = match &v.kind {
                 Some(Kind::StringValue(s)) if s.len() == 1 => u128::from(s.as_bytes()[0]),

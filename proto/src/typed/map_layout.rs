@@ -105,23 +105,15 @@ impl MapLayout {
 
     /// This layout with members shown as `renderings` say (member path to
     /// rendering; the renderings already in force stay unless overridden).
-    /// The error names the member that does not exist, is a bitfield, or
-    /// does not fit its rendering.
+    /// A map without types has renderings of its whole key or value only
+    /// ("key" = "string"). The error names the member that does not exist,
+    /// is a bitfield, or does not fit its rendering.
     pub fn with_renderings(&self, renderings: &Renderings) -> Result<Self, TypeError> {
         if renderings.is_empty() {
             return Ok(self.clone());
         }
-        if !self.typed {
-            let (path, _) = renderings
-                .iter()
-                .next()
-                .unwrap_or(("key", super::Rendering::Hex));
-            return Err(err(
-                path,
-                "the map has no types (BTF): renderings need them",
-            ));
-        }
-        if !self.key_typed
+        if self.typed
+            && !self.key_typed
             && let Some((path, _)) = renderings.under("key").next()
         {
             let path = if path.is_empty() {

@@ -4,7 +4,7 @@
 //! entries' bytes as often as needed. The one rule for anonymous members is
 //! the layout's: their members belong to the enclosing record, as in C.
 
-use super::{EnumNode, IntField, MapLayout, Node, Rendering, TypeError, err};
+use super::{EncodeError, EnumNode, IntField, MapLayout, Node, Rendering, TypeError, err};
 use crate::v1::{self as pb, type_info::Kind};
 
 /// The longest member path accepted, in bytes.
@@ -99,6 +99,9 @@ pub struct Member<'a> {
     node: Option<&'a Node>,
     /// Read as the sum over the CPUs (the value of a per-CPU map).
     summed: bool,
+    /// The bytes of a map without types (`node` is then `None`, or their
+    /// rendering).
+    untyped: bool,
     /// The record fields (and array elements, as `usize::MAX`) walked to
     /// reach it, for renderings.
     pub(crate) trail: Vec<usize>,
@@ -155,7 +158,7 @@ impl<'a> Member<'a> {
     /// Whether the map describes it (false for the bytes of an untyped key
     /// or value).
     pub fn typed(&self) -> bool {
-        self.node.is_some()
+        !self.untyped
     }
 
     pub(crate) fn node(&self) -> Option<&'a Node> {
@@ -239,7 +242,7 @@ impl<'a> Member<'a> {
     /// the CPUs, which only integers can be. The error names the member and
     /// says what it is.
     pub fn int(&self) -> Result<IntMember, TypeError> {
-        let untyped = self.node.is_none() && matches!(self.size, 1 | 2 | 4 | 8);
+        let untyped = self.untyped && matches!(self.size, 1 | 2 | 4 | 8);
         let summable = untyped || matches!(self.plain(), Some(Node::Int { .. }));
         if self.summed && !summable {
             return Err(self.not_summable());
@@ -271,6 +274,40 @@ impl<'a> Member<'a> {
         )
     }
 
+    /// A value in the spelling of this member's rendering ("10.0.0.1" for
+    /// an address, 443 for a be16 port, "bash" for text), as the member
+    /// holds it: its integer value, or its bytes (a char array's up to the
+    /// first NUL, as [`bytes`](Self::bytes) reads them). `None` when the
+    /// member has no rendering.
+    pub fn read_rendered(&self, v: &prost_types::Value) -> Option<Result<Literal, EncodeError>> {
+        let Some(Node::Rendered { how, node, size }) = self.node else {
+            return None;
+        };
+        let mut buf = vec![0u8; *size];
+        let mut path = self.path.clone();
+        if let Err(e) = how.encode(node, *size, v, (&mut buf, 0), &mut path) {
+            return Some(Err(e));
+        }
+        let at_start = Member {
+            bit_offset: 0,
+            root: Root::Key,
+            summed: false,
+            ..self.clone()
+        };
+        let int = (self.kind() == MemberKind::Integer)
+            .then(|| at_start.int().ok())
+            .flatten();
+        Some(Ok(match int {
+            Some(int) => Literal::Int(int.field().value(&buf).unwrap_or_default()),
+            None if self.kind() == MemberKind::Text => {
+                let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+                buf.truncate(end);
+                Literal::Bytes(buf)
+            }
+            None => Literal::Bytes(buf),
+        }))
+    }
+
     /// A bool member, read as an integer (0 is false).
     pub fn flag(&self) -> Result<IntMember, TypeError> {
         match (self.plain(), self.field()) {
@@ -299,6 +336,15 @@ impl<'a> Member<'a> {
             text: self.kind() == MemberKind::Text,
         })
     }
+}
+
+/// A literal as a member holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Literal {
+    /// An integer member's value.
+    Int(i128),
+    /// Any other member's bytes.
+    Bytes(Vec<u8>),
 }
 
 /// One entry's bytes as members read them: the key, and the value in the
@@ -525,14 +571,17 @@ impl MapLayout {
                     format!("the map has no types (BTF): its {side} is bytes"),
                 ));
             }
+            // Bytes, or their rendering.
+            let node = Some(layout.root()).filter(|n| matches!(n, Node::Rendered { .. }));
             return Ok(Member {
                 path,
                 root,
                 bit_offset: 0,
                 bitfield: 0,
                 size: layout.size(),
-                node: None,
+                node,
                 summed,
+                untyped: true,
                 trail: Vec::new(),
             });
         }
@@ -544,6 +593,7 @@ impl MapLayout {
             size: layout.size(),
             node: Some(layout.root()),
             summed,
+            untyped: false,
             trail: Vec::new(),
         };
         for step in steps {

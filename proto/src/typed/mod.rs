@@ -60,8 +60,8 @@ pub use encode::EncodeError;
 pub use int::IntField;
 pub use map_layout::MapLayout;
 pub use member::{
-    BytesMember, Counter, EntryRef, IntMember, MAX_COUNTERS, MAX_PATH, Member, MemberKind, Root,
-    Step, parse as parse_path,
+    BytesMember, Counter, EntryRef, IntMember, Literal, MAX_COUNTERS, MAX_PATH, Member, MemberKind,
+    Root, Step, parse as parse_path,
 };
 pub use projection::{MAX_FIELDS, Projection, ProjectionError};
 pub use rendering::{Rendering, Renderings, UnknownRendering};

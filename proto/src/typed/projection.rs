@@ -150,6 +150,21 @@ impl Projection {
         }
     }
 
+    /// The renderings the selected members keep, by their paths in the
+    /// records ("key.daddr"; a whole key is "key.key").
+    pub fn renderings(&self) -> std::collections::BTreeMap<String, String> {
+        let key = self.key.iter().map(|p| ("key", p));
+        let value = self.value.iter().map(|p| ("value", p));
+        key.chain(value)
+            .filter_map(|(root, p)| match &p.node {
+                Node::Rendered { how, .. } => {
+                    Some((format!("{root}.{}", p.name()), how.name().to_owned()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The integer members of the value record, named by their paths in
     /// the entries ("value.bytes", `"values[0].bytes"`), read from value
     /// records: what a watch of a projection computes deltas of.

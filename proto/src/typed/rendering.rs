@@ -1,6 +1,6 @@
 //! Renderings: members shown another way than their type says (addresses,
-//! hex), asked for by a call, and their spellings accepted back in JSON
-//! keys.
+//! hex, network-order numbers, text), asked for by a call, and their
+//! spellings accepted back in JSON keys and filters.
 
 use std::{
     collections::BTreeMap,
@@ -12,12 +12,15 @@ use std::{
 use prost_types::{Value, value::Kind};
 
 use super::{
-    EncodeError, IntField, Layout, Member, Node, TypeError, encode, err, kind_name,
+    EncodeError, IntField, Layout, Member, Node, Sink, TypeError, encode, err, kind_name,
     member::{self, Root},
     render::slice,
 };
 
-/// How a member is shown.
+/// How a member is shown. Addresses and network-order numbers are read
+/// from the member's bytes in memory order, as `inet_ntop` reads them:
+/// whatever integer type a program declared a member with, the bytes it
+/// copied off the wire show as what they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rendering {
     /// An IPv4 address ("10.0.0.1") of 4 bytes.
@@ -26,13 +29,31 @@ pub enum Rendering {
     Ipv6,
     /// A MAC address ("02:42:ac:11:00:02") of 6 bytes.
     Mac,
-    /// Hex: "0x1bb" for an integer, the bytes ("0x0a000001") otherwise.
+    /// Hex: "0x1bb" for an integer (its value), the bytes ("0x0a000001")
+    /// otherwise.
     Hex,
+    /// A number from the member's first 2 bytes in network order: a port
+    /// a program keeps as it came off the wire (443 for the bytes 01 bb,
+    /// whether declared `__be16`, `__u16` or as an index in a `__u32`).
+    Be16,
+    /// The same from the first 4 bytes.
+    Be32,
+    /// Text up to the first NUL: a char array, or bytes without a type (a
+    /// command name).
+    String,
 }
 
 impl Rendering {
     /// Every rendering, by its name.
-    pub const ALL: [Rendering; 4] = [Self::Ipv4, Self::Ipv6, Self::Mac, Self::Hex];
+    pub const ALL: [Rendering; 7] = [
+        Self::Ipv4,
+        Self::Ipv6,
+        Self::Mac,
+        Self::Hex,
+        Self::Be16,
+        Self::Be32,
+        Self::String,
+    ];
 
     /// The name a request gives ("ipv4").
     pub fn name(self) -> &'static str {
@@ -41,68 +62,102 @@ impl Rendering {
             Self::Ipv6 => "ipv6",
             Self::Mac => "mac",
             Self::Hex => "hex",
-        }
-    }
-
-    /// The size a member must have, when the rendering needs one.
-    fn size(self) -> Option<usize> {
-        match self {
-            Self::Ipv4 => Some(4),
-            Self::Ipv6 => Some(16),
-            Self::Mac => Some(6),
-            Self::Hex => None,
+            Self::Be16 => "be16",
+            Self::Be32 => "be32",
+            Self::String => "string",
         }
     }
 
     /// Why `node` (of `size` bytes) cannot be shown this way, if it cannot.
     fn misfit(self, node: &Node, size: usize) -> Option<String> {
-        if let Some(want) = self.size()
-            && want != size
-        {
+        let exact = match self {
+            Self::Ipv4 => Some(4),
+            Self::Ipv6 => Some(16),
+            Self::Mac => Some(6),
+            _ => None,
+        };
+        let least = match self {
+            Self::Be16 => 2,
+            Self::Be32 => 4,
+            _ => 0,
+        };
+        let name = self.name();
+        let kind = kind_name(node);
+        if let Some(want) = exact.filter(|w| *w != size) {
             return Some(format!(
-                "{} needs a member of {want} bytes; this one ({}) has {size}",
-                self.name(),
-                kind_name(node)
+                "{name} needs a member of {want} bytes; this one ({kind}) has {size}"
             ));
         }
-        let kind_ok = match node {
-            Node::Int { .. } | Node::Array { .. } | Node::Record(_) | Node::Opaque { .. } => true,
-            Node::Rendered { .. } => false,
-            _ => self == Self::Hex,
+        if size < least {
+            return Some(format!(
+                "{name} needs a member of at least {least} bytes; this one ({kind}) has {size}"
+            ));
+        }
+        let bytes = matches!(node, Node::Array { .. } | Node::Opaque { .. });
+        let kind_ok = match self {
+            Self::String => bytes,
+            Self::Hex => !matches!(node, Node::Rendered { .. }),
+            _ => bytes || matches!(node, Node::Int { .. } | Node::Record(_)),
         };
-        (!kind_ok).then(|| format!("{} cannot show {}", self.name(), kind_name(node)))
+        (!kind_ok).then(|| format!("{name} cannot show {kind}"))
     }
 
-    /// `node` at `offset` of `bytes`, shown this way.
-    pub(crate) fn show(self, node: &Node, size: usize, bytes: &[u8], offset: usize) -> String {
-        if let Node::Int {
-            size,
-            signed,
-            big_endian,
-            ..
-        } = node
-        {
-            let v = IntField::whole(offset, *size, *signed, *big_endian)
-                .raw(bytes)
-                .unwrap_or(0);
-            return match self {
-                Self::Ipv4 => Ipv4Addr::from(v as u32).to_string(),
-                Self::Ipv6 => Ipv6Addr::from(v).to_string(),
-                Self::Hex | Self::Mac => format!("{v:#x}"),
-            };
-        }
+    /// `node` (of `size` bytes) at `offset` of `bytes`, shown this way into
+    /// `sink`.
+    pub(crate) fn render(
+        self,
+        node: &Node,
+        size: usize,
+        (bytes, offset): (&[u8], usize),
+        sink: &mut impl Sink,
+    ) {
         let b = slice(bytes, offset, size);
         match self {
-            Self::Ipv4 => <[u8; 4]>::try_from(b)
-                .map_or_else(|_| String::new(), |a| Ipv4Addr::from(a).to_string()),
-            Self::Ipv6 => <[u8; 16]>::try_from(b)
-                .map_or_else(|_| String::new(), |a| Ipv6Addr::from(a).to_string()),
-            Self::Mac => b
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect::<Vec<_>>()
-                .join(":"),
-            Self::Hex => format!("0x{}", faster_hex::hex_string(b)),
+            Self::Ipv4 => match <[u8; 4]>::try_from(b) {
+                Ok(a) => sink.string(&Ipv4Addr::from(a).to_string()),
+                Err(_) => sink.null(),
+            },
+            Self::Ipv6 => match <[u8; 16]>::try_from(b) {
+                Ok(a) => sink.string(&Ipv6Addr::from(a).to_string()),
+                Err(_) => sink.null(),
+            },
+            Self::Mac => sink.string(
+                &b.iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+            ),
+            Self::Hex => match node {
+                Node::Int {
+                    size,
+                    signed,
+                    big_endian,
+                    ..
+                } => {
+                    let v = IntField::whole(offset, *size, *signed, *big_endian)
+                        .raw(bytes)
+                        .unwrap_or(0);
+                    sink.string(&format!("{v:#x}"));
+                }
+                _ => sink.string(&format!("0x{}", faster_hex::hex_string(b))),
+            },
+            Self::Be16 | Self::Be32 => match self.network_number(b) {
+                Some(v) => sink.int(i64::from(v)),
+                None => sink.null(),
+            },
+            Self::String => {
+                let text = b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n]);
+                sink.string(&String::from_utf8_lossy(text));
+            }
+        }
+    }
+
+    /// The number of a be16 or be32 rendering: the first bytes of `b` in
+    /// network order.
+    fn network_number(self, b: &[u8]) -> Option<u32> {
+        match self {
+            Self::Be16 => Some(u32::from(u16::from_be_bytes(b.get(..2)?.try_into().ok()?))),
+            _ => Some(u32::from_be_bytes(b.get(..4)?.try_into().ok()?)),
         }
     }
 
@@ -113,6 +168,8 @@ impl Rendering {
             Self::Ipv6 => 44,
             Self::Mac => 20,
             Self::Hex => 2 * size + 6,
+            Self::Be16 | Self::Be32 => 11,
+            Self::String => size + 4,
         }
     }
 
@@ -123,30 +180,36 @@ impl Rendering {
         node: &Node,
         size: usize,
         v: &Value,
-        out: &mut [u8],
-        offset: usize,
+        (out, offset): (&mut [u8], usize),
         path: &mut String,
     ) -> Result<(), EncodeError> {
+        if let Self::Be16 | Self::Be32 = self {
+            return self.encode_network_number(v, (out, offset), path);
+        }
         let Some(Kind::StringValue(text)) = &v.kind else {
             return encode::node(node, v, out, offset, path);
         };
         let bytes = self.parse(node, size, text, path)?;
-        // An integer holds the address as its value (the first byte most
-        // significant), in its own byte order; other members hold the bytes.
-        match node {
-            Node::Int {
-                size,
-                signed,
-                big_endian,
-                ..
-            } => {
+        match (self, node) {
+            // An integer shown in hex holds the number as its value, in its
+            // own byte order.
+            (
+                Self::Hex,
+                Node::Int {
+                    size,
+                    signed,
+                    big_endian,
+                    ..
+                },
+            ) => {
                 let raw = bytes
                     .iter()
                     .fold(0u128, |acc, &x| (acc << 8) | u128::from(x));
                 IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
             }
+            // Everything else holds the bytes in memory order.
             _ => {
-                if let Some(dst) = out.get_mut(offset..offset + size) {
+                if let Some(dst) = out.get_mut(offset..offset + bytes.len()) {
                     dst.copy_from_slice(&bytes);
                 }
             }
@@ -154,8 +217,23 @@ impl Rendering {
         Ok(())
     }
 
+    /// A be16 or be32 number (a JSON number, or a decimal or 0x string)
+    /// written into the member's first bytes in network order.
+    fn encode_network_number(
+        self,
+        v: &Value,
+        (out, offset): (&mut [u8], usize),
+        path: &str,
+    ) -> Result<(), EncodeError> {
+        let width = if self == Self::Be16 { 2 } else { 4 };
+        let raw = encode::integer(v, width * 8, false, path)?;
+        let field = IntField::whole(offset, width, false, true);
+        field.write(out, raw);
+        Ok(())
+    }
+
     /// The bytes `text` spells in this rendering (for `node`, of `size`
-    /// bytes), most significant first.
+    /// bytes), in memory order (most significant first for hex).
     fn parse(
         self,
         node: &Node,
@@ -172,43 +250,21 @@ impl Rendering {
                 Ok(a) => a.octets().to_vec(),
                 Err(_) => return self.bad(text, path),
             },
-            Self::Mac => {
-                let parts: Vec<&str> = text.split([':', '-']).collect();
-                let parsed: Option<Vec<u8>> = parts
-                    .iter()
-                    .map(|p| {
-                        (p.len() == 2)
-                            .then(|| u8::from_str_radix(p, 16).ok())
-                            .flatten()
-                    })
-                    .collect();
-                match parsed.filter(|b| b.len() == 6) {
-                    Some(b) => b,
-                    None => return self.bad(text, path),
+            Self::Mac => parse_mac(text).map_or_else(|| self.bad(text, path), Ok)?,
+            Self::Hex => parse_hex(node, size, text, path)?,
+            Self::String => {
+                if text.len() > size || text.contains('\0') {
+                    return encode::fail(
+                        path,
+                        format!(
+                            "a string of {} bytes does not fit {size} bytes (without NULs)",
+                            text.len()
+                        ),
+                    );
                 }
+                text.as_bytes().to_vec()
             }
-            Self::Hex => {
-                if let Node::Int { .. } = node {
-                    let digits = text.strip_prefix("0x").unwrap_or(text);
-                    let Ok(raw) = u128::from_str_radix(digits, 16) else {
-                        return self.bad(text, path);
-                    };
-                    if size < 16 && raw >> (size * 8) != 0 {
-                        return encode::fail(path, format!("{text} does not fit {size} bytes"));
-                    }
-                    raw.to_be_bytes()[16 - size..].to_vec()
-                } else {
-                    match encode::hex_bytes(text).filter(|b| b.len() == size) {
-                        Some(b) => b,
-                        None => {
-                            return encode::fail(
-                                path,
-                                format!("expected {size} bytes in hex (\"0x...\"), got {text:?}"),
-                            );
-                        }
-                    }
-                }
-            }
+            Self::Be16 | Self::Be32 => return self.bad(text, path),
         };
         Ok(bytes)
     }
@@ -219,12 +275,53 @@ impl Rendering {
             Self::Ipv6 => "\"fe80::1\"",
             Self::Mac => "\"02:42:ac:11:00:02\"",
             Self::Hex => "\"0x1bb\"",
+            Self::Be16 | Self::Be32 => "443",
+            Self::String => "\"bash\"",
         };
         encode::fail(
             path,
             format!("expected {} like {example}, got {text:?}", self.name()),
         )
     }
+}
+
+/// A MAC address's 6 bytes ("02:42:ac:11:00:02", or with dashes).
+fn parse_mac(text: &str) -> Option<Vec<u8>> {
+    let parsed: Option<Vec<u8>> = text
+        .split([':', '-'])
+        .map(|p| {
+            (p.len() == 2)
+                .then(|| u8::from_str_radix(p, 16).ok())
+                .flatten()
+        })
+        .collect();
+    parsed.filter(|b| b.len() == 6)
+}
+
+/// A hex rendering's bytes: an integer's value ("0x1bb", most significant
+/// byte first), or the member's bytes.
+fn parse_hex(node: &Node, size: usize, text: &str, path: &str) -> Result<Vec<u8>, EncodeError> {
+    if let Node::Int { .. } = node {
+        let digits = text.strip_prefix("0x").unwrap_or(text);
+        let Ok(raw) = u128::from_str_radix(digits, 16) else {
+            return Rendering::Hex.bad(text, path);
+        };
+        if size < 16 && raw >> (size * 8) != 0 {
+            return encode::fail(path, format!("{text} does not fit {size} bytes"));
+        }
+        return Ok(raw.to_be_bytes()[16 - size..].to_vec());
+    }
+    encode::hex_bytes(text)
+        .filter(|b| b.len() == size)
+        .map_or_else(
+            || {
+                encode::fail(
+                    path,
+                    format!("expected {size} bytes in hex (\"0x...\"), got {text:?}"),
+                )
+            },
+            Ok,
+        )
 }
 
 impl fmt::Display for Rendering {
@@ -235,7 +332,7 @@ impl fmt::Display for Rendering {
 
 /// A rendering name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown rendering {0:?}; use ipv4, ipv6, mac or hex")]
+#[error("unknown rendering {0:?}; use ipv4, ipv6, mac, hex, be16, be32 or string")]
 pub struct UnknownRendering(pub String);
 
 impl FromStr for Rendering {
@@ -295,6 +392,18 @@ impl Renderings {
         let mut out = self.0.clone();
         out.extend(other.0.iter().map(|(k, v)| (k.clone(), *v)));
         Self(out)
+    }
+
+    /// Those of a whole key or value ("key", "value"): what a map without
+    /// types can be shown with.
+    pub fn whole_only(&self) -> Renderings {
+        Self(
+            self.0
+                .iter()
+                .filter(|(path, _)| *path == "key" || *path == "value")
+                .map(|(p, r)| (p.clone(), *r))
+                .collect(),
+        )
     }
 
     /// No renderings.

@@ -745,17 +745,19 @@ fn renderings_show_addresses_and_hex_and_accept_them_back() {
     // Numbers are still accepted for a rendered integer.
     let numeric = json!({"daddr": 167772161, "saddr": "192.168.0.2", "dport": 443, "sport": 51234, "nexthdr": 6, "flags": 0});
     assert_eq!(l.encode(&from_json(&numeric), "key").unwrap(), ct_bytes());
-    // A host-order integer holds the address as its value.
+    // A plain __u32 holding the bytes as they came off the wire (as
+    // xdp-filter keeps its addresses) shows them in memory order, as
+    // inet_ntop does.
     let host = rendered(
         &record("k", 4, vec![member("saddr", 0, u(4))]),
         "key",
         &renderings(&[("key.saddr", "ipv4")]),
     )
     .unwrap();
-    let bytes = 167772160u32.to_le_bytes();
-    assert_eq!(decode_layout(&host, &bytes), json!({"saddr": "10.0.0.0"}));
+    let bytes = [10u8, 0, 0, 1];
+    assert_eq!(decode_layout(&host, &bytes), json!({"saddr": "10.0.0.1"}));
     assert_eq!(
-        host.encode(&from_json(&json!({"saddr": "10.0.0.0"})), "key")
+        host.encode(&from_json(&json!({"saddr": "10.0.0.1"})), "key")
             .unwrap(),
         bytes
     );
@@ -821,6 +823,54 @@ fn ipv6_unions_mac_arrays_and_whole_keys_render() {
 }
 
 #[test]
+fn network_order_numbers_and_text_render_and_encode_back() {
+    // xdp-filter's port index: 443 off the wire is index 47873 of a __u32
+    // key, and a __be16 holds the same bytes.
+    let index = rendered(&u(4), "key", &renderings(&[("key", "be16")])).unwrap();
+    let bytes = 47873u32.to_le_bytes();
+    assert_eq!(decode_layout(&index, &bytes), json!(443));
+    assert_eq!(index.encode(&from_json(&json!(443)), "key").unwrap(), bytes);
+    let port = rendered(&be("__be16", 2), "key", &renderings(&[("key", "be16")])).unwrap();
+    assert_eq!(decode_layout(&port, &[0x01, 0xbb]), json!(443));
+    let addr = rendered(&u(4), "key", &renderings(&[("key", "be32")])).unwrap();
+    assert_eq!(decode_layout(&addr, &[10, 0, 0, 1]), json!(167772161));
+    // bpftrace's comm keys: untyped bytes up to the first NUL.
+    let untyped = MapLayout::untyped((16, 8), Some(2))
+        .with_renderings(&renderings(&[("key", "string")]))
+        .unwrap();
+    let mut comm = [0u8; 16];
+    comm[..4].copy_from_slice(b"bash");
+    assert_eq!(decode_layout(untyped.key(), &comm), json!("bash"));
+    assert_eq!(
+        untyped
+            .key()
+            .encode(&from_json(&json!("bash")), "key")
+            .unwrap(),
+        comm
+    );
+    let e = untyped
+        .key()
+        .encode(&from_json(&json!("a-name-longer-than-16")), "key")
+        .unwrap_err();
+    assert!(e.to_string().contains("does not fit 16 bytes"), "{e}");
+    // Renderings that do not fit say why.
+    let e = rendered(&u(1), "key", &renderings(&[("key", "be16")])).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "key: be16 needs a member of at least 2 bytes; this one (an integer) has 1"
+    );
+    let e = rendered(&u(4), "key", &renderings(&[("key", "string")])).unwrap_err();
+    assert_eq!(e.to_string(), "key: string cannot show an integer");
+    let e = MapLayout::untyped((16, 8), None)
+        .with_renderings(&renderings(&[("key.comm", "string")]))
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "key.comm: the map has no types (BTF): its key is bytes"
+    );
+}
+
+#[test]
 fn renderings_that_cannot_work_name_the_member() {
     let t = record(
         "k",
@@ -856,7 +906,7 @@ fn renderings_that_cannot_work_name_the_member() {
         [("key.a".to_owned(), "ipv5".to_owned())].into();
     assert_eq!(
         Renderings::parse(&map).unwrap_err().to_string(),
-        "key.a: unknown rendering \"ipv5\"; use ipv4, ipv6, mac or hex"
+        "key.a: unknown rendering \"ipv5\"; use ipv4, ipv6, mac, hex, be16, be32 or string"
     );
     let map: std::collections::BTreeMap<String, String> =
         [("daddr".to_owned(), "ipv4".to_owned())].into();

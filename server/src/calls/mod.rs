@@ -50,6 +50,9 @@ pub(crate) struct Opened {
     pub(crate) map: MapRef,
     pub(crate) handle: MapHandle,
     pub(crate) types: KnownTypes,
+    /// Whether its types were read (`KnownTypes::None` is then a map
+    /// without BTF).
+    pub(crate) types_read: bool,
 }
 
 impl Calls {
@@ -94,7 +97,7 @@ impl Calls {
     ) -> Result<Opened, Error> {
         self.authorize(caller, call, &map)?;
         let (catalog, cache, r) = (self.catalog.clone(), self.types.clone(), map.clone());
-        let (resolved, types): (Resolved, KnownTypes) = blocking(move || {
+        let (resolved, read_types): (Resolved, KnownTypes) = blocking(move || {
             let resolved = catalog.open(&r)?;
             let types = if types {
                 cache.map_types(resolved.handle.meta())
@@ -110,7 +113,8 @@ impl Calls {
         Ok(Opened {
             map,
             handle: resolved.handle,
-            types,
+            types: read_types,
+            types_read: types,
         })
     }
 
@@ -148,13 +152,18 @@ impl Calls {
                 "render shows decoded entries: it cannot be combined with LAYOUT_PACKED or raw = true (clients that decode packed entries apply renderings themselves)".into(),
             ));
         }
-        let renderings = match &opened.types {
-            KnownTypes::Typed(_) => self.renders.for_map(&opened.map).overridden_by(&asked),
-            _ => asked,
+        // The configured renderings of a map whose types were read; of a
+        // map without types, those of its whole key or value only.
+        let configured = match &opened.types {
+            KnownTypes::Typed(_) => self.renders.for_map(&opened.map),
+            _ if opened.types_read => self.renders.for_map(&opened.map).whole_only(),
+            _ => Renderings::default(),
         };
-        opened
-            .types
-            .layout(&opened.map, opened.handle.meta(), &renderings)
+        opened.types.layout(
+            &opened.map,
+            opened.handle.meta(),
+            &configured.overridden_by(&asked),
+        )
     }
 
     /// The layout a call's queries (filters, fields) read `opened`'s

@@ -46,6 +46,16 @@ use crate::{
 
 type ServeTask = JoinHandle<Result<(), tonic::transport::Error>>;
 
+/// The configured renderings; with the demo, its own first.
+fn render_rules(config: &Config) -> anyhow::Result<RenderRules> {
+    let demo = config.demo.then(crate::maps::Demo::renderings);
+    let tables: Vec<_> = demo
+        .into_iter()
+        .chain(config.render.iter().cloned())
+        .collect();
+    Ok(RenderRules::new(&tables)?)
+}
+
 /// Checks the process has the capabilities this configuration needs, and
 /// says which one is missing and what for.
 pub fn check_privileges(config: &Config) -> anyhow::Result<()> {
@@ -237,7 +247,7 @@ impl Core {
         let calls = Calls {
             catalog: catalog.clone(),
             types: Arc::default(),
-            renders: Arc::new(RenderRules::new(&config.render)?),
+            renders: Arc::new(render_rules(config)?),
             keys: r.keys.clone(),
             policy: r.policy.clone(),
             metrics: self.metrics.clone(),

@@ -141,5 +141,6 @@ async fn open_writable(
         map,
         handle: resolved.handle,
         types,
+        types_read: true,
     })
 }

@@ -55,13 +55,8 @@ pub(crate) async fn start(
     let slot = dumps.env.slots.try_acquire(caller)?;
     let opened = calls.open(caller, call, map, decodes).await?;
     let meta = opened.handle.meta().clone();
-    let query = Query::of_request(
-        &req.filter,
-        &req.fields,
-        &meta,
-        &calls.query_layout(&opened)?,
-    )?
-    .map(Arc::new);
+    let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
+    let query = Query::of_request(&req.filter, &req.fields, &meta, &shown)?.map(Arc::new);
     let digest = query.as_ref().map(|q| q.digest());
     let position = match cursor {
         None => Position::Start,
@@ -75,17 +70,14 @@ pub(crate) async fn start(
     let sealer =
         Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta).with_query(digest);
     let decoder = match query.as_ref().and_then(|q| q.projection.as_ref()) {
-        Some(p) => Decoder::projected(p, &req.render, packed || req.raw)?,
-        None => {
-            let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
-            Decoder::for_request(
-                &opened.map,
-                &meta,
-                (&opened.types, &shown),
-                (req.raw, req.per_cpu),
-                packed,
-            )?
-        }
+        Some(p) => Decoder::projected(p, packed || req.raw),
+        None => Decoder::for_request(
+            &opened.map,
+            &meta,
+            (&opened.types, &shown),
+            (req.raw, req.per_cpu),
+            packed,
+        )?,
     };
     let options = Options {
         layout,

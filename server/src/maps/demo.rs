@@ -4,9 +4,11 @@
 //! - `demo/flows`: hash (131,072 slots), 100,000 base flows `flow_key(i)` ->
 //!   `flow_value(i)` for i in 0..100,000. Key `struct flow_key { __u32
 //!   saddr; __u32 daddr; __u16 sport; __u16 dport; enum ip_proto proto; }`
-//!   (16 bytes: a 1-byte enum, 3 bytes of padding; addresses and ports are
-//!   integers in host byte order), value `struct flow_stats { __u64 packets;
-//!   __u64 bytes; }`;
+//!   (16 bytes: a 1-byte enum, 3 bytes of padding; the addresses hold their
+//!   bytes in network order, as real programs keep what came off the wire,
+//!   and `bpfmapd --demo` renders them as addresses: [`Demo::renderings`];
+//!   ports are integers in host byte order), value `struct flow_stats {
+//!   __u64 packets; __u64 bytes; }`;
 //! - `demo/cpu_counters`: per-CPU array, `__u32` -> `struct cpu_counters`
 //!   (8 `__u64` counters, [`CPU_COUNTERS`]), 8 entries that a background
 //!   thread keeps incrementing every 100 ms;
@@ -67,6 +69,8 @@ use bpfmap_kernel::{
     possible_cpus,
 };
 
+use super::RenderConfig;
+
 pub(super) const FLOWS: usize = 100_000;
 
 /// Slots of `demo/drainable`, the flows it gains per tick, and how many ids
@@ -122,14 +126,16 @@ const CHURN_PER_TICK: usize = 10;
 /// i whole, so every id has its own saddr.
 const CHURN_END: u32 = 1 << 24;
 
-/// The flow key of `demo/flows` entry `i`, fields in host byte order:
-/// saddr 10.0.0.0 + i (`0x0A00_0000 | i`), daddr 192.168.0.(i % 250 + 1)
-/// (`0xC0A8_0000 | (i % 250 + 1)`), sport 1024 + i % 60000, dport 443, proto
-/// UDP (17) when i % 4 == 3, else TCP (6); then 3 bytes of zero padding.
+/// The flow key of `demo/flows` entry `i`: the addresses as they came off
+/// the wire (network byte order in their `__u32`, as real programs keep
+/// them), saddr 10.0.0.0 + i (`0x0A00_0000 | i`), daddr
+/// 192.168.0.(i % 250 + 1) (`0xC0A8_0000 | (i % 250 + 1)`); the rest in
+/// host byte order: sport 1024 + i % 60000, dport 443, proto UDP (17) when
+/// i % 4 == 3, else TCP (6); then 3 bytes of zero padding.
 pub fn flow_key(i: u32) -> [u8; 16] {
     let mut k = [0u8; 16];
-    k[0..4].copy_from_slice(&(0x0A00_0000 | i).to_ne_bytes());
-    k[4..8].copy_from_slice(&(0xC0A8_0000 | (i % 250 + 1)).to_ne_bytes());
+    k[0..4].copy_from_slice(&(0x0A00_0000 | i).to_be_bytes());
+    k[4..8].copy_from_slice(&(0xC0A8_0000 | (i % 250 + 1)).to_be_bytes());
     k[8..10].copy_from_slice(&(1024 + (i % 60_000) as u16).to_ne_bytes());
     k[10..12].copy_from_slice(&443u16.to_ne_bytes());
     k[12] = if i % 4 == 3 { IPPROTO_UDP } else { IPPROTO_TCP };
@@ -290,6 +296,18 @@ pub fn typed_flows(n: u32) -> anyhow::Result<OwnedMap> {
 }
 
 impl Demo {
+    /// How `bpfmapd --demo` shows the demo maps' addresses (its first
+    /// `[[render]]` table, which the configuration's own override).
+    pub fn renderings() -> RenderConfig {
+        RenderConfig {
+            maps: vec!["demo/flows".into(), "demo/drainable".into()],
+            members: [("key.saddr", "ipv4"), ("key.daddr", "ipv4")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        }
+    }
+
     /// Creates the demo maps under `root/demo`, replacing old demo pins.
     /// `demo/flows` keeps the values it was filled with (`flow_value(i)`);
     /// `demo/cpu_counters` and `demo/recent` change every 100 ms.
@@ -661,8 +679,8 @@ mod tests {
             Some(flow_value(7).to_vec())
         );
         let k = flow_key(7);
-        assert_eq!(u32::from_ne_bytes(k[0..4].try_into().unwrap()), 167_772_167);
-        assert_eq!(u32::from_ne_bytes(k[4..8].try_into().unwrap()), 0xC0A8_0008);
+        assert_eq!(k[0..4], [10, 0, 0, 7]);
+        assert_eq!(u32::from_be_bytes(k[4..8].try_into().unwrap()), 0xC0A8_0008);
         assert_eq!((k[12], flow_key(8)[12]), (IPPROTO_UDP, IPPROTO_TCP));
 
         let (key, value) = types(&open("cpu_counters"));
@@ -697,7 +715,7 @@ mod tests {
 
     /// The id `i` of `flow_key(i)`.
     fn flow_id(key: &[u8; 16]) -> u32 {
-        u32::from_ne_bytes(key[0..4].try_into().unwrap()) & 0x00FF_FFFF
+        u32::from_be_bytes(key[0..4].try_into().unwrap()) & 0x00FF_FFFF
     }
 
     #[test]

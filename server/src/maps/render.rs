@@ -138,7 +138,7 @@ mod tests {
             .to_string();
         assert_eq!(
             e,
-            "[[render]] 0: key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac or hex"
+            "[[render]] 0: key.x: unknown rendering \"ipv9\"; use ipv4, ipv6, mac, hex, be16, be32 or string"
         );
         let e = RenderRules::new(&[table(&["a["], &[])])
             .unwrap_err()

@@ -121,15 +121,8 @@ impl KnownTypes {
                         message: format!("its types do not fit it: {e}"),
                     })?
             }
-            Self::None | Self::Unavailable(_) => {
-                if !renderings.is_empty() {
-                    return Err(Error::Untyped {
-                        map: map.clone(),
-                        why: "render needs the map's types".into(),
-                    });
-                }
-                return Ok(MapLayout::untyped(sizes, cpus));
-            }
+            // Bytes, which renderings of the whole key or value can show.
+            Self::None | Self::Unavailable(_) => MapLayout::untyped(sizes, cpus),
         };
         layout
             .with_renderings(renderings)
@@ -188,7 +181,8 @@ impl Decoder {
         (raw, per_cpu): (bool, i32),
         packed: bool,
     ) -> Result<Option<Self>, Error> {
-        let layouts = layout.typed().then_some(layout);
+        // A map without types decodes when renderings show its key or value.
+        let layouts = (layout.typed() || !layout.renderings().is_empty()).then_some(layout);
         let per_cpu = pb::PerCpu::try_from(per_cpu).map_err(|_| {
             Error::InvalidArgument(format!(
                 "unknown per_cpu {per_cpu}; use PER_CPU_EACH (0) or PER_CPU_SUM (1)"
@@ -255,27 +249,17 @@ impl Decoder {
     }
 
     /// How a projected call's entries are decoded: through the
-    /// projection's records; nothing is decoded for a `raw` call (or a
-    /// packed dump). Renderings cannot go with fields: the selected
-    /// members are shown as their types say (INVALID_ARGUMENT).
-    pub(crate) fn projected(
-        p: &Projection,
-        render: &std::collections::HashMap<String, String>,
-        raw: bool,
-    ) -> Result<Option<Self>, Error> {
-        if !render.is_empty() {
-            return Err(Error::InvalidArgument(
-                "render cannot be combined with fields: the projected members are shown as their types say".into(),
-            ));
-        }
+    /// projection's records (whose members keep the call's renderings);
+    /// nothing is decoded for a `raw` call (or a packed dump).
+    pub(crate) fn projected(p: &Projection, raw: bool) -> Option<Self> {
         if raw {
-            return Ok(None);
+            return None;
         }
         let records = p.layout();
-        Ok(Some(Self::typed(
+        Some(Self::typed(
             Some(records.key_arc().clone()),
             records.value_arc().clone(),
-        )))
+        ))
     }
 
     /// Decodes keys and values (not per-CPU) through these layouts: a

@@ -18,7 +18,7 @@
 //! whose filter ends in an error does not match.
 
 use bpfmap_proto::typed::{
-    BytesMember, EntryRef, IntField, IntMember, MapLayout, Member, MemberKind, Root, Step,
+    BytesMember, EntryRef, IntField, IntMember, Literal, MapLayout, Member, MemberKind, Root, Step,
 };
 use cel::common::ast::{self, Expr, IdedExpr, LiteralValue, operators as op};
 
@@ -751,6 +751,10 @@ impl Compiler<'_> {
         if let Some(n) = self.enum_name_compare(e, cmp, a, b)? {
             return Ok((n, Ty::Bool));
         }
+        // A rendered member against its rendering's spelling.
+        if let Some(n) = self.rendered_compare(e, cmp, a, b)? {
+            return Ok((n, Ty::Bool));
+        }
         let (na, ta) = self.node(a)?;
         let (nb, tb) = self.node(b)?;
         if !ta.same_kind(&tb) {
@@ -768,6 +772,56 @@ impl Compiler<'_> {
             (na, nb) => Node::Cmp(cmp, Box::new(na), Box::new(nb)),
         };
         Ok((node, Ty::Bool))
+    }
+
+    /// `key.daddr == "10.0.0.1"`, `key == 443`: a member the call renders
+    /// (ipv4, be16, string, ...) against a literal in that rendering's
+    /// spelling, read as the member holds it.
+    fn rendered_compare(
+        &mut self,
+        e: &IdedExpr,
+        cmp: Cmp,
+        a: &IdedExpr,
+        b: &IdedExpr,
+    ) -> Result<Option<Node>, FilterError> {
+        let literal = |x: &IdedExpr| -> Option<prost_types::Value> {
+            match &x.expr {
+                Expr::Literal(LiteralValue::String(s)) => Some(s.to_string().into()),
+                Expr::Literal(LiteralValue::Int(i)) => Some((*i.inner() as f64).into()),
+                Expr::Literal(LiteralValue::UInt(u)) => Some((*u.inner() as f64).into()),
+                _ => None,
+            }
+        };
+        let (member, value, cmp) = match (literal(a), literal(b)) {
+            (None, Some(v)) => (a, v, cmp),
+            (Some(v), None) => (b, v, flip(cmp)),
+            _ => return Ok(None),
+        };
+        let Some((root, steps)) = self.path(member) else {
+            return Ok(None);
+        };
+        let Ok(m) = self.layout.resolve(root, &steps) else {
+            return Ok(None);
+        };
+        let literal = match m.read_rendered(&value) {
+            None => return Ok(None),
+            // A number against an address or text: the usual rules say why.
+            Some(Err(_))
+                if !matches!(value.kind, Some(prost_types::value::Kind::StringValue(_))) =>
+            {
+                return Ok(None);
+            }
+            Some(Err(err)) => return Err(self.err(e, err)),
+            Some(Ok(l)) => l,
+        };
+        let (loaded, _) = self.node(member)?;
+        Ok(Some(match (loaded, literal) {
+            (Node::LoadInt(l), Literal::Int(k)) => Node::IntCmpConst(l, cmp, k),
+            (loaded, Literal::Bytes(bytes)) => {
+                Node::Cmp(cmp, Box::new(loaded), Box::new(Node::Bytes(bytes)))
+            }
+            (loaded, Literal::Int(k)) => Node::Cmp(cmp, Box::new(loaded), Box::new(Node::Int(k))),
+        }))
     }
 
     /// `key.proto == "IPPROTO_UDP"`: the enumerator's value, or an error

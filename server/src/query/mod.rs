@@ -63,13 +63,15 @@ pub(crate) struct Query {
 }
 
 impl Query {
-    /// The query of a dump request, checked against the map's `layout`;
-    /// `None` when it asks for neither.
+    /// The query of a dump request, checked against the map's layout as
+    /// the call shows it (`shown`: with its renderings, whose spellings the
+    /// filter's literals may use, and which the projected members keep);
+    /// `None` when it asks for neither a filter nor fields.
     pub(crate) fn of_request(
         filter: &str,
         fields: &[String],
         meta: &MapMeta,
-        layout: &MapLayout,
+        shown: &MapLayout,
     ) -> Result<Option<Self>, QueryError> {
         if filter.is_empty() && fields.is_empty() {
             return Ok(None);
@@ -77,11 +79,11 @@ impl Query {
         let digest = digest(filter, fields);
         let filter = match filter {
             "" => None,
-            f => Some(Filter::compile(f, layout)?),
+            f => Some(Filter::compile(f, shown)?),
         };
         let projection = match fields {
             [] => None,
-            f => Some(Projection::new(f, layout).map_err(QueryError::Fields)?),
+            f => Some(Projection::new(f, shown).map_err(QueryError::Fields)?),
         };
         Ok(Some(Self {
             filter,
@@ -200,6 +202,7 @@ pub(crate) fn projection_message(p: &Projection) -> pb::Projection {
     pb::Projection {
         key_type: p.key_type(),
         value_type: p.value_type(),
+        render: p.renderings().into_iter().collect(),
     }
 }
 

@@ -110,13 +110,15 @@ fn view(
 ) -> Result<(Option<Filter>, View), Error> {
     let meta = opened.handle.meta();
     let base = calls.query_layout(opened)?;
-    let (filter, projection) = match Query::of_request(&req.filter, &req.fields, meta, &base)? {
+    let shown = calls.layout(opened, &req.render, !req.raw)?;
+    let query = Query::of_request(&req.filter, &req.fields, meta, &shown)?;
+    let (filter, projection) = match query {
         Some(q) => (q.filter, q.projection),
         None => (None, None),
     };
     let view = match projection {
         Some(p) => {
-            let mut decoder = Decoder::projected(&p, &req.render, req.raw)?;
+            let mut decoder = Decoder::projected(&p, req.raw);
             let mut projected = crate::query::projected_meta(meta, &p);
             if !p.selects_key() {
                 // No member of the key selected: events still say which
