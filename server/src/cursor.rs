@@ -331,16 +331,7 @@ impl CursorKey {
         let mut buf = Vec::with_capacity(64);
         buf.push(VERSION);
         buf.extend_from_slice(&binding.identity);
-        match &binding.map {
-            MapRef::Path(p) => {
-                buf.push(0);
-                put_bytes(&mut buf, p.as_bytes());
-            }
-            MapRef::Id(id) => {
-                buf.push(1);
-                buf.extend_from_slice(&id.to_le_bytes());
-            }
-        }
+        put_ref(&mut buf, &binding.map);
         buf.extend_from_slice(&binding.map_id.to_le_bytes());
         buf.extend_from_slice(&binding.fingerprint);
         match position {
@@ -432,11 +423,7 @@ impl CursorKey {
         let version = r.u8()?;
         let identity = r.take(16)?.try_into().expect("16 bytes");
         let map = match version {
-            VERSION => match r.u8()? {
-                0 => MapRef::Path(r.string()?),
-                1 => MapRef::Id(r.u32()?),
-                _ => return Err(CursorError::Malformed),
-            },
+            VERSION => r.map_ref(true)?,
             VERSION_2 => {
                 let s = r.string()?;
                 if let Some(p) = s.strip_prefix("path:") {
@@ -536,6 +523,26 @@ fn digest16(bytes: &[u8]) -> [u8; 16] {
     out
 }
 
+/// A map reference: a tag (0 path, 1 id, 2 inner map), then its fields (an
+/// inner map's outer reference, then its key).
+fn put_ref(buf: &mut Vec<u8>, map: &MapRef) {
+    match map {
+        MapRef::Path(p) => {
+            buf.push(0);
+            put_bytes(buf, p.as_bytes());
+        }
+        MapRef::Id(id) => {
+            buf.push(1);
+            buf.extend_from_slice(&id.to_le_bytes());
+        }
+        MapRef::Inner { outer, key } => {
+            buf.push(2);
+            put_ref(buf, outer);
+            put_bytes(buf, key);
+        }
+    }
+}
+
 fn put_bytes(buf: &mut Vec<u8>, b: &[u8]) {
     let len = u16::try_from(b.len()).expect("cursor fields are shorter than 64 KiB");
     buf.extend_from_slice(&len.to_le_bytes());
@@ -571,6 +578,20 @@ impl<'a> Reader<'a> {
 
     fn string(&mut self) -> Result<String, CursorError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| CursorError::Malformed)
+    }
+
+    /// A map reference as [`put_ref`] wrote it (an inner map only where
+    /// `inner` allows: maps of maps do not nest).
+    fn map_ref(&mut self, inner: bool) -> Result<MapRef, CursorError> {
+        Ok(match self.u8()? {
+            0 => MapRef::Path(self.string()?),
+            1 => MapRef::Id(self.u32()?),
+            2 if inner => MapRef::Inner {
+                outer: Box::new(self.map_ref(false)?),
+                key: self.bytes()?.to_vec(),
+            },
+            _ => return Err(CursorError::Malformed),
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use bpfmap_kernel::{LookupError, MapType, OpenError, SyscallError, walk::WalkErr
 
 use crate::{
     cursor::CursorError,
-    model::{Identity, InvalidPath, MapRef, Operation},
+    model::{Identity, InvalidPath, MapName, MapRef, Operation},
     query::{FilterTooCostly, QueryError},
 };
 
@@ -28,6 +28,44 @@ pub(crate) enum Error {
     /// Nothing at that path or id.
     #[error("map {0} not found")]
     MapNotFound(MapRef),
+    /// No map the caller may reach has that name (and owner).
+    #[error("no map {what}{close}")]
+    NameNotFound {
+        /// What was looked for ("named \"hist\"", "named \"start\" held by \"x\"").
+        what: String,
+        /// The close names, with where they are ("; close: ..."), or empty.
+        close: String,
+    },
+    /// Several maps have the name; the message names each.
+    #[error(
+        "{name} matches {count} maps: {candidates}; choose one with NAME@OWNER (a program name, process name or pid), or by path or id"
+    )]
+    NameAmbiguous {
+        /// As requested.
+        name: MapName,
+        /// How many.
+        count: usize,
+        /// Each by path or id, with its owners.
+        candidates: String,
+    },
+    /// An inner map was asked of a map that holds none.
+    #[error(
+        "map {map} is a {map_type} map, not a map of maps (array_of_maps, hash_of_maps): it has no inner maps"
+    )]
+    NotMapOfMaps {
+        /// The outer map.
+        map: MapRef,
+        /// Its type.
+        map_type: MapType,
+    },
+    /// The outer map has no inner map at the key.
+    #[error("map {outer} holds no inner map at key {key}")]
+    NoInnerMap {
+        /// The outer map.
+        outer: MapRef,
+        /// The key, in hex.
+        key: String,
+    },
     /// A directory, or a pinned program, link or BTF object.
     #[error("{map} is not a BPF map ({what})")]
     NotAMap {

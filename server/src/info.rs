@@ -1,34 +1,102 @@
 //! ListMaps and GetMap: the maps a caller may see, and one map described
-//! (the kernel's description, its types, the renderings configured for it).
+//! (the kernel's description, its types, the renderings configured for it,
+//! its pins, the programs and processes holding it, its memory).
 
+use bpfmap_kernel::MapType;
 use bpfmap_proto::v1 as pb;
 
 use crate::{
     calls::{Calls, blocking},
     error::Error,
-    model::{Caller, MapRef, Operation, Rpc},
+    maps::{Catalog, Holders, Listed},
+    model::{Caller, MapRef, Operation, Requested, Rpc, quote},
     wire::IntoProto as _,
 };
 
-/// Every exposed map the policy lets `caller` list.
-pub(crate) async fn list(calls: &Calls, caller: &Caller) -> Result<Vec<pb::MapInfo>, Error> {
+/// Every exposed map the policy lets `caller` list, narrowed as `req`
+/// asks (name glob, type, owner).
+pub(crate) async fn list(
+    calls: &Calls,
+    caller: &Caller,
+    req: pb::ListMapsRequest,
+) -> Result<Vec<pb::MapInfo>, Error> {
     calls.accepting()?;
+    let narrow = Narrowing::of(&req)?;
     let catalog = calls.catalog.clone();
-    let maps = blocking(move || Ok(catalog.list())).await?;
+    let (listed, holders) = blocking(move || Ok((catalog.list(), Holders::scan()))).await?;
+    let pins = Catalog::pins(&listed);
     let policy = calls.policy.load();
-    Ok(maps
+    Ok(listed
         .iter()
-        .filter(|(map, _)| policy.allows(&caller.identity, Operation::List, map))
-        .map(|(map, meta)| (map, meta).into_proto())
+        .filter(|l| policy.allows(&caller.identity, Operation::List, &l.map))
+        .filter(|l| narrow.keeps(l, &holders))
+        .map(|l| {
+            let mut info = (&l.map, &l.meta).into_proto();
+            info.pins = pins.get(&l.meta.id).cloned().unwrap_or_default();
+            info.memlock = l.memlock.unwrap_or(0);
+            holders.fill(&mut info);
+            info
+        })
         .collect())
 }
 
+/// What a ListMaps call keeps.
+struct Narrowing {
+    name: Option<globset::GlobMatcher>,
+    map_type: Option<MapType>,
+    owner: Option<String>,
+}
+
+impl Narrowing {
+    fn of(req: &pb::ListMapsRequest) -> Result<Self, Error> {
+        let name = match req.name.as_str() {
+            "" => None,
+            n => Some(
+                globset::Glob::new(n)
+                    .map_err(|e| {
+                        Error::InvalidArgument(format!("name {} is not a glob: {e}", quote(n)))
+                    })?
+                    .compile_matcher(),
+            ),
+        };
+        let map_type = match req.r#type.as_str() {
+            "" => None,
+            t => Some(MapType::by_name(t).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "type {} is not a map type; use one of {}",
+                    quote(t),
+                    MapType::names().collect::<Vec<_>>().join(", ")
+                ))
+            })?),
+        };
+        let owner = Some(req.owner.clone()).filter(|o| !o.is_empty());
+        Ok(Self {
+            name,
+            map_type,
+            owner,
+        })
+    }
+
+    fn keeps(&self, l: &Listed, holders: &Holders) -> bool {
+        self.name.as_ref().is_none_or(|g| g.is_match(&l.meta.name))
+            && self.map_type.is_none_or(|t| t == l.meta.map_type)
+            && self
+                .owner
+                .as_ref()
+                .is_none_or(|o| holders.holds(l.meta.id, o))
+    }
+}
+
 /// One map described.
-pub(crate) async fn get(calls: &Calls, caller: &Caller, map: MapRef) -> Result<pb::MapInfo, Error> {
+pub(crate) async fn get(
+    calls: &Calls,
+    caller: &Caller,
+    map: Requested,
+) -> Result<pb::MapInfo, Error> {
     calls.accepting()?;
-    let opened = calls
-        .open(caller, (Operation::List, Rpc::GetMap), map, true)
-        .await?;
+    let call = (Operation::List, Rpc::GetMap);
+    let map = calls.resolve(caller, call, map).await?;
+    let opened = calls.open(caller, call, map, true).await?;
     let mut info = (&opened.map, opened.handle.meta()).into_proto();
     opened.types.fill(&mut info);
     info.render = calls
@@ -37,5 +105,17 @@ pub(crate) async fn get(calls: &Calls, caller: &Caller, map: MapRef) -> Result<p
         .iter()
         .map(|(path, how)| (path.to_owned(), how.to_string()))
         .collect();
+    info.memlock = opened.handle.memlock().unwrap_or(0);
+    let (catalog, id) = (calls.catalog.clone(), info.id);
+    let (pins, holders) = blocking(move || Ok((catalog.pins_of(id), Holders::scan()))).await?;
+    if !matches!(opened.map, MapRef::Path(_))
+        && let Some(first) = pins.first()
+    {
+        // Reached by id, name or through its outer map: its pin says
+        // where it lives.
+        info.path.clone_from(first);
+    }
+    info.pins = pins;
+    holders.fill(&mut info);
     Ok(info)
 }

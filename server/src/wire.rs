@@ -5,7 +5,11 @@
 use bpfmap_kernel::{MapMeta, WalkMethod, walk::Chunk};
 use bpfmap_proto::v1 as pb;
 
-use crate::{error::Error, maps::Decoder, model::MapRef};
+use crate::{
+    error::Error,
+    maps::Decoder,
+    model::{InnerKey, MapName, MapRef, Requested},
+};
 
 /// Turns a domain value into its proto message.
 pub(crate) trait IntoProto {
@@ -63,13 +67,39 @@ pub(crate) fn entry_memory(meta: &MapMeta, layout: pb::Layout, decoder: Option<&
     }
 }
 
-/// The map reference of a request, validated.
-pub(crate) fn map_ref(r: Option<&pb::MapRef>) -> Result<MapRef, Error> {
+/// The map reference of a request, validated (names and inner maps are
+/// resolved later, by the catalog).
+pub(crate) fn map_ref(r: Option<&pb::MapRef>) -> Result<Requested, Error> {
     match r.and_then(|r| r.r#ref.as_ref()) {
-        Some(pb::map_ref::Ref::Path(p)) => Ok(MapRef::parse(p)?),
-        Some(pb::map_ref::Ref::Id(id)) => Ok(MapRef::Id(*id)),
+        Some(pb::map_ref::Ref::Path(p)) => Ok(Requested::Ref(MapRef::parse(p)?)),
+        Some(pb::map_ref::Ref::Id(id)) => Ok(Requested::Ref(MapRef::Id(*id))),
+        Some(pb::map_ref::Ref::Name(n)) => Ok(Requested::Name(MapName::parse(n)?)),
+        Some(pb::map_ref::Ref::Inner(inner)) => {
+            let outer = map_ref(inner.outer.as_deref()).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("inner.outer: {m}")),
+                e => e,
+            })?;
+            if matches!(outer, Requested::Inner { .. }) {
+                return Err(Error::InvalidArgument(
+                    "inner.outer names an inner map: maps of maps do not nest; name the outer map by path, id or name".into(),
+                ));
+            }
+            let key = match (&inner.json_key, inner.key.is_empty()) {
+                (Some(v), true) => InnerKey::Json(v.clone()),
+                (None, false) => InnerKey::Bytes(inner.key.to_vec()),
+                _ => {
+                    return Err(Error::InvalidArgument(
+                        "inner needs exactly one of key (the outer map's key bytes) and json_key (e.g. {\"inner\":{\"outer\":{\"path\":\"outer\"},\"jsonKey\":1}})".into(),
+                    ));
+                }
+            };
+            Ok(Requested::Inner {
+                outer: Box::new(outer),
+                key,
+            })
+        }
         None => Err(Error::InvalidArgument(
-            "the request names no map: set map.path (e.g. {\"map\":{\"path\":\"demo/flows\"}}) or map.id".into(),
+            "the request names no map: set map.path (e.g. {\"map\":{\"path\":\"demo/flows\"}}), map.id, map.name or map.inner".into(),
         )),
     }
 }
@@ -88,7 +118,7 @@ impl IntoProto for (&MapRef, &MapMeta) {
         pb::MapInfo {
             path: match map {
                 MapRef::Path(p) => p.clone(),
-                MapRef::Id(_) => String::new(),
+                MapRef::Id(_) | MapRef::Inner { .. } => String::new(),
             },
             id: m.id,
             name: m.name.clone(),

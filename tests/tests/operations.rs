@@ -134,7 +134,7 @@ async fn metrics_count_exactly_the_work_done() {
     let channel = channel_from(&daemon.addr(), "127.0.0.1").await;
     let mut raw = pb::map_service_client::MapServiceClient::new(channel);
     assert_eq!(
-        raw.list_maps(pb::ListMapsRequest {})
+        raw.list_maps(pb::ListMapsRequest::default())
             .await
             .unwrap()
             .into_inner()
@@ -658,7 +658,7 @@ async fn sigterm_and_a_restart_mid_dump_cost_the_client_nothing() {
             .connect_lazy(),
     );
     let e = fresh
-        .list_maps(pb::ListMapsRequest {})
+        .list_maps(pb::ListMapsRequest::default())
         .await
         .expect_err("a call after SIGTERM");
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");

@@ -111,7 +111,10 @@ async fn without_a_client_certificate_only_health_answers() {
     let s = Secure::start(vec![rule(&[OPS], &["**"], &all_ops())], Limits::default()).await;
     let channel = anonymous_tls(&s.pki, &s.daemon).await;
     let mut raw = pb::map_service_client::MapServiceClient::new(channel.clone());
-    let e = raw.list_maps(pb::ListMapsRequest {}).await.unwrap_err();
+    let e = raw
+        .list_maps(pb::ListMapsRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
     assert!(
         e.message().contains("client certificate"),
@@ -148,7 +151,7 @@ async fn without_a_client_certificate_only_health_answers() {
     assert_eq!(health(probe.clone()).await, 1);
     // The probe port serves nothing else.
     let e = pb::map_service_client::MapServiceClient::new(probe)
-        .list_maps(pb::ListMapsRequest {})
+        .list_maps(pb::ListMapsRequest::default())
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::Unimplemented);

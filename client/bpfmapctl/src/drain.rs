@@ -25,7 +25,7 @@ use crate::{
     drive::{Io, interrupted},
     error_line,
     output::{Format, PerCpu, Printer, write_value},
-    setup::{Setup, map_name},
+    setup::Setup,
     usage,
 };
 
@@ -442,7 +442,7 @@ pub(crate) async fn run(
     per_cpu: PerCpu,
     tls: bool,
 ) -> anyhow::Result<()> {
-    let map = map_name(&args.map)?;
+    let map = setup.map_name(&args.map)?;
     let acks = match &args.ack_file {
         Some(path) => AckFile::read(path)?,
         None => AckFile::default(),

@@ -14,7 +14,7 @@ use crate::{
     drive::{End, Io, drive, interrupted},
     output::{Printer, Progress},
     refused_render, render_pairs,
-    setup::{Setup, map_name},
+    setup::Setup,
     usage,
 };
 
@@ -84,7 +84,7 @@ pub(crate) async fn run(
             "--render shows decoded members: it cannot be combined with --raw or --format hex",
         ));
     }
-    let map = map_name(&args.map)?;
+    let map = setup.map_name(&args.map)?;
     let Setup {
         targets,
         mut connect,
@@ -92,6 +92,7 @@ pub(crate) async fn run(
         mut printer,
         progress,
         decode,
+        ..
     } = setup;
     let total = targets.len();
     let start = Start::new(targets, saved);

@@ -95,6 +95,12 @@ pub struct Cli {
     /// they are decoded as the program declared them.
     #[arg(long, global = true)]
     pub raw: bool,
+    /// Read the inner map the named map (an array_of_maps or
+    /// hash_of_maps) holds at KEY (JSON, a decimal number or hex, as
+    /// `lookup` takes keys), with the outer map's access: on show, dump,
+    /// lookup, top and watch.
+    #[arg(long, global = true, value_name = "KEY")]
+    pub inner: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -103,11 +109,14 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List the maps each daemon exposes.
-    List,
-    /// Describe one map on each daemon (NOT_FOUND where it is absent).
+    /// List the maps each daemon exposes, with their names and the
+    /// processes (else programs) holding them.
+    List(ListArgs),
+    /// Describe one map on each daemon (NOT_FOUND where it is absent): its
+    /// types, pins, programs, owners and memory.
     Show {
-        /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+        /// Map path relative to the daemon's root ("demo/flows"), "id:N",
+        /// or "name:NAME[@OWNER]".
         map: String,
     },
     /// Dump a map's entries. A summary per target (with the cursor to
@@ -116,7 +125,8 @@ pub enum Command {
     /// Look keys up in a map on each daemon; absent keys print
     /// "found": false.
     Lookup {
-        /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+        /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
+        /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
         map: String,
         /// Keys: hex strings of exactly the map's key size, or JSON through
         /// the map's key type (an argument starting with `{`, `[` or `"`,
@@ -146,10 +156,25 @@ pub enum Command {
     Drain(DrainArgs),
 }
 
+/// The arguments of `list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only maps whose kernel name matches this glob ("AT_*").
+    #[arg(long, value_name = "GLOB")]
+    pub name: Option<String>,
+    /// Only maps of this type ("percpu_hash").
+    #[arg(long = "type", value_name = "TYPE")]
+    pub map_type: Option<String>,
+    /// Only maps this owner holds: a program name, process name or pid.
+    #[arg(long, value_name = "OWNER")]
+    pub owner: Option<String>,
+}
+
 /// The arguments of `watch`.
 #[derive(Debug, Args)]
 pub struct WatchArgs {
-    /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+    /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
+    /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
     pub map: String,
     /// Time between two scans (at least the daemon's
     /// limits.min_watch_interval, 1s by default).
@@ -177,7 +202,8 @@ pub struct WatchArgs {
 /// The arguments of `top`.
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+    /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
+    /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
     pub map: String,
     /// An aggregate: count(), sum(FIELD), min(FIELD) or max(FIELD), FIELD
     /// an integer member ("value.bytes"); repeatable. The first orders the
@@ -249,7 +275,8 @@ pub(crate) fn render_pairs(render: &[RenderArg]) -> impl Iterator<Item = (&str, 
 /// The arguments of `dump`.
 #[derive(Debug, Args)]
 pub struct DumpArgs {
-    /// Map path relative to the daemon's root ("demo/flows"), or "id:N".
+    /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
+    /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
     pub map: String,
     /// Entries per chunk (server default when 0).
     #[arg(long, default_value_t = 0)]
@@ -428,7 +455,7 @@ pub async fn run_with(
     let setup = setup::Setup::new(&cli, saved.as_ref(), terminals).await?;
     let io = drive::Io { out, err };
     match cli.command {
-        Command::List => commands::list(setup, io).await,
+        Command::List(args) => commands::list(setup, io, &args).await,
         Command::Show { map } => commands::show(setup, io, &map).await,
         Command::Lookup { map, keys, render } => {
             commands::lookup(setup, io, &map, &keys, &render).await

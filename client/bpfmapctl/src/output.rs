@@ -547,21 +547,40 @@ impl Printer {
             self.header = true;
             writeln!(
                 out,
-                "{:tw$}  {:32}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}",
-                "TARGET", "MAP", "TYPE", "ID", "KEY", "VALUE", "MAX",
+                "{:tw$}  {:32}  {:15}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}  OWNERS",
+                "TARGET", "MAP", "NAME", "TYPE", "ID", "KEY", "VALUE", "MAX",
             )?;
         }
         writeln!(
             out,
-            "{:tw$}  {:32}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}",
+            "{:tw$}  {:32}  {:15}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}  {}",
             target.as_str(),
             m.map_name().to_string(),
+            m.name(),
             m.type_name(),
             m.id(),
             m.key_size(),
             m.value_size(),
             m.max_entries(),
+            owners_text(m),
         )
+    }
+}
+
+/// Who holds a map, for a table: its processes (`comm[pid]`), else its
+/// programs (`prog NAME`), else `-`.
+fn owners_text(m: &MapInfo) -> String {
+    let processes = m.owners().iter().map(|o| format!("{}[{}]", o.comm, o.pid));
+    let programs = m.programs().iter().map(|p| format!("prog {}", p.name));
+    let all: Vec<String> = if m.owners().is_empty() {
+        programs.collect()
+    } else {
+        processes.collect()
+    };
+    if all.is_empty() {
+        "-".to_owned()
+    } else {
+        all.join(",")
     }
 }
 
@@ -594,6 +613,11 @@ fn map_json(target: &Target, m: &MapInfo) -> Json {
         "dump_method": m.dump_method().as_str(),
         "types": types,
         "render": p.render.iter().collect::<std::collections::BTreeMap<_, _>>(),
+        "pins": m.pins(),
+        "programs": m.programs().iter().map(|p| json!({"id": p.id, "name": p.name, "type": p.r#type})).collect::<Vec<_>>(),
+        "owners": m.owners().iter().map(|o| json!({"pid": o.pid, "comm": o.comm})).collect::<Vec<_>>(),
+        "memlock": m.memlock(),
+        "holders_incomplete": m.holders_incomplete(),
     })
 }
 

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use bpfmap_client::{
-    ClientTls, ConnectOptions, Fleet, FleetOptions, MapName, Resolver, RetryPolicy, Target,
-    TargetSpec,
+    ClientTls, ConnectOptions, Fleet, FleetOptions, InnerKey, Key, MapName, Resolver, RetryPolicy,
+    Target, TargetSpec,
 };
 
 use crate::{
@@ -25,6 +25,8 @@ pub(crate) struct Setup {
     /// Whether keys and values are decoded through the maps' types (not
     /// with --raw, nor in hex).
     pub(crate) decode: bool,
+    /// `--inner KEY`: the inner map of the named map at KEY.
+    pub(crate) inner: Option<String>,
 }
 
 impl Setup {
@@ -67,7 +69,23 @@ impl Setup {
             options,
             printer: Printer::new(format, cli.per_cpu, width),
             decode: !(cli.raw || format == Format::Hex),
+            inner: cli.inner.clone(),
         })
+    }
+
+    /// The map a command names: `s`, or its inner map at `--inner KEY`
+    /// (JSON, a decimal number, or hex as `lookup` takes keys).
+    pub(crate) fn map_name(&self, s: &str) -> anyhow::Result<MapName> {
+        let map = map_name(s)?;
+        let Some(key) = &self.inner else {
+            return Ok(map);
+        };
+        let key = match crate::commands::parse_key(key, None)? {
+            Key::Bytes(b) => InnerKey::Bytes(b),
+            Key::Json(v) => InnerKey::Json(v),
+            _ => return Err(usage(format!("--inner {key:?} is not a key"))),
+        };
+        Ok(map.inner(key))
     }
 
     /// A fleet of every target.

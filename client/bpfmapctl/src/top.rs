@@ -14,7 +14,7 @@ use crate::{
     drive::Io,
     output::{Format, PerCpu, cell, write_value},
     render_pairs,
-    setup::{Setup, map_name},
+    setup::Setup,
     usage,
 };
 
@@ -27,7 +27,7 @@ pub(crate) async fn run(
     args: TopArgs,
     per_cpu: PerCpu,
 ) -> anyhow::Result<()> {
-    let map = map_name(&args.map)?;
+    let map = setup.map_name(&args.map)?;
     let mut aggregate = AggregateOptions::default()
         .with_per_cpu(per_cpu.into())
         .with_aggregates(args.by.iter().cloned())

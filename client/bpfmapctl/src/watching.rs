@@ -19,7 +19,7 @@ use crate::{
     live::{self, Cell, Row, Snapshot, ViewState},
     output::PerCpu,
     render_pairs,
-    setup::{Setup, map_name},
+    setup::Setup,
     usage,
 };
 
@@ -83,7 +83,7 @@ pub(crate) async fn watch(
     args: WatchArgs,
     per_cpu: PerCpu,
 ) -> anyhow::Result<()> {
-    let map = map_name(&args.map)?;
+    let map = setup.map_name(&args.map)?;
     let mut options = WatchOptions::default()
         .with_interval(args.interval)
         .with_fields(args.fields.iter().cloned())
@@ -161,11 +161,16 @@ fn event_line(target: &str, e: &pb::WatchEvent) -> Json {
         Some(k) => json_of(Some(k)),
         None => json!(hex(&entry.key)),
     };
-    let value = match &entry.decoded_value {
-        Some(v) => json_of(Some(v)),
-        None => json!(hex(&entry.value)),
-    };
-    let mut line = json!({"target": target, "type": kind, "key": key, "value": value});
+    let mut line = json!({"target": target, "type": kind, "key": key});
+    match &entry.decoded_value {
+        Some(v) => line["value"] = json_of(Some(v)),
+        // Per-CPU values in hex, as a dump prints them.
+        None if !entry.per_cpu_values.is_empty() => {
+            let values: Vec<String> = entry.per_cpu_values.iter().map(|v| hex(v)).collect();
+            line["per_cpu_values"] = json!(values);
+        }
+        None => line["value"] = json!(hex(&entry.value)),
+    }
     if !e.delta.is_empty() {
         line["delta"] = json!(e.delta.iter().collect::<BTreeMap<_, _>>());
         line["rate"] = json!(e.rate.iter().collect::<BTreeMap<_, _>>());
@@ -414,7 +419,7 @@ pub(crate) async fn top(
     (interval, per_cpu): (Duration, PerCpu),
     terminal: bool,
 ) -> anyhow::Result<()> {
-    let map = map_name(&args.map)?;
+    let map = setup.map_name(&args.map)?;
     let mut options = WatchOptions::default()
         .with_interval(interval)
         .with_group_by(args.group_by.iter().cloned())

@@ -4,8 +4,8 @@ use tonic::transport::Channel;
 
 use crate::{
     AggregateOptions, AggregateResult, ConnectOptions, Dump, DumpOptions, Error, Key,
-    LookupOptions, LookupResult, MapInfo, MapName, RetryPolicy, connect::MAX_DECODE,
-    lookup::LookupCall, pb, pb::map_service_client::MapServiceClient, typed,
+    ListMapsOptions, LookupOptions, LookupResult, MapInfo, MapName, RetryPolicy,
+    connect::MAX_DECODE, lookup::LookupCall, pb, pb::map_service_client::MapServiceClient, typed,
 };
 
 /// A connection to one bpfmapd. Cheap to clone; clones share the connection.
@@ -85,8 +85,18 @@ impl Client {
 
     /// The maps the daemon exposes to this client.
     pub async fn list_maps(&self) -> Result<Vec<MapInfo>, Error> {
+        self.list_maps_with(&ListMapsOptions::default()).await
+    }
+
+    /// The maps the daemon exposes to this client that `options` keep (by
+    /// name glob, type, owner).
+    pub async fn list_maps_with(&self, options: &ListMapsOptions) -> Result<Vec<MapInfo>, Error> {
+        let req = options.to_proto();
         let resp = self
-            .call(|mut c| async move { c.list_maps(pb::ListMapsRequest {}).await })
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.list_maps(req).await }
+            })
             .await?;
         Ok(resp.maps.into_iter().map(MapInfo::from).collect())
     }

@@ -29,8 +29,8 @@ use std::{
 use futures::{FutureExt as _, future::RemoteHandle};
 
 use crate::{
-    Chunk, Client, ConnectOptions, Dump, DumpOptions, Error, FleetRun, Key, LookupOptions,
-    LookupResult, MapInfo, MapName, MapTypes, RetryPolicy, Target,
+    Chunk, Client, ConnectOptions, Dump, DumpOptions, Error, FleetRun, Key, ListMapsOptions,
+    LookupOptions, LookupResult, MapInfo, MapName, MapTypes, RetryPolicy, Target,
     lookup::LookupCall,
     run::{Answers, Plan},
 };
@@ -220,15 +220,24 @@ impl Fleet {
 
     /// ListMaps on every target.
     pub fn list_maps(&self) -> FleetRun<Vec<MapInfo>> {
+        self.list_maps_with(ListMapsOptions::default())
+    }
+
+    /// ListMaps on every target, narrowed as `options` say (name glob,
+    /// type, owner).
+    pub fn list_maps_with(&self, options: ListMapsOptions) -> FleetRun<Vec<MapInfo>> {
         let timeout = self.options.answer_timeout;
-        self.plan().run(move |client, answers| async move {
-            let maps = timed(timeout, client.list_maps()).await?;
-            answers.update(|p| {
-                p.entries = maps.len() as u64;
-                p.calls = 1;
-            });
-            answers.send(maps).await;
-            Ok(())
+        self.plan().run(move |client, answers| {
+            let options = options.clone();
+            async move {
+                let maps = timed(timeout, client.list_maps_with(&options)).await?;
+                answers.update(|p| {
+                    p.entries = maps.len() as u64;
+                    p.calls = 1;
+                });
+                answers.send(maps).await;
+                Ok(())
+            }
         })
     }
 

@@ -215,7 +215,7 @@ pub use fleet_aggregate::{
 };
 pub use fleet_watch::FleetWatchOptions;
 pub use lookup::{Key, LookupOptions, LookupResult, PerCpu};
-pub use map::{DumpMethod, MapInfo, MapName};
+pub use map::{DumpMethod, InnerKey, ListMapsOptions, MapInfo, MapName};
 pub use resume::{Dump, DumpOptions, DumpSummary, RetryPolicy};
 pub use run::{FleetEvent, FleetRun, TargetReport};
 pub use target::Target;

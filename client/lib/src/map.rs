@@ -8,25 +8,84 @@ use crate::{
     typed::{self, Renderings, TypeError},
 };
 
-/// A map, by pin path (relative to the daemon's root) or by kernel id.
+/// A map, by pin path (relative to the daemon's root), by kernel id, by
+/// kernel name, or as an inner map of a map of maps.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum MapName {
     /// A path relative to the daemon's bpffs root ("demo/flows").
     Path(String),
     /// A kernel map id (the daemon must allow access by id).
     Id(u32),
+    /// A kernel name ("hists"), or `NAME@OWNER` to choose among maps of
+    /// the same name, OWNER a program name, a process name or a pid
+    /// ("start@runqlat"): `name:hists` as text. The daemon finds it among
+    /// its pinned maps (every map where it allows access by id).
+    Name(String),
+    /// The map an outer map (array_of_maps, hash_of_maps) holds at a key,
+    /// read with the outer map's access ([`MapName::inner`]).
+    Inner {
+        /// The outer map (not itself an inner map).
+        outer: Box<MapName>,
+        /// The outer map's key.
+        key: InnerKey,
+    },
+}
+
+/// The key of an inner map in its outer map.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum InnerKey {
+    /// The key's bytes.
+    Bytes(Vec<u8>),
+    /// JSON through the outer map's key type (a number for a key without a
+    /// type of 1, 2, 4 or 8 bytes: an array of maps' index).
+    Json(prost_types::Value),
+}
+
+impl InnerKey {
+    /// The key's one binary form, to compare and hash by.
+    fn bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Self::Bytes(b) => std::borrow::Cow::Borrowed(b),
+            Self::Json(v) => std::borrow::Cow::Owned(prost::Message::encode_to_vec(v)),
+        }
+    }
+}
+
+impl Eq for InnerKey {}
+
+impl std::hash::Hash for InnerKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        matches!(self, Self::Json(_)).hash(state);
+        self.bytes().hash(state);
+    }
+}
+
+impl From<u32> for InnerKey {
+    /// An index or number key, as JSON.
+    fn from(n: u32) -> Self {
+        Self::Json(n.into())
+    }
 }
 
 impl FromStr for MapName {
     type Err = Error;
 
-    /// "id:12" names a map by id; anything else is a path.
+    /// "id:12" names a map by id, "name:hists" (or "name:start@runqlat")
+    /// by kernel name; anything else is a path.
     fn from_str(s: &str) -> Result<Self, Error> {
         if let Some(id) = s.strip_prefix("id:") {
             return id
                 .parse()
                 .map(Self::Id)
                 .map_err(|_| Error::MapName(s.into()));
+        }
+        if let Some(name) = s.strip_prefix("name:") {
+            if name.is_empty() || name.starts_with('@') || name.ends_with('@') {
+                return Err(Error::MapName(s.into()));
+            }
+            return Ok(Self::Name(name.into()));
         }
         if s.is_empty() {
             return Err(Error::MapName(s.into()));
@@ -40,17 +99,91 @@ impl fmt::Display for MapName {
         match self {
             Self::Path(p) => f.write_str(p),
             Self::Id(id) => write!(f, "id:{id}"),
+            Self::Name(n) => write!(f, "name:{n}"),
+            Self::Inner { outer, key } => match key {
+                InnerKey::Bytes(b) => {
+                    write!(f, "{outer}[")?;
+                    b.iter().try_for_each(|x| write!(f, "{x:02x}"))?;
+                    f.write_str("]")
+                }
+                InnerKey::Json(v) => write!(f, "{outer}[{}]", json_text(v)),
+            },
         }
     }
 }
 
+/// A JSON key in a map's text form: numbers and strings as they are,
+/// objects and lists elided.
+fn json_text(v: &prost_types::Value) -> String {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::NumberValue(n)) => format!("{n}"),
+        Some(Kind::StringValue(s)) => format!("{s:?}"),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        Some(Kind::StructValue(_) | Kind::ListValue(_)) => "{...}".to_owned(),
+        Some(Kind::NullValue(_)) | None => "null".to_owned(),
+    }
+}
+
 impl MapName {
+    /// The inner map this map (an array_of_maps or hash_of_maps) holds at
+    /// `key`.
+    pub fn inner(self, key: impl Into<InnerKey>) -> Self {
+        Self::Inner {
+            outer: Box::new(self),
+            key: key.into(),
+        }
+    }
+
     pub(crate) fn to_proto(&self) -> pb::MapRef {
         let r = match self {
             Self::Path(p) => pb::map_ref::Ref::Path(p.clone()),
             Self::Id(id) => pb::map_ref::Ref::Id(*id),
+            Self::Name(n) => pb::map_ref::Ref::Name(n.clone()),
+            Self::Inner { outer, key } => {
+                let (key, json_key) = match key {
+                    InnerKey::Bytes(b) => (b.clone(), None),
+                    InnerKey::Json(v) => (Default::default(), Some(v.clone())),
+                };
+                pb::map_ref::Ref::Inner(Box::new(pb::InnerMapRef {
+                    outer: Some(Box::new(outer.to_proto())),
+                    key,
+                    json_key,
+                }))
+            }
         };
         pb::MapRef { r#ref: Some(r) }
+    }
+}
+
+/// Which maps [`Client::list_maps_with`](crate::Client::list_maps_with)
+/// lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListMapsOptions {
+    req: pb::ListMapsRequest,
+}
+
+impl ListMapsOptions {
+    /// Only maps whose kernel name matches this glob ("AT_*").
+    pub fn with_name(mut self, glob: impl Into<String>) -> Self {
+        self.req.name = glob.into();
+        self
+    }
+
+    /// Only maps of this type ("percpu_hash").
+    pub fn with_type(mut self, type_name: impl Into<String>) -> Self {
+        self.req.r#type = type_name.into();
+        self
+    }
+
+    /// Only maps this owner holds: a program name, a process name or a pid.
+    pub fn with_owner(mut self, owner: impl Into<String>) -> Self {
+        self.req.owner = owner.into();
+        self
+    }
+
+    pub(crate) fn to_proto(&self) -> pb::ListMapsRequest {
+        self.req.clone()
     }
 }
 
@@ -209,6 +342,32 @@ impl MapInfo {
         Some(self.0.types_unavailable.as_str()).filter(|s| !s.is_empty())
     }
 
+    /// Every pin of the map under the daemon's exposed roots.
+    pub fn pins(&self) -> &[String] {
+        &self.0.pins
+    }
+
+    /// The programs that use the map (id, name, type).
+    pub fn programs(&self) -> &[pb::MapProgram] {
+        &self.0.programs
+    }
+
+    /// The processes holding a descriptor to the map (pid, command name).
+    pub fn owners(&self) -> &[pb::MapOwner] {
+        &self.0.owners
+    }
+
+    /// The kernel's memory charge for the map, in bytes, when known.
+    pub fn memlock(&self) -> Option<u64> {
+        Some(self.0.memlock).filter(|m| *m != 0)
+    }
+
+    /// Why [`programs`](Self::programs) or [`owners`](Self::owners) may be
+    /// incomplete (the daemon lacks a capability).
+    pub fn holders_incomplete(&self) -> Option<&str> {
+        Some(self.0.holders_incomplete.as_str()).filter(|s| !s.is_empty())
+    }
+
     /// The message it came in.
     pub fn as_proto(&self) -> &pb::MapInfo {
         &self.0
@@ -232,11 +391,17 @@ mod tests {
 
     #[test]
     fn names_parse_and_print_back() {
-        for s in ["demo/flows", "id:12"] {
+        for s in ["demo/flows", "id:12", "name:hists", "name:start@runqlat"] {
             assert_eq!(s.parse::<MapName>().unwrap().to_string(), s);
         }
         assert_eq!("id:12".parse::<MapName>().unwrap(), MapName::Id(12));
-        for bad in ["", "id:", "id:x"] {
+        assert_eq!(
+            "name:AT_@bpftrace".parse::<MapName>().unwrap(),
+            MapName::Name("AT_@bpftrace".into())
+        );
+        let inner = MapName::Path("outer".into()).inner(3);
+        assert_eq!(inner.to_string(), "outer[3]");
+        for bad in ["", "id:", "id:x", "name:", "name:@x", "name:x@"] {
             assert!(bad.parse::<MapName>().is_err(), "{bad:?}");
         }
     }

@@ -189,9 +189,10 @@ impl MapTypes {
         match value {
             ValueRef::Single(v) => self.value().render(v, sink),
             ValueRef::PerCpu(vs) => {
-                self.value().check_summable()?;
+                let value = self.layout.value_for_sums();
+                value.check_summable()?;
                 let cpus: Vec<&[u8]> = vs.iter().collect();
-                self.value().render_sum(&cpus, sink);
+                value.render_sum(&cpus, sink);
             }
         }
         Ok(())

@@ -177,6 +177,22 @@ impl MapLayout {
         self.key_typed
     }
 
+    /// The layout per-CPU values are summed through: the value's, or for a
+    /// map without types whose values are 1, 2, 4 or 8 bytes, an unsigned
+    /// integer (a counter, as the daemon sums it).
+    pub fn value_for_sums(&self) -> std::borrow::Cow<'_, Layout> {
+        match Layout::unsigned(self.value.size()).filter(|_| !self.typed) {
+            Some(int) => std::borrow::Cow::Owned(int),
+            None => std::borrow::Cow::Borrowed(&self.value),
+        }
+    }
+
+    /// Whether the whole key is shown through a rendering ("key" =
+    /// "string"), which JSON keys are then written in.
+    pub fn key_rendered(&self) -> bool {
+        matches!(self.key.root(), super::Node::Rendered { .. })
+    }
+
     /// The possible CPUs of a per-CPU map.
     pub fn cpus(&self) -> Option<usize> {
         self.cpus

@@ -3,7 +3,9 @@
 //! and whose descriptions let a client decode them the same way.
 //!
 //! A selected member keeps its type (and, in a call's layout, its
-//! rendering); a bitfield becomes an integer of the next size up; a member
+//! rendering); the whole key or value of a map without types is bytes
+//! (shown in hex unless rendered); a bitfield becomes an integer of the
+//! next size up; a member
 //! of a per-CPU value (`value.x`) is summed over the CPUs into a 128-bit
 //! integer. Members are named by their path below their root ("daddr" for
 //! "key.daddr"); a whole key or value, or one CPU's value, keeps its full
@@ -13,7 +15,7 @@ use std::collections::HashSet;
 
 use super::{
     Counter, EntryRef, FieldKey, IntField, IntMember, Layout, MapLayout, Member, Node, Root,
-    TypeError, err, member,
+    TypeError, member,
 };
 use crate::v1::TypeInfo;
 
@@ -29,9 +31,6 @@ pub enum ProjectionError {
     /// A member given twice.
     #[error("{0}: given twice")]
     Twice(String),
-    /// The map has no types.
-    #[error("fields select members: the map has no types (BTF)")]
-    Untyped,
     /// A member that cannot be selected.
     #[error(transparent)]
     Member(#[from] TypeError),
@@ -78,9 +77,6 @@ impl Projection {
     pub fn new(fields: &[String], layout: &MapLayout) -> Result<Self, ProjectionError> {
         if fields.len() > MAX_FIELDS {
             return Err(ProjectionError::TooMany);
-        }
-        if !layout.typed() {
-            return Err(ProjectionError::Untyped);
         }
         let (mut key, mut value) = (Vec::new(), Vec::new());
         let mut seen = HashSet::new();
@@ -180,9 +176,10 @@ impl Projection {
 impl Part {
     /// How `m` is read and what it becomes at `out` in its record.
     fn of(m: &Member<'_>, out: usize) -> Result<Self, TypeError> {
-        let node = m
-            .node()
-            .ok_or_else(|| err(m.path(), "the map has no types"))?;
+        // The bytes of an untyped key or value (unless rendered) are
+        // opaque: shown in hex.
+        let opaque = Node::Opaque { size: m.size() };
+        let node = m.node().unwrap_or(&opaque);
         let (read, node, out_size) = if m.summed() {
             // Summed over the CPUs: a 128-bit integer.
             let int = m.int()?;

@@ -143,6 +143,12 @@ impl MapHandle {
         })
     }
 
+    /// The kernel's memory charge for the map (`memlock` in its fdinfo),
+    /// in bytes; `None` when it cannot be read.
+    pub fn memlock(&self) -> Option<u64> {
+        crate::holders::memlock(self.fd.as_fd())
+    }
+
     /// What the kernel said about the map when it was opened.
     pub fn meta(&self) -> &MapMeta {
         &self.meta

@@ -20,6 +20,7 @@ pub mod drain;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod handle;
+pub mod holders;
 mod owned;
 mod sys;
 pub mod walk;
@@ -98,11 +99,11 @@ const TYPES: [TypeRow; 34] = [
     row("hash", BUCKET, false, STABLE),
     row("array", BKEY, false, STABLE),
     row("prog_array", KBK, false, STABLE),
-    row("perf_event_array", KBK, false, STABLE),
+    row("perf_event_array", NONE, false, STABLE),
     row("percpu_hash", BUCKET, true, STABLE),
     row("percpu_array", BKEY, true, STABLE),
     row("stack_trace", KBK, false, IDS),
-    row("cgroup_array", KBK, false, STABLE),
+    row("cgroup_array", NONE, false, STABLE),
     row("lru_hash", BUCKET, false, STABLE),
     row("lru_percpu_hash", BUCKET, true, STABLE),
     row("lpm_trie", BKEY, false, TRIE),
@@ -111,7 +112,7 @@ const TYPES: [TypeRow; 34] = [
     row("devmap", KBK, false, STABLE),
     row("sockmap", KBK, false, STABLE),
     row("cpumap", KBK, false, STABLE),
-    row("xskmap", KBK, false, STABLE),
+    row("xskmap", NONE, false, STABLE),
     row("sockhash", KBK, false, UNORD),
     row("cgroup_storage", KBK, false, ENDS),
     row("reuseport_sockarray", KBK, false, STABLE),
@@ -179,6 +180,19 @@ impl MapType {
             Some(r) => Cow::Borrowed(r.name),
             None => Cow::Owned(format!("unknown({})", self.0)),
         }
+    }
+
+    /// The type of a readable name ("hash"); `None` for a name this
+    /// daemon does not know.
+    pub fn by_name(name: &str) -> Option<Self> {
+        (1..TYPES.len())
+            .find(|&i| TYPES[i].name == name)
+            .map(|i| Self(i as u32))
+    }
+
+    /// Every type's readable name, in the kernel's order.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        TYPES[1..].iter().map(|r| r.name)
     }
 
     /// How maps of this type are walked.

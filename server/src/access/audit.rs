@@ -22,7 +22,7 @@ use std::{
 use bpfmap_proto::v1 as pb;
 use tonic::Code;
 
-use crate::model::{Caller, MapRef, Rpc, quote};
+use crate::model::{Caller, Requested, Rpc, quote};
 
 /// The audit record of one call.
 #[derive(Debug)]
@@ -50,7 +50,11 @@ impl Record {
 
     /// The map the request names: its one text form when the reference is
     /// valid (`parsed`), else a bounded quote of what was sent (`sent`).
-    pub(crate) fn request_map<E>(&mut self, parsed: &Result<MapRef, E>, sent: Option<&pb::MapRef>) {
+    pub(crate) fn request_map<E>(
+        &mut self,
+        parsed: &Result<Requested, E>,
+        sent: Option<&pb::MapRef>,
+    ) {
         self.map = match (parsed, sent.and_then(|r| r.r#ref.as_ref())) {
             (Ok(m), _) => m.to_string(),
             (Err(_), Some(pb::map_ref::Ref::Path(p))) => quote(p),

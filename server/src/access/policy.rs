@@ -144,7 +144,7 @@ impl Policy {
             // Writes are never open: a rule must name `drain`.
             return op != Operation::Drain;
         }
-        let (identity, map) = (identity.to_string(), map.to_string());
+        let (identity, map) = (identity.to_string(), map.authorized_as().to_string());
         // Totals are less than the entries they total: `dump` implies
         // `aggregate`.
         let grants = |ops: &[Operation]| {

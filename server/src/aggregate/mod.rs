@@ -12,7 +12,7 @@ use crate::{
     calls::{Calls, blocking},
     dump::Dumps,
     error::Error,
-    model::{Caller, MapRef, Operation, Rpc},
+    model::{Caller, Operation, Requested, Rpc},
     query::{AggregateError, Filter, QueryError, Spec},
 };
 
@@ -24,12 +24,13 @@ pub(crate) async fn run(
     calls: &Calls,
     (dumps, max_groups): (&Dumps, usize),
     caller: &Caller,
-    map: MapRef,
+    map: Requested,
     req: pb::AggregateMapRequest,
 ) -> Result<pb::AggregateMapResponse, Error> {
     calls.accepting()?;
     let started = std::time::Instant::now();
     let call = (Operation::Aggregate, Rpc::AggregateMap);
+    let map = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     let slot = dumps.env.slots.try_acquire(caller)?;
     let _trim = dumps.trimmer.enter();

@@ -20,7 +20,7 @@ use crate::{
     cursor::{self, SharedKeys},
     error::Error,
     maps::{Catalog, KnownTypes, RenderRules, Resolved, TypeCache},
-    model::{Caller, MapRef, Operation, Rpc},
+    model::{Caller, InnerKey, MapRef, Operation, Requested, Rpc},
     ops::Metrics,
 };
 
@@ -63,6 +63,69 @@ impl Calls {
         } else {
             Ok(())
         }
+    }
+
+    /// The map a request names: a name found among the maps the policy
+    /// lets `caller` use for the call (its pin path, or its id), an inner
+    /// map's JSON key encoded through its outer map's key type.
+    pub(crate) async fn resolve(
+        &self,
+        caller: &Caller,
+        call: (Operation, Rpc),
+        requested: Requested,
+    ) -> Result<MapRef, Error> {
+        match requested {
+            Requested::Inner { outer, key } => {
+                let outer = self.resolve_outer(caller, call.0, *outer).await?;
+                let key = match key {
+                    InnerKey::Bytes(b) => b,
+                    InnerKey::Json(v) => self.outer_key(caller, call, &outer, &v).await?,
+                };
+                Ok(MapRef::Inner {
+                    outer: Box::new(outer),
+                    key,
+                })
+            }
+            r => self.resolve_outer(caller, call.0, r).await,
+        }
+    }
+
+    /// A path, an id, or a name resolved (not an inner map).
+    async fn resolve_outer(
+        &self,
+        caller: &Caller,
+        op: Operation,
+        requested: Requested,
+    ) -> Result<MapRef, Error> {
+        match requested {
+            Requested::Ref(r) => Ok(r),
+            Requested::Name(name) => {
+                let (catalog, policy) = (self.catalog.clone(), self.policy.load_full());
+                let identity = caller.identity.clone();
+                blocking(move || catalog.find_name(&name, |r| policy.allows(&identity, op, r)))
+                    .await
+            }
+            Requested::Inner { .. } => Err(Error::InvalidArgument(
+                "maps of maps do not nest: an outer map is named by path, id or name".into(),
+            )),
+        }
+    }
+
+    /// An inner map's key given as JSON, encoded through `outer`'s key type
+    /// (with its configured renderings).
+    async fn outer_key(
+        &self,
+        caller: &Caller,
+        call: (Operation, Rpc),
+        outer: &MapRef,
+        key: &prost_types::Value,
+    ) -> Result<Vec<u8>, Error> {
+        let opened = self.open(caller, call, outer.clone(), true).await?;
+        let layout = self.layout(&opened, &HashMap::new(), true)?;
+        let key_layout = opened.types.key_layout(outer, &layout)?;
+        key_layout.encode(key, "key").map_err(|e| {
+            Error::InvalidArgument(format!("inner.json_key does not fit map {outer}: {e}"))
+        })
     }
 
     /// PERMISSION_DENIED unless the policy allows `op` on `map` (checked

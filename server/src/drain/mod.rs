@@ -124,7 +124,7 @@ impl Drains {
     pub(crate) fn check_drainable(&self, map: &MapRef) -> Result<(), Error> {
         let named = match map {
             MapRef::Path(p) => self.drainable.is_match(p),
-            MapRef::Id(_) => false,
+            MapRef::Id(_) | MapRef::Inner { .. } => false,
         };
         if named {
             return Ok(());
@@ -136,7 +136,7 @@ impl Drains {
         };
         Err(Error::NotDrainable(format!(
             "map {map} is not drainable: the server's configuration {which}{}; every other map is opened read-only",
-            if matches!(map, MapRef::Id(_)) {
+            if !matches!(map, MapRef::Path(_)) {
                 " (drains name maps by path)"
             } else {
                 ""

@@ -12,7 +12,7 @@ use crate::{
     dump::{Dumps, MAX_CHUNK},
     error::Error,
     maps::{Decoder, KnownTypes, Resolved},
-    model::{Caller, MapRef, Operation, Rpc},
+    model::{Caller, MapRef, Operation, Requested, Rpc},
 };
 
 /// What a drain chunk's cursor binds in place of a query: it is a drain's.
@@ -23,11 +23,12 @@ pub(crate) async fn start(
     calls: &Calls,
     (drains, dumps): (&std::sync::Arc<Drains>, &Dumps),
     caller: &Caller,
-    map: MapRef,
+    map: Requested,
     req: pb::DrainMapRequest,
 ) -> Result<DrainCall, Error> {
     calls.accepting()?;
     let call = (Operation::Drain, Rpc::DrainMap);
+    let map = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     drains.check_drainable(&map)?;
     if req.chunk_size > MAX_CHUNK {

@@ -13,7 +13,7 @@ use crate::{
     error::Error,
     limits::{Budget, Trimmer},
     maps::Decoder,
-    model::{Caller, MapRef, Operation, Rpc},
+    model::{Caller, Operation, Requested, Rpc},
     query::Query,
 };
 
@@ -41,10 +41,13 @@ pub(crate) async fn start(
     calls: &Calls,
     dumps: &Dumps,
     caller: &Caller,
-    map: MapRef,
+    map: Requested,
     req: pb::DumpMapRequest,
 ) -> Result<DumpJob, Error> {
     calls.accepting()?;
+    let map = calls
+        .resolve(caller, (Operation::Dump, Rpc::DumpMap), map)
+        .await?;
     let layout = layout_of(&req)?;
     let cursor = calls.cursor(&req.cursor, caller, &map)?;
     let packed = layout == pb::Layout::Packed;

@@ -3,20 +3,37 @@
 //! A map is named by its pin path relative to one of the configured bpffs
 //! roots, or by kernel id when `allow_by_id` is set. Paths never leave a
 //! root: absolute paths and `..` are refused outright, and the resolved path
-//! (symlinks followed) must still lie inside the root.
+//! (symlinks followed) must still lie inside the root. A map is also found
+//! by its kernel name (among the maps the catalog reaches), and an inner
+//! map through its outer map.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     fs, io,
     path::{Path, PathBuf},
 };
 
-use bpfmap_kernel::{MapHandle, MapMeta, OpenError};
+use bpfmap_kernel::{MapHandle, MapMeta, MapType, OpenError};
 
+use super::holders::{Holders, kernel_name};
 use crate::{
     error::Error,
-    model::{MapRef, quote},
+    model::{MapName, MapRef, quote},
 };
+
+/// Most close names a message suggests.
+const MAX_CLOSE_NAMES: usize = 5;
+
+/// A map as the catalog lists it: how it is named (a pin path, or its id
+/// when it has no pin and maps are reachable by id), what the kernel says of
+/// it, and its memory charge.
+#[derive(Debug, Clone)]
+pub(crate) struct Listed {
+    pub(crate) map: MapRef,
+    pub(crate) meta: MapMeta,
+    /// `memlock` from its fdinfo.
+    pub(crate) memlock: Option<u64>,
+}
 
 /// A map found in the catalog.
 #[derive(Debug)]
@@ -55,6 +72,19 @@ impl Catalog {
 
     fn open_as(&self, r: &MapRef, writable: bool) -> Result<Resolved, Error> {
         match r {
+            MapRef::Inner { outer, key } => {
+                if writable {
+                    return Err(Error::NotDrainable(format!(
+                        "map {r} is an inner map: only maps pinned under an exposed root can be drained"
+                    )));
+                }
+                let outer_map = self.open_as(outer, false)?.handle;
+                let handle = open_inner(r, (outer, &outer_map), key)?;
+                Ok(Resolved {
+                    target: None,
+                    handle,
+                })
+            }
             MapRef::Id(id) => {
                 if !self.allow_by_id {
                     return Err(Error::ByIdDisabled);
@@ -94,6 +124,12 @@ impl Catalog {
                     what: "a directory; list its maps with ListMaps",
                 });
             }
+            if is_bpffs_own(&real_root, &real) {
+                return Err(Error::NotAMap {
+                    map: r.clone(),
+                    what: "a file of bpffs itself (its iterators of maps and programs)",
+                });
+            }
             let target = real
                 .strip_prefix(&real_root)
                 .ok()
@@ -116,37 +152,111 @@ impl Catalog {
         Err(Error::MapNotFound(r.clone()))
     }
 
-    /// Every exposed map, sorted by path (then maps reachable only by id,
-    /// sorted by id). Pins that cannot be opened are skipped and logged.
-    pub(crate) fn list(&self) -> Vec<(MapRef, MapMeta)> {
-        let mut by_path: BTreeMap<String, MapMeta> = BTreeMap::new();
-        for root in &self.roots {
-            let mut found = Vec::new();
-            walk_dir(root, root, &mut found, 0);
-            for (rel, abs) in found {
-                if by_path.contains_key(&rel) {
-                    continue; // an earlier root wins
-                }
-                if rel.starts_with("id:") {
-                    // Its name would read as a map id.
-                    tracing::warn!(path = %abs.display(), "skipping a pin whose path starts with \"id:\"");
-                    continue;
-                }
-                match MapHandle::open_pinned(&abs) {
-                    Ok(h) => {
-                        by_path.insert(rel, h.meta().clone());
-                    }
-                    Err(OpenError::NotAMap) => {}
-                    Err(e) => tracing::warn!(path = %abs.display(), error = %e, "skipping pin"),
-                }
+    /// The map named `name` among the maps the catalog reaches (pinned, and
+    /// every map with `allow_by_id`) that `allowed` lets the caller use: its
+    /// first allowed pin path, or its id when it has none. Several is
+    /// [`Error::NameAmbiguous`], none [`Error::NameNotFound`] with the close
+    /// names.
+    pub(crate) fn find_name(
+        &self,
+        name: &MapName,
+        allowed: impl Fn(&MapRef) -> bool,
+    ) -> Result<MapRef, Error> {
+        // Each reachable map once, by id: how it is named, and its name.
+        let mut by_id: BTreeMap<u32, (MapRef, String)> = BTreeMap::new();
+        for l in self.list() {
+            if allowed(&l.map) {
+                by_id.entry(l.meta.id).or_insert((l.map, l.meta.name));
             }
         }
-        let mut out: Vec<(MapRef, MapMeta)> = by_path
-            .into_iter()
-            .map(|(p, m)| (MapRef::Path(p), m))
+        let wanted = kernel_name(&name.name);
+        let named: Vec<(u32, &MapRef)> = by_id
+            .iter()
+            .filter(|(_, (_, n))| n == wanted)
+            .map(|(id, (r, _))| (*id, r))
             .collect();
+        let holders = (name.owner.is_some() || named.len() > 1).then(Holders::scan);
+        let matching: Vec<(u32, &MapRef)> = match (&name.owner, &holders) {
+            (Some(owner), Some(h)) => named
+                .iter()
+                .copied()
+                .filter(|(id, _)| h.holds(*id, owner))
+                .collect(),
+            _ => named.clone(),
+        };
+        match (matching.as_slice(), &holders) {
+            ([(_, r)], _) => Ok((*r).clone()),
+            ([], Some(h)) if !named.is_empty() => Err(Error::NameNotFound {
+                what: format!(
+                    "named {} is held by {}",
+                    quote(&name.name),
+                    quote(name.owner.as_deref().unwrap_or_default())
+                ),
+                close: format!("; maps of that name: {}", candidates(&named, h)),
+            }),
+            ([], _) => Err(Error::NameNotFound {
+                what: format!("is named {}", quote(&name.name)),
+                close: self.close_names(wanted, &by_id),
+            }),
+            (many, Some(h)) => Err(Error::NameAmbiguous {
+                name: name.clone(),
+                count: many.len(),
+                candidates: candidates(many, h),
+            }),
+            (_, None) => unreachable!("holders are read when several maps match"),
+        }
+    }
+
+    /// The names close to `wanted` among `by_id`, for a message.
+    fn close_names(&self, wanted: &str, by_id: &BTreeMap<u32, (MapRef, String)>) -> String {
+        let mut close: Vec<String> = by_id
+            .values()
+            .filter(|(_, n)| {
+                !n.is_empty()
+                    && (strsim::levenshtein(n, wanted) <= 2
+                        || n.contains(wanted)
+                        || wanted.contains(n.as_str()))
+            })
+            .map(|(r, n)| format!("{} ({r})", quote(n)))
+            .collect();
+        close.truncate(MAX_CLOSE_NAMES);
+        if !close.is_empty() {
+            return format!("; close: {}", close.join(", "));
+        }
+        let scope = if self.allow_by_id {
+            "every map on the host"
+        } else {
+            "the maps pinned under the exposed roots (every map only with allow_by_id)"
+        };
+        format!("; names find {scope}: ListMaps lists them with their names")
+    }
+
+    /// Every pin of each map under the exposed roots, by map id.
+    pub(crate) fn pins(listed: &[Listed]) -> HashMap<u32, Vec<String>> {
+        let mut pins: HashMap<u32, Vec<String>> = HashMap::new();
+        for l in listed {
+            if let MapRef::Path(p) = &l.map {
+                pins.entry(l.meta.id).or_default().push(p.clone());
+            }
+        }
+        pins
+    }
+
+    /// The pins of map `id` under the exposed roots, sorted.
+    pub(crate) fn pins_of(&self, id: u32) -> Vec<String> {
+        self.pinned()
+            .into_iter()
+            .filter(|l| l.meta.id == id)
+            .map(|l| l.map.to_string())
+            .collect()
+    }
+
+    /// Every exposed map, sorted by path (then maps reachable only by id,
+    /// sorted by id). Pins that cannot be opened are skipped and logged.
+    pub(crate) fn list(&self) -> Vec<Listed> {
+        let mut out = self.pinned();
         if self.allow_by_id {
-            let pinned: std::collections::HashSet<u32> = out.iter().map(|(_, m)| m.id).collect();
+            let pinned: std::collections::HashSet<u32> = out.iter().map(|l| l.meta.id).collect();
             for id in bpfmap_kernel::map_ids() {
                 let id = match id {
                     Ok(id) => id,
@@ -159,7 +269,7 @@ impl Catalog {
                     continue;
                 }
                 match MapHandle::open_id(id) {
-                    Ok(h) => out.push((MapRef::Id(id), h.meta().clone())),
+                    Ok(h) => out.push(Listed::of(MapRef::Id(id), &h)),
                     Err(OpenError::NotFound) => {}
                     Err(e) => tracing::warn!(id, error = %e, "skipping map"),
                 }
@@ -167,6 +277,106 @@ impl Catalog {
         }
         out
     }
+
+    /// Every map pinned under the exposed roots, sorted by path.
+    fn pinned(&self) -> Vec<Listed> {
+        let mut by_path: BTreeMap<String, MapHandle> = BTreeMap::new();
+        for root in &self.roots {
+            let mut found = Vec::new();
+            walk_dir(root, root, &mut found, 0);
+            let real_root = fs::canonicalize(root).unwrap_or_else(|_| root.clone());
+            for (rel, abs) in found {
+                if is_bpffs_own(root, &abs) || is_bpffs_own(&real_root, &abs) {
+                    continue;
+                }
+                if by_path.contains_key(&rel) {
+                    continue; // an earlier root wins
+                }
+                if rel.starts_with("id:") {
+                    // Its name would read as a map id.
+                    tracing::warn!(path = %abs.display(), "skipping a pin whose path starts with \"id:\"");
+                    continue;
+                }
+                match MapHandle::open_pinned(&abs) {
+                    Ok(h) => {
+                        by_path.insert(rel, h);
+                    }
+                    // Not a map, or unpinned since the directory was read.
+                    Err(OpenError::NotAMap | OpenError::NotFound) => {}
+                    Err(e) => tracing::warn!(path = %abs.display(), error = %e, "skipping pin"),
+                }
+            }
+        }
+        by_path
+            .into_iter()
+            .map(|(p, h)| Listed::of(MapRef::Path(p), &h))
+            .collect()
+    }
+}
+
+impl Listed {
+    fn of(map: MapRef, h: &MapHandle) -> Self {
+        Self {
+            map,
+            meta: h.meta().clone(),
+            memlock: h.memlock(),
+        }
+    }
+}
+
+/// Maps of one name, for a message: each by path or id, with who holds it.
+fn candidates(maps: &[(u32, &MapRef)], holders: &Holders) -> String {
+    maps.iter()
+        .map(|(id, r)| format!("{r} ({})", holders.describe(*id)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The inner map `outer` holds at `key`, opened read-only (by its id, which
+/// an outer map's value is: no `allow_by_id` needed, the outer map's policy
+/// applies).
+fn open_inner(
+    r: &MapRef,
+    (outer, outer_map): (&MapRef, &MapHandle),
+    key: &[u8],
+) -> Result<MapHandle, Error> {
+    let meta = outer_map.meta();
+    if meta.map_type != MapType::ARRAY_OF_MAPS && meta.map_type != MapType::HASH_OF_MAPS {
+        return Err(Error::NotMapOfMaps {
+            map: outer.clone(),
+            map_type: meta.map_type,
+        });
+    }
+    Error::check_key_size(outer, meta, None, key)?;
+    let none = || Error::NoInnerMap {
+        outer: outer.clone(),
+        key: faster_hex::hex_string(key),
+    };
+    let value = outer_map
+        .lookup_value(key)
+        .map_err(|e| Error::from_lookup(outer, e))?
+        .ok_or_else(none)?;
+    let id = value
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(none)?;
+    MapHandle::open_id(id).map_err(|e| match e {
+        // Replaced or removed since the lookup.
+        OpenError::NotFound => none(),
+        e => Error::from_open(r, e),
+    })
+}
+
+/// Whether `path` is one of the files a bpffs mount makes itself at its
+/// top (`maps.debug` and `progs.debug`, iterators the kernel's preloaded
+/// programs pin), which no program pinned and which are not maps.
+fn is_bpffs_own(root: &Path, path: &Path) -> bool {
+    path.parent() == Some(root)
+        && matches!(
+            path.file_name().and_then(|n| n.to_str()),
+            Some("maps.debug" | "progs.debug")
+        )
 }
 
 /// The path `joined` (map `p` under one root) resolves to, symlinks

@@ -5,12 +5,14 @@
 pub mod btf;
 mod catalog;
 mod demo;
+mod holders;
 mod render;
 mod types;
 
 pub(crate) use btf::TypeCache;
-pub(crate) use catalog::{Catalog, Resolved};
+pub(crate) use catalog::{Catalog, Listed, Resolved};
 pub use demo::{Demo, flow_key, flow_types, flow_value, typed_flows};
+pub(crate) use holders::Holders;
 pub use render::RenderConfig;
 pub(crate) use render::RenderRules;
 pub(crate) use types::Decoder;

@@ -5,7 +5,7 @@
 //! call's renderings), and the decoding a dump or a lookup asked for (the
 //! rules themselves are `bpfmap_proto::typed`, shared with the client).
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use bpfmap_proto::{
     typed::{
@@ -130,26 +130,37 @@ impl KnownTypes {
     }
 
     /// The key layout for keys given as JSON (`layout`: the call's), or
-    /// why there is none.
+    /// why there is none. A key without a type is read as the rendering of
+    /// the whole key says ("key" = "string": `"bash"`), or, when it is 1,
+    /// 2, 4 or 8 bytes, as an unsigned integer (an array's index).
     pub(crate) fn key_layout<'a>(
         &self,
         map: &MapRef,
         layout: &'a MapLayout,
-    ) -> Result<&'a Layout, Error> {
+    ) -> Result<Cow<'a, Layout>, Error> {
+        let untyped = |why: String| {
+            if layout.key_rendered() {
+                return Ok(Cow::Borrowed(layout.key()));
+            }
+            Layout::unsigned(layout.key().size())
+                .map(Cow::Owned)
+                .ok_or_else(|| Error::Untyped {
+                    map: map.clone(),
+                    why,
+                })
+        };
         match self {
-            Self::Typed(_) if layout.key_typed() => Ok(layout.key()),
+            Self::Typed(_) if layout.key_typed() => Ok(Cow::Borrowed(layout.key())),
             Self::Typed(_) => Err(Error::Untyped {
                 map: map.clone(),
                 why: "it has no keys".into(),
             }),
-            Self::None => Err(Error::Untyped {
-                map: map.clone(),
-                why: "it carries no BTF; give keys as bytes".into(),
-            }),
-            Self::Unavailable(why) => Err(Error::Untyped {
-                map: map.clone(),
-                why: format!("its types cannot be read ({why}); give keys as bytes"),
-            }),
+            Self::None => untyped(
+                "it carries no BTF; give keys as bytes, or render the whole key (\"key\": \"string\")".into(),
+            ),
+            Self::Unavailable(why) => untyped(format!(
+                "its types cannot be read ({why}); give keys as bytes"
+            )),
         }
     }
 }

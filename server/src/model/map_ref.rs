@@ -16,15 +16,136 @@ const MAX_PATH_LEN: usize = 1024;
 /// Longest path component a file system accepts (NAME_MAX).
 const MAX_NAME_LEN: usize = 255;
 
-/// A validated map reference: a path relative to an exposed root, or a
-/// kernel id. Its one text form (`Display`) is what policies match, what
-/// messages and the audit log show: `demo/flows`, or `id:12`.
+/// A validated map reference: a path relative to an exposed root, a
+/// kernel id, or an inner map of a map of maps. Its one text form
+/// (`Display`) is what policies match, what messages and the audit log
+/// show: `demo/flows`, `id:12`, `demo/outer[01000000]` (an inner map, with
+/// its outer map's key in hex; policies match its outer map).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MapRef {
     /// A normalized relative path ("demo/flows").
     Path(String),
     /// A kernel map id.
     Id(u32),
+    /// The map an outer map (array_of_maps, hash_of_maps; named by path or
+    /// id) holds at `key`.
+    Inner {
+        /// The outer map: a path or an id.
+        outer: Box<MapRef>,
+        /// The outer map's key, its bytes.
+        key: Vec<u8>,
+    },
+}
+
+/// A map as a request names it, before the catalog resolves it to a
+/// [`MapRef`]: also by its kernel name, and an inner map by its outer
+/// map's key written as JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Requested {
+    /// A path or an id.
+    Ref(MapRef),
+    /// A kernel name, and which owner's map of that name.
+    Name(MapName),
+    /// An inner map of the outer map at `key`.
+    Inner {
+        /// The outer map.
+        outer: Box<Requested>,
+        /// The outer map's key.
+        key: InnerKey,
+    },
+}
+
+/// A map named by its kernel name: `NAME` or `NAME@OWNER`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapName {
+    /// The kernel's name of the map (at most 15 bytes are kept by the
+    /// kernel; a longer name matches by its first 15).
+    pub name: String,
+    /// A program name, a process name or a pid holding the map.
+    pub owner: Option<String>,
+}
+
+/// The key of an inner map in its outer map, as a request gives it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InnerKey {
+    /// The key's bytes.
+    Bytes(Vec<u8>),
+    /// JSON through the outer map's key type (a number for an untyped key
+    /// of 1, 2, 4 or 8 bytes).
+    Json(prost_types::Value),
+}
+
+/// Longest map name accepted in a request.
+const MAX_MAP_NAME: usize = 256;
+
+impl MapName {
+    /// Parses `NAME` or `NAME@OWNER`.
+    pub fn parse(text: &str) -> Result<Self, InvalidPath> {
+        let (name, owner) = match text.rsplit_once('@') {
+            Some((name, owner)) => (name, Some(owner)),
+            None => (text, None),
+        };
+        let bad = |why: &str| {
+            Err(InvalidPath(format!(
+                "map name {} {why}; give a map's kernel name, like \"hists\", or NAME@OWNER (a program name, process name or pid), like \"hists@runqlat\"",
+                quote(text)
+            )))
+        };
+        if name.is_empty() {
+            return bad("is empty");
+        }
+        if text.len() > MAX_MAP_NAME || text.contains('\0') {
+            return bad(&format!(
+                "is longer than {MAX_MAP_NAME} bytes or holds a NUL byte"
+            ));
+        }
+        if owner.is_some_and(str::is_empty) {
+            return bad("has an empty owner after '@'");
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            owner: owner.map(str::to_owned),
+        })
+    }
+}
+
+impl fmt::Display for MapName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.owner {
+            Some(owner) => write!(f, "name:{}@{owner}", self.name),
+            None => write!(f, "name:{}", self.name),
+        }
+    }
+}
+
+impl fmt::Display for Requested {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ref(r) => r.fmt(f),
+            Self::Name(n) => n.fmt(f),
+            Self::Inner { outer, key } => match key {
+                InnerKey::Bytes(b) => write!(f, "{outer}[{}]", hex(b)),
+                InnerKey::Json(v) => write!(f, "{outer}[{}]", json_text(v)),
+            },
+        }
+    }
+}
+
+/// Lowercase hex of `b`.
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A JSON key, compact, for messages (bounded by `quote` where shown).
+fn json_text(v: &prost_types::Value) -> String {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::NumberValue(n)) => format!("{n}"),
+        Some(Kind::StringValue(s)) => format!("{s:?}"),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        Some(Kind::StructValue(_) | Kind::ListValue(_)) => "{...}".to_owned(),
+        Some(Kind::NullValue(_)) | None => "null".to_owned(),
+    }
 }
 
 /// A map path that cannot name a map; the message says what to send instead.
@@ -90,11 +211,23 @@ impl MapRef {
     }
 }
 
+impl MapRef {
+    /// The reference policies decide on: an inner map is allowed what its
+    /// outer map is.
+    pub fn authorized_as(&self) -> &MapRef {
+        match self {
+            Self::Inner { outer, .. } => outer.authorized_as(),
+            r => r,
+        }
+    }
+}
+
 impl fmt::Display for MapRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Path(p) => f.write_str(p),
             Self::Id(id) => write!(f, "id:{id}"),
+            Self::Inner { outer, key } => write!(f, "{outer}[{}]", hex(key)),
         }
     }
 }
@@ -118,5 +251,26 @@ mod tests {
         }
         assert_eq!(MapRef::parse("a/id:7").unwrap().to_string(), "a/id:7");
         assert_eq!(MapRef::parse("./a//b").unwrap().to_string(), "a/b");
+    }
+
+    #[test]
+    fn names_take_an_owner_after_the_last_at() {
+        let n = MapName::parse("start@runqlat").unwrap();
+        assert_eq!(
+            (n.name.as_str(), n.owner.as_deref()),
+            ("start", Some("runqlat"))
+        );
+        assert_eq!(n.to_string(), "name:start@runqlat");
+        assert_eq!(MapName::parse("AT_").unwrap().owner, None);
+        for bad in ["", "@x", "a@"] {
+            let e = MapName::parse(bad).unwrap_err();
+            assert!(e.to_string().starts_with("map name"), "{bad:?}: {e}");
+        }
+        let inner = MapRef::Inner {
+            outer: Box::new(MapRef::Path("o".into())),
+            key: vec![1, 0, 0, 0],
+        };
+        assert_eq!(inner.to_string(), "o[01000000]");
+        assert_eq!(inner.authorized_as(), &MapRef::Path("o".into()));
     }
 }

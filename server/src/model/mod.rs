@@ -12,6 +12,6 @@ mod quote;
 mod rpc;
 
 pub use identity::{Caller, Identity, Operation};
-pub use map_ref::{InvalidPath, MapRef};
+pub use map_ref::{InnerKey, InvalidPath, MapName, MapRef, Requested};
 pub use quote::{MAX_QUOTE, quote};
 pub use rpc::{Rpc, RpcKind, SERVICE_NAME};

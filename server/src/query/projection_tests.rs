@@ -154,9 +154,9 @@ fn fields_that_do_not_fit_are_refused_naming_them() {
     );
     let untyped = MapLayout::untyped((4, 8), None);
     assert_eq!(
-        Projection::new(&fields(&["key"]), &untyped)
+        Projection::new(&fields(&["key.x"]), &untyped)
             .unwrap_err()
             .to_string(),
-        "fields select members: the map has no types (BTF)"
+        "key.x: the map has no types (BTF): its key is bytes"
     );
 }

@@ -17,7 +17,7 @@ use crate::{
     error::Error,
     info,
     lookup::{self, Lookups},
-    model::{Caller, MapRef, Rpc},
+    model::{Caller, Requested, Rpc},
     net::caller_of,
     watch::{self, WatchStream, Watches},
     wire,
@@ -58,7 +58,7 @@ fn start_call<T>(
     request: &Request<T>,
     rpc: Rpc,
     map: Option<&pb::MapRef>,
-) -> Result<(Caller, access::Record, Result<MapRef, Error>), Status> {
+) -> Result<(Caller, access::Record, Result<Requested, Error>), Status> {
     let caller = caller_of(request)?;
     let mut audit = access::Record::start(&caller, rpc);
     let parsed = wire::map_ref(map);
@@ -91,7 +91,7 @@ impl MapService for MapServiceImpl {
     ) -> Result<Response<pb::ListMapsResponse>, Status> {
         let caller = caller_of(&request)?;
         let mut audit = access::Record::start(&caller, Rpc::ListMaps);
-        let result = info::list(&self.0.calls, &caller).await;
+        let result = info::list(&self.0.calls, &caller, request.into_inner()).await;
         audit.add_entries(result.as_ref().map_or(0, |m| m.len() as u64));
         audit.finish(code_of(&result));
         Ok(Response::new(pb::ListMapsResponse { maps: result? }))

@@ -31,7 +31,10 @@ pub(crate) fn code(e: &Error) -> Code {
             | CursorError::OtherMap { .. }
             | CursorError::OtherQuery => Code::InvalidArgument,
         },
-        Error::MapNotFound(_) => Code::NotFound,
+        Error::MapNotFound(_) | Error::NameNotFound { .. } | Error::NoInnerMap { .. } => {
+            Code::NotFound
+        }
+        Error::NameAmbiguous { .. } | Error::NotMapOfMaps { .. } => Code::FailedPrecondition,
         Error::NotAMap { .. }
         | Error::ByIdDisabled
         | Error::NotIterable { .. }
@@ -62,7 +65,11 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         Error::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
         Error::SlotExpired { .. } => "SLOT_EXPIRED",
         Error::EntryTooLarge { .. } => "ENTRY_TOO_LARGE",
-        Error::MapNotFound(_) => "MAP_NOT_FOUND",
+        Error::MapNotFound(_) | Error::NameNotFound { .. } | Error::NoInnerMap { .. } => {
+            "MAP_NOT_FOUND"
+        }
+        Error::NameAmbiguous { .. } => "MAP_NAME_AMBIGUOUS",
+        Error::NotMapOfMaps { .. } => "NOT_A_MAP_OF_MAPS",
         Error::NotAMap { .. } => "NOT_A_MAP",
         Error::ByIdDisabled => "BY_ID_DISABLED",
         Error::NotIterable { .. } => "MAP_NOT_ITERABLE",
