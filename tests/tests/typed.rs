@@ -554,10 +554,35 @@ async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
         msg.contains("key.proto: \"IPPROTO_SCTP\" is not an enumerator of enum ip_proto"),
         "{msg}"
     );
-    // A map without BTF takes bytes only.
+    // A map without BTF whose keys are 1, 2, 4 or 8 bytes takes a number
+    // (an unsigned integer: xdp-filter's port index, an array's index).
+    let plain: bpfmap_client::MapName = "plain".parse().unwrap();
+    let found = client
+        .lookup(&plain, vec![proto_of(&json!(1))], LookupOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (found[0].key(), found[0].found()),
+        (&1u64.to_le_bytes()[..], true)
+    );
+    assert!(
+        matches!(found[0].value(), Some(bpfmap_client::ValueRef::Single(v)) if v == 3u64.to_le_bytes())
+    );
     let e = client
         .lookup(
-            &"plain".parse().unwrap(),
+            &plain,
+            vec![proto_of(&json!({"a": 1}))],
+            LookupOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument, "{e}");
+    // Other keys without a type are bytes only.
+    let wide = create_map(MapType::HASH, 16, 8, 4);
+    fs.pin(&wide, "wide");
+    let e = client
+        .lookup(
+            &"wide".parse().unwrap(),
             vec![proto_of(&json!(1))],
             LookupOptions::default(),
         )

@@ -8,6 +8,7 @@ mod cursors;
 mod drain;
 mod drive;
 mod dump;
+mod keys;
 mod live;
 mod output;
 mod setup;

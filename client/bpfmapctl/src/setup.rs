@@ -80,7 +80,7 @@ impl Setup {
         let Some(key) = &self.inner else {
             return Ok(map);
         };
-        let key = match crate::commands::parse_key(key, None)? {
+        let key = match crate::keys::parse_key(key, None)? {
             Key::Bytes(b) => InnerKey::Bytes(b),
             Key::Json(v) => InnerKey::Json(v),
             _ => return Err(usage(format!("--inner {key:?} is not a key"))),

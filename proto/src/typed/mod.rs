@@ -44,6 +44,7 @@
 //! [`MAX_VALUES`] decoded values.
 #![forbid(unsafe_code)]
 
+mod declare;
 mod encode;
 mod int;
 mod map_layout;
@@ -56,6 +57,7 @@ mod value_writer;
 
 use std::{collections::HashSet, fmt};
 
+pub use declare::parse_c_type;
 pub use encode::EncodeError;
 pub use int::IntField;
 pub use map_layout::MapLayout;

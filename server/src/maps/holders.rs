@@ -133,7 +133,7 @@ mod tests {
             7,
             vec![pb::MapProgram {
                 id: 3,
-                name: "handle_sched_w".into(),
+                name: "handle_sched_wa".into(),
                 r#type: "tracing".into(),
             }],
         );
@@ -144,16 +144,17 @@ mod tests {
                 comm: "runqlat".into(),
             }],
         );
-        for owner in ["runqlat", "1234", "handle_sched_w", "handle_sched_wakeup"] {
+        // Program names are kept to 15 bytes, as the kernel keeps them.
+        for owner in ["runqlat", "1234", "handle_sched_wa", "handle_sched_wakeup"] {
             assert!(h.holds(7, owner), "{owner}");
         }
-        for owner in ["syscount", "123", "handle"] {
+        for owner in ["syscount", "123", "handle", "handle_sched_w"] {
             assert!(!h.holds(7, owner), "{owner}");
         }
         assert!(!h.holds(8, "runqlat"));
         assert_eq!(
             h.describe(7),
-            "programs handle_sched_w; processes runqlat[1234]"
+            "programs handle_sched_wa; processes runqlat[1234]"
         );
         assert_eq!(h.describe(8), "no program or process");
     }

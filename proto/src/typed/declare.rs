@@ -1,0 +1,524 @@
+//! Types declared from outside, for maps whose BTF does not say (bpftrace's
+//! maps, maps created by sizes): a C type as a program would declare it
+//! (`char[16]`, `__u64`, `struct { __be32 addr; __u16 port; }`), laid out
+//! as a C compiler lays it out on the hosts bpfmapd runs on (x86-64,
+//! arm64: natural alignment, `long` of 8 bytes), described as the
+//! [`TypeInfo`] GetMap gives, which every reader then decodes.
+//!
+//! What is understood: the integer types of C (`int`, `unsigned long`,
+//! ...), of the kernel (`__u8` to `__u64`, `__s8` to `__s64`, `__be16`,
+//! `__be32`, `__be64` in network order, `u32`, `s64`, ...) and of
+//! `<stdint.h>` (`uint32_t`, ...); `char`, `_Bool`/`bool`, `float`,
+//! `double`; arrays of any of them (`__u32[26]`, `char comm[16]` inside a
+//! struct, `__u8[4][4]`); anonymous `struct` and `union` with members,
+//! nested, bitfields (`__u32 flags:4;`) and `__attribute__((packed))`.
+
+use super::{TypeError, err};
+use crate::v1::{
+    ArrayType, BoolType, CharType, FloatType, IntType, Member, RecordType, TypeInfo, type_info,
+};
+
+/// Longest declaration read, in bytes.
+const MAX_DECLARATION: usize = 4096;
+/// Deepest nesting of structs, unions and arrays.
+const MAX_NESTING: usize = 16;
+/// Largest declared type, in bytes (a map's value is at most this).
+const MAX_SIZE: u64 = 1 << 24;
+
+/// Parses a C type (`what` names it in errors: "key", "value").
+pub fn parse_c_type(text: &str, what: &str) -> Result<TypeInfo, TypeError> {
+    if text.len() > MAX_DECLARATION {
+        return Err(err(
+            what,
+            format!("a declaration is at most {MAX_DECLARATION} bytes"),
+        ));
+    }
+    let mut p = Parser {
+        tokens: tokenize(text).map_err(|e| err(what, e))?,
+        at: 0,
+        depth: 0,
+    };
+    let parsed = p.type_name().and_then(|t| {
+        let t = p.array_suffix(t)?;
+        p.optional(";");
+        match p.peek() {
+            None => Ok(t),
+            Some(tok) => Err(format!("unexpected {tok:?} after the type")),
+        }
+    });
+    parsed.map(|t| t.info).map_err(|e| {
+        err(
+            what,
+            format!(
+                "{e} (declare a C type: char[16], __u64, struct {{ __be32 addr; __u16 port; }})"
+            ),
+        )
+    })
+}
+
+/// A parsed type: its description and its alignment.
+struct Ty {
+    info: TypeInfo,
+    align: u64,
+}
+
+struct Parser {
+    tokens: Vec<String>,
+    at: usize,
+    depth: usize,
+}
+
+fn tokenize(text: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    while let Some(&(i, c)) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+        } else if c.is_ascii_alphanumeric() || c == '_' {
+            let mut end = i;
+            while let Some(&(j, d)) = chars.peek() {
+                if d.is_ascii_alphanumeric() || d == '_' {
+                    end = j + d.len_utf8();
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            out.push(text[i..end].to_owned());
+        } else if "{}[];:(),*".contains(c) {
+            out.push(c.to_string());
+            chars.next();
+        } else {
+            return Err(format!("unexpected character {c:?}"));
+        }
+    }
+    Ok(out)
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&str> {
+        self.tokens.get(self.at).map(String::as_str)
+    }
+
+    fn next(&mut self) -> Option<String> {
+        let t = self.tokens.get(self.at).cloned();
+        self.at += 1;
+        t
+    }
+
+    fn optional(&mut self, tok: &str) -> bool {
+        if self.peek() == Some(tok) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, tok: &str) -> Result<(), String> {
+        match self.next() {
+            Some(t) if t == tok => Ok(()),
+            Some(t) => Err(format!("expected {tok:?}, found {t:?}")),
+            None => Err(format!("expected {tok:?} at the end")),
+        }
+    }
+
+    /// A type without its array suffix: a record or a scalar.
+    fn type_name(&mut self) -> Result<Ty, String> {
+        while matches!(self.peek(), Some("const" | "volatile")) {
+            self.at += 1;
+        }
+        match self.peek() {
+            Some(kw @ ("struct" | "union")) => {
+                let union = kw == "union";
+                self.at += 1;
+                self.record(union)
+            }
+            Some(_) => self.scalar(),
+            None => Err("no type given".into()),
+        }
+    }
+
+    /// `[N]...` after a type or a member's name.
+    fn array_suffix(&mut self, element: Ty) -> Result<Ty, String> {
+        let mut lengths = Vec::new();
+        while self.optional("[") {
+            let n = self.next().ok_or("an array needs a length")?;
+            let n: u64 = n
+                .parse()
+                .map_err(|_| format!("array length {n:?} is not a number"))?;
+            self.expect("]")?;
+            lengths.push(n);
+        }
+        // int a[2][3] is an array of 2 arrays of 3.
+        let mut t = element;
+        for n in lengths.into_iter().rev() {
+            let size = t.info.size as u64 * n;
+            if size > MAX_SIZE {
+                return Err(format!("the type is larger than {MAX_SIZE} bytes"));
+            }
+            t = Ty {
+                info: TypeInfo {
+                    name: String::new(),
+                    size: size as u32,
+                    kind: Some(type_info::Kind::Array(Box::new(ArrayType {
+                        element: Some(Box::new(t.info)),
+                        length: n as u32,
+                    }))),
+                },
+                align: t.align,
+            };
+        }
+        Ok(t)
+    }
+
+    /// `{ members } [__attribute__((packed))]` (after `struct`/`union`,
+    /// a tag name allowed and ignored).
+    fn record(&mut self, union: bool) -> Result<Ty, String> {
+        self.depth += 1;
+        if self.depth > MAX_NESTING {
+            return Err(format!("structs nest at most {MAX_NESTING} deep"));
+        }
+        let mut packed = self.attributes()?;
+        if self.peek().is_some_and(|t| t != "{") {
+            self.at += 1; // a tag: struct flow { ... }
+        }
+        self.expect("{")?;
+        let mut members = Vec::new();
+        while !self.optional("}") {
+            if self.peek().is_none() {
+                return Err("a struct or union is not closed with \"}\"".into());
+            }
+            members.push(self.member()?);
+        }
+        packed |= self.attributes()?;
+        self.depth -= 1;
+        if members.is_empty() {
+            return Err("a struct or union needs members".into());
+        }
+        lay_out(members, union, packed)
+    }
+
+    /// `__attribute__((packed))`, if there; whether it says packed.
+    fn attributes(&mut self) -> Result<bool, String> {
+        let mut packed = false;
+        while matches!(self.peek(), Some("__attribute__" | "__attribute")) {
+            self.at += 1;
+            self.expect("(")?;
+            self.expect("(")?;
+            while !self.optional(")") {
+                match self.next().as_deref() {
+                    Some("packed" | "__packed__") => packed = true,
+                    Some(",") => {}
+                    Some(other) => return Err(format!("unknown attribute {other:?}")),
+                    None => return Err("an attribute is not closed".into()),
+                }
+            }
+            self.expect(")")?;
+        }
+        Ok(packed)
+    }
+
+    /// One member: `TYPE [NAME][[N]...] [: BITS];`.
+    fn member(&mut self) -> Result<Declared, String> {
+        let ty = self.type_name()?;
+        let name = match self.peek() {
+            Some(t) if is_identifier(t) => self.next().unwrap_or_default(),
+            _ => String::new(),
+        };
+        let ty = self.array_suffix(ty)?;
+        let bits = if self.optional(":") {
+            let n = self.next().ok_or("a bitfield needs a width")?;
+            let bits: u32 = n
+                .parse()
+                .map_err(|_| format!("bitfield width {n:?} is not a number"))?;
+            if !matches!(ty.info.kind, Some(type_info::Kind::Int(_))) || bits == 0 {
+                return Err(format!(
+                    "{name}: only integers are bitfields, of 1 bit or more"
+                ));
+            }
+            if bits > ty.info.size * 8 {
+                return Err(format!("{name}: {bits} bits do not fit its type"));
+            }
+            bits
+        } else {
+            0
+        };
+        self.expect(";")?;
+        if name.is_empty()
+            && !matches!(
+                ty.info.kind,
+                Some(type_info::Kind::Struct(_) | type_info::Kind::Union(_))
+            )
+        {
+            return Err("a member needs a name (only structs and unions are anonymous)".into());
+        }
+        Ok(Declared { name, ty, bits })
+    }
+
+    /// A scalar type: a run of C keywords, or one typedef name.
+    fn scalar(&mut self) -> Result<Ty, String> {
+        let mut words = Vec::new();
+        while let Some(t) = self.peek() {
+            if C_WORDS.contains(&t) {
+                words.push(t.to_owned());
+                self.at += 1;
+            } else {
+                break;
+            }
+        }
+        if words.is_empty() {
+            let name = self.next().ok_or("no type given")?;
+            return named(&name).ok_or_else(|| format!("unknown type {name:?}"));
+        }
+        c_type(&words)
+    }
+}
+
+/// A member before layout.
+struct Declared {
+    name: String,
+    ty: Ty,
+    bits: u32,
+}
+
+/// Lays members out as C does: each at its alignment (bitfields packed
+/// into their type's units), the record's size rounded up to its
+/// alignment; with `packed`, no padding.
+fn lay_out(members: Vec<Declared>, union: bool, packed: bool) -> Result<Ty, String> {
+    let mut bit = 0u64; // next free bit
+    let mut size = 0u64;
+    let mut align = 1u64;
+    let mut out = Vec::new();
+    for m in members {
+        let a = if packed { 1 } else { m.ty.align };
+        align = align.max(a);
+        let member_bits = u64::from(m.ty.info.size) * 8;
+        let at = if union {
+            0
+        } else if m.bits > 0 {
+            // A bitfield starts where it fits in one aligned unit of its
+            // type.
+            let unit = a * 8;
+            let start = bit;
+            if (start % unit) + u64::from(m.bits) > unit.max(member_bits) && !packed {
+                start.div_ceil(unit) * unit
+            } else {
+                start
+            }
+        } else {
+            bit.div_ceil(a * 8) * (a * 8)
+        };
+        let width = if m.bits > 0 {
+            u64::from(m.bits)
+        } else {
+            member_bits
+        };
+        bit = if union { 0 } else { at + width };
+        size = size.max((at + width).div_ceil(8));
+        out.push(Member {
+            name: m.name,
+            bit_offset: at as u32,
+            bitfield_size: m.bits,
+            r#type: Some(m.ty.info),
+        });
+    }
+    let size = size.div_ceil(align) * align;
+    if size > MAX_SIZE {
+        return Err(format!("the type is larger than {MAX_SIZE} bytes"));
+    }
+    let record = RecordType { members: out };
+    Ok(Ty {
+        info: TypeInfo {
+            name: String::new(),
+            size: size as u32,
+            kind: Some(if union {
+                type_info::Kind::Union(record)
+            } else {
+                type_info::Kind::Struct(record)
+            }),
+        },
+        align,
+    })
+}
+
+fn is_identifier(t: &str) -> bool {
+    t.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') && !C_WORDS.contains(&t)
+}
+
+/// The words C builds its integer and floating types of.
+const C_WORDS: [&str; 10] = [
+    "signed", "unsigned", "char", "short", "int", "long", "float", "double", "_Bool", "bool",
+];
+
+/// A C type spelled in keywords ("unsigned long long").
+fn c_type(words: &[String]) -> Result<Ty, String> {
+    let count = |w: &str| words.iter().filter(|x| *x == w).count();
+    let spelled = words.join(" ");
+    let unsigned = count("unsigned") > 0;
+    if count("unsigned") + count("signed") > 1 {
+        return Err(format!("{spelled:?} is not a C type"));
+    }
+    let scalars = count("_Bool") + count("bool") + count("float") + count("double");
+    if scalars > 0 && words.len() > 1 {
+        return Err(format!("{spelled:?} is not a type bpfmapd reads"));
+    }
+    let bytes = match (count("char"), count("short"), count("long"), count("int")) {
+        _ if count("_Bool") + count("bool") == 1 && words.len() == 1 => {
+            return Ok(scalar("_Bool", 1, type_info::Kind::Bool(BoolType {})));
+        }
+        _ if count("float") == 1 && words.len() == 1 => {
+            return Ok(scalar("float", 4, type_info::Kind::Float(FloatType {})));
+        }
+        _ if count("double") == 1 && words.len() == 1 => {
+            return Ok(scalar("double", 8, type_info::Kind::Float(FloatType {})));
+        }
+        (1, 0, 0, 0) => {
+            let kind = type_info::Kind::Char(CharType {
+                signed: count("signed") == 1,
+            });
+            return Ok(scalar(&spelled, 1, kind));
+        }
+        (0, 1, 0, 0 | 1) => 2,
+        (0, 0, 1 | 2, 0 | 1) => 8,
+        (0, 0, 0, 1) | (0, 0, 0, 0) if count("unsigned") + count("signed") + count("int") > 0 => 4,
+        _ => return Err(format!("{spelled:?} is not a C type")),
+    };
+    Ok(int(&spelled, bytes, !unsigned, false))
+}
+
+/// A typedef name of the kernel's, `<stdint.h>`'s or libbpf's.
+fn named(name: &str) -> Option<Ty> {
+    let (bytes, signed, big_endian) = match name {
+        "__u8" | "u8" | "uint8_t" => (1, false, false),
+        "__s8" | "s8" | "int8_t" => (1, true, false),
+        "__u16" | "u16" | "uint16_t" | "__le16" => (2, false, false),
+        "__s16" | "s16" | "int16_t" => (2, true, false),
+        "__u32" | "u32" | "uint32_t" | "__le32" => (4, false, false),
+        "__s32" | "s32" | "int32_t" => (4, true, false),
+        "__u64" | "u64" | "uint64_t" | "__le64" | "size_t" => (8, false, false),
+        "__s64" | "s64" | "int64_t" | "ssize_t" => (8, true, false),
+        "__be16" | "__sum16" => (2, false, true),
+        "__be32" | "__wsum" => (4, false, true),
+        "__be64" => (8, false, true),
+        _ => return None,
+    };
+    Some(int(name, bytes, signed, big_endian))
+}
+
+fn int(name: &str, bytes: u32, signed: bool, big_endian: bool) -> Ty {
+    scalar(
+        name,
+        bytes,
+        type_info::Kind::Int(IntType { signed, big_endian }),
+    )
+}
+
+fn scalar(name: &str, bytes: u32, kind: type_info::Kind) -> Ty {
+    Ty {
+        info: TypeInfo {
+            name: name.to_owned(),
+            size: bytes,
+            kind: Some(kind),
+        },
+        align: u64::from(bytes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::typed::Layout;
+
+    fn json(t: &TypeInfo, bytes: &[u8]) -> String {
+        let layout = Layout::new(t, "value").expect("a usable type");
+        let mut out = Vec::new();
+        layout.write_json(bytes, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn scalars_arrays_and_typedefs() {
+        for (text, size) in [
+            ("__u64", 8),
+            ("unsigned long long", 8),
+            ("long", 8),
+            ("unsigned int", 4),
+            ("unsigned", 4),
+            ("short int", 2),
+            ("char[16]", 16),
+            ("__u32[26]", 104),
+            ("uint8_t[4][4]", 16),
+            ("_Bool", 1),
+            ("double", 8),
+        ] {
+            let t = parse_c_type(text, "value").unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(t.size, size, "{text}");
+        }
+        let comm = parse_c_type("char[16]", "key").unwrap();
+        assert_eq!(json(&comm, b"bash\0\0\0\0\0\0\0\0\0\0\0\0"), r#""bash""#);
+        let be = parse_c_type("__be16", "key").unwrap();
+        assert_eq!(json(&be, &[1, 187]), "443");
+    }
+
+    #[test]
+    fn structs_are_laid_out_as_c_lays_them_out() {
+        let t = parse_c_type(
+            "struct { __be32 addr; __u16 port; __u64 bytes; char comm[3]; }",
+            "value",
+        )
+        .unwrap();
+        // addr 0, port 4, (pad 2) bytes 8, comm 16, size rounded to 24.
+        assert_eq!(t.size, 24);
+        let Some(type_info::Kind::Struct(r)) = &t.kind else {
+            panic!("a struct")
+        };
+        let offsets: Vec<u32> = r.members.iter().map(|m| m.bit_offset / 8).collect();
+        assert_eq!(offsets, [0, 4, 8, 16]);
+        let mut bytes = vec![0u8; 24];
+        bytes[..4].copy_from_slice(&[10, 0, 0, 1]);
+        bytes[4..6].copy_from_slice(&443u16.to_le_bytes());
+        bytes[8..16].copy_from_slice(&7u64.to_le_bytes());
+        bytes[16..19].copy_from_slice(b"ab\0");
+        assert_eq!(
+            json(&t, &bytes),
+            r#"{"addr":167772161,"port":443,"bytes":"7","comm":"ab"}"#
+        );
+        let packed = parse_c_type(
+            "struct __attribute__((packed)) { __u8 a; __u32 b; }",
+            "value",
+        )
+        .unwrap();
+        assert_eq!(packed.size, 5);
+        let u = parse_c_type("union { __u64 packets; __u64 rx_packets; }", "value").unwrap();
+        assert_eq!(u.size, 8);
+        let bits = parse_c_type("struct { __u32 a:4; __u32 b:4; __u16 c; }", "value").unwrap();
+        assert_eq!(bits.size, 4);
+        let nested = parse_c_type(
+            "struct { struct { __u32 x; } inner; union { __u32 y; __u16 z; }; }",
+            "value",
+        )
+        .unwrap();
+        assert_eq!(nested.size, 8);
+    }
+
+    #[test]
+    fn bad_declarations_say_what_is_wrong() {
+        for (text, says) in [
+            ("", "no type given"),
+            ("__u33", "unknown type \"__u33\""),
+            ("char[x]", "array length \"x\" is not a number"),
+            ("struct { __u32 a; ", "not closed"),
+            ("struct { __u32; }", "a member needs a name"),
+            ("struct { }", "needs members"),
+            ("__u32 extra", "unexpected \"extra\""),
+            ("unsigned signed", "is not a C type"),
+            ("struct { char a:3; }", "only integers are bitfields"),
+            ("__u8 $", "unexpected character '$'"),
+        ] {
+            let e = parse_c_type(text, "key").unwrap_err().to_string();
+            assert!(e.starts_with("key: "), "{text}: {e}");
+            assert!(e.contains(says), "{text}: {e}");
+        }
+    }
+}
