@@ -11,7 +11,11 @@ use anyhow::Context as _;
 use clap::Parser;
 use serde::Deserialize;
 
-use crate::{access::RuleConfig, maps::RenderConfig, net::TlsFiles};
+use crate::{
+    access::RuleConfig,
+    maps::{RenderConfig, TypesConfig},
+    net::TlsFiles,
+};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -62,6 +66,10 @@ pub struct Config {
     /// How members of matching maps are shown to every caller (`[[render]]`
     /// tables: `maps` globs and `members` renderings).
     pub render: Vec<RenderConfig>,
+    /// Types declared in C for maps whose BTF does not give them
+    /// (`[[types]]` tables: `maps` path globs or `names` kernel name
+    /// globs, `key` and `value` declarations).
+    pub types: Vec<TypesConfig>,
     /// The maps DrainMap may read and delete (`[drain] maps`): the only
     /// maps ever opened read-write.
     pub drain: DrainConfig,
@@ -236,6 +244,7 @@ impl Default for Config {
             limits: Limits::default(),
             rules: Vec::new(),
             render: Vec::new(),
+            types: Vec::new(),
             drain: DrainConfig::default(),
             deprecated: Vec::new(),
         }
@@ -484,6 +493,7 @@ impl Config {
         );
         crate::access::Policy::new(&self.rules, self.tls.is_some())?;
         crate::maps::RenderRules::new(&self.render)?;
+        crate::maps::TypeRules::new(&self.types)?;
         Ok(())
     }
 }

@@ -9,7 +9,7 @@ use crate::{
     calls::{Calls, blocking},
     error::Error,
     maps::{Catalog, Holders, Listed},
-    model::{Caller, MapRef, Operation, Requested, Rpc, quote},
+    model::{Caller, MapRef, MapRequest, Operation, Rpc, quote},
     wire::IntoProto as _,
 };
 
@@ -91,17 +91,17 @@ impl Narrowing {
 pub(crate) async fn get(
     calls: &Calls,
     caller: &Caller,
-    map: Requested,
+    map: MapRequest,
 ) -> Result<pb::MapInfo, Error> {
     calls.accepting()?;
     let call = (Operation::List, Rpc::GetMap);
-    let map = calls.resolve(caller, call, map).await?;
-    let opened = calls.open(caller, call, map, true).await?;
+    let (map, declared) = calls.resolve(caller, call, map).await?;
+    let opened = calls.open(caller, call, (map, &declared), true).await?;
     let mut info = (&opened.map, opened.handle.meta()).into_proto();
     opened.types.fill(&mut info);
     info.render = calls
         .renders
-        .for_map(&opened.map)
+        .for_map(&opened.map, &opened.handle.meta().name)
         .iter()
         .map(|(path, how)| (path.to_owned(), how.to_string()))
         .collect();

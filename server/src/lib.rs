@@ -57,7 +57,9 @@ pub use access::RuleConfig;
 pub use config::{Args, Config, DrainConfig, Limits, LogFormat};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
-pub use maps::{Demo, RenderConfig, btf, flow_key, flow_types, flow_value, typed_flows};
+pub use maps::{
+    Demo, RenderConfig, TypesConfig, btf, flow_key, flow_types, flow_value, typed_flows,
+};
 pub use model::{Operation, SERVICE_NAME};
 pub use net::TlsFiles;
 

@@ -8,7 +8,7 @@ use bpfmap_proto::v1 as pb;
 use crate::{
     error::Error,
     maps::Decoder,
-    model::{InnerKey, MapName, MapRef, Requested},
+    model::{Declared, InnerKey, MapName, MapRef, MapRequest, Requested},
 };
 
 /// Turns a domain value into its proto message.
@@ -67,14 +67,32 @@ pub(crate) fn entry_memory(meta: &MapMeta, layout: pb::Layout, decoder: Option<&
     }
 }
 
-/// The map reference of a request, validated (names and inner maps are
-/// resolved later, by the catalog).
-pub(crate) fn map_ref(r: Option<&pb::MapRef>) -> Result<Requested, Error> {
+/// The map reference of a request, validated, with the types it declares
+/// (names and inner maps are resolved later, by the catalog).
+pub(crate) fn map_request(r: Option<&pb::MapRef>) -> Result<MapRequest, Error> {
+    let declared = match r.and_then(|r| r.declare.as_ref()) {
+        Some(d) => Declared::parse(&d.key, &d.value)
+            .map_err(|e| Error::InvalidArgument(format!("map.declare: {e}")))?,
+        None => Declared::default(),
+    };
+    Ok(MapRequest {
+        map: map_ref(r)?,
+        declared,
+    })
+}
+
+/// The map a reference names.
+fn map_ref(r: Option<&pb::MapRef>) -> Result<Requested, Error> {
     match r.and_then(|r| r.r#ref.as_ref()) {
         Some(pb::map_ref::Ref::Path(p)) => Ok(Requested::Ref(MapRef::parse(p)?)),
         Some(pb::map_ref::Ref::Id(id)) => Ok(Requested::Ref(MapRef::Id(*id))),
         Some(pb::map_ref::Ref::Name(n)) => Ok(Requested::Name(MapName::parse(n)?)),
         Some(pb::map_ref::Ref::Inner(inner)) => {
+            if inner.outer.as_ref().is_some_and(|o| o.declare.is_some()) {
+                return Err(Error::InvalidArgument(
+                    "inner.outer.declare: declare the inner map's types on the map reference itself".into(),
+                ));
+            }
             let outer = map_ref(inner.outer.as_deref()).map_err(|e| match e {
                 Error::InvalidArgument(m) => Error::InvalidArgument(format!("inner.outer: {m}")),
                 e => e,

@@ -929,6 +929,7 @@ async fn entries_bytes(addr: &str, name: &str) -> Duration {
     let request = pb::DumpMapRequest {
         map: Some(pb::MapRef {
             r#ref: Some(pb::map_ref::Ref::Path(name.into())),
+            declare: None,
         }),
         ..Default::default()
     };
@@ -963,6 +964,7 @@ async fn entries_dump(addr: &str, name: &str, n: u64) -> Duration {
         .dump_map(pb::DumpMapRequest {
             map: Some(pb::MapRef {
                 r#ref: Some(pb::map_ref::Ref::Path(name.into())),
+                declare: None,
             }),
             ..Default::default()
         })

@@ -256,6 +256,7 @@ pub fn grpc_message(message: &[u8]) -> Vec<u8> {
 fn map_ref(path: &str) -> Option<bpfmap_proto::v1::MapRef> {
     Some(bpfmap_proto::v1::MapRef {
         r#ref: Some(bpfmap_proto::v1::map_ref::Ref::Path(path.into())),
+        declare: None,
     })
 }
 

@@ -70,6 +70,7 @@ pub async fn grpcurl<S: AsRef<OsStr>>(
 pub fn map_ref(path: &str) -> Option<pb::MapRef> {
     Some(pb::MapRef {
         r#ref: Some(pb::map_ref::Ref::Path(path.into())),
+        declare: None,
     })
 }
 

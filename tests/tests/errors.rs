@@ -403,6 +403,7 @@ async fn bad_lookup_and_dump_requests_are_invalid_argument() {
         .dump_map(pb::DumpMapRequest {
             map: Some(pb::MapRef {
                 r#ref: Some(pb::map_ref::Ref::Path("m".into())),
+                declare: None,
             }),
             layout: 7,
             ..Default::default()

@@ -609,6 +609,7 @@ async fn renderings_configured_on_the_daemon_show_without_asking() {
         render: cases
             .iter()
             .map(|c| bpfmapd::RenderConfig {
+                names: Vec::new(),
                 // A glob, as a deployment writes them (cilium_ct4_global
                 // and any other cilium_ct4 map).
                 maps: vec![if c.map == CT4 {
@@ -1099,6 +1100,7 @@ async fn renderings_that_do_not_fit_are_refused_naming_the_member() {
     // nothing wrong, reports the target as failed (exit code 1).
     let config = bpfmapd::Config {
         render: vec![bpfmapd::RenderConfig {
+            names: Vec::new(),
             maps: vec![CT4.into()],
             members: BTreeMap::from([("key.dport".into(), "ipv4".into())]),
         }],

@@ -422,6 +422,7 @@ async fn a_client_that_never_reads_is_cut_off_and_can_resume() {
     let req = pb::DumpMapRequest {
         map: Some(pb::MapRef {
             r#ref: Some(pb::map_ref::Ref::Path("m".into())),
+            declare: None,
         }),
         layout: pb::Layout::Packed as i32,
         ..Default::default()

@@ -102,6 +102,14 @@ pub struct Cli {
     /// lookup, top and watch.
     #[arg(long, global = true, value_name = "KEY")]
     pub inner: Option<String>,
+    /// The map's key type in C, for a map whose BTF does not give it
+    /// ("char[16]", "__u32", "struct { __be32 addr; __u16 port; }"): the
+    /// map is then decoded, filtered and grouped through it.
+    #[arg(long, global = true, value_name = "C_TYPE")]
+    pub key_type: Option<String>,
+    /// The map's value type in C ("__u64"), as --key-type.
+    #[arg(long, global = true, value_name = "C_TYPE")]
+    pub value_type: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -27,6 +27,8 @@ pub(crate) struct Setup {
     pub(crate) decode: bool,
     /// `--inner KEY`: the inner map of the named map at KEY.
     pub(crate) inner: Option<String>,
+    /// `--key-type` and `--value-type`: the map's types declared in C.
+    pub(crate) declared: Option<(String, String)>,
 }
 
 impl Setup {
@@ -70,22 +72,31 @@ impl Setup {
             printer: Printer::new(format, cli.per_cpu, width),
             decode: !(cli.raw || format == Format::Hex),
             inner: cli.inner.clone(),
+            declared: (cli.key_type.is_some() || cli.value_type.is_some()).then(|| {
+                (
+                    cli.key_type.clone().unwrap_or_default(),
+                    cli.value_type.clone().unwrap_or_default(),
+                )
+            }),
         })
     }
 
     /// The map a command names: `s`, or its inner map at `--inner KEY`
     /// (JSON, a decimal number, or hex as `lookup` takes keys).
     pub(crate) fn map_name(&self, s: &str) -> anyhow::Result<MapName> {
-        let map = map_name(s)?;
-        let Some(key) = &self.inner else {
-            return Ok(map);
-        };
-        let key = match crate::keys::parse_key(key, None)? {
-            Key::Bytes(b) => InnerKey::Bytes(b),
-            Key::Json(v) => InnerKey::Json(v),
-            _ => return Err(usage(format!("--inner {key:?} is not a key"))),
-        };
-        Ok(map.inner(key))
+        let mut map = map_name(s)?;
+        if let Some(key) = &self.inner {
+            let key = match crate::keys::parse_key(key, None)? {
+                Key::Bytes(b) => InnerKey::Bytes(b),
+                Key::Json(v) => InnerKey::Json(v),
+                _ => return Err(usage(format!("--inner {key:?} is not a key"))),
+            };
+            map = map.inner(key);
+        }
+        if let Some((key, value)) = &self.declared {
+            map = map.with_types(key, value);
+        }
+        Ok(map)
     }
 
     /// A fleet of every target.

@@ -482,7 +482,8 @@ mod tests {
             options.request(&map, "c9", 400),
             pb::DrainMapRequest {
                 map: Some(pb::MapRef {
-                    r#ref: Some(pb::map_ref::Ref::Path("demo/flows".into()))
+                    r#ref: Some(pb::map_ref::Ref::Path("demo/flows".into())),
+                    declare: None,
                 }),
                 ack: "c9".into(),
                 limit: 400,
@@ -496,7 +497,8 @@ mod tests {
             DrainOptions::default().request(&by_id, "", 0),
             pb::DrainMapRequest {
                 map: Some(pb::MapRef {
-                    r#ref: Some(pb::map_ref::Ref::Id(12))
+                    r#ref: Some(pb::map_ref::Ref::Id(12)),
+                    declare: None,
                 }),
                 ack: String::new(),
                 limit: 0,

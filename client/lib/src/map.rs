@@ -30,6 +30,16 @@ pub enum MapName {
         /// The outer map's key.
         key: InnerKey,
     },
+    /// A map with its types declared in C, for a map whose BTF does not
+    /// give them ([`MapName::with_types`]).
+    Declared {
+        /// The map.
+        map: Box<MapName>,
+        /// The key's type ("char[16]"); empty: not declared.
+        key: String,
+        /// The value's type ("__u64"); empty: not declared.
+        value: String,
+    },
 }
 
 /// The key of an inner map in its outer map.
@@ -100,6 +110,7 @@ impl fmt::Display for MapName {
             Self::Path(p) => f.write_str(p),
             Self::Id(id) => write!(f, "id:{id}"),
             Self::Name(n) => write!(f, "name:{n}"),
+            Self::Declared { map, .. } => map.fmt(f),
             Self::Inner { outer, key } => match key {
                 InnerKey::Bytes(b) => {
                     write!(f, "{outer}[")?;
@@ -135,8 +146,33 @@ impl MapName {
         }
     }
 
+    /// This map read through types declared in C (`key`, `value`; an empty
+    /// one is not declared), for a map whose BTF does not give them
+    /// (bpftrace's maps): `"char[16]"`, `"__u64"`, `"struct { __be32 addr;
+    /// __u16 port; }"`. Every call then decodes, filters, groups and
+    /// computes deltas through them.
+    pub fn with_types(self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        let map = match self {
+            Self::Declared { map, .. } => map,
+            m => Box::new(m),
+        };
+        Self::Declared {
+            map,
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
     pub(crate) fn to_proto(&self) -> pb::MapRef {
         let r = match self {
+            Self::Declared { map, key, value } => {
+                let mut r = map.to_proto();
+                r.declare = Some(pb::DeclaredTypes {
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+                return r;
+            }
             Self::Path(p) => pb::map_ref::Ref::Path(p.clone()),
             Self::Id(id) => pb::map_ref::Ref::Id(*id),
             Self::Name(n) => pb::map_ref::Ref::Name(n.clone()),
@@ -152,7 +188,10 @@ impl MapName {
                 }))
             }
         };
-        pb::MapRef { r#ref: Some(r) }
+        pb::MapRef {
+            r#ref: Some(r),
+            declare: None,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use std::{
 use bpfmap_proto::v1 as pb;
 use tonic::Code;
 
-use crate::model::{Caller, Requested, Rpc, quote};
+use crate::model::{Caller, MapRequest, Rpc, quote};
 
 /// The audit record of one call.
 #[derive(Debug)]
@@ -52,7 +52,7 @@ impl Record {
     /// valid (`parsed`), else a bounded quote of what was sent (`sent`).
     pub(crate) fn request_map<E>(
         &mut self,
-        parsed: &Result<Requested, E>,
+        parsed: &Result<MapRequest, E>,
         sent: Option<&pb::MapRef>,
     ) {
         self.map = match (parsed, sent.and_then(|r| r.r#ref.as_ref())) {

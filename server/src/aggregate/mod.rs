@@ -12,7 +12,7 @@ use crate::{
     calls::{Calls, blocking},
     dump::Dumps,
     error::Error,
-    model::{Caller, Operation, Requested, Rpc},
+    model::{Caller, MapRequest, Operation, Rpc},
     query::{AggregateError, Filter, QueryError, Spec},
 };
 
@@ -24,17 +24,17 @@ pub(crate) async fn run(
     calls: &Calls,
     (dumps, max_groups): (&Dumps, usize),
     caller: &Caller,
-    map: Requested,
+    map: MapRequest,
     req: pb::AggregateMapRequest,
 ) -> Result<pb::AggregateMapResponse, Error> {
     calls.accepting()?;
     let started = std::time::Instant::now();
     let call = (Operation::Aggregate, Rpc::AggregateMap);
-    let map = calls.resolve(caller, call, map).await?;
+    let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     let slot = dumps.env.slots.try_acquire(caller)?;
     let _trim = dumps.trimmer.enter();
-    let opened = calls.open(caller, call, map, true).await?;
+    let opened = calls.open(caller, call, (map, &declared), true).await?;
     let shown = calls.layout(&opened, &req.render, true)?;
     let spec = Spec::new(&req, &shown, max_groups).map_err(Error::from)?;
     let filter = match req.filter.as_str() {

@@ -19,8 +19,8 @@ use crate::{
     access::SharedPolicy,
     cursor::{self, SharedKeys},
     error::Error,
-    maps::{Catalog, KnownTypes, RenderRules, Resolved, TypeCache},
-    model::{Caller, InnerKey, MapRef, Operation, Requested, Rpc},
+    maps::{Catalog, KnownTypes, RenderRules, Resolved, TypeCache, TypeRules},
+    model::{Caller, Declared, InnerKey, MapRef, MapRequest, Operation, Requested, Rpc},
     ops::Metrics,
 };
 
@@ -33,6 +33,8 @@ pub(crate) struct Calls {
     pub(crate) types: Arc<TypeCache>,
     /// How members of the maps are shown unless a request says otherwise.
     pub(crate) renders: Arc<RenderRules>,
+    /// Types declared for maps whose BTF does not give them.
+    pub(crate) declarations: Arc<TypeRules>,
     /// The cursor keys in force.
     pub(crate) keys: SharedKeys,
     /// The policy in force.
@@ -69,6 +71,16 @@ impl Calls {
     /// lets `caller` use for the call (its pin path, or its id), an inner
     /// map's JSON key encoded through its outer map's key type.
     pub(crate) async fn resolve(
+        &self,
+        caller: &Caller,
+        call: (Operation, Rpc),
+        requested: MapRequest,
+    ) -> Result<(MapRef, Declared), Error> {
+        let MapRequest { map, declared } = requested;
+        Ok((self.resolve_ref(caller, call, map).await?, declared))
+    }
+
+    async fn resolve_ref(
         &self,
         caller: &Caller,
         call: (Operation, Rpc),
@@ -120,7 +132,10 @@ impl Calls {
         outer: &MapRef,
         key: &prost_types::Value,
     ) -> Result<Vec<u8>, Error> {
-        let opened = self.open(caller, call, outer.clone(), true).await?;
+        let declared = Declared::default();
+        let opened = self
+            .open(caller, call, (outer.clone(), &declared), true)
+            .await?;
         let layout = self.layout(&opened, &HashMap::new(), true)?;
         let key_layout = opened.types.key_layout(outer, &layout)?;
         key_layout.encode(key, "key").map_err(|e| {
@@ -149,21 +164,22 @@ impl Calls {
 
     /// Authorizes, then opens the map (with its types when `types`, read in
     /// the same trip to the blocking pool: a trip costs more than the
-    /// syscalls). A path that resolves (through a symlink) to another map is
-    /// authorized under that map's name too.
+    /// syscalls; the request's declared types over the configured ones
+    /// over a map without BTF types). A path that resolves (through a
+    /// symlink) to another map is authorized under that map's name too.
     pub(crate) async fn open(
         &self,
         caller: &Caller,
         call: (Operation, Rpc),
-        map: MapRef,
+        (map, declared): (MapRef, &Declared),
         types: bool,
     ) -> Result<Opened, Error> {
         self.authorize(caller, call, &map)?;
-        let (catalog, cache, r) = (self.catalog.clone(), self.types.clone(), map.clone());
+        let (catalog, typer, r) = (self.catalog.clone(), self.typer(declared), map.clone());
         let (resolved, read_types): (Resolved, KnownTypes) = blocking(move || {
             let resolved = catalog.open(&r)?;
             let types = if types {
-                cache.map_types(resolved.handle.meta())
+                typer.types(&r, resolved.handle.meta())?
             } else {
                 KnownTypes::None
             };
@@ -179,6 +195,16 @@ impl Calls {
             types: read_types,
             types_read: types,
         })
+    }
+
+    /// What reads the types of the maps a call opens, with the call's
+    /// declared types (to move to the blocking pool).
+    pub(crate) fn typer(&self, declared: &Declared) -> Typer {
+        Typer {
+            cache: self.types.clone(),
+            rules: self.declarations.clone(),
+            declared: declared.clone(),
+        }
     }
 
     /// The map a symlink named `map` resolved to must be allowed too; the
@@ -218,8 +244,13 @@ impl Calls {
         // The configured renderings of a map whose types were read; of a
         // map without types, those of its whole key or value only.
         let configured = match &opened.types {
-            KnownTypes::Typed(_) => self.renders.for_map(&opened.map),
-            _ if opened.types_read => self.renders.for_map(&opened.map).whole_only(),
+            KnownTypes::Typed(_) => self
+                .renders
+                .for_map(&opened.map, &opened.handle.meta().name),
+            _ if opened.types_read => self
+                .renders
+                .for_map(&opened.map, &opened.handle.meta().name)
+                .whole_only(),
             _ => Renderings::default(),
         };
         opened.types.layout(
@@ -250,6 +281,33 @@ impl Calls {
             "" => Ok(None),
             token => Ok(Some(self.keys.load().open(token, &caller.identity, map)?)),
         }
+    }
+}
+
+/// Reads a map's types: its BTF's, with the call's declared types over
+/// the configured ones where the BTF does not give them.
+#[derive(Debug)]
+pub(crate) struct Typer {
+    cache: Arc<TypeCache>,
+    rules: Arc<TypeRules>,
+    declared: Declared,
+}
+
+impl Typer {
+    /// The types of `map` (`meta`); blocking (reads BTF).
+    pub(crate) fn types(
+        &self,
+        map: &MapRef,
+        meta: &bpfmap_kernel::MapMeta,
+    ) -> Result<KnownTypes, Error> {
+        let asked = !self.declared.is_empty();
+        let declared = self
+            .declared
+            .clone()
+            .or(self.rules.for_map(map, &meta.name));
+        self.cache
+            .map_types(meta)
+            .declared((&declared, asked), map, meta)
     }
 }
 

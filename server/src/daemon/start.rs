@@ -248,6 +248,7 @@ impl Core {
             catalog: catalog.clone(),
             types: Arc::default(),
             renders: Arc::new(render_rules(config)?),
+            declarations: Arc::new(crate::maps::TypeRules::new(&config.types)?),
             keys: r.keys.clone(),
             policy: r.policy.clone(),
             metrics: self.metrics.clone(),

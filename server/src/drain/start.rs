@@ -12,7 +12,7 @@ use crate::{
     dump::{Dumps, MAX_CHUNK},
     error::Error,
     maps::{Decoder, KnownTypes, Resolved},
-    model::{Caller, MapRef, Operation, Requested, Rpc},
+    model::{Caller, Declared, MapRef, MapRequest, Operation, Rpc},
 };
 
 /// What a drain chunk's cursor binds in place of a query: it is a drain's.
@@ -23,12 +23,12 @@ pub(crate) async fn start(
     calls: &Calls,
     (drains, dumps): (&std::sync::Arc<Drains>, &Dumps),
     caller: &Caller,
-    map: Requested,
+    map: MapRequest,
     req: pb::DrainMapRequest,
 ) -> Result<DrainCall, Error> {
     calls.accepting()?;
     let call = (Operation::Drain, Rpc::DrainMap);
-    let map = calls.resolve(caller, call, map).await?;
+    let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     drains.check_drainable(&map)?;
     if req.chunk_size > MAX_CHUNK {
@@ -39,7 +39,7 @@ pub(crate) async fn start(
     }
     let ack = acknowledged(calls, caller, &map, &req.ack)?;
     let busy = drains.start(&map).await?;
-    let opened = open_writable(calls, drains, caller, map).await?;
+    let opened = open_writable(calls, drains, caller, (map, &declared)).await?;
     let meta = opened.handle.meta().clone();
     let layout = calls.layout(&opened, &Default::default(), !req.raw)?;
     let decoder = Decoder::for_request(
@@ -119,12 +119,12 @@ async fn open_writable(
     calls: &Calls,
     drains: &Drains,
     caller: &Caller,
-    map: MapRef,
+    (map, declared): (MapRef, &Declared),
 ) -> Result<Opened, Error> {
-    let (catalog, cache, r) = (calls.catalog.clone(), calls.types.clone(), map.clone());
+    let (catalog, typer, r) = (calls.catalog.clone(), calls.typer(declared), map.clone());
     let (resolved, types): (Resolved, KnownTypes) = blocking(move || {
         let resolved = catalog.open_writable(&r)?;
-        let types = cache.map_types(resolved.handle.meta());
+        let types = typer.types(&r, resolved.handle.meta())?;
         Ok((resolved, types))
     })
     .await?;

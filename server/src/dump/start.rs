@@ -13,7 +13,7 @@ use crate::{
     error::Error,
     limits::{Budget, Trimmer},
     maps::Decoder,
-    model::{Caller, Operation, Requested, Rpc},
+    model::{Caller, MapRequest, Operation, Rpc},
     query::Query,
 };
 
@@ -41,11 +41,11 @@ pub(crate) async fn start(
     calls: &Calls,
     dumps: &Dumps,
     caller: &Caller,
-    map: Requested,
+    map: MapRequest,
     req: pb::DumpMapRequest,
 ) -> Result<DumpJob, Error> {
     calls.accepting()?;
-    let map = calls
+    let (map, declared) = calls
         .resolve(caller, (Operation::Dump, Rpc::DumpMap), map)
         .await?;
     let layout = layout_of(&req)?;
@@ -56,7 +56,7 @@ pub(crate) async fn start(
     let call = (Operation::Dump, Rpc::DumpMap);
     calls.authorize(caller, call, &map)?;
     let slot = dumps.env.slots.try_acquire(caller)?;
-    let opened = calls.open(caller, call, map, decodes).await?;
+    let opened = calls.open(caller, call, (map, &declared), decodes).await?;
     let meta = opened.handle.meta().clone();
     let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
     let query = Query::of_request(&req.filter, &req.fields, &meta, &shown)?.map(Arc::new);

@@ -13,7 +13,7 @@ use crate::{
     error::Error,
     limits::{Budget, Held, LookupSlots, Trimmer},
     maps::{Decoder, KnownTypes},
-    model::{Caller, MapRef, Operation, Requested, Rpc},
+    model::{Caller, MapRef, MapRequest, Operation, Rpc},
     wire::{self, IntoProto as _, LookupOutcome},
 };
 
@@ -42,18 +42,20 @@ pub(crate) async fn run(
     calls: &Calls,
     lookups: &Lookups,
     caller: &Caller,
-    map: Requested,
+    map: MapRequest,
     mut req: pb::LookupRequest,
 ) -> Result<(Vec<pb::LookupResult>, Held), Error> {
     calls.accepting()?;
     let call = (Operation::Lookup, Rpc::Lookup);
-    let map = calls.resolve(caller, call, map).await?;
+    let (map, declared) = calls.resolve(caller, call, map).await?;
     check_key_count(&req)?;
     let slot = lookups.slots.try_acquire()?;
     let trim = lookups.trimmer.enter();
     let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
     let with_types = decodes || !req.json_keys.is_empty();
-    let opened = calls.open(caller, call, map, with_types).await?;
+    let opened = calls
+        .open(caller, call, (map, &declared), with_types)
+        .await?;
     let layout = calls.layout(&opened, &req.render, !req.raw || !req.json_keys.is_empty())?;
     let (map, handle, types) = (opened.map, opened.handle, opened.types);
     let meta = handle.meta();

@@ -300,6 +300,7 @@ impl Demo {
     /// `[[render]]` table, which the configuration's own override).
     pub fn renderings() -> RenderConfig {
         RenderConfig {
+            names: Vec::new(),
             maps: vec!["demo/flows".into(), "demo/drainable".into()],
             members: [("key.saddr", "ipv4"), ("key.daddr", "ipv4")]
                 .into_iter()

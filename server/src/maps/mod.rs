@@ -4,6 +4,7 @@
 
 pub mod btf;
 mod catalog;
+mod declared;
 mod demo;
 mod holders;
 mod render;
@@ -11,6 +12,8 @@ mod types;
 
 pub(crate) use btf::TypeCache;
 pub(crate) use catalog::{Catalog, Listed, Resolved};
+pub(crate) use declared::TypeRules;
+pub use declared::TypesConfig;
 pub use demo::{Demo, flow_key, flow_types, flow_value, typed_flows};
 pub(crate) use holders::Holders;
 pub use render::RenderConfig;

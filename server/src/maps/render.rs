@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 
 use bpfmap_proto::typed::{Renderings, TypeError};
-use globset::{Glob, GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::GlobSet;
 use serde::Deserialize;
 
+use super::declared::glob_set;
 use crate::model::MapRef;
 
 /// One `[[render]]` table as written in the configuration.
@@ -16,7 +17,11 @@ use crate::model::MapRef;
 #[serde(deny_unknown_fields)]
 pub struct RenderConfig {
     /// Map path globs, as in rules ("tc/globals/cilium_ct4*").
+    #[serde(default)]
     pub maps: Vec<String>,
+    /// Kernel name globs ("filter_ipv4"), for maps without pins too.
+    #[serde(default)]
+    pub names: Vec<String>,
     /// Member path to rendering ("key.daddr" = "ipv4").
     pub members: BTreeMap<String, String>,
 }
@@ -24,14 +29,7 @@ pub struct RenderConfig {
 /// A `[[render]]` table that cannot be used: which one, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum RenderConfigError {
-    /// A map pattern that is not a glob.
-    #[error("[[render]] {table}: invalid map pattern {pattern:?}: {why}")]
-    Pattern {
-        table: usize,
-        pattern: String,
-        why: String,
-    },
-    /// The patterns cannot be compiled together.
+    /// A pattern that is not a glob, or patterns missing.
     #[error("[[render]] {table}: {why}")]
     Patterns { table: usize, why: String },
     /// A member path or a rendering that is not one.
@@ -42,7 +40,7 @@ pub(crate) enum RenderConfigError {
 /// The configured renderings, compiled.
 #[derive(Debug, Default)]
 pub(crate) struct RenderRules {
-    rules: Vec<(GlobSet, Renderings)>,
+    rules: Vec<(GlobSet, GlobSet, Renderings)>,
 }
 
 impl RenderRules {
@@ -51,36 +49,30 @@ impl RenderRules {
     pub(crate) fn new(tables: &[RenderConfig]) -> Result<Self, RenderConfigError> {
         let mut rules = Vec::new();
         for (table, t) in tables.iter().enumerate() {
-            let mut set = GlobSetBuilder::new();
-            for p in &t.maps {
-                let glob: Glob = GlobBuilder::new(p)
-                    .literal_separator(true)
-                    .build()
-                    .map_err(|e| RenderConfigError::Pattern {
-                        table,
-                        pattern: p.clone(),
-                        why: e.kind().to_string(),
-                    })?;
-                set.add(glob);
+            if t.maps.is_empty() && t.names.is_empty() {
+                return Err(RenderConfigError::Patterns {
+                    table,
+                    why: "give maps (path globs) or names (kernel name globs)".into(),
+                });
             }
-            let set = set.build().map_err(|e| RenderConfigError::Patterns {
-                table,
-                why: e.kind().to_string(),
-            })?;
+            let set = |patterns: &[String]| {
+                glob_set(patterns).map_err(|why| RenderConfigError::Patterns { table, why })
+            };
+            let (maps, names) = (set(&t.maps)?, set(&t.names)?);
             let renderings = Renderings::parse(&t.members)
                 .map_err(|why| RenderConfigError::Member { table, why })?;
-            rules.push((set, renderings));
+            rules.push((maps, names, renderings));
         }
         Ok(Self { rules })
     }
 
-    /// The renderings configured for `map`.
-    pub(crate) fn for_map(&self, map: &MapRef) -> Renderings {
-        let name = map.to_string();
+    /// The renderings configured for `map`, whose kernel name is `name`.
+    pub(crate) fn for_map(&self, map: &MapRef, name: &str) -> Renderings {
+        let path = map.to_string();
         self.rules
             .iter()
-            .filter(|(maps, _)| maps.is_match(&name))
-            .fold(Renderings::default(), |acc, (_, r)| acc.overridden_by(r))
+            .filter(|(maps, names, _)| maps.is_match(&path) || names.is_match(name))
+            .fold(Renderings::default(), |acc, (_, _, r)| acc.overridden_by(r))
     }
 }
 
@@ -91,6 +83,7 @@ mod tests {
     fn table(maps: &[&str], members: &[(&str, &str)]) -> RenderConfig {
         RenderConfig {
             maps: maps.iter().map(|s| (*s).to_owned()).collect(),
+            names: Vec::new(),
             members: members
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -110,7 +103,7 @@ mod tests {
         .unwrap();
         let of = |path: &str| -> Vec<(String, String)> {
             rules
-                .for_map(&MapRef::Path(path.into()))
+                .for_map(&MapRef::Path(path.into()), "")
                 .iter()
                 .map(|(p, r)| (p.to_owned(), r.to_string()))
                 .collect()
@@ -129,6 +122,21 @@ mod tests {
             of("other/tc/globals/cilium_ct4_x").is_empty(),
             "globs match whole paths"
         );
+        // By kernel name, for maps reached by id or name too.
+        let by_name = RenderRules::new(&[RenderConfig {
+            maps: Vec::new(),
+            names: vec!["filter_ipv4".into()],
+            members: [("key".to_owned(), "ipv4".to_owned())].into(),
+        }])
+        .unwrap();
+        assert_eq!(
+            by_name
+                .for_map(&MapRef::Id(9), "filter_ipv4")
+                .iter()
+                .count(),
+            1
+        );
+        assert!(by_name.for_map(&MapRef::Id(9), "filter_ipv6").is_empty());
     }
 
     #[test]
@@ -143,9 +151,10 @@ mod tests {
         let e = RenderRules::new(&[table(&["a["], &[])])
             .unwrap_err()
             .to_string();
-        assert!(
-            e.starts_with("[[render]] 0: invalid map pattern \"a[\""),
-            "{e}"
-        );
+        assert!(e.starts_with("[[render]] 0: invalid pattern \"a[\""), "{e}");
+        let e = RenderRules::new(&[table(&[], &[("key", "ipv4")])])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("give maps"), "{e}");
     }
 }

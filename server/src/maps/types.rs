@@ -32,6 +32,8 @@ pub struct MapTypes {
     pub(crate) key_layout: Option<Arc<Layout>>,
     /// Ready to decode values.
     pub(crate) value_layout: Arc<Layout>,
+    /// Declared in C rather than read from the map's BTF.
+    pub(crate) declared: bool,
 }
 
 impl PartialEq for MapTypes {
@@ -55,6 +57,7 @@ impl MapTypes {
             value,
             key_layout,
             value_layout,
+            declared: false,
         })
     }
 }
@@ -95,6 +98,7 @@ impl KnownTypes {
             Self::Typed(t) => {
                 info.key_type = t.key.clone();
                 info.value_type = Some(t.value.clone());
+                info.types_declared = t.declared;
             }
             Self::Unavailable(why) => info.types_unavailable = why.to_string(),
         }

@@ -55,6 +55,21 @@ pub enum Requested {
     },
 }
 
+/// A map as a request names it, with the types it declares for it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MapRequest {
+    /// The map.
+    pub map: Requested,
+    /// Types declared in C for a map whose BTF does not give them.
+    pub declared: super::Declared,
+}
+
+impl fmt::Display for MapRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.map.fmt(f)
+    }
+}
+
 /// A map named by its kernel name: `NAME` or `NAME@OWNER`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapName {

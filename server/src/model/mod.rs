@@ -6,12 +6,14 @@
 //! This is the leaf of the module tree: it uses no other module of the
 //! daemon, so every layer above can point down to it.
 
+mod declared;
 mod identity;
 mod map_ref;
 mod quote;
 mod rpc;
 
+pub use declared::{Decl, Declared};
 pub use identity::{Caller, Identity, Operation};
-pub use map_ref::{InnerKey, InvalidPath, MapName, MapRef, Requested};
+pub use map_ref::{InnerKey, InvalidPath, MapName, MapRef, MapRequest, Requested};
 pub use quote::{MAX_QUOTE, quote};
 pub use rpc::{Rpc, RpcKind, SERVICE_NAME};

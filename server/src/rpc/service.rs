@@ -17,7 +17,7 @@ use crate::{
     error::Error,
     info,
     lookup::{self, Lookups},
-    model::{Caller, Requested, Rpc},
+    model::{Caller, MapRequest, Rpc},
     net::caller_of,
     watch::{self, WatchStream, Watches},
     wire,
@@ -58,10 +58,10 @@ fn start_call<T>(
     request: &Request<T>,
     rpc: Rpc,
     map: Option<&pb::MapRef>,
-) -> Result<(Caller, access::Record, Result<Requested, Error>), Status> {
+) -> Result<(Caller, access::Record, Result<MapRequest, Error>), Status> {
     let caller = caller_of(request)?;
     let mut audit = access::Record::start(&caller, rpc);
-    let parsed = wire::map_ref(map);
+    let parsed = wire::map_request(map);
     audit.request_map(&parsed, map);
     Ok((caller, audit, parsed))
 }

@@ -14,7 +14,7 @@ use crate::{
     cursor::{CursorError, Sealer},
     error::Error,
     maps::Decoder,
-    model::{Caller, Operation, Requested, Rpc},
+    model::{Caller, MapRequest, Operation, Rpc},
     query::{Counter, Filter, Projection, Query, Spec},
 };
 
@@ -33,7 +33,7 @@ pub(crate) async fn start(
     calls: &Calls,
     (watches, max_groups): (&Arc<Watches>, usize),
     caller: &Caller,
-    map: Requested,
+    map: MapRequest,
     req: pb::WatchMapRequest,
 ) -> Result<(Watch, Ticket), Error> {
     calls.accepting()?;
@@ -44,9 +44,11 @@ pub(crate) async fn start(
     } else {
         Operation::Dump
     };
-    let map = calls.resolve(caller, (op, Rpc::WatchMap), map).await?;
+    let (map, declared) = calls.resolve(caller, (op, Rpc::WatchMap), map).await?;
     let cursor = calls.cursor(&req.cursor, caller, &map)?;
-    let opened = calls.open(caller, (op, Rpc::WatchMap), map, true).await?;
+    let opened = calls
+        .open(caller, (op, Rpc::WatchMap), (map, &declared), true)
+        .await?;
     let meta = opened.handle.meta().clone();
     // A map that cannot be iterated is refused now.
     bpfmap_kernel::walk::Walker::new(&opened.handle, meta.clone(), Position::Start)
