@@ -25,6 +25,7 @@ pub mod netns;
 pub mod networking;
 pub mod pki;
 pub mod process;
+pub mod programs;
 mod tools;
 
 pub use tools::{ctl, grpcurl, json_lines, json_of, json_stream, map_ref, proto_of};

@@ -153,8 +153,9 @@ fn write_scan(out: &mut dyn std::io::Write, target: &Target, scan: &Scan) -> any
 }
 
 /// An event as a JSON line: its type, key and value (decoded, or hex),
-/// deltas, rates and resets.
-fn event_line(target: &str, e: &pb::WatchEvent) -> Json {
+/// deltas, rates and resets; deltas and rates in the members' natural
+/// order (`slots[2]` before `slots[10]`).
+fn event_line(target: &str, e: &pb::WatchEvent) -> String {
     let entry = e.entry.clone().unwrap_or_default();
     let kind = pb::EventType::try_from(e.r#type).map_or("UNSPECIFIED", |k| k.as_str_name());
     let key = match &entry.decoded_key {
@@ -171,14 +172,48 @@ fn event_line(target: &str, e: &pb::WatchEvent) -> Json {
         }
         None => line["value"] = json!(hex(&entry.value)),
     }
-    if !e.delta.is_empty() {
-        line["delta"] = json!(e.delta.iter().collect::<BTreeMap<_, _>>());
-        line["rate"] = json!(e.rate.iter().collect::<BTreeMap<_, _>>());
-    }
     if !e.resets.is_empty() {
         line["resets"] = json!(e.resets);
     }
-    line
+    let mut text = line.to_string();
+    if !e.delta.is_empty() {
+        let mut paths: Vec<&String> = e.delta.keys().collect();
+        paths.sort_by_cached_key(|p| natural_key(p));
+        let object = |values: &mut dyn FnMut(&str) -> Json| {
+            let members: Vec<String> = paths
+                .iter()
+                .map(|p| format!("{}:{}", Json::from(p.as_str()), values(p)))
+                .collect();
+            format!("{{{}}}", members.join(","))
+        };
+        let delta = object(&mut |p| json!(e.delta[p]));
+        let rate = object(&mut |p| json!(e.rate.get(p).copied().unwrap_or(0.0)));
+        text.pop(); // the closing brace
+        text.push_str(&format!(",\"delta\":{delta},\"rate\":{rate}}}"));
+    }
+    text
+}
+
+/// A sort key that orders the numbers in a path by value: `slots[2]`
+/// before `slots[10]`.
+fn natural_key(path: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut chars = path.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut n = u64::from(c as u8 - b'0');
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n.saturating_mul(10).saturating_add(u64::from(d));
+                chars.next();
+            }
+            out.push((std::mem::take(&mut text), n));
+        } else {
+            text.push(c);
+        }
+    }
+    out.push((text, 0));
+    out
 }
 
 /// One group as a target last reported it: its key, its values (exact),

@@ -294,7 +294,8 @@ pub(crate) struct Typer {
 }
 
 impl Typer {
-    /// The types of `map` (`meta`); blocking (reads BTF).
+    /// The types of `map` (`meta`); blocking (reads BTF). The values of a
+    /// map of maps are inner map ids (`__u32`) unless declared otherwise.
     pub(crate) fn types(
         &self,
         map: &MapRef,
@@ -304,7 +305,8 @@ impl Typer {
         let declared = self
             .declared
             .clone()
-            .or(self.rules.for_map(map, &meta.name));
+            .or(self.rules.for_map(map, &meta.name))
+            .or(Declared::implied(meta));
         self.cache
             .map_types(meta)
             .declared((&declared, asked), map, meta)

@@ -44,6 +44,30 @@ impl Declared {
         })
     }
 
+    /// What a map's type implies where its BTF says nothing: the values of
+    /// an array_of_maps or hash_of_maps are inner map ids (`__u32`), the
+    /// keys of an array_of_maps indexes.
+    pub fn implied(meta: &bpfmap_kernel::MapMeta) -> Self {
+        use bpfmap_kernel::MapType;
+        let u32_decl = || {
+            Some(Decl {
+                text: "__u32".into(),
+                info: parse_c_type("__u32", "value").expect("__u32 is a C type"),
+            })
+        };
+        match meta.map_type {
+            MapType::ARRAY_OF_MAPS if meta.key_size == 4 => Self {
+                key: u32_decl(),
+                value: u32_decl(),
+            },
+            MapType::HASH_OF_MAPS | MapType::ARRAY_OF_MAPS => Self {
+                key: None,
+                value: u32_decl(),
+            },
+            _ => Self::default(),
+        }
+    }
+
     /// Whether nothing is declared.
     pub fn is_empty(&self) -> bool {
         self.key.is_none() && self.value.is_none()

@@ -863,6 +863,9 @@ fn deltas(
         } else {
             (x, true)
         };
+        if d == 0 && !reset {
+            continue; // only the members that changed
+        }
         ev.delta.insert(c.path.clone(), d.to_string());
         ev.rate.insert(
             c.path.clone(),
