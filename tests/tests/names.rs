@@ -1,0 +1,248 @@
+//! How maps are found and described: inner maps through their outer map,
+//! names under the policy, every pin of a map reached by id or name, the
+//! files bpffs makes itself, the types that cannot be walked.
+
+use std::os::fd::AsFd as _;
+
+use bpfmap_client::{DumpMethod, DumpOptions, MapName};
+use bpfmap_kernel::{CreateMap, MapType, OwnedMap};
+use bpfmap_tests::{daemon_bin, process::DaemonProcess, *};
+use bpfmapd::{Operation, RuleConfig};
+use futures::TryStreamExt as _;
+use serde_json::json;
+use tonic::Code;
+
+/// An array_of_maps pinned at `rel` whose slot 1 holds an unpinned hash of
+/// `n` u64 keys (key * 3); slot 0 is empty.
+fn outer_with_inner(fs: &BpfFs, rel: &str, n: u64) -> (OwnedMap, OwnedMap, Entries) {
+    let inner = create_map(MapType::HASH, 8, 8, 64);
+    let mut expected = Entries::new();
+    for k in 0..n {
+        update(&inner, &k.to_le_bytes(), &(k * 3).to_le_bytes());
+        expected.insert(
+            k.to_le_bytes().to_vec(),
+            bpfmap_client::Value::Single((k * 3).to_le_bytes().to_vec()),
+        );
+    }
+    let outer = create_map_with(&CreateMap {
+        map_type: MapType::ARRAY_OF_MAPS.0,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 4,
+        name: "outer",
+        inner_map: Some(inner.as_fd()),
+        ..Default::default()
+    });
+    // A map of maps takes the inner map's descriptor as its value.
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&inner.as_fd()) as u32;
+    update(&outer, &1u32.to_le_bytes(), &fd.to_le_bytes());
+    fs.pin(&outer, rel);
+    (outer, inner, expected)
+}
+
+/// A daemon whose policy lets the anonymous caller read `outer` only.
+async fn daemon_allowing_outer(fs: &BpfFs, state: &std::path::Path) -> Daemon {
+    Daemon::start_with(bpfmapd::Config {
+        rules: vec![RuleConfig {
+            identities: vec!["anonymous".into()],
+            maps: vec!["outer".into()],
+            operations: vec![Operation::List, Operation::Dump, Operation::Lookup],
+        }],
+        ..Daemon::config(fs.path(), state)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_map_reads_through_its_outer_map_with_its_access() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let (_outer, inner, expected) = outer_with_inner(&fs, "outer", 20);
+    let (_other, _inner2, _) = outer_with_inner(&fs, "other", 1);
+    let daemon = daemon_allowing_outer(&fs, state.path()).await;
+    let client = daemon.client().await;
+    // The outer map's values are inner map ids, as numbers.
+    let (r, out, err) = ctl(&["--addr", &daemon.addr(), "lookup", "outer", "1"]).await;
+    assert!(r.is_ok(), "{err}");
+    assert_eq!(json_lines(&out)[0]["value"], json!(inner.id()), "{out}");
+    // Its inner map, by the outer map's key: every entry, without access
+    // by id (which this daemon does not allow).
+    let map: MapName = "outer".parse::<MapName>().unwrap().inner(1);
+    let got = collect_unique(
+        client
+            .dump(&map, DumpOptions::default())
+            .into_entries()
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(got, expected);
+    // By its id, the inner map is neither allowed nor reachable here.
+    let e = client.get_map(&MapName::Id(inner.id())).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::PermissionDenied, "{e}");
+    let info = client.get_map(&map).await.unwrap();
+    assert_eq!((info.id(), info.path()), (inner.id(), None));
+    inner_map_through_grpcurl_and_bpfmapctl(&daemon).await;
+    inner_maps_refused(&daemon).await;
+    daemon.stop().await;
+}
+
+async fn inner_map_through_grpcurl_and_bpfmapctl(daemon: &Daemon) {
+    let host = daemon.running.local_addr().to_string();
+    let body =
+        r#"{"map":{"inner":{"outer":{"path":"outer"},"jsonKey":1}},"keys":["BQAAAAAAAAA="]}"#;
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", body],
+        &host,
+        &["bpfmap.v1.MapService/Lookup"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let result = &json_stream(&out)[0]["results"][0];
+    assert_eq!(
+        (&result["found"], &result["value"]),
+        (&json!(true), &json!("DwAAAAAAAAA=")),
+        "{out}"
+    );
+    let (r, out, err) = ctl(&["--addr", &daemon.addr(), "dump", "outer", "--inner", "1"]).await;
+    assert!(r.is_ok(), "{err}");
+    assert_eq!(json_lines(&out).len(), 20, "{out}");
+    let (r, out, err) = ctl(&[
+        "--addr",
+        &daemon.addr(),
+        "lookup",
+        "outer",
+        "--inner",
+        "1",
+        "0500000000000000",
+    ])
+    .await;
+    assert!(r.is_ok(), "{err}");
+    assert_eq!(
+        json_lines(&out)[0]["value"],
+        json!("0f00000000000000"),
+        "{out}"
+    );
+}
+
+/// An empty slot, a map that holds no maps, an outer map the policy does
+/// not allow.
+async fn inner_maps_refused(daemon: &Daemon) {
+    let client = daemon.client().await;
+    let empty = "outer".parse::<MapName>().unwrap().inner(0);
+    let e = client.get_map(&empty).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound);
+    assert!(
+        e.to_string()
+            .contains("map outer holds no inner map at key 00000000"),
+        "{e}"
+    );
+    let denied = "other".parse::<MapName>().unwrap().inner(1);
+    let e = client.get_map(&denied).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::PermissionDenied, "{e}");
+    assert!(
+        e.to_string().contains("anonymous may not list other"),
+        "{e}"
+    );
+    // Both maps are named "outer"; a name finds only the maps the policy
+    // allows, so it names one.
+    let info = client
+        .get_map(&"name:outer".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(info.path(), Some("outer"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_map_reached_by_id_or_name_shows_its_pins_and_holders() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let map = create_map_with(&CreateMap {
+        map_type: MapType::HASH.0,
+        key_size: 8,
+        value_size: 8,
+        max_entries: 16,
+        name: "counts",
+        ..Default::default()
+    });
+    fs.pin(&map, "b/counts");
+    fs.pin(&map, "a/counts");
+    let plain = create_map(MapType::PERCPU_HASH, 4, 8, 16);
+    fs.pin(&plain, "plain");
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    for name in [format!("id:{}", map.id()), "name:counts".to_owned()] {
+        let info = client.get_map(&name.parse().unwrap()).await.unwrap();
+        assert_eq!(info.path(), Some("a/counts"), "{name}");
+        assert_eq!(info.pins(), ["a/counts", "b/counts"], "{name}");
+        assert!(info.memlock().is_some_and(|m| m > 0), "{name}");
+        assert_eq!(
+            info.owners(),
+            [],
+            "the daemon's own descriptors are not an owner's"
+        );
+    }
+    let e = client
+        .get_map(&"name:count".parse().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound);
+    assert!(
+        e.to_string().contains(r#""counts" (a/counts)"#),
+        "{e}"
+    );
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpffs_own_files_are_not_maps_and_unwalkable_types_say_so() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    assert!(
+        fs.path().join("maps.debug").exists(),
+        "this kernel preloads bpffs's iterators (maps.debug)"
+    );
+    let perf = create_map(MapType::PERF_EVENT_ARRAY, 4, 4, 2);
+    fs.pin(&perf, "perf");
+    let cgroups = create_map(MapType::CGROUP_ARRAY, 4, 4, 2);
+    fs.pin(&cgroups, "cgroups");
+    let daemon = DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
+    let client = bpfmap_client::Client::connect(&daemon.url(), Default::default())
+        .await
+        .unwrap();
+    let maps = client.list_maps().await.unwrap();
+    let listed: Vec<(&str, DumpMethod)> = maps
+        .iter()
+        .map(|m| (m.path().unwrap(), m.dump_method()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("cgroups", DumpMethod::Unsupported),
+            ("perf", DumpMethod::Unsupported)
+        ]
+    );
+    for path in ["maps.debug", "progs.debug"] {
+        let e = client.get_map(&path.parse().unwrap()).await.unwrap_err();
+        assert_eq!(
+            (code_of(&e), reason_of(&e).as_str()),
+            (Code::FailedPrecondition, "NOT_A_MAP"),
+            "{e}"
+        );
+    }
+    let e = client
+        .dump(&"perf".parse().unwrap(), DumpOptions::default())
+        .into_entries()
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap_err();
+    assert_eq!(reason_of(&e), "MAP_NOT_ITERABLE", "{e}");
+    // No warning about bpffs's own files, which are not pins of maps.
+    let warnings: Vec<String> = daemon
+        .log()
+        .into_iter()
+        .filter(|l| l.contains(r#""level":"WARN""#) && !l.contains("plaintext on loopback"))
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
