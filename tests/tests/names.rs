@@ -189,10 +189,7 @@ async fn a_map_reached_by_id_or_name_shows_its_pins_and_holders() {
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::NotFound);
-    assert!(
-        e.to_string().contains(r#""counts" (a/counts)"#),
-        "{e}"
-    );
+    assert!(e.to_string().contains(r#""counts" (a/counts)"#), "{e}");
     daemon.stop().await;
 }
 

@@ -103,7 +103,7 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "KEY")]
     pub inner: Option<String>,
     /// The map's key type in C, for a map whose BTF does not give it
-    /// ("char[16]", "__u32", "struct { __be32 addr; __u16 port; }"): the
+    /// (`char[16]`, `__u32`, `struct { __be32 addr; __u16 port; }`): the
     /// map is then decoded, filtered and grouped through it.
     #[arg(long, global = true, value_name = "C_TYPE")]
     pub key_type: Option<String>,
@@ -125,7 +125,7 @@ pub enum Command {
     /// types, pins, programs, owners and memory.
     Show {
         /// Map path relative to the daemon's root ("demo/flows"), "id:N",
-        /// or "name:NAME[@OWNER]".
+        /// or "name:NAME" (or "name:NAME@OWNER").
         map: String,
     },
     /// Dump a map's entries. A summary per target (with the cursor to
@@ -135,7 +135,7 @@ pub enum Command {
     /// "found": false.
     Lookup {
         /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
-        /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
+        /// "name:NAME" or "name:NAME@OWNER" (OWNER a program name, process name or pid).
         map: String,
         /// Keys: hex strings of exactly the map's key size, or JSON through
         /// the map's key type (an argument starting with `{`, `[` or `"`,
@@ -183,7 +183,7 @@ pub struct ListArgs {
 #[derive(Debug, Args)]
 pub struct WatchArgs {
     /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
-    /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
+    /// "name:NAME" or "name:NAME@OWNER" (OWNER a program name, process name or pid).
     pub map: String,
     /// Time between two scans (at least the daemon's
     /// limits.min_watch_interval, 1s by default).
@@ -212,7 +212,7 @@ pub struct WatchArgs {
 #[derive(Debug, Args)]
 pub struct TopArgs {
     /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
-    /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
+    /// "name:NAME" or "name:NAME@OWNER" (OWNER a program name, process name or pid).
     pub map: String,
     /// An aggregate: count(), sum(FIELD), min(FIELD) or max(FIELD), FIELD
     /// an integer member ("value.bytes"); repeatable. The first orders the
@@ -285,7 +285,7 @@ pub(crate) fn render_pairs(render: &[RenderArg]) -> impl Iterator<Item = (&str, 
 #[derive(Debug, Args)]
 pub struct DumpArgs {
     /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
-    /// "name:NAME[@OWNER]" (OWNER a program name, process name or pid).
+    /// "name:NAME" or "name:NAME@OWNER" (OWNER a program name, process name or pid).
     pub map: String,
     /// Entries per chunk (server default when 0).
     #[arg(long, default_value_t = 0)]

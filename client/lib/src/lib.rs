@@ -26,6 +26,16 @@
 //! they came in are there too (`as_proto()`, and the generated code in
 //! [`pb`]).
 //!
+//! A [`MapName`] is a pin path (`"demo/flows"`), a kernel id (`"id:12"`),
+//! a kernel name with an optional owner (`"name:hists"`,
+//! `"name:start@runqlat"`: a program name, process name or pid), or an
+//! inner map of a map of maps ([`MapName::inner`]); any of them may carry
+//! types declared in C for a map whose BTF does not give them
+//! ([`MapName::with_types`]: `"char[16]"`, `"__u64"`).
+//! [`Client::list_maps_with`] narrows the list by name, type and owner, and
+//! [`MapInfo`] says who holds each map ([`MapInfo::programs`],
+//! [`MapInfo::owners`]).
+//!
 //! A dump resumes by itself from the last cursor it received when the
 //! stream breaks (UNAVAILABLE, or a transport error such as a reset
 //! connection), with exponential backoff; see [`RetryPolicy`] for the

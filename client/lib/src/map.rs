@@ -35,7 +35,7 @@ pub enum MapName {
     Declared {
         /// The map.
         map: Box<MapName>,
-        /// The key's type ("char[16]"); empty: not declared.
+        /// The key's type (`char[16]`); empty: not declared.
         key: String,
         /// The value's type ("__u64"); empty: not declared.
         value: String,

@@ -24,7 +24,7 @@ pub struct TypesConfig {
     /// Kernel name globs ("AT_*"), for maps without pins too.
     #[serde(default)]
     pub names: Vec<String>,
-    /// The key's type in C ("char[16]"); absent: not declared.
+    /// The key's type in C (`char[16]`); absent: not declared.
     #[serde(default)]
     pub key: String,
     /// The value's type in C ("__u64"); absent: not declared.

@@ -18,7 +18,7 @@ pub struct Declared {
 /// One declared type: as written, and as parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decl {
-    /// The C declaration ("char[16]").
+    /// The C declaration (`char[16]`).
     pub text: String,
     /// Its description.
     pub info: TypeInfo,
