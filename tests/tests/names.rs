@@ -243,3 +243,80 @@ async fn bpffs_own_files_are_not_maps_and_unwalkable_types_say_so() {
         .collect();
     assert!(warnings.is_empty(), "{warnings:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_and_requested_declarations_type_maps_without_btf() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let _demo = bpfmapd::Demo::start(fs.path()).expect("the demo starts");
+    let (_plain, _) = u64_hash(&fs, "plain", 5, 8);
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        types: vec![bpfmapd::TypesConfig {
+            maps: vec!["pla*".into()],
+            names: Vec::new(),
+            key: "__u64".into(),
+            value: "struct { __u32 lo; __u32 hi; }".into(),
+        }],
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    let plain: MapName = "plain".parse().unwrap();
+    let info = client.get_map(&plain).await.unwrap();
+    assert!(info.as_proto().types_declared);
+    // Typed for every call: a filter on a declared member.
+    let (r, out, err) = ctl(&[
+        "--addr",
+        &daemon.addr(),
+        "dump",
+        "plain",
+        "--filter",
+        "value.lo == 6",
+    ])
+    .await;
+    assert!(r.is_ok(), "{err}");
+    assert_eq!(json_lines(&out)[0]["key"], json!("2"), "{out}");
+    assert_eq!(
+        json_lines(&out)[0]["value"],
+        json!({"lo": 6, "hi": 0}),
+        "{out}"
+    );
+    // A request's declaration overrides the configuration's, side by side.
+    let info = client
+        .get_map(&plain.clone().with_types("", "__s64"))
+        .await
+        .unwrap();
+    assert_eq!(info.as_proto().value_type.as_ref().unwrap().name, "__s64");
+    assert_eq!(info.as_proto().key_type.as_ref().unwrap().name, "__u64");
+    // The size must be the map's; the BTF's types are not redeclared.
+    let e = client
+        .get_map(&plain.with_types("__u32", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    assert!(
+        e.to_string()
+            .contains(r#"the declared key type "__u32" is 4 bytes; the map's keys are 8 bytes"#),
+        "{e}"
+    );
+    let flows: MapName = "demo/flows"
+        .parse::<MapName>()
+        .unwrap()
+        .with_types("", "__u64[2]");
+    let e = client.get_map(&flows).await.unwrap_err();
+    assert_eq!(
+        (code_of(&e), reason_of(&e).as_str()),
+        (Code::FailedPrecondition, "MAP_UNTYPED"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("its BTF gives its value type"),
+        "{e}"
+    );
+    let e = client
+        .get_map(&"plain".parse::<MapName>().unwrap().with_types("char[", ""))
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    assert!(e.to_string().contains("map.declare: key: an array needs a length"), "{e}");
+    daemon.stop().await;
+}

@@ -828,10 +828,52 @@ async fn bpfmapctl_watch_resumes_from_its_saved_cursor_and_top_prints_rates() {
         l["key"] == "IPPROTO_TCP" || l["key"] == "IPPROTO_UDP",
         "{out}"
     );
+    // Sums are exact integers, as one-shot top prints them (not 33.0).
     assert!(
-        l["sum(value.bytes)"].is_number() && l["rate(sum(value.bytes))"].is_number(),
+        l["sum(value.bytes)"].is_u64() && l["rate(sum(value.bytes))"].is_number(),
         "{out}"
     );
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpfmapctl_watch_prints_the_per_cpu_values_of_a_map_without_types() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let map = create_map(bpfmap_kernel::MapType::PERCPU_HASH, 4, 8, 16);
+    let cpus = bpfmap_kernel::possible_cpus() as usize;
+    let per_cpu: Vec<u8> = (0..cpus as u64)
+        .flat_map(|c| (c + 1).to_le_bytes())
+        .collect();
+    update(&map, &7u32.to_le_bytes(), &per_cpu);
+    fs.pin(&map, "counts");
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let addr = daemon.running.local_addr().to_string();
+    let watch = |extra: &'static [&'static str]| {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["watch", "counts", "--interval", "1s"];
+            args.extend_from_slice(extra);
+            bpfmapctl_for(&[addr], &args, 2.5)
+        })
+    };
+    let out = watch(&[]).await.unwrap();
+    let added = json_lines(&out)
+        .into_iter()
+        .find(|l| l["type"] == "ADDED")
+        .expect(&out);
+    let want: Vec<String> = (0..cpus as u64)
+        .map(|c| faster_hex::hex_string(&(c + 1).to_le_bytes()))
+        .collect();
+    assert_eq!(added["key"], json!("07000000"), "{out}");
+    assert_eq!(added["per_cpu_values"], json!(want), "{out}");
+    let out = watch(&["--per-cpu", "sum"]).await.unwrap();
+    let added = json_lines(&out)
+        .into_iter()
+        .find(|l| l["type"] == "ADDED")
+        .expect(&out);
+    let sum = (1..=cpus as u64).sum::<u64>();
+    assert_eq!(added["value"], json!(sum.to_string()), "{out}");
     daemon.stop().await;
 }
 
