@@ -412,6 +412,20 @@ async fn xdp_filter_maps_read_addresses_and_ports_as_written() {
 /// 10.0.0.1 in filter_ipv4 (network-order bytes in a __u32) and port 443 in
 /// filter_ports (indexed by the network-order port, 47873).
 async fn xdp_filter_address_and_port(daemon: &Daemon) {
+    // The library: the key in its rendered spelling, the bytes as written.
+    let client = daemon.client().await;
+    let options = bpfmap_client::LookupOptions::default().with_render([("key", "ipv4")]);
+    let found = client
+        .lookup(
+            &"name:filter_ipv4@xdpfilt_alw_all".parse().unwrap(),
+            [bpfmap_client::Key::Json("10.0.0.1".into())],
+            options,
+        )
+        .await
+        .unwrap();
+    assert!(found[0].found());
+    assert_eq!(found[0].key(), [10, 0, 0, 1]);
+    assert_eq!(json_of(found[0].decoded_key().unwrap()), json!("10.0.0.1"));
     let host = daemon.running.local_addr().to_string();
     let body = r#"{"map":{"path":"xdp-filter/filter_ipv4"},"jsonKeys":["10.0.0.1"],"render":{"key":"ipv4"},"perCpu":"PER_CPU_SUM"}"#;
     let (ok, out, err) = grpcurl(
