@@ -317,6 +317,10 @@ async fn configured_and_requested_declarations_type_maps_without_btf() {
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
-    assert!(e.to_string().contains("map.declare: key: an array needs a length"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("map.declare: key: an array needs a length"),
+        "{e}"
+    );
     daemon.stop().await;
 }

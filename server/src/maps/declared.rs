@@ -46,17 +46,22 @@ pub(crate) struct TypeRules {
     rules: Vec<(GlobSet, GlobSet, Declared)>,
 }
 
-/// Compiles globs; the error says which is not one.
-pub(crate) fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
+/// Compiles globs (`*` does not cross `/`).
+pub(crate) fn glob_set(patterns: &[String]) -> Result<GlobSet, globset::Error> {
     let mut set = GlobSetBuilder::new();
     for p in patterns {
-        let glob: Glob = GlobBuilder::new(p)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| format!("invalid pattern {p:?}: {}", e.kind()))?;
+        let glob: Glob = GlobBuilder::new(p).literal_separator(true).build()?;
         set.add(glob);
     }
-    set.build().map_err(|e| e.kind().to_string())
+    set.build()
+}
+
+/// A glob that does not compile, in a configuration error.
+pub(crate) fn glob_error(e: &globset::Error) -> String {
+    match e.glob() {
+        Some(glob) => format!("invalid pattern {glob:?}: {}", e.kind()),
+        None => e.kind().to_string(),
+    }
 }
 
 impl TypeRules {
@@ -78,8 +83,8 @@ impl TypeRules {
                 ));
             }
             rules.push((
-                glob_set(&t.maps).map_err(fail)?,
-                glob_set(&t.names).map_err(fail)?,
+                glob_set(&t.maps).map_err(|e| fail(glob_error(&e)))?,
+                glob_set(&t.names).map_err(|e| fail(glob_error(&e)))?,
                 declared,
             ));
         }

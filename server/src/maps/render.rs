@@ -9,7 +9,7 @@ use bpfmap_proto::typed::{Renderings, TypeError};
 use globset::GlobSet;
 use serde::Deserialize;
 
-use super::declared::glob_set;
+use super::declared::{glob_error, glob_set};
 use crate::model::MapRef;
 
 /// One `[[render]]` table as written in the configuration.
@@ -56,7 +56,10 @@ impl RenderRules {
                 });
             }
             let set = |patterns: &[String]| {
-                glob_set(patterns).map_err(|why| RenderConfigError::Patterns { table, why })
+                glob_set(patterns).map_err(|e| RenderConfigError::Patterns {
+                    table,
+                    why: glob_error(&e),
+                })
             };
             let (maps, names) = (set(&t.maps)?, set(&t.names)?);
             let renderings = Renderings::parse(&t.members)
