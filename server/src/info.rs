@@ -22,8 +22,8 @@ pub(crate) async fn list(
 ) -> Result<Vec<pb::MapInfo>, Error> {
     calls.accepting()?;
     let narrow = Narrowing::of(&req)?;
-    let catalog = calls.catalog.clone();
-    let (listed, holders) = blocking(move || Ok((catalog.list(), Holders::scan()))).await?;
+    let (catalog, holders) = (calls.catalog.clone(), calls.holders.clone());
+    let (listed, holders) = blocking(move || Ok((catalog.list(), holders.get()))).await?;
     let pins = Catalog::pins(&listed);
     let policy = calls.policy.load();
     Ok(listed
@@ -106,8 +106,8 @@ pub(crate) async fn get(
         .map(|(path, how)| (path.to_owned(), how.to_string()))
         .collect();
     info.memlock = opened.handle.memlock().unwrap_or(0);
-    let (catalog, id) = (calls.catalog.clone(), info.id);
-    let (pins, holders) = blocking(move || Ok((catalog.pins_of(id), Holders::scan()))).await?;
+    let (catalog, holders, id) = (calls.catalog.clone(), calls.holders.clone(), info.id);
+    let (pins, holders) = blocking(move || Ok((catalog.pins_of(id), holders.get()))).await?;
     if !matches!(opened.map, MapRef::Path(_))
         && let Some(first) = pins.first()
     {

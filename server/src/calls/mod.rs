@@ -19,7 +19,7 @@ use crate::{
     access::SharedPolicy,
     cursor::{self, SharedKeys},
     error::Error,
-    maps::{Catalog, KnownTypes, RenderRules, Resolved, TypeCache, TypeRules},
+    maps::{Catalog, HoldersCache, KnownTypes, RenderRules, Resolved, TypeCache, TypeRules},
     model::{Caller, Declared, InnerKey, MapRef, MapRequest, Operation, Requested, Rpc},
     ops::Metrics,
 };
@@ -35,6 +35,8 @@ pub(crate) struct Calls {
     pub(crate) renders: Arc<RenderRules>,
     /// Types declared for maps whose BTF does not give them.
     pub(crate) declarations: Arc<TypeRules>,
+    /// Who holds the maps, read at most once a second.
+    pub(crate) holders: Arc<HoldersCache>,
     /// The cursor keys in force.
     pub(crate) keys: SharedKeys,
     /// The policy in force.
@@ -113,9 +115,11 @@ impl Calls {
             Requested::Ref(r) => Ok(r),
             Requested::Name(name) => {
                 let (catalog, policy) = (self.catalog.clone(), self.policy.load_full());
-                let identity = caller.identity.clone();
-                blocking(move || catalog.find_name(&name, |r| policy.allows(&identity, op, r)))
-                    .await
+                let (identity, holders) = (caller.identity.clone(), self.holders.clone());
+                blocking(move || {
+                    catalog.find_name(&name, |r| policy.allows(&identity, op, r), &holders)
+                })
+                .await
             }
             Requested::Inner { .. } => Err(Error::InvalidArgument(
                 "maps of maps do not nest: an outer map is named by path, id or name".into(),

@@ -249,6 +249,7 @@ impl Core {
             types: Arc::default(),
             renders: Arc::new(render_rules(config)?),
             declarations: Arc::new(crate::maps::TypeRules::new(&config.types)?),
+            holders: Arc::default(),
             keys: r.keys.clone(),
             policy: r.policy.clone(),
             metrics: self.metrics.clone(),

@@ -15,7 +15,7 @@ use std::{
 
 use bpfmap_kernel::{MapHandle, MapMeta, MapType, OpenError};
 
-use super::holders::{Holders, kernel_name};
+use super::holders::{Holders, HoldersCache, kernel_name};
 use crate::{
     error::Error,
     model::{MapName, MapRef, quote},
@@ -161,6 +161,7 @@ impl Catalog {
         &self,
         name: &MapName,
         allowed: impl Fn(&MapRef) -> bool,
+        holders: &HoldersCache,
     ) -> Result<MapRef, Error> {
         // Each reachable map once, by id: how it is named, and its name.
         let mut by_id: BTreeMap<u32, (MapRef, String)> = BTreeMap::new();
@@ -175,7 +176,7 @@ impl Catalog {
             .filter(|(_, (_, n))| n == wanted)
             .map(|(id, (r, _))| (*id, r))
             .collect();
-        let holders = (name.owner.is_some() || named.len() > 1).then(Holders::scan);
+        let holders = (name.owner.is_some() || named.len() > 1).then(|| holders.get());
         let matching: Vec<(u32, &MapRef)> = match (&name.owner, &holders) {
             (Some(owner), Some(h)) => named
                 .iter()

@@ -1,11 +1,39 @@
 //! Who holds the maps: the programs that use each map and the processes
-//! with a descriptor to it, read once per call that needs them (GetMap,
-//! ListMaps, a name with an owner, the candidates of a name).
+//! with a descriptor to it, read for the calls that need them (GetMap,
+//! ListMaps, a name with an owner, the candidates of a name) at most once
+//! per [`FRESH_FOR`]: reading them walks every process's descriptors.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use bpfmap_kernel::holders::{self, ProcessScan};
 use bpfmap_proto::v1 as pb;
+
+/// How long one reading of the holders serves the calls that follow.
+pub(crate) const FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// The last reading of the holders, shared by the calls of the next
+/// [`FRESH_FOR`].
+#[derive(Debug, Default)]
+pub(crate) struct HoldersCache(Mutex<Option<(Instant, Arc<Holders>)>>);
+
+impl HoldersCache {
+    /// The holders, read now unless a reading is fresh; blocking.
+    pub(crate) fn get(&self) -> Arc<Holders> {
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match &*last {
+            Some((at, h)) if at.elapsed() < FRESH_FOR => h.clone(),
+            _ => {
+                let h = Arc::new(Holders::scan());
+                *last = Some((Instant::now(), h.clone()));
+                h
+            }
+        }
+    }
+}
 
 /// The programs and processes holding each map, by map id.
 #[derive(Debug, Default)]

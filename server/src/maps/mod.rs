@@ -15,7 +15,7 @@ pub(crate) use catalog::{Catalog, Listed, Resolved};
 pub(crate) use declared::TypeRules;
 pub use declared::TypesConfig;
 pub use demo::{Demo, flow_key, flow_types, flow_value, typed_flows};
-pub(crate) use holders::Holders;
+pub(crate) use holders::{Holders, HoldersCache};
 pub use render::RenderConfig;
 pub(crate) use render::RenderRules;
 pub(crate) use types::Decoder;
