@@ -117,22 +117,9 @@ impl fmt::Display for MapName {
                     b.iter().try_for_each(|x| write!(f, "{x:02x}"))?;
                     f.write_str("]")
                 }
-                InnerKey::Json(v) => write!(f, "{outer}[{}]", json_text(v)),
+                InnerKey::Json(v) => write!(f, "{outer}[{}]", bpfmap_proto::typed::value_brief(v)),
             },
         }
-    }
-}
-
-/// A JSON key in a map's text form: numbers and strings as they are,
-/// objects and lists elided.
-fn json_text(v: &prost_types::Value) -> String {
-    use prost_types::value::Kind;
-    match &v.kind {
-        Some(Kind::NumberValue(n)) => format!("{n}"),
-        Some(Kind::StringValue(s)) => format!("{s:?}"),
-        Some(Kind::BoolValue(b)) => b.to_string(),
-        Some(Kind::StructValue(_) | Kind::ListValue(_)) => "{...}".to_owned(),
-        Some(Kind::NullValue(_)) | None => "null".to_owned(),
     }
 }
 

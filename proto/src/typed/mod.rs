@@ -705,5 +705,19 @@ impl fmt::Display for Layout {
     }
 }
 
+/// A JSON value in a map reference's text form (an inner map's key in
+/// `outer[KEY]`): numbers and strings as they are, objects and lists
+/// elided.
+pub fn value_brief(v: &prost_types::Value) -> String {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::NumberValue(n)) => format!("{n}"),
+        Some(Kind::StringValue(s)) => format!("{s:?}"),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        Some(Kind::StructValue(_) | Kind::ListValue(_)) => "{...}".to_owned(),
+        Some(Kind::NullValue(_)) | None => "null".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -140,7 +140,7 @@ impl fmt::Display for Requested {
             Self::Name(n) => n.fmt(f),
             Self::Inner { outer, key } => match key {
                 InnerKey::Bytes(b) => write!(f, "{outer}[{}]", hex(b)),
-                InnerKey::Json(v) => write!(f, "{outer}[{}]", json_text(v)),
+                InnerKey::Json(v) => write!(f, "{outer}[{}]", bpfmap_proto::typed::value_brief(v)),
             },
         }
     }
@@ -149,18 +149,6 @@ impl fmt::Display for Requested {
 /// Lowercase hex of `b`.
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// A JSON key, compact, for messages (bounded by `quote` where shown).
-fn json_text(v: &prost_types::Value) -> String {
-    use prost_types::value::Kind;
-    match &v.kind {
-        Some(Kind::NumberValue(n)) => format!("{n}"),
-        Some(Kind::StringValue(s)) => format!("{s:?}"),
-        Some(Kind::BoolValue(b)) => b.to_string(),
-        Some(Kind::StructValue(_) | Kind::ListValue(_)) => "{...}".to_owned(),
-        Some(Kind::NullValue(_)) | None => "null".to_owned(),
-    }
 }
 
 /// A map path that cannot name a map; the message says what to send instead.
