@@ -23,12 +23,15 @@ pub(crate) async fn list(
     calls.accepting()?;
     let narrow = Narrowing::of(&req)?;
     let (catalog, holders) = (calls.catalog.clone(), calls.holders.clone());
-    let (listed, holders) = blocking(move || Ok((catalog.list(), holders.get()))).await?;
-    let pins = Catalog::pins(&listed);
+    let (listed, holders) = blocking(move || Ok((catalog.list(true), holders.get()))).await?;
     let policy = calls.policy.load();
+    let may_list = |r: &MapRef| policy.allows(&caller.identity, Operation::List, r);
+    let listed: Vec<&Listed> = listed.iter().filter(|l| may_list(&l.map)).collect();
+    // Only the pins the caller may list: a pin under a path the policy
+    // denies is not revealed.
+    let pins = Catalog::pins(listed.iter().copied());
     Ok(listed
-        .iter()
-        .filter(|l| policy.allows(&caller.identity, Operation::List, &l.map))
+        .into_iter()
         .filter(|l| narrow.keeps(l, &holders))
         .map(|l| {
             let mut info = (&l.map, &l.meta).into_proto();
@@ -108,6 +111,12 @@ pub(crate) async fn get(
     info.memlock = opened.handle.memlock().unwrap_or(0);
     let (catalog, holders, id) = (calls.catalog.clone(), calls.holders.clone(), info.id);
     let (pins, holders) = blocking(move || Ok((catalog.pins_of(id), holders.get()))).await?;
+    // Only the pins the caller may see.
+    let policy = calls.policy.load();
+    let pins: Vec<String> = pins
+        .into_iter()
+        .filter(|p| policy.allows(&caller.identity, Operation::List, &MapRef::Path(p.clone())))
+        .collect();
     if !matches!(opened.map, MapRef::Path(_))
         && let Some(first) = pins.first()
     {

@@ -45,7 +45,7 @@ async fn daemon_allowing_outer(fs: &BpfFs, state: &std::path::Path) -> Daemon {
     Daemon::start_with(bpfmapd::Config {
         rules: vec![RuleConfig {
             identities: vec!["anonymous".into()],
-            maps: vec!["outer".into()],
+            maps: vec!["outer".into(), "pub/*".into()],
             operations: vec![Operation::List, Operation::Dump, Operation::Lookup],
         }],
         ..Daemon::config(fs.path(), state)
@@ -56,8 +56,14 @@ async fn daemon_allowing_outer(fs: &BpfFs, state: &std::path::Path) -> Daemon {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inner_map_reads_through_its_outer_map_with_its_access() {
     let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
-    let (_outer, inner, expected) = outer_with_inner(&fs, "outer", 20);
-    let (_other, _inner2, _) = outer_with_inner(&fs, "other", 1);
+    let (outer, inner, expected) = outer_with_inner(&fs, "outer", 20);
+    let (other, _inner2, _) = outer_with_inner(&fs, "other", 1);
+    // "pub/o" leads to "other", which the policy denies; "outer" is also
+    // pinned where the policy denies.
+    std::fs::create_dir(fs.path().join("pub")).unwrap();
+    std::os::unix::fs::symlink("../other", fs.path().join("pub/o")).unwrap();
+    fs.pin(&other, "secret/other");
+    fs.pin(&outer, "secret/outer");
     let daemon = daemon_allowing_outer(&fs, state.path()).await;
     let client = daemon.client().await;
     // The outer map's values are inner map ids, as numbers.
@@ -81,6 +87,30 @@ async fn an_inner_map_reads_through_its_outer_map_with_its_access() {
     assert_eq!(code_of(&e), Code::PermissionDenied, "{e}");
     let info = client.get_map(&map).await.unwrap();
     assert_eq!((info.id(), info.path()), (inner.id(), None));
+    // Pins where the policy denies are not revealed.
+    let info = client.get_map(&"outer".parse().unwrap()).await.unwrap();
+    assert_eq!(info.pins(), ["outer"]);
+    let listed = client.list_maps().await.unwrap();
+    let outer_pins: Vec<&[String]> = listed
+        .iter()
+        .filter(|m| m.name() == "outer")
+        .map(|m| m.pins())
+        .collect();
+    assert_eq!(
+        outer_pins,
+        [["outer".to_owned()]],
+        "only the allowed pin, listed once"
+    );
+    // Through a symlink, the inner map is allowed what the target is,
+    // whatever form its key takes.
+    for key in [
+        bpfmap_client::InnerKey::Bytes(1u32.to_le_bytes().to_vec()),
+        1u32.into(),
+    ] {
+        let via = "pub/o".parse::<MapName>().unwrap().inner(key);
+        let e = client.get_map(&via).await.unwrap_err();
+        assert_eq!(code_of(&e), Code::PermissionDenied, "{via}: {e}");
+    }
     inner_map_through_grpcurl_and_bpfmapctl(&daemon).await;
     inner_maps_refused(&daemon).await;
     daemon.stop().await;

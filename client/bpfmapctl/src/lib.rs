@@ -97,9 +97,9 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub raw: bool,
     /// Read the inner map the named map (an array_of_maps or
-    /// hash_of_maps) holds at KEY (JSON, a decimal number or hex, as
-    /// `lookup` takes keys), with the outer map's access: on show, dump,
-    /// lookup, top and watch.
+    /// hash_of_maps) holds at KEY (JSON, a decimal number, or hex: `0x`
+    /// first when it is all digits), with the outer map's access: on show,
+    /// dump, lookup, top and watch.
     #[arg(long, global = true, value_name = "KEY")]
     pub inner: Option<String>,
     /// The map's key type in C, for a map whose BTF does not give it

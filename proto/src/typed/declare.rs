@@ -57,6 +57,7 @@ pub fn parse_c_type(text: &str, what: &str) -> Result<TypeInfo, TypeError> {
 }
 
 /// A parsed type: its description and its alignment.
+#[derive(Clone)]
 struct Ty {
     info: TypeInfo,
     align: u64,
@@ -144,16 +145,16 @@ impl Parser {
         let mut lengths = Vec::new();
         while self.optional("[") {
             let n = self.next().ok_or("an array needs a length")?;
-            let n: u64 = n
+            let n: u32 = n
                 .parse()
-                .map_err(|_| format!("array length {n:?} is not a number"))?;
+                .map_err(|_| format!("array length {n:?} is not a number of at most 2^32 - 1"))?;
             self.expect("]")?;
             lengths.push(n);
         }
         // int a[2][3] is an array of 2 arrays of 3.
         let mut t = element;
         for n in lengths.into_iter().rev() {
-            let size = t.info.size as u64 * n;
+            let size = u64::from(t.info.size) * u64::from(n);
             if size > MAX_SIZE {
                 return Err(format!("the type is larger than {MAX_SIZE} bytes"));
             }
@@ -163,7 +164,7 @@ impl Parser {
                     size: size as u32,
                     kind: Some(type_info::Kind::Array(Box::new(ArrayType {
                         element: Some(Box::new(t.info)),
-                        length: n as u32,
+                        length: n,
                     }))),
                 },
                 align: t.align,
@@ -189,7 +190,7 @@ impl Parser {
             if self.peek().is_none() {
                 return Err("a struct or union is not closed with \"}\"".into());
             }
-            members.push(self.member()?);
+            members.extend(self.members()?);
         }
         packed |= self.attributes()?;
         self.depth -= 1;
@@ -219,41 +220,65 @@ impl Parser {
         Ok(packed)
     }
 
-    /// One member: `TYPE [NAME][[N]...] [: BITS];`.
-    fn member(&mut self) -> Result<Declared, String> {
-        let ty = self.type_name()?;
+    /// One declaration of members: `TYPE DECLARATOR[, DECLARATOR...];`,
+    /// each declarator `[NAME][[N]...] [: BITS]` (`__u8 ihl:4, version:4;`,
+    /// an unnamed bitfield `__u32 :3;` pads).
+    fn members(&mut self) -> Result<Vec<Declared>, String> {
+        let base = self.type_name()?;
+        let mut out = Vec::new();
+        loop {
+            out.push(self.declarator(&base)?);
+            if !self.optional(",") {
+                break;
+            }
+        }
+        self.expect(";")?;
+        Ok(out)
+    }
+
+    /// One declarator of a member of type `base`.
+    fn declarator(&mut self, base: &Ty) -> Result<Declared, String> {
         let name = match self.peek() {
             Some(t) if is_identifier(t) => self.next().unwrap_or_default(),
             _ => String::new(),
         };
-        let ty = self.array_suffix(ty)?;
-        let bits = if self.optional(":") {
-            let n = self.next().ok_or("a bitfield needs a width")?;
-            let bits: u32 = n
-                .parse()
-                .map_err(|_| format!("bitfield width {n:?} is not a number"))?;
-            if !matches!(ty.info.kind, Some(type_info::Kind::Int(_))) || bits == 0 {
-                return Err(format!(
-                    "{name}: only integers are bitfields, of 1 bit or more"
-                ));
-            }
-            if bits > ty.info.size * 8 {
-                return Err(format!("{name}: {bits} bits do not fit its type"));
-            }
-            bits
-        } else {
-            0
+        let ty = self.array_suffix(base.clone())?;
+        let bits = match self.optional(":") {
+            true => Some(self.bitfield_width(&name, &ty)?),
+            false => None,
         };
-        self.expect(";")?;
-        if name.is_empty()
-            && !matches!(
-                ty.info.kind,
-                Some(type_info::Kind::Struct(_) | type_info::Kind::Union(_))
-            )
-        {
-            return Err("a member needs a name (only structs and unions are anonymous)".into());
+        let record = matches!(
+            ty.info.kind,
+            Some(type_info::Kind::Struct(_) | type_info::Kind::Union(_))
+        );
+        if name.is_empty() && bits.is_none() && !record {
+            return Err(
+                "a member needs a name (only structs, unions and bitfields are unnamed)".into(),
+            );
+        }
+        if bits == Some(0) && !name.is_empty() {
+            return Err(format!("{name}: a bitfield of width 0 has no name"));
         }
         Ok(Declared { name, ty, bits })
+    }
+
+    /// The width after `NAME :`.
+    fn bitfield_width(&mut self, name: &str, ty: &Ty) -> Result<u32, String> {
+        let n = self.next().ok_or("a bitfield needs a width")?;
+        let bits: u32 = n
+            .parse()
+            .map_err(|_| format!("bitfield width {n:?} is not a number"))?;
+        let integer = matches!(
+            ty.info.kind,
+            Some(type_info::Kind::Int(_) | type_info::Kind::Char(_) | type_info::Kind::Bool(_))
+        );
+        if !integer {
+            return Err(format!("{name}: only integers are bitfields"));
+        }
+        if bits > ty.info.size * 8 {
+            return Err(format!("{name}: {bits} bits do not fit its type"));
+        }
+        Ok(bits)
     }
 
     /// A scalar type: a run of C keywords, or one typedef name.
@@ -275,11 +300,12 @@ impl Parser {
     }
 }
 
-/// A member before layout.
+/// A member before layout: a bitfield has a width (an unnamed one only
+/// pads; of width 0, it moves the next bitfield to a new unit).
 struct Declared {
     name: String,
     ty: Ty,
-    bits: u32,
+    bits: Option<u32>,
 }
 
 /// Lays members out as C does: each at its alignment (bitfields packed
@@ -292,34 +318,41 @@ fn lay_out(members: Vec<Declared>, union: bool, packed: bool) -> Result<Ty, Stri
     let mut out = Vec::new();
     for m in members {
         let a = if packed { 1 } else { m.ty.align };
-        align = align.max(a);
+        let unit = a * 8;
         let member_bits = u64::from(m.ty.info.size) * 8;
-        let at = if union {
-            0
-        } else if m.bits > 0 {
+        let (at, width) = match m.bits {
+            _ if union => (0, m.bits.map_or(member_bits, u64::from)),
+            // Width 0: the next bitfield starts a new unit.
+            Some(0) => {
+                bit = bit.div_ceil(unit) * unit;
+                continue;
+            }
             // A bitfield starts where it fits in one aligned unit of its
             // type.
-            let unit = a * 8;
-            let start = bit;
-            if (start % unit) + u64::from(m.bits) > unit.max(member_bits) && !packed {
-                start.div_ceil(unit) * unit
-            } else {
-                start
+            Some(bits) => {
+                let bits = u64::from(bits);
+                let fits = (bit % unit) + bits <= unit.max(member_bits);
+                (
+                    if fits || packed {
+                        bit
+                    } else {
+                        bit.div_ceil(unit) * unit
+                    },
+                    bits,
+                )
             }
-        } else {
-            bit.div_ceil(a * 8) * (a * 8)
-        };
-        let width = if m.bits > 0 {
-            u64::from(m.bits)
-        } else {
-            member_bits
+            None => (bit.div_ceil(unit) * unit, member_bits),
         };
         bit = if union { 0 } else { at + width };
         size = size.max((at + width).div_ceil(8));
+        if m.name.is_empty() && m.bits.is_some() {
+            continue; // an unnamed bitfield pads, and does not align the record
+        }
+        align = align.max(a);
         out.push(Member {
             name: m.name,
             bit_offset: at as u32,
-            bitfield_size: m.bits,
+            bitfield_size: m.bits.unwrap_or(0),
             r#type: Some(m.ty.info),
         });
     }
@@ -374,9 +407,8 @@ fn c_type(words: &[String]) -> Result<Ty, String> {
             return Ok(scalar("double", 8, type_info::Kind::Float(FloatType {})));
         }
         (1, 0, 0, 0) => {
-            let kind = type_info::Kind::Char(CharType {
-                signed: count("signed") == 1,
-            });
+            // A plain char is signed, as on x86-64.
+            let kind = type_info::Kind::Char(CharType { signed: !unsigned });
             return Ok(scalar(&spelled, 1, kind));
         }
         (0, 1, 0, 0 | 1) => 2,
@@ -494,6 +526,23 @@ mod tests {
         assert_eq!(u.size, 8);
         let bits = parse_c_type("struct { __u32 a:4; __u32 b:4; __u16 c; }", "value").unwrap();
         assert_eq!(bits.size, 4);
+        // iphdr's first byte, two declarators; unnamed and zero-width
+        // bitfields pad.
+        let iphdr = parse_c_type("struct { __u8 ihl:4, version:4; __u8 tos; }", "value").unwrap();
+        assert_eq!(iphdr.size, 2);
+        assert_eq!(json(&iphdr, &[0x45, 7]), r#"{"ihl":5,"version":4,"tos":7}"#);
+        let padded = parse_c_type(
+            "struct { __u32 a:3; __u32 :5; __u32 b:8; __u32 :0; __u32 c:1; }",
+            "value",
+        )
+        .unwrap();
+        let Some(type_info::Kind::Struct(r)) = &padded.kind else {
+            panic!("a struct")
+        };
+        let offsets: Vec<u32> = r.members.iter().map(|m| m.bit_offset).collect();
+        assert_eq!((offsets, padded.size), (vec![0, 8, 32], 8));
+        let flags = parse_c_type("struct { char c:2; _Bool b:1; }", "value").unwrap();
+        assert_eq!(flags.size, 1);
         let nested = parse_c_type(
             "struct { struct { __u32 x; } inner; union { __u32 y; __u16 z; }; }",
             "value",
@@ -513,7 +562,11 @@ mod tests {
             ("struct { }", "needs members"),
             ("__u32 extra", "unexpected \"extra\""),
             ("unsigned signed", "is not a C type"),
-            ("struct { char a:3; }", "only integers are bitfields"),
+            ("struct { float a:3; }", "only integers are bitfields"),
+            ("struct { __u8 a:9; }", "9 bits do not fit"),
+            ("struct { __u32 a:0; }", "a bitfield of width 0 has no name"),
+            ("char[4294967296]", "is not a number of at most 2^32 - 1"),
+            ("__u64[4294967295]", "larger than"),
             ("__u8 $", "unexpected character '$'"),
         ] {
             let e = parse_c_type(text, "key").unwrap_err().to_string();

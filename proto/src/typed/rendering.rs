@@ -95,7 +95,14 @@ impl Rendering {
         }
         let bytes = matches!(node, Node::Array { .. } | Node::Opaque { .. });
         let kind_ok = match self {
-            Self::String => bytes,
+            // Text is made of bytes: a char or __u8 array, or untyped bytes.
+            Self::String => matches!(
+                node,
+                Node::Array {
+                    element_size: 1,
+                    ..
+                } | Node::Opaque { .. }
+            ),
             Self::Hex => !matches!(node, Node::Rendered { .. }),
             _ => bytes || matches!(node, Node::Int { .. } | Node::Record(_)),
         };

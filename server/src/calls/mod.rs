@@ -79,7 +79,21 @@ impl Calls {
         requested: MapRequest,
     ) -> Result<(MapRef, Declared), Error> {
         let MapRequest { map, declared } = requested;
-        Ok((self.resolve_ref(caller, call, map).await?, declared))
+        let named = !matches!(map, Requested::Ref(_));
+        let text = named.then(|| map.to_string());
+        let resolved = self.resolve_ref(caller, call, map).await?;
+        if let Some(requested) = text {
+            // The audit log records a call's map as requested; which map a
+            // name or an inner reference meant goes beside it.
+            tracing::info!(
+                target: "bpfmapd::audit",
+                identity = %caller.identity,
+                requested = %requested,
+                map = %resolved,
+                "map resolved"
+            );
+        }
+        Ok((resolved, declared))
     }
 
     async fn resolve_ref(
@@ -305,15 +319,13 @@ impl Typer {
         map: &MapRef,
         meta: &bpfmap_kernel::MapMeta,
     ) -> Result<KnownTypes, Error> {
-        let asked = !self.declared.is_empty();
-        let declared = self
-            .declared
-            .clone()
-            .or(self.rules.for_map(map, &meta.name))
+        let configured = self
+            .rules
+            .for_map(map, &meta.name)
             .or(Declared::implied(meta));
         self.cache
             .map_types(meta)
-            .declared((&declared, asked), map, meta)
+            .declared((&self.declared, &configured), map, meta)
     }
 }
 

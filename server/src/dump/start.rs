@@ -59,7 +59,8 @@ pub(crate) async fn start(
     let opened = calls.open(caller, call, (map, &declared), decodes).await?;
     let meta = opened.handle.meta().clone();
     let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
-    let query = Query::of_request(&req.filter, &req.fields, &meta, &shown)?.map(Arc::new);
+    let query = Query::of_request((&req.filter, &req.fields), &meta, (&shown, &opened.types))?
+        .map(Arc::new);
     let digest = query.as_ref().map(|q| q.digest());
     let position = match cursor {
         None => Position::Start,

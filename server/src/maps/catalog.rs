@@ -78,12 +78,15 @@ impl Catalog {
                         "map {r} is an inner map: only maps pinned under an exposed root can be drained"
                     )));
                 }
-                let outer_map = self.open_as(outer, false)?.handle;
-                let handle = open_inner(r, (outer, &outer_map), key)?;
-                Ok(Resolved {
-                    target: None,
-                    handle,
-                })
+                let outer_map = self.open_as(outer, false)?;
+                let handle = open_inner(r, (outer, &outer_map.handle), key)?;
+                // An outer map reached through a symlink: the inner map is
+                // allowed what the symlink's target is.
+                let target = outer_map.target.map(|t| MapRef::Inner {
+                    outer: Box::new(t),
+                    key: key.clone(),
+                });
+                Ok(Resolved { target, handle })
             }
             MapRef::Id(id) => {
                 if !self.allow_by_id {
@@ -165,7 +168,7 @@ impl Catalog {
     ) -> Result<MapRef, Error> {
         // Each reachable map once, by id: how it is named, and its name.
         let mut by_id: BTreeMap<u32, (MapRef, String)> = BTreeMap::new();
-        for l in self.list() {
+        for l in self.list(false) {
             if allowed(&l.map) {
                 by_id.entry(l.meta.id).or_insert((l.map, l.meta.name));
             }
@@ -233,7 +236,9 @@ impl Catalog {
     }
 
     /// Every pin of each map under the exposed roots, by map id.
-    pub(crate) fn pins(listed: &[Listed]) -> HashMap<u32, Vec<String>> {
+    pub(crate) fn pins<'a>(
+        listed: impl IntoIterator<Item = &'a Listed>,
+    ) -> HashMap<u32, Vec<String>> {
         let mut pins: HashMap<u32, Vec<String>> = HashMap::new();
         for l in listed {
             if let MapRef::Path(p) = &l.map {
@@ -245,7 +250,7 @@ impl Catalog {
 
     /// The pins of map `id` under the exposed roots, sorted.
     pub(crate) fn pins_of(&self, id: u32) -> Vec<String> {
-        self.pinned()
+        self.pinned(false)
             .into_iter()
             .filter(|l| l.meta.id == id)
             .map(|l| l.map.to_string())
@@ -253,9 +258,10 @@ impl Catalog {
     }
 
     /// Every exposed map, sorted by path (then maps reachable only by id,
-    /// sorted by id). Pins that cannot be opened are skipped and logged.
-    pub(crate) fn list(&self) -> Vec<Listed> {
-        let mut out = self.pinned();
+    /// sorted by id), with their memory charge when `memlock`. Pins that
+    /// cannot be opened are skipped and logged.
+    pub(crate) fn list(&self, memlock: bool) -> Vec<Listed> {
+        let mut out = self.pinned(memlock);
         if self.allow_by_id {
             let pinned: std::collections::HashSet<u32> = out.iter().map(|l| l.meta.id).collect();
             for id in bpfmap_kernel::map_ids() {
@@ -270,7 +276,7 @@ impl Catalog {
                     continue;
                 }
                 match MapHandle::open_id(id) {
-                    Ok(h) => out.push(Listed::of(MapRef::Id(id), &h)),
+                    Ok(h) => out.push(Listed::of(MapRef::Id(id), &h, memlock)),
                     Err(OpenError::NotFound) => {}
                     Err(e) => tracing::warn!(id, error = %e, "skipping map"),
                 }
@@ -280,7 +286,7 @@ impl Catalog {
     }
 
     /// Every map pinned under the exposed roots, sorted by path.
-    fn pinned(&self) -> Vec<Listed> {
+    fn pinned(&self, memlock: bool) -> Vec<Listed> {
         let mut by_path: BTreeMap<String, MapHandle> = BTreeMap::new();
         for root in &self.roots {
             let mut found = Vec::new();
@@ -310,17 +316,17 @@ impl Catalog {
         }
         by_path
             .into_iter()
-            .map(|(p, h)| Listed::of(MapRef::Path(p), &h))
+            .map(|(p, h)| Listed::of(MapRef::Path(p), &h, memlock))
             .collect()
     }
 }
 
 impl Listed {
-    fn of(map: MapRef, h: &MapHandle) -> Self {
+    fn of(map: MapRef, h: &MapHandle, memlock: bool) -> Self {
         Self {
             map,
             meta: h.meta().clone(),
-            memlock: h.memlock(),
+            memlock: memlock.then(|| h.memlock()).flatten(),
         }
     }
 }

@@ -103,45 +103,50 @@ impl TypeRules {
 }
 
 impl KnownTypes {
-    /// These types with `declared` over them: a map without BTF types (or
-    /// without a key type) becomes typed. A request declaring a side the
-    /// map's BTF types is FAILED_PRECONDITION (`from_request`); a
-    /// configured declaration gives way to the BTF. A declaration of the
-    /// wrong size is INVALID_ARGUMENT.
+    /// These types with declarations over them: a map without BTF types (or
+    /// without a key type) becomes typed. A request's declaration of a side
+    /// the map's BTF types is FAILED_PRECONDITION, one of the wrong size
+    /// INVALID_ARGUMENT; a configured one (or one a map's type implies)
+    /// that does either is left out, so that a table matching more maps
+    /// than it fits leaves the others as they are.
     pub(crate) fn declared(
         self,
-        (declared, from_request): (&Declared, bool),
+        (request, configured): (&Declared, &Declared),
         map: &MapRef,
         meta: &MapMeta,
     ) -> Result<Self, Error> {
-        if declared.is_empty() {
+        if request.is_empty() && configured.is_empty() {
             return Ok(self);
         }
         let (btf_key, btf_value) = match &self {
             Self::Typed(t) => (t.key.clone(), Some(t.value.clone())),
             _ => (None, None),
         };
-        let mut key = declared.key.as_ref();
-        let mut value = declared.value.as_ref();
-        for (side, typed, decl) in [
-            ("key", btf_key.is_some(), &mut key),
-            ("value", btf_value.is_some(), &mut value),
-        ] {
-            if typed && decl.is_some() {
-                if from_request {
+        let mut sides = [
+            (None, "key", meta.key_size),
+            (None, "value", meta.value_size),
+        ];
+        let asked = [request.key.as_ref(), request.value.as_ref()];
+        let set = [configured.key.as_ref(), configured.value.as_ref()];
+        let typed = [btf_key.is_some(), btf_value.is_some()];
+        for (i, (decl, side, size)) in sides.iter_mut().enumerate() {
+            if let Some(d) = asked[i] {
+                if typed[i] {
                     return Err(Error::Untyped {
                         map: map.clone(),
                         why: format!("none needs declaring: its BTF gives its {side} type"),
                     });
                 }
-                *decl = None;
+                check_size(map, side, d, *size)?;
+                *decl = Some(d);
+            } else if let Some(d) = set[i].filter(|d| !typed[i] && d.info.size == *size) {
+                *decl = Some(d);
             }
         }
+        let [(key, ..), (value, ..)] = sides;
         if key.is_none() && value.is_none() {
             return Ok(self);
         }
-        check_size(map, "key", key, meta.key_size)?;
-        check_size(map, "value", value, meta.value_size)?;
         let key = key.map(|d| d.info.clone()).or(btf_key);
         let value = match value.map(|d| d.info.clone()).or(btf_value) {
             Some(v) => v,
@@ -158,14 +163,14 @@ impl KnownTypes {
 }
 
 /// INVALID_ARGUMENT unless a declared side has the map's size.
-fn check_size(map: &MapRef, side: &str, decl: Option<&Decl>, size: u32) -> Result<(), Error> {
-    match decl {
-        Some(d) if d.info.size != size => Err(Error::InvalidArgument(format!(
-            "map {map}: the declared {side} type {:?} is {} bytes; the map's {side}s are {size} bytes",
-            d.text, d.info.size
-        ))),
-        _ => Ok(()),
+fn check_size(map: &MapRef, side: &str, d: &Decl, size: u32) -> Result<(), Error> {
+    if d.info.size == size {
+        return Ok(());
     }
+    Err(Error::InvalidArgument(format!(
+        "map {map}: the declared {side} type {:?} is {} bytes; the map's {side}s are {size} bytes",
+        d.text, d.info.size
+    )))
 }
 
 /// An undeclared value: an unsigned integer of 1, 2, 4 or 8 bytes (a

@@ -19,6 +19,8 @@ pub use bpfmap_proto::typed::{
 };
 use bpfmap_proto::v1 as pb;
 
+use crate::maps::KnownTypes;
+
 pub use aggregate::{Acc, AggregateError, MAX_AGGREGATES, Spec, Table};
 pub use filter::{
     Filter, FilterError, MAX_FILTER_DEPTH, MAX_FILTER_LEN, MAX_FILTER_NODES, MAX_LIST_ELEMENTS,
@@ -68,15 +70,14 @@ impl Query {
     /// filter's literals may use, and which the projected members keep);
     /// `None` when it asks for neither a filter nor fields.
     pub(crate) fn of_request(
-        filter: &str,
-        fields: &[String],
+        (filter, fields): (&str, &[String]),
         meta: &MapMeta,
-        shown: &MapLayout,
+        (shown, types): (&MapLayout, &KnownTypes),
     ) -> Result<Option<Self>, QueryError> {
         if filter.is_empty() && fields.is_empty() {
             return Ok(None);
         }
-        let digest = digest(filter, fields);
+        let digest = digest(filter, fields, reading(shown, types).as_deref());
         let filter = match filter {
             "" => None,
             f => Some(Filter::compile(f, shown)?),
@@ -183,14 +184,34 @@ fn cut(c: &mut Chunk, max: Option<u64>, ks: usize, vs: usize) -> usize {
     c.count
 }
 
-/// The digest a cursor binds: the filter and the fields, in order.
-fn digest(filter: &str, fields: &[String]) -> [u8; 16] {
+/// How a query reads the entries beyond the map's own BTF, when it does:
+/// the renderings in force (a filter's `key == 443` means other bytes with
+/// `be16`) and types declared in C. `None` for the map's types as they are.
+pub(crate) fn reading(shown: &MapLayout, types: &KnownTypes) -> Option<String> {
+    let mut text = String::new();
+    for (path, how) in shown.renderings().iter() {
+        text.push_str(&format!("render {path}={how};"));
+    }
+    if let Some(t) = types.types().filter(|t| t.declared) {
+        text.push_str(&format!("declared {:?} {:?};", t.key, t.value));
+    }
+    (!text.is_empty()).then_some(text)
+}
+
+/// The digest a cursor binds: the filter and the fields, in order, and how
+/// the entries are read when that is not the map's own BTF alone (so that
+/// cursors of plain queries stay what they were).
+fn digest(filter: &str, fields: &[String], reading: Option<&str>) -> [u8; 16] {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     ctx.update(&(filter.len() as u64).to_le_bytes());
     ctx.update(filter.as_bytes());
     for f in fields {
         ctx.update(&(f.len() as u64).to_le_bytes());
         ctx.update(f.as_bytes());
+    }
+    if let Some(r) = reading {
+        ctx.update(&(r.len() as u64).to_le_bytes());
+        ctx.update(r.as_bytes());
     }
     let mut out = [0u8; 16];
     out.copy_from_slice(&ctx.finish().as_ref()[..16]);
@@ -256,7 +277,7 @@ mod tests {
             stride: 0,
             key_size: 16,
             value_size: 16,
-            digest: digest(filter, &[]),
+            digest: digest(filter, &[], None),
         }
     }
 
@@ -301,14 +322,14 @@ mod tests {
     fn the_cursor_digest_binds_the_filter_and_the_fields_in_order() {
         let a = ["key.dport".to_owned(), "value.bytes".to_owned()];
         let b = ["value.bytes".to_owned(), "key.dport".to_owned()];
-        assert_eq!(digest("x", &a), digest("x", &a));
-        assert_ne!(digest("x", &a), digest("x", &b));
-        assert_ne!(digest("x", &a), digest("y", &a));
+        let d = |f: &str, fields: &[String]| digest(f, fields, None);
+        assert_eq!(d("x", &a), d("x", &a));
+        assert_ne!(d("x", &a), d("x", &b));
+        assert_ne!(d("x", &a), d("y", &a));
         // Lengths are framed: no two splits of the same text collide.
-        assert_ne!(
-            digest("", &["ab".to_owned()]),
-            digest("a", &["b".to_owned()])
-        );
+        assert_ne!(d("", &["ab".to_owned()]), d("a", &["b".to_owned()]));
+        // How entries are read binds too (`key == 443` with be16 or not).
+        assert_ne!(d("x", &a), digest("x", &a, Some("render key=be16;")));
     }
 
     #[test]

@@ -58,7 +58,9 @@ pub(crate) async fn start(
         true => Some(spec(calls, &opened, &req, max_groups)?),
         false => None,
     };
-    let digest = digest(&req, interval);
+    let shown = calls.layout(&opened, &req.render, !req.raw)?;
+    let reading = crate::query::reading(&shown, &opened.types);
+    let digest = digest(&req, interval, reading.as_deref());
     let (resume, resync) = match cursor {
         Some(c) => {
             c.check_query(Some(digest))?;
@@ -114,7 +116,7 @@ fn view(
     let meta = opened.handle.meta();
     let base = calls.query_layout(opened)?;
     let shown = calls.layout(opened, &req.render, !req.raw)?;
-    let query = Query::of_request(&req.filter, &req.fields, meta, &shown)?;
+    let query = Query::of_request((&req.filter, &req.fields), meta, (&shown, &opened.types))?;
     let (filter, projection) = match query {
         Some(q) => (q.filter, q.projection),
         None => (None, None),
@@ -259,7 +261,7 @@ fn events_key(req: &pb::WatchMapRequest) -> [u8; 16] {
 
 /// What a watch cursor binds: the interval and everything that decides
 /// which events a watch sends.
-fn digest(req: &pb::WatchMapRequest, interval: Duration) -> [u8; 16] {
+fn digest(req: &pb::WatchMapRequest, interval: Duration, reading: Option<&str>) -> [u8; 16] {
     framed(|put| {
         put(b"watch");
         put(&interval.as_nanos().to_le_bytes());
@@ -271,6 +273,11 @@ fn digest(req: &pb::WatchMapRequest, interval: Duration) -> [u8; 16] {
         for a in &req.aggregates {
             put(&a.op.to_le_bytes());
             put(a.field.as_bytes());
+        }
+        // How the entries are read, when not by the map's BTF alone.
+        if let Some(r) = reading {
+            put(b"|reading");
+            put(r.as_bytes());
         }
     })
 }
