@@ -29,6 +29,8 @@
 //! - `feed`: a response stream fed by a task of its own, ending with its status.
 //! - `rpc`: the gRPC handlers, the mapping of errors to statuses, health.
 //! - `daemon`: the composition root (start, stop, reload) and `main`.
+//! - [`frontend`]: the listener, TLS, connection limits, callers, health
+//!   and reflection, for the daemon and for servers built on it.
 #![forbid(unsafe_code)]
 
 mod access;
@@ -41,6 +43,7 @@ mod drain;
 mod dump;
 mod error;
 mod feed;
+pub mod frontend;
 mod info;
 mod limits;
 mod lookup;

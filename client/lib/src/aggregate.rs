@@ -91,6 +91,24 @@ impl Aggregate {
         &self.field
     }
 
+    /// An aggregate as a request carries it; [`Error::Aggregate`] for an
+    /// operation this library does not know.
+    pub fn from_proto(a: &pb::Aggregate) -> Result<Self, Error> {
+        let op = match pb::aggregate::Op::try_from(a.op) {
+            Ok(pb::aggregate::Op::Count) => AggregateOp::Count,
+            Ok(pb::aggregate::Op::Sum) => AggregateOp::Sum,
+            Ok(pb::aggregate::Op::Min) => AggregateOp::Min,
+            Ok(pb::aggregate::Op::Max) => AggregateOp::Max,
+            _ => {
+                return Err(Error::Aggregate {
+                    spec: format!("op {}", a.op),
+                    message: "use COUNT, SUM, MIN or MAX".into(),
+                });
+            }
+        };
+        Ok(Self::of(op, a.field.clone()))
+    }
+
     pub(crate) fn to_proto(&self) -> pb::Aggregate {
         pb::Aggregate {
             op: self.op.to_proto() as i32,
@@ -172,6 +190,40 @@ pub struct AggregateOptions {
 }
 
 impl AggregateOptions {
+    /// The options of an `AggregateMapRequest` as a caller wrote it (its
+    /// map aside), for a program that forwards requests (a relay).
+    /// [`Error::Aggregate`] for an operation or threshold that is not one.
+    pub fn from_proto(req: &pb::AggregateMapRequest) -> Result<Self, Error> {
+        let aggregates = req
+            .aggregates
+            .iter()
+            .map(Aggregate::from_proto)
+            .collect::<Result<Vec<_>, _>>()?;
+        let threshold = match req.threshold.as_str() {
+            "" => None,
+            t => Some(t.parse().map_err(|_| Error::Aggregate {
+                spec: format!("threshold {t}"),
+                message: "the threshold is an integer".into(),
+            })?),
+        };
+        Ok(Self {
+            filter: req.filter.clone(),
+            group_by: req.group_by.clone(),
+            aggregates,
+            order_by: req.order_by as usize,
+            ascending: req.ascending,
+            limit: req.limit,
+            threshold,
+            groups: req.groups.clone(),
+            per_cpu: if req.per_cpu == pb::PerCpu::Sum as i32 {
+                PerCpu::Sum
+            } else {
+                PerCpu::Each
+            },
+            render: req.render.clone().into_iter().collect(),
+        })
+    }
+
     /// Only the entries for which this CEL expression is true count (as
     /// [`DumpOptions::with_filter`](crate::DumpOptions::with_filter)).
     pub fn with_filter(mut self, filter: impl Into<String>) -> Self {

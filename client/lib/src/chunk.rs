@@ -80,6 +80,37 @@ impl Chunk {
         })
     }
 
+    /// The chunk as a `DumpMapResponse` carries it (no cursor, summary or
+    /// projection): its entries in the layout they came in, for a program
+    /// that forwards them.
+    pub fn into_proto(self) -> pb::DumpMapResponse {
+        let mut msg = pb::DumpMapResponse {
+            cursor: self.cursor,
+            ..Default::default()
+        };
+        match self.data {
+            Data::Entries(entries) => msg.entries = entries,
+            Data::Packed {
+                count,
+                key_size,
+                stride,
+                per_cpu,
+                keys,
+                values,
+            } => {
+                msg.packed = Some(pb::PackedEntries {
+                    count: count as u32,
+                    key_size: key_size as u32,
+                    value_stride: stride as u32,
+                    keys,
+                    values,
+                    cpus: stride.checked_div(per_cpu).unwrap_or(0) as u32,
+                });
+            }
+        }
+        msg
+    }
+
     /// The number of entries.
     pub fn len(&self) -> usize {
         match &self.data {

@@ -78,6 +78,27 @@ pub struct LookupOptions {
 }
 
 impl LookupOptions {
+    /// The options and keys of a `LookupRequest` as a caller wrote it (its
+    /// map aside), for a program that forwards requests (a relay).
+    pub fn from_proto(req: &pb::LookupRequest) -> (Self, Vec<Key>) {
+        let options = Self {
+            raw: req.raw,
+            per_cpu: if req.per_cpu == pb::PerCpu::Sum as i32 {
+                PerCpu::Sum
+            } else {
+                PerCpu::Each
+            },
+            render: req.render.clone().into_iter().collect(),
+        };
+        let keys = req
+            .keys
+            .iter()
+            .map(|k| Key::Bytes(k.to_vec()))
+            .chain(req.json_keys.iter().cloned().map(Key::Json))
+            .collect();
+        (options, keys)
+    }
+
     /// Leave out the decoded key and value (the bytes always come): for a
     /// caller that decodes them itself ([`MapTypes`](crate::MapTypes)).
     /// Default: decoded when the map has types.

@@ -150,6 +150,30 @@ impl MapName {
         }
     }
 
+    /// A map reference as a request carries it: [`Error::MapName`] when it
+    /// names no map (an inner map's outer map included).
+    pub fn from_proto(r: &pb::MapRef) -> Result<Self, Error> {
+        let missing = || Error::MapName(String::new());
+        let map = match r.r#ref.as_ref().ok_or_else(missing)? {
+            pb::map_ref::Ref::Path(p) if !p.is_empty() => Self::Path(p.clone()),
+            pb::map_ref::Ref::Path(_) => return Err(missing()),
+            pb::map_ref::Ref::Id(id) => Self::Id(*id),
+            pb::map_ref::Ref::Name(n) => Self::Name(n.clone()),
+            pb::map_ref::Ref::Inner(inner) => {
+                let outer = Self::from_proto(inner.outer.as_deref().ok_or_else(missing)?)?;
+                let key = match &inner.json_key {
+                    Some(v) => InnerKey::Json(v.clone()),
+                    None => InnerKey::Bytes(inner.key.to_vec()),
+                };
+                outer.inner(key)
+            }
+        };
+        Ok(match &r.declare {
+            Some(d) => map.with_types(d.key.clone(), d.value.clone()),
+            None => map,
+        })
+    }
+
     pub(crate) fn to_proto(&self) -> pb::MapRef {
         let r = match self {
             Self::Declared { map, key, value } => {
@@ -190,6 +214,11 @@ pub struct ListMapsOptions {
 }
 
 impl ListMapsOptions {
+    /// The options of a `ListMapsRequest` as a caller wrote it.
+    pub fn from_proto(req: &pb::ListMapsRequest) -> Self {
+        Self { req: req.clone() }
+    }
+
     /// Only maps whose kernel name matches this glob ("AT_*").
     pub fn with_name(mut self, glob: impl Into<String>) -> Self {
         self.req.name = glob.into();
@@ -427,6 +456,19 @@ mod tests {
         );
         let inner = MapName::Path("outer".into()).inner(3);
         assert_eq!(inner.to_string(), "outer[3]");
+        // As a request carries them, and back.
+        let names = [
+            MapName::Path("demo/flows".into()),
+            MapName::Id(7),
+            MapName::Name("start@runqlat".into()),
+            MapName::Name("AT_".into()).with_types("char[16]", "__u64"),
+            MapName::Path("outer".into()).inner(InnerKey::Bytes(vec![1, 0, 0, 0])),
+            MapName::Path("outer".into()).inner(1),
+        ];
+        for name in names {
+            assert_eq!(MapName::from_proto(&name.to_proto()).unwrap(), name);
+        }
+        assert!(MapName::from_proto(&pb::MapRef::default()).is_err());
         for bad in ["", "id:", "id:x", "name:", "name:@x", "name:x@"] {
             assert!(bad.parse::<MapName>().is_err(), "{bad:?}");
         }

@@ -289,6 +289,8 @@ pub struct DumpOptions {
     filter: String,
     fields: Vec<String>,
     per_cpu: crate::PerCpu,
+    /// Sent as given (a forwarded request) rather than worked out.
+    raw: Option<bool>,
 }
 
 /// The whole map from the beginning, chunks sized by the daemon, packed.
@@ -303,11 +305,34 @@ impl Default for DumpOptions {
             filter: String::new(),
             fields: Vec::new(),
             per_cpu: crate::PerCpu::Each,
+            raw: None,
         }
     }
 }
 
 impl DumpOptions {
+    /// The options of a `DumpMapRequest` as a caller wrote it (its map
+    /// aside), for a program that forwards requests (a relay): every field
+    /// goes to the daemon as it came, `raw` and `render` included, and the
+    /// dump still resumes by itself when a stream breaks.
+    pub fn from_proto(req: &pb::DumpMapRequest) -> Self {
+        Self {
+            chunk_size: req.chunk_size,
+            limit: req.limit,
+            cursor: Some(req.cursor.clone()).filter(|c| !c.is_empty()),
+            packed: req.layout == pb::Layout::Packed as i32,
+            render: req.render.clone().into_iter().collect(),
+            filter: req.filter.clone(),
+            fields: req.fields.clone(),
+            per_cpu: if req.per_cpu == pb::PerCpu::Sum as i32 {
+                crate::PerCpu::Sum
+            } else {
+                crate::PerCpu::Each
+            },
+            raw: Some(req.raw),
+        }
+    }
+
     /// Entries per chunk, a hint (default 0: the daemon sizes chunks).
     pub fn with_chunk_size(mut self, entries: u32) -> Self {
         self.chunk_size = entries;
@@ -561,8 +586,10 @@ impl Dump {
             0 => 0,
             l => l - self.received,
         };
-        // The daemon sums where it decodes: in the entries layout.
-        let sum = self.options.per_cpu == crate::PerCpu::Sum && !self.options.packed;
+        // The daemon sums where it decodes: in the entries layout (a
+        // forwarded request goes as it came).
+        let forwarded = self.options.raw.is_some();
+        let sum = self.options.per_cpu == crate::PerCpu::Sum && (!self.options.packed || forwarded);
         let layout = if self.options.packed {
             pb::Layout::Packed
         } else {
@@ -571,18 +598,22 @@ impl Dump {
         // Entries are decoded here, from the bytes (see `typed`), unless
         // renderings are asked of the daemon (entries layout only), or a
         // projection (whose raw bytes it leaves out).
-        let render: std::collections::HashMap<String, String> = if self.options.packed {
+        let render: std::collections::HashMap<String, String> = if self.options.packed && !forwarded
+        {
             Default::default()
         } else {
             self.options.render.clone().into_iter().collect()
         };
+        let raw = self.options.raw.unwrap_or(
+            render.is_empty() && !sum && (self.options.packed || !self.options.projected()),
+        );
         let req = pb::DumpMapRequest {
             map: Some(self.map.to_proto()),
             cursor: self.cursor.clone(),
             chunk_size: self.options.chunk_size,
             limit,
             layout: layout as i32,
-            raw: render.is_empty() && !sum && (self.options.packed || !self.options.projected()),
+            raw,
             per_cpu: if sum {
                 pb::PerCpu::Sum
             } else {

@@ -7,8 +7,8 @@ mod audit;
 mod policy;
 
 pub(crate) use audit::{INTERVAL as AUDIT_INTERVAL, Record, flush_held_back};
-pub(crate) use policy::Policy;
 pub use policy::RuleConfig;
+pub use policy::{Policy, PolicyError};
 
 /// The authorization policy in force (a reload replaces it).
 pub(crate) type SharedPolicy = std::sync::Arc<arc_swap::ArcSwap<Policy>>;

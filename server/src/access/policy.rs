@@ -44,14 +44,14 @@ struct Rule {
 
 /// The authorization policy.
 #[derive(Debug)]
-pub(crate) struct Policy {
+pub struct Policy {
     rules: Vec<Rule>,
     open: bool,
 }
 
 /// A rule that cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum PolicyError {
+pub enum PolicyError {
     /// A pattern that is not a valid glob.
     #[error("invalid pattern {pattern:?} in rule {rule}: {kind}")]
     Glob {
@@ -112,7 +112,7 @@ fn check_identity_kind(pattern: &str, rule: usize) -> Result<(), PolicyError> {
 
 impl Policy {
     /// `tls` decides what an empty rule list means (see the module docs).
-    pub(crate) fn new(rules: &[RuleConfig], tls: bool) -> Result<Self, PolicyError> {
+    pub fn new(rules: &[RuleConfig], tls: bool) -> Result<Self, PolicyError> {
         let rules = rules
             .iter()
             .enumerate()
@@ -134,12 +134,12 @@ impl Policy {
     }
 
     /// Whether the policy lets every caller do everything.
-    pub(crate) fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         self.open
     }
 
     /// Whether `identity` may do `op` to `map`.
-    pub(crate) fn allows(&self, identity: &Identity, op: Operation, map: &MapRef) -> bool {
+    pub fn allows(&self, identity: &Identity, op: Operation, map: &MapRef) -> bool {
         if self.open {
             // Writes are never open: a rule must name `drain`.
             return op != Operation::Drain;

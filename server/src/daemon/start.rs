@@ -17,10 +17,8 @@ use prometheus_client::{
 };
 use tokio::{
     net::{TcpListener, UnixListener},
-    sync::{mpsc, watch},
-    task::JoinHandle,
+    sync::watch,
 };
-use tonic::service::interceptor::InterceptedService;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use super::Running;
@@ -35,16 +33,13 @@ use crate::{
     lookup::Lookups,
     maps::{Catalog, RenderRules},
     model::SERVICE_NAME,
-    net::{
-        self, AcceptConfig, ConnRegistry, CountCalls, SharedTls, accept_loop, accept_unix_loop,
-        authenticate,
-    },
+    net::{self, AcceptConfig, ConnRegistry, SharedTls},
     ops::{self, Metrics, Reloader},
     rpc::{MapServiceImpl, ServiceParts, health_service},
     watch::{WatchLimits, WatchStats, Watches},
 };
 
-type ServeTask = JoinHandle<Result<(), tonic::transport::Error>>;
+use crate::frontend::{self, ServeTask};
 
 /// The configured renderings; with the demo, its own first.
 fn render_rules(config: &Config) -> anyhow::Result<RenderRules> {
@@ -305,23 +300,9 @@ impl Core {
     }
 
     fn accept(&self, limits: &Limits, tls: Option<SharedTls>) -> AcceptConfig {
-        AcceptConfig {
-            stall_timeout: limits.stall_timeout,
-            tls,
-            handshake_timeout: limits.handshake_timeout,
-            idle_timeout: limits.idle_timeout,
-            max_connections: limits.max_connections,
-            max_cancelled_calls: limits.max_cancelled_calls,
-            metrics: self.metrics.clone(),
-        }
+        frontend::accept_config(limits, tls, &self.metrics)
     }
 }
-
-/// Streams reset by their client before they were answered, pending at once
-/// on one connection (HTTP/2's own rapid-reset bound).
-const MAX_PENDING_RESETS: usize = 20;
-/// The largest header list of one request.
-const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
 
 /// Starts serving on an already bound listener.
 pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<Running> {
@@ -395,16 +376,6 @@ async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// Server reflection (v1 and v1alpha: grpcurl 1.8 speaks only v1alpha) of
-/// the map service, health, and google.rpc.ErrorInfo (so that grpcurl can
-/// show error details).
-fn reflection() -> tonic_reflection::server::Builder<'static> {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(bpfmap_proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-}
-
 /// The plaintext health-only listener: it answers (NOT_SERVING) until the
 /// dumps are cut, with reflection of the health schema only, so grpcurl
 /// works there too.
@@ -444,82 +415,20 @@ fn serve_main(
     let map_service = MapServiceServer::new(service)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
-    let metrics = accept.metrics.clone();
-    let routes = tonic::service::Routes::new(InterceptedService::new(map_service, authenticate))
-        .add_service(health_service(
-            reporter.clone(),
-            stopping.stop_dumps.subscribe(),
-        ))
-        .add_service(InterceptedService::new(
-            reflection().build_v1()?,
-            authenticate,
-        ))
-        .add_service(InterceptedService::new(
-            reflection().build_v1alpha()?,
-            authenticate,
-        ));
-    let service = tower::ServiceBuilder::new()
-        .layer(CountCalls(metrics))
-        .service(routes);
-    let settings = http2_settings(limits);
-    let (conn_tx, conn_rx) = mpsc::channel(64);
-    if let Some(unix) = unix {
-        tokio::spawn(accept_unix_loop(
-            unix,
-            accept.clone(),
-            conns.clone(),
-            conn_tx.clone(),
-            stopping.draining.subscribe(),
-        ));
-    }
-    let accepting = tokio::spawn(accept_loop(
-        listener,
-        accept,
-        conns,
-        conn_tx,
-        stopping.draining.subscribe(),
-    ));
+    let routes = frontend::with_health_and_reflection(
+        tonic::service::Routes::new(frontend::authenticated(map_service)),
+        reporter,
+        &[bpfmap_proto::v1::FILE_DESCRIPTOR_SET],
+        stopping.stop_dumps.subscribe(),
+    )?;
     spawn_audit_flush(stopping);
-    // NOT_SERVING as soon as draining starts and the listener is closed, in
-    // a task of its own (the router may stop polling its shutdown signal
-    // once the accept loop has ended its stream of connections): a client
-    // told NOT_SERVING that connects again is refused (UNAVAILABLE), never
-    // taken into the backlog of a listener about to close and reset.
-    let draining = Stopping::when(&stopping.draining);
-    let reporter = reporter.clone();
-    tokio::spawn(async move {
-        draining.await;
-        let _ = accepting.await;
-        set_health(&reporter, ServingStatus::NotServing).await;
-    });
-    Ok(tokio::spawn(net::serve(
-        service,
-        settings,
-        conn_rx,
-        Stopping::when(&stopping.draining),
-    )))
-}
-
-/// The HTTP/2 settings of the main listener's connections.
-fn http2_settings(limits: &Limits) -> net::Http2Settings {
-    net::Http2Settings {
-        max_streams: limits.max_streams_per_connection,
-        // Streams a client resets before the daemon answered them, pending
-        // at once (the burst form of rapid reset: GOAWAY ENHANCE_YOUR_CALM
-        // past it; those reset after the answer are max_cancelled_calls'),
-        // and the headers of one request (431 or a reset above).
-        max_pending_resets: MAX_PENDING_RESETS,
-        max_local_error_resets: 1024,
-        max_header_list: MAX_HEADER_LIST_BYTES,
-        // What a stream may have buffered beyond the client's window (with
-        // the frame being written), which the dump's share counts
-        // (IN_TRANSPORT).
-        max_send_buf: 64 << 10,
-        keepalive: (
-            std::time::Duration::from_secs(30),
-            std::time::Duration::from_secs(10),
-        ),
-    }
+    Ok(frontend::serve_routes(
+        (listener, unix),
+        (routes, limits, accept),
+        (reporter, &[SERVICE_NAME]),
+        &stopping.draining,
+        conns,
+    ))
 }
 
 /// The audit lines of failed calls held back: summaries written each

@@ -47,7 +47,7 @@ pub(crate) fn authenticate(mut req: Request<()>) -> Result<Request<()>, Status> 
 }
 
 /// The caller [`authenticate`] stored in the request.
-pub(crate) fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
+pub fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
     req.extensions()
         .get::<Caller>()
         .cloned()

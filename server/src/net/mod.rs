@@ -10,7 +10,8 @@ mod serve;
 mod tls;
 mod unix;
 
-pub(crate) use authenticate::{authenticate, caller_of};
+pub(crate) use authenticate::authenticate;
+pub use authenticate::caller_of;
 pub(crate) use calls::CountCalls;
 pub(crate) use conn::{AcceptConfig, ConnInfo, ConnRegistry, accept_loop, accept_unix_loop};
 pub(crate) use serve::{Http2Settings, serve};
