@@ -6,9 +6,14 @@ use std::{env, fs, path::PathBuf};
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "bpfmap/v1/map_service.proto";
-    println!("cargo:rerun-if-changed={proto}");
-    let fds = protox::compile([proto], ["."])?;
+    let protos = [
+        "bpfmap/v1/map_service.proto",
+        "bpfmap/v1/fleet_service.proto",
+    ];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let fds = protox::compile(protos, ["."])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("bpfmap_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()

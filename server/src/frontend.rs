@@ -5,7 +5,7 @@
 //! its connection ([`caller_of`]: a certificate's SPIFFE ID, DNS name or
 //! CN, or `anonymous`), the standard health service and reflection, and a
 //! graceful stop. The daemon's own main listener is served by the same
-//! code ([`serve_routes`]).
+//! code (`serve_routes`).
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -102,7 +102,7 @@ impl Frontend {
         let conns = ConnRegistry::default();
         let routes = with_health_and_reflection(
             routes,
-            &reporter,
+            (&reporter, config.services),
             config.descriptors,
             draining.subscribe(),
         )?;
@@ -159,28 +159,42 @@ pub(crate) fn accept_config(
 
 /// Reflection (v1 and v1alpha: grpcurl 1.8 speaks only v1alpha) of
 /// `descriptors`, health and google.rpc.ErrorInfo (so that grpcurl can show
-/// error details).
-fn reflection(descriptors: &[&'static [u8]]) -> tonic_reflection::server::Builder<'static> {
+/// error details), advertising `services` (the descriptors may describe
+/// others, which this server does not serve), health and reflection.
+fn reflection(
+    descriptors: &[&'static [u8]],
+    services: &[&'static str],
+) -> tonic_reflection::server::Builder<'static> {
     let builder = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET);
-    descriptors
+    let builder = descriptors
         .iter()
-        .fold(builder, |b, d| b.register_encoded_file_descriptor_set(d))
+        .fold(builder, |b, d| b.register_encoded_file_descriptor_set(d));
+    services
+        .iter()
+        .copied()
+        .chain([
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ])
+        .fold(builder, |b, name| b.with_service_name(name))
 }
 
 /// `routes` with the health service (its Watch streams ending once `stop`
-/// is set) and reflection of `descriptors`.
+/// is set) and reflection of `descriptors`, advertising `services`.
 pub(crate) fn with_health_and_reflection(
     routes: Routes,
-    reporter: &HealthReporter,
+    (reporter, services): (&HealthReporter, &[&'static str]),
     descriptors: &[&'static [u8]],
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Routes> {
     Ok(routes
         .add_service(health_service(reporter.clone(), stop))
-        .add_service(authenticated(reflection(descriptors).build_v1()?))
-        .add_service(authenticated(reflection(descriptors).build_v1alpha()?)))
+        .add_service(authenticated(reflection(descriptors, services).build_v1()?))
+        .add_service(authenticated(
+            reflection(descriptors, services).build_v1alpha()?,
+        )))
 }
 
 /// Serves `routes` behind the connection limits on the connections of

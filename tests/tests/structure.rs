@@ -10,9 +10,10 @@ use std::{
 };
 
 /// The workspace's crates with a `src/` folder.
-const CRATES: [&str; 5] = [
+const CRATES: [&str; 6] = [
     "server",
     "server/kernel",
+    "server/relay",
     "proto",
     "client/lib",
     "client/bpfmapctl",

@@ -15,6 +15,7 @@ use crate::{
 #[derive(Debug, Clone)]
 pub struct Client {
     inner: MapServiceClient<Channel>,
+    channel: Channel,
     retry: RetryPolicy,
 }
 
@@ -46,9 +47,15 @@ impl Client {
     /// `options`, the retry policy applies.
     pub fn from_channel(channel: Channel, options: ConnectOptions) -> Self {
         Self {
-            inner: MapServiceClient::new(channel).max_decoding_message_size(MAX_DECODE),
+            inner: MapServiceClient::new(channel.clone()).max_decoding_message_size(MAX_DECODE),
+            channel,
             retry: options.retry_or(RetryPolicy::default),
         }
+    }
+
+    /// The connection, for other services of the daemon (its health).
+    pub fn channel(&self) -> &Channel {
+        &self.channel
     }
 
     /// The retry policy of its calls.

@@ -113,7 +113,9 @@ impl ConnectOptions {
         self
     }
 
-    pub(crate) fn uses_tls(&self) -> bool {
+    /// Whether the daemons are reached over TLS (targets' URLs are then
+    /// `https://`).
+    pub fn uses_tls(&self) -> bool {
         self.tls.is_some()
     }
 

@@ -32,6 +32,7 @@ use crate::{
     Chunk, Client, ConnectOptions, Dump, DumpOptions, Error, FleetRun, Key, ListMapsOptions,
     LookupOptions, LookupResult, MapInfo, MapName, MapTypes, RetryPolicy, Target,
     lookup::LookupCall,
+    pb,
     run::{Answers, Plan},
 };
 
@@ -157,6 +158,9 @@ pub struct FleetChunk {
     /// they could not be read (the dump then says why, if it fails too), or
     /// when they were not asked for.
     pub types: Option<Arc<MapTypes>>,
+    /// On a projected dump's first chunk from a target: the records'
+    /// types, as the daemon described them (`DumpMapResponse.projection`).
+    pub projection: Option<pb::Projection>,
 }
 
 /// Many daemons, one way to reach them.
@@ -343,8 +347,14 @@ async fn dump_target(
     let mut known = None;
     let mut dump = client.dump(&map, dump_options);
     let mut wait = waits.first;
+    let mut described = false;
     while let Some(chunk) = next_within(&mut dump, wait, &answers).await? {
         wait = waits.idle;
+        let projection = match described {
+            true => None,
+            false => dump.projection().map(|p| p.as_proto().clone()),
+        };
+        described = true;
         let (cursor, n, resumes) = (chunk.cursor().to_owned(), chunk.len(), dump.resumes());
         if let Some(task) = types.take() {
             known = task.await?;
@@ -355,6 +365,7 @@ async fn dump_target(
         let answer = FleetChunk {
             chunk,
             types: known.clone(),
+            projection,
         };
         if !answers.send(answer).await {
             return Err(tonic::Status::cancelled("the run was dropped").into());

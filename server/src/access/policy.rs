@@ -140,18 +140,25 @@ impl Policy {
 
     /// Whether `identity` may do `op` to `map`.
     pub fn allows(&self, identity: &Identity, op: Operation, map: &MapRef) -> bool {
+        self.allows_named(identity, op, &map.authorized_as().to_string())
+    }
+
+    /// Whether the policy allows `op` on the map whose text form is `map`
+    /// (a reference as a request wrote it: a path, `id:N`,
+    /// `name:NAME@OWNER`).
+    pub fn allows_named(&self, identity: &Identity, op: Operation, map: &str) -> bool {
         if self.open {
             // Writes are never open: a rule must name `drain`.
             return op != Operation::Drain;
         }
-        let (identity, map) = (identity.to_string(), map.authorized_as().to_string());
+        let identity = identity.to_string();
         // Totals are less than the entries they total: `dump` implies
         // `aggregate`.
         let grants = |ops: &[Operation]| {
             ops.contains(&op) || op == Operation::Aggregate && ops.contains(&Operation::Dump)
         };
         self.rules.iter().any(|r| {
-            grants(&r.operations) && r.identities.is_match(&identity) && r.maps.is_match(&map)
+            grants(&r.operations) && r.identities.is_match(&identity) && r.maps.is_match(map)
         })
     }
 }

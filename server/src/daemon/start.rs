@@ -417,7 +417,7 @@ fn serve_main(
         .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
     let routes = frontend::with_health_and_reflection(
         tonic::service::Routes::new(frontend::authenticated(map_service)),
-        reporter,
+        (reporter, &[SERVICE_NAME]),
         &[bpfmap_proto::v1::FILE_DESCRIPTOR_SET],
         stopping.stop_dumps.subscribe(),
     )?;

@@ -46,7 +46,8 @@ pub(crate) fn authenticate(mut req: Request<()>) -> Result<Request<()>, Status> 
     Ok(req)
 }
 
-/// The caller [`authenticate`] stored in the request.
+/// The caller stored in the request when its connection was authenticated
+/// (by a service wrapped with `frontend::authenticated`).
 pub fn caller_of<T>(req: &Request<T>) -> Result<Caller, Status> {
     req.extensions()
         .get::<Caller>()

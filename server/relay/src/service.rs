@@ -1,0 +1,476 @@
+//! `bpfmap.v1.FleetService`: each call checks its caller against the
+//! policy, picks its targets, runs the library's fleet call on them and
+//! streams what each target answers, a failing target named in-band.
+
+use std::{collections::HashMap, sync::Arc};
+
+use bpfmap_client::{
+    AggregateOptions, ConnectOptions, DumpOptions, Fleet, FleetAggregateOptions, FleetDumpOptions,
+    FleetEvent, FleetOptions, FleetRun, ListMapsOptions, LookupOptions, MapName, MergeMethod,
+    Target, TargetReport, pb,
+};
+use bpfmapd::{
+    Operation,
+    frontend::{Caller, caller_of},
+};
+use futures::StreamExt as _;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    cursor::{CursorKey, FleetPosition, Standing, short_digest},
+    dump::Answers,
+    policy::RelayPolicy,
+    targets::{Targets, status_of},
+};
+
+/// What every call shares.
+#[derive(Debug)]
+pub(crate) struct FleetServiceImpl {
+    pub(crate) targets: Arc<Targets>,
+    pub(crate) connect: ConnectOptions,
+    pub(crate) options: FleetOptions,
+    pub(crate) policy: Arc<RelayPolicy>,
+    pub(crate) keys: Arc<CursorKey>,
+}
+
+/// Messages queued for a slow caller, per call (the fleet's own buffers
+/// and the daemons' streams hold the rest: back-pressure, not buffering).
+const QUEUED: usize = 16;
+
+/// A call's caller, map and targets, checked.
+struct Call {
+    caller: Caller,
+    map: MapName,
+    /// The targets asked, in order.
+    targets: Vec<Target>,
+    /// The targets the policy keeps from this caller.
+    denied: Vec<Target>,
+}
+
+impl FleetServiceImpl {
+    /// The caller, map and targets of a call, or why it cannot be made.
+    fn call<T>(
+        &self,
+        request: &Request<T>,
+        (op, map): (Operation, Option<&pb::MapRef>),
+        targets: Option<&pb::TargetSelector>,
+    ) -> Result<Call, Status> {
+        let caller = caller_of(request)?;
+        let map = match map {
+            Some(r) => MapName::from_proto(r)
+                .map_err(|e| Status::invalid_argument(format!("request.map: {e}")))?,
+            None => {
+                return Err(Status::invalid_argument(
+                    "the request names no map: set request.map (e.g. {\"request\":{\"map\":{\"path\":\"demo/flows\"}}})",
+                ));
+            }
+        };
+        let names = targets.map(|t| t.targets.as_slice()).unwrap_or_default();
+        let selected = self.targets.select(names)?;
+        self.checked(caller, map, selected, op)
+    }
+
+    /// Splits `selected` into the targets the policy lets `caller` ask and
+    /// those it does not; PERMISSION_DENIED when none is left.
+    fn checked(
+        &self,
+        caller: Caller,
+        map: MapName,
+        selected: Vec<Target>,
+        op: Operation,
+    ) -> Result<Call, Status> {
+        let text = map.to_string();
+        let (targets, denied): (Vec<Target>, Vec<Target>) = selected
+            .into_iter()
+            .partition(|t| self.policy.allows(&caller.identity, op, &text, t.as_str()));
+        if targets.is_empty() {
+            return Err(Status::permission_denied(format!(
+                "{} may not {} {text} on any of the targets asked",
+                caller.identity,
+                op.verb()
+            )));
+        }
+        Ok(Call {
+            caller,
+            map,
+            targets,
+            denied,
+        })
+    }
+
+    /// A fleet of `targets`.
+    fn fleet(&self, targets: &[Target]) -> Fleet {
+        Fleet::new(targets.to_vec(), self.connect.clone()).with_options(self.options.clone())
+    }
+}
+
+/// The status of a target the policy keeps from the caller.
+fn denied_status(call: &Call, op: Operation) -> pb::TargetStatus {
+    pb::TargetStatus {
+        code: "PERMISSION_DENIED".into(),
+        reason: "PERMISSION_DENIED".into(),
+        message: format!(
+            "{} may not {} {} on this target",
+            call.caller.identity,
+            op.verb(),
+            call.map
+        ),
+    }
+}
+
+/// Streams what a fleet run answers, one message per target (`answer`
+/// turns an answer into its message, `failed` a failure), recording each
+/// target's state; the denied targets first.
+fn per_target<T: Send + 'static, M: Send + 'static>(
+    targets: Arc<Targets>,
+    (run, denied): (FleetRun<T>, Vec<(String, pb::TargetStatus)>),
+    answer: impl Fn(String, T) -> M + Send + 'static,
+    failed: impl Fn(String, pb::TargetStatus) -> M + Send + 'static,
+) -> Answers<M> {
+    let (tx, rx) = mpsc::channel(QUEUED);
+    tokio::spawn(async move {
+        for (target, status) in denied {
+            if tx.send(Ok(failed(target, status))).await.is_err() {
+                return;
+            }
+        }
+        let mut run = run;
+        while let Some(event) = run.next().await {
+            let msg = match event {
+                FleetEvent::Answer { target, answer: a } => {
+                    targets.record(&target, None);
+                    answer(target.as_str().to_owned(), a)
+                }
+                FleetEvent::Done(report) => match ended(&targets, &report) {
+                    Some(status) => failed(report.target.as_str().to_owned(), status),
+                    None => continue,
+                },
+                _ => continue,
+            };
+            if tx.send(Ok(msg)).await.is_err() {
+                return; // the caller left: dropping the run ends every target's call
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A target's end: recorded, and its status when it failed.
+fn ended(targets: &Targets, report: &TargetReport) -> Option<pb::TargetStatus> {
+    targets.record(&report.target, report.error.as_ref());
+    report.error.as_ref().map(status_of)
+}
+
+#[tonic::async_trait]
+impl pb::fleet_service_server::FleetService for FleetServiceImpl {
+    async fn list_targets(
+        &self,
+        request: Request<pb::ListTargetsRequest>,
+    ) -> Result<Response<pb::ListTargetsResponse>, Status> {
+        caller_of(&request)?;
+        Ok(Response::new(pb::ListTargetsResponse {
+            targets: self.targets.states(),
+        }))
+    }
+
+    type ListMapsStream = Answers<pb::FleetServiceListMapsResponse>;
+
+    async fn list_maps(
+        &self,
+        request: Request<pb::FleetServiceListMapsRequest>,
+    ) -> Result<Response<Self::ListMapsStream>, Status> {
+        let caller = caller_of(&request)?;
+        let req = request.into_inner();
+        let names = req
+            .targets
+            .as_ref()
+            .map(|t| t.targets.clone())
+            .unwrap_or_default();
+        let targets = self.targets.select(&names)?;
+        let options = ListMapsOptions::from_proto(&req.request.unwrap_or_default());
+        let run = self.fleet(&targets).list_maps_with(options);
+        let (policy_caller, policy) = (caller.identity.clone(), self.policy_view());
+        Ok(Response::new(per_target(
+            self.targets.clone(),
+            (run, Vec::new()),
+            move |target, maps| pb::FleetServiceListMapsResponse {
+                answer: Some(pb::fleet_service_list_maps_response::Answer::Maps(
+                    pb::ListMapsResponse {
+                        maps: maps
+                            .into_iter()
+                            .filter(|m| policy(&policy_caller, &m.map_name().to_string(), &target))
+                            .map(|m| m.into_proto())
+                            .collect(),
+                    },
+                )),
+                target,
+            },
+            |target, status| pb::FleetServiceListMapsResponse {
+                target,
+                answer: Some(pb::fleet_service_list_maps_response::Answer::Status(status)),
+            },
+        )))
+    }
+
+    type GetMapStream = Answers<pb::FleetServiceGetMapResponse>;
+
+    async fn get_map(
+        &self,
+        request: Request<pb::FleetServiceGetMapRequest>,
+    ) -> Result<Response<Self::GetMapStream>, Status> {
+        let req = request.get_ref().request.clone().unwrap_or_default();
+        let call = self.call(
+            &request,
+            (Operation::List, req.map.as_ref()),
+            request.get_ref().targets.as_ref(),
+        )?;
+        let denied = denials(&call, Operation::List);
+        let run = self.fleet(&call.targets).get_map(&call.map);
+        Ok(Response::new(per_target(
+            self.targets.clone(),
+            (run, denied),
+            |target, info| pb::FleetServiceGetMapResponse {
+                target,
+                answer: Some(pb::fleet_service_get_map_response::Answer::Map(
+                    info.into_proto(),
+                )),
+            },
+            |target, status| pb::FleetServiceGetMapResponse {
+                target,
+                answer: Some(pb::fleet_service_get_map_response::Answer::Status(status)),
+            },
+        )))
+    }
+
+    type LookupStream = Answers<pb::FleetServiceLookupResponse>;
+
+    async fn lookup(
+        &self,
+        request: Request<pb::FleetServiceLookupRequest>,
+    ) -> Result<Response<Self::LookupStream>, Status> {
+        let req = request.get_ref().request.clone().unwrap_or_default();
+        let call = self.call(
+            &request,
+            (Operation::Lookup, req.map.as_ref()),
+            request.get_ref().targets.as_ref(),
+        )?;
+        let denied = denials(&call, Operation::Lookup);
+        let (options, keys) = LookupOptions::from_proto(&req);
+        let run = self.fleet(&call.targets).lookup(&call.map, keys, options);
+        Ok(Response::new(per_target(
+            self.targets.clone(),
+            (run, denied),
+            |target, results| pb::FleetServiceLookupResponse {
+                target,
+                answer: Some(pb::fleet_service_lookup_response::Answer::Results(
+                    pb::LookupResponse {
+                        results: results.into_iter().map(|r| r.into_proto()).collect(),
+                    },
+                )),
+            },
+            |target, status| pb::FleetServiceLookupResponse {
+                target,
+                answer: Some(pb::fleet_service_lookup_response::Answer::Status(status)),
+            },
+        )))
+    }
+
+    type DumpMapStream = Answers<pb::FleetServiceDumpMapResponse>;
+
+    async fn dump_map(
+        &self,
+        request: Request<pb::FleetServiceDumpMapRequest>,
+    ) -> Result<Response<Self::DumpMapStream>, Status> {
+        let req = request.get_ref().request.clone().unwrap_or_default();
+        let cursor = request.get_ref().cursor.clone();
+        let mut call = self.call(
+            &request,
+            (Operation::Dump, req.map.as_ref()),
+            request.get_ref().targets.as_ref(),
+        )?;
+        let dump = dump_digest(&req);
+        let identity = call.caller.identity.to_string();
+        let position = match cursor.as_str() {
+            "" => FleetPosition {
+                targets: call
+                    .targets
+                    .iter()
+                    .map(|t| (t.as_str().to_owned(), Standing::Pending))
+                    .collect(),
+            },
+            c => self.resume(&mut call, c, (&identity, &dump))?,
+        };
+        let denied = denials(&call, Operation::Dump);
+        let mut cursors = HashMap::new();
+        for (target, standing) in &position.targets {
+            if let (Standing::At(c), Ok(t)) = (standing, target.parse::<Target>()) {
+                cursors.insert(t, c.clone());
+            }
+        }
+        let running: Vec<Target> = call
+            .targets
+            .iter()
+            .filter(|t| !matches!(standing_of(&position, t), Some(Standing::Done)))
+            .cloned()
+            .collect();
+        let mut options = DumpOptions::from_proto(&req);
+        options = options.with_cursor("");
+        let run = self.fleet(&running).dump(
+            &call.map,
+            FleetDumpOptions::default()
+                .with_dump(options)
+                .with_cursors(cursors),
+        );
+        Ok(Response::new(crate::dump::stream(
+            self.targets.clone(),
+            (run, denied),
+            crate::dump::Sealing {
+                keys: self.keys.clone(),
+                identity,
+                dump,
+                position,
+            },
+        )))
+    }
+
+    async fn aggregate_map(
+        &self,
+        request: Request<pb::FleetServiceAggregateMapRequest>,
+    ) -> Result<Response<pb::FleetServiceAggregateMapResponse>, Status> {
+        let req = request.get_ref().request.clone().unwrap_or_default();
+        let call = self.call(
+            &request,
+            (Operation::Aggregate, req.map.as_ref()),
+            request.get_ref().targets.as_ref(),
+        )?;
+        let options = AggregateOptions::from_proto(&req)
+            .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
+        let answer = self
+            .fleet(&call.targets)
+            .aggregate(
+                &call.map,
+                FleetAggregateOptions::default().with_aggregate(options),
+            )
+            .await;
+        let mut failed: Vec<pb::TargetFailure> = denials(&call, Operation::Aggregate)
+            .into_iter()
+            .map(|(target, status)| pb::TargetFailure {
+                target,
+                status: Some(status),
+            })
+            .collect();
+        let mut answered = Vec::new();
+        for report in &answer.reports {
+            match ended(&self.targets, report) {
+                Some(status) => failed.push(pb::TargetFailure {
+                    target: report.target.as_str().to_owned(),
+                    status: Some(status),
+                }),
+                None => answered.push(report.target.as_str().to_owned()),
+            }
+        }
+        Ok(Response::new(pb::FleetServiceAggregateMapResponse {
+            groups: answer.groups.iter().map(fleet_group).collect(),
+            method: match answer.method {
+                MergeMethod::Threshold => "top_k",
+                MergeMethod::AllGroups => "merge",
+                _ => "groups",
+            }
+            .into(),
+            answered,
+            failed,
+        }))
+    }
+}
+
+impl FleetServiceImpl {
+    /// A view of the policy for filtering listed maps: whether the caller
+    /// may list a map on a target.
+    fn policy_view(
+        &self,
+    ) -> impl Fn(&bpfmapd::frontend::Identity, &str, &str) -> bool + Send + 'static {
+        let policy = self.policy.clone();
+        move |identity, map, target| policy.allows(identity, Operation::List, map, target)
+    }
+
+    /// The targets and standings of a fleet cursor; its targets become the
+    /// call's (each still checked against the policy).
+    fn resume(
+        &self,
+        call: &mut Call,
+        cursor: &str,
+        (identity, dump): (&str, &[u8; 16]),
+    ) -> Result<FleetPosition, Status> {
+        let position = self
+            .keys
+            .open(cursor, identity, dump)
+            .map_err(|e| Status::invalid_argument(format!("cursor: {e}")))?;
+        let selected = position
+            .targets
+            .iter()
+            .map(|(t, _)| {
+                t.parse::<Target>()
+                    .map_err(|_| Status::invalid_argument("cursor: a target that is not one"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let caller = call.caller.clone();
+        *call = self.checked(caller, call.map.clone(), selected, Operation::Dump)?;
+        Ok(position)
+    }
+}
+
+/// The targets the policy keeps from a call's caller, with their status.
+fn denials(call: &Call, op: Operation) -> Vec<(String, pb::TargetStatus)> {
+    call.denied
+        .iter()
+        .map(|t| (t.as_str().to_owned(), denied_status(call, op)))
+        .collect()
+}
+
+/// Where `target` stands in `position`.
+fn standing_of<'a>(position: &'a FleetPosition, target: &Target) -> Option<&'a Standing> {
+    position
+        .targets
+        .iter()
+        .find(|(t, _)| t == target.as_str())
+        .map(|(_, s)| s)
+}
+
+/// What a fleet cursor is bound to: the dump's map, filter and fields.
+fn dump_digest(req: &pb::DumpMapRequest) -> [u8; 16] {
+    let bound = pb::DumpMapRequest {
+        map: req.map.clone(),
+        filter: req.filter.clone(),
+        fields: req.fields.clone(),
+        ..Default::default()
+    };
+    short_digest(&prost::Message::encode_to_vec(&bound))
+}
+
+/// A fleet group as answers carry it: values as exact decimal strings
+/// (null for the MIN and MAX of a group without entries).
+fn fleet_group(g: &bpfmap_client::FleetGroup) -> pb::FleetGroup {
+    use prost_types::value::Kind;
+    let values = g
+        .group
+        .values()
+        .iter()
+        .map(|v| prost_types::Value {
+            kind: Some(match v {
+                Some(v) => Kind::StringValue(v.to_string()),
+                None => Kind::NullValue(0),
+            }),
+        })
+        .collect();
+    pb::FleetGroup {
+        group: Some(pb::Group {
+            key: Some(prost_types::Struct {
+                fields: g.group.key().clone().into_iter().collect(),
+            }),
+            values,
+            key_bytes: g.group.key_bytes().to_vec(),
+        }),
+        targets: g.hosts.iter().map(|t| t.as_str().to_owned()).collect(),
+    }
+}

@@ -1,0 +1,264 @@
+//! The relay's targets: resolved from their specs (addresses, `dns:`,
+//! `srv:`) at start and again every refresh interval, each with the state
+//! its last call or probe left it in. A call works on the targets known
+//! when it starts.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use bpfmap_client::{Client, ConnectOptions, Error, Resolver, Target, TargetSpec, pb};
+use tokio::sync::watch;
+use tonic::{Code, Status};
+
+/// How long a probe of one target may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The targets and their states.
+#[derive(Debug)]
+pub(crate) struct Targets {
+    specs: Vec<TargetSpec>,
+    resolver: Resolver,
+    known: Mutex<Known>,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    /// In order, each with the spec it came from.
+    list: Vec<(Target, String)>,
+    states: HashMap<String, State>,
+}
+
+/// What the last call or probe of a target said.
+#[derive(Debug, Clone)]
+struct State {
+    status: Option<pb::TargetStatus>,
+    since: SystemTime,
+}
+
+impl Targets {
+    /// Resolves `specs`; fails when none gives a target.
+    pub(crate) async fn new(specs: Vec<TargetSpec>) -> anyhow::Result<Arc<Self>> {
+        let resolver = Resolver::system()?;
+        let targets = Arc::new(Self {
+            specs,
+            resolver,
+            known: Mutex::default(),
+        });
+        targets.refresh().await;
+        anyhow::ensure!(
+            !targets.current().is_empty(),
+            "none of the targets resolved to an address"
+        );
+        Ok(targets)
+    }
+
+    /// Resolves the specs again: targets that appeared are added, those
+    /// gone are dropped (a spec that fails to resolve keeps its targets).
+    pub(crate) async fn refresh(&self) {
+        let mut list = Vec::new();
+        let before = self.lock().list.clone();
+        for spec in &self.specs {
+            let source = spec_text(spec);
+            match self.resolver.targets(spec).await {
+                Ok(found) => list.extend(found.into_iter().map(|t| (t, source.clone()))),
+                Err(e) => {
+                    tracing::warn!(spec = %source, error = %e, "cannot resolve targets; keeping the last ones");
+                    list.extend(before.iter().filter(|(_, s)| *s == source).cloned());
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        list.retain(|(t, _)| seen.insert(t.clone()));
+        let mut known = self.lock();
+        known
+            .states
+            .retain(|name, _| list.iter().any(|(t, _)| t.as_str() == name));
+        known.list = list;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every target known now.
+    pub(crate) fn current(&self) -> Vec<Target> {
+        self.lock().list.iter().map(|(t, _)| t.clone()).collect()
+    }
+
+    /// The targets a call names (all when none), INVALID_ARGUMENT for a
+    /// name the relay does not know.
+    pub(crate) fn select(&self, names: &[String]) -> Result<Vec<Target>, Status> {
+        let all = self.current();
+        if names.is_empty() {
+            return Ok(all);
+        }
+        names
+            .iter()
+            .map(|n| {
+                all.iter()
+                    .find(|t| t.as_str() == n)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Status::invalid_argument(format!(
+                            "target {n:?} is not one of the relay's ({}); ListTargets lists them",
+                            all.len()
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Records how a call to `target` went (a failure of the call's own
+    /// request, INVALID_ARGUMENT or NOT_FOUND, says nothing of the target).
+    pub(crate) fn record(&self, target: &Target, error: Option<&Error>) {
+        let status = match error {
+            None => None,
+            Some(e) if !says_target_is_down(e.code()) => return,
+            Some(e) => Some(status_of(e)),
+        };
+        let mut known = self.lock();
+        let now = SystemTime::now();
+        let state = known
+            .states
+            .entry(target.as_str().to_owned())
+            .or_insert_with(|| State {
+                status: status.clone(),
+                since: now,
+            });
+        if state.status.is_some() != status.is_some() {
+            state.since = now;
+        }
+        state.status = status;
+    }
+
+    /// Every target with its state.
+    pub(crate) fn states(&self) -> Vec<pb::TargetState> {
+        let known = self.lock();
+        known
+            .list
+            .iter()
+            .map(|(t, source)| {
+                let state = known.states.get(t.as_str());
+                pb::TargetState {
+                    target: t.as_str().to_owned(),
+                    answering: state.is_some_and(|s| s.status.is_none()),
+                    status: match state {
+                        Some(s) => s.status.clone(),
+                        None => Some(pb::TargetStatus {
+                            code: "UNKNOWN".into(),
+                            reason: String::new(),
+                            message: "not asked yet".into(),
+                        }),
+                    },
+                    since: state.map(|s| prost_types::Timestamp::from(s.since)),
+                    source: source.clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Resolves and probes every target every `every` (health checks),
+    /// until `stop`.
+    pub(crate) fn spawn_upkeep(
+        self: &Arc<Self>,
+        every: Duration,
+        connect: ConnectOptions,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let targets = self.clone();
+        tokio::spawn(async move {
+            loop {
+                targets.probe_all(&connect).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+                targets.refresh().await;
+            }
+        });
+    }
+
+    /// A health check of every target, 32 at once.
+    async fn probe_all(&self, connect: &ConnectOptions) {
+        use futures::StreamExt as _;
+        let targets = self.current();
+        futures::stream::iter(targets)
+            .for_each_concurrent(32, |t| async move {
+                let outcome = tokio::time::timeout(PROBE_TIMEOUT, probe(&t, connect)).await;
+                let error = match outcome {
+                    Ok(result) => result.err(),
+                    Err(_) => Some(Error::Status(Status::deadline_exceeded(format!(
+                        "no health answer in {} s",
+                        PROBE_TIMEOUT.as_secs()
+                    )))),
+                };
+                self.record(&t, error.as_ref());
+            })
+            .await;
+    }
+}
+
+/// The health of one target (grpc.health.v1, the map service's status).
+async fn probe(target: &Target, connect: &ConnectOptions) -> Result<(), Error> {
+    let client = Client::connect(&target.url(connect.uses_tls()), connect.clone()).await?;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(client.channel().clone());
+    let answer = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: bpfmapd::SERVICE_NAME.into(),
+        })
+        .await?
+        .into_inner();
+    if answer.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+        Ok(())
+    } else {
+        Err(Error::Status(Status::unavailable("not serving (stopping)")))
+    }
+}
+
+/// Whether a failure says the target itself is not answering (rather than
+/// that the call was wrong for it).
+fn says_target_is_down(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Internal
+            | Code::Unauthenticated
+    )
+}
+
+/// A target's failure as answers carry it.
+pub(crate) fn status_of(e: &Error) -> pb::TargetStatus {
+    let reason = e
+        .status()
+        .and_then(|s| {
+            use tonic_types::StatusExt as _;
+            s.get_details_error_info().map(|i| i.reason)
+        })
+        .unwrap_or_default();
+    let code = bpfmap_client::code_name(e.code());
+    let text = e.to_string();
+    let message = match text.strip_prefix(code).and_then(|t| t.strip_prefix(": ")) {
+        Some(rest) => rest.to_owned(),
+        None => text,
+    };
+    pb::TargetStatus {
+        code: code.to_owned(),
+        reason,
+        message,
+    }
+}
+
+/// A spec as written.
+fn spec_text(spec: &TargetSpec) -> String {
+    match spec {
+        TargetSpec::Addr(t) => t.as_str().to_owned(),
+        TargetSpec::Dns { name, port } => format!("dns:{name}:{port}"),
+        TargetSpec::Srv { name } => format!("srv:{name}"),
+        _ => format!("{spec:?}"),
+    }
+}

@@ -1,0 +1,339 @@
+//! bpfmap-relay in front of real daemons: fleet dumps that resume from any
+//! message's cursor (on the same relay, or on another after the first was
+//! killed), the exact fleet top K, targets that fail named in-band, the
+//! policy, grpcurl against the relay.
+
+use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+
+use bpfmap_client::pb::{self, fleet_service_client::FleetServiceClient};
+use bpfmap_tests::*;
+use serde_json::{Value as Json, json};
+use tonic::{Code, transport::Channel};
+
+const MAP: &str = "fleet/conns";
+
+/// A host: its daemon and the entries of its map.
+struct Host {
+    _fs: BpfFs,
+    _state: tempfile::TempDir,
+    _map: bpfmap_kernel::OwnedMap,
+    daemon: Daemon,
+    entries: Entries,
+}
+
+/// `n` daemons on loopback, host `h` holding keys h * 1,000,000 + i for i
+/// below `entries` (u64) -> key * 7.
+async fn hosts(n: u64, entries: u64) -> Vec<Host> {
+    let mut out = Vec::new();
+    for h in 0..n {
+        let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+        let first = h * 1_000_000;
+        let max = (entries as u32).next_power_of_two().max(64);
+        let (map, expected) = u64_hash_of(&fs, MAP, first..first + entries, |k| k * 7, max);
+        let daemon = Daemon::start(fs.path(), state.path()).await;
+        out.push(Host {
+            _fs: fs,
+            _state: state,
+            _map: map,
+            daemon,
+            entries: expected,
+        });
+    }
+    out
+}
+
+/// An address where nothing listens.
+fn dead_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn target_of(h: &Host) -> String {
+    h.daemon.running.local_addr().to_string()
+}
+
+/// A relay in this process over `targets`.
+async fn relay(targets: &[String], state: &std::path::Path) -> bpfmap_relay::Relay {
+    let config = bpfmap_relay::Config {
+        targets: targets.to_vec(),
+        state_dir: state.to_owned(),
+        answer_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .expect("the relay starts")
+}
+
+async fn client(addr: SocketAddr) -> FleetServiceClient<Channel> {
+    FleetServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("the relay answers")
+}
+
+fn dump_request(chunk_size: u32, cursor: &str) -> pb::FleetServiceDumpMapRequest {
+    pb::FleetServiceDumpMapRequest {
+        request: Some(pb::DumpMapRequest {
+            map: map_ref(MAP),
+            chunk_size,
+            raw: true,
+            ..Default::default()
+        }),
+        targets: None,
+        cursor: cursor.into(),
+    }
+}
+
+/// Entries by target: (key, value) bytes, in the order delivered.
+type PerTarget = BTreeMap<String, Vec<(Vec<u8>, Vec<u8>)>>;
+
+/// What a fleet dump delivered, per target, and each target's end.
+#[derive(Default)]
+struct Delivered {
+    entries: PerTarget,
+    ends: BTreeMap<String, pb::TargetEnd>,
+    /// The cursor of every message, in order.
+    cursors: Vec<String>,
+}
+
+impl Delivered {
+    fn add(&mut self, msg: pb::FleetServiceDumpMapResponse) {
+        use pb::fleet_service_dump_map_response::Part;
+        match msg.part.expect("a part") {
+            Part::Chunk(c) => self.entries.entry(msg.target).or_default().extend(
+                c.entries
+                    .into_iter()
+                    .map(|e| (e.key.to_vec(), e.value.to_vec())),
+            ),
+            Part::End(e) => {
+                self.ends.insert(msg.target, e);
+            }
+        }
+        self.cursors.push(msg.cursor);
+    }
+}
+
+/// Reads a fleet dump, at most `max` messages.
+async fn read(
+    client: &mut FleetServiceClient<Channel>,
+    req: pb::FleetServiceDumpMapRequest,
+    max: usize,
+) -> Delivered {
+    let mut stream = client.dump_map(req).await.unwrap().into_inner();
+    let mut got = Delivered::default();
+    while got.cursors.len() < max {
+        match stream.message().await.unwrap() {
+            Some(m) => got.add(m),
+            None => break,
+        }
+    }
+    got
+}
+
+/// Every host's entries exactly once (no duplicate, none missing).
+fn assert_exactly(hosts: &[Host], got: &PerTarget) {
+    for h in hosts {
+        let delivered = got.get(&target_of(h)).cloned().unwrap_or_default();
+        let unique: BTreeMap<Vec<u8>, Vec<u8>> = delivered.iter().cloned().collect();
+        assert_eq!(
+            unique.len(),
+            delivered.len(),
+            "{}: an entry twice",
+            target_of(h)
+        );
+        let want: BTreeMap<Vec<u8>, Vec<u8>> = h
+            .entries
+            .iter()
+            .map(|(k, v)| match v {
+                bpfmap_client::Value::Single(v) => (k.clone(), v.clone()),
+                _ => unreachable!("a hash map"),
+            })
+            .collect();
+        assert_eq!(unique, want, "{}", target_of(h));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_dump_resumes_from_any_message_with_every_entry_once() {
+    let hosts = hosts(3, 400).await;
+    let dead = dead_addr().to_string();
+    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
+    targets.push(dead.clone());
+    let state = tempfile::tempdir().unwrap();
+    let relay = relay(&targets, state.path()).await;
+    let mut c = client(relay.local_addr()).await;
+    let all = read(&mut c, dump_request(64, ""), usize::MAX).await;
+    assert_exactly(&hosts, &all.entries);
+    assert_eq!(all.ends[&dead].status.as_ref().unwrap().code, "UNAVAILABLE");
+    for h in &hosts {
+        let end = &all.ends[&target_of(h)];
+        assert_eq!(
+            (
+                end.status.as_ref().unwrap().code.as_str(),
+                end.complete,
+                end.entries
+            ),
+            ("OK", true, 400)
+        );
+    }
+    // Cut after message k, resumed from its cursor: the rest, once.
+    for k in [1, 4, 9, all.cursors.len() - 1] {
+        let first = read(&mut c, dump_request(64, ""), k).await;
+        let rest = read(&mut c, dump_request(64, &first.cursors[k - 1]), usize::MAX).await;
+        let mut both = first.entries.clone();
+        for (t, e) in rest.entries {
+            both.entry(t).or_default().extend(e);
+        }
+        assert_exactly(&hosts, &both);
+        // The dead target is tried again; the finished ones are not.
+        assert!(rest.ends.contains_key(&dead), "cut at {k}");
+    }
+    // A cursor that is not the relay's, or of another dump.
+    let mut other = dump_request(64, &all.cursors[0]);
+    other.request.as_mut().unwrap().filter = "key != 0".into();
+    for req in [dump_request(64, "fXXXX"), other] {
+        let e = c.dump_map(req).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    relay.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcurl_gets_the_exact_fleet_top_k_and_the_targets_that_failed() {
+    // Every host holds the same keys with values that differ by host: the
+    // fleet's sums are the hosts' added up.
+    let mut hosts = Vec::new();
+    for h in 0..3u64 {
+        let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+        let (map, entries) = u64_hash_of(&fs, MAP, 0..50, move |k| k * (h + 1) % 97, 64);
+        let daemon = Daemon::start(fs.path(), state.path()).await;
+        hosts.push(Host {
+            _fs: fs,
+            _state: state,
+            _map: map,
+            daemon,
+            entries,
+        });
+    }
+    let dead = dead_addr().to_string();
+    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
+    targets.push(dead.clone());
+    let state = tempfile::tempdir().unwrap();
+    let relay = relay(&targets, state.path()).await;
+    let mut sums: BTreeMap<u64, u64> = BTreeMap::new();
+    for h in 0..3u64 {
+        for k in 0..50u64 {
+            *sums.entry(k).or_default() += k * (h + 1) % 97;
+        }
+    }
+    let mut want: Vec<(u64, u64)> = sums.into_iter().collect();
+    want.sort_by(|a, b| {
+        b.1.cmp(&a.1)
+            .then(a.0.to_le_bytes().cmp(&b.0.to_le_bytes()))
+    });
+    want.truncate(5);
+    let body = json!({"request": {"map": {"path": MAP}, "groupBy": ["key"], "aggregates": [{"op": "SUM", "field": "value"}], "limit": 5}});
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", &body.to_string()],
+        &relay.local_addr().to_string(),
+        &["bpfmap.v1.FleetService/AggregateMap"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let answer = &json_stream(&out)[0];
+    let got: Vec<(u64, u64)> = answer["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let key = u64::from_le_bytes(
+                base64_decode(g["group"]["keyBytes"].as_str().unwrap())[..8]
+                    .try_into()
+                    .unwrap(),
+            );
+            (
+                key,
+                g["group"]["values"][0].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{out}");
+    assert_eq!(answer["method"], json!("top_k"));
+    assert_eq!(answer["failed"][0]["target"], json!(dead));
+    assert_eq!(answer["failed"][0]["status"]["code"], json!("UNAVAILABLE"));
+    // grpcurl sees the relay's services only.
+    let (ok, out, _) = grpcurl(&["-plaintext"], &relay.local_addr().to_string(), &["list"]).await;
+    assert!(ok);
+    assert!(
+        out.contains("bpfmap.v1.FleetService") && !out.contains("MapService"),
+        "{out}"
+    );
+    relay.stop().await.unwrap();
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_cut_when_its_relay_is_killed_resumes_on_another_relay() {
+    let hosts = hosts(4, 300).await;
+    let targets: Vec<String> = hosts.iter().map(target_of).collect();
+    let (state, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let start = |port_of: &str| {
+        let addr = process::free_addr("127.0.0.1");
+        let config = work.path().join(format!("relay-{port_of}.toml"));
+        let targets: Vec<Json> = targets.iter().map(|t| json!(t)).collect();
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
+                state.path().display(),
+                Json::Array(targets)
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        (child, addr)
+    };
+    let (mut a, addr_a) = start("a");
+    let mut c = wait_connect(addr_a).await;
+    let first = read(&mut c, dump_request(32, ""), 6).await;
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let (mut b, addr_b) = start("b");
+    let mut c = wait_connect(addr_b).await;
+    let rest = read(
+        &mut c,
+        dump_request(32, first.cursors.last().unwrap()),
+        usize::MAX,
+    )
+    .await;
+    b.kill().unwrap();
+    b.wait().unwrap();
+    let mut both = first.entries.clone();
+    for (t, e) in rest.entries {
+        both.entry(t).or_default().extend(e);
+    }
+    assert_exactly(&hosts, &both);
+}
+
+/// A client of the relay at `addr`, once it listens.
+async fn wait_connect(addr: SocketAddr) -> FleetServiceClient<Channel> {
+    for _ in 0..100 {
+        if let Ok(c) = FleetServiceClient::connect(format!("http://{addr}")).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the relay at {addr} did not start");
+}
