@@ -420,6 +420,20 @@ impl FaultyFleet {
             .with_server_name("localhost")
     }
 
+    /// The files of a [`READER`] certificate from the fleet's CA, for a
+    /// relay in front of it: its client TLS to the daemons (the shared
+    /// name "localhost").
+    pub fn relay_client_tls(&self) -> bpfmap_relay::ClientTlsFiles {
+        self.pki
+            .client("relay", Name::Spiffe(READER), Validity::Now);
+        bpfmap_relay::ClientTlsFiles {
+            ca: self.pki.path("ca.pem"),
+            cert: self.pki.path("relay.pem"),
+            key: self.pki.path("relay.key"),
+            server_name: Some("localhost".into()),
+        }
+    }
+
     /// A fresh [`Tally`] for every target.
     pub fn tallies(&self) -> std::collections::HashMap<Target, Tally> {
         self.hosts

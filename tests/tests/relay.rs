@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
 use bpfmap_client::pb::{self, fleet_service_client::FleetServiceClient};
-use bpfmap_tests::*;
+use bpfmap_tests::{daemon_bin, *};
 use serde_json::{Value as Json, json};
 use tonic::{Code, transport::Channel};
 
@@ -336,4 +336,90 @@ async fn wait_connect(addr: SocketAddr) -> FleetServiceClient<Channel> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("the relay at {addr} did not start");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_daemons_with_every_fault_through_one_relay() {
+    use bpfmap_tests::fleet::{FaultyFleet, Kind};
+    let mut faulty = FaultyFleet::start(daemon_bin!(), 50, MAP_OF_FLEET);
+    let mut restarts = faulty.restarts();
+    let state = tempfile::tempdir().unwrap();
+    let config = bpfmap_relay::Config {
+        targets: faulty
+            .targets()
+            .iter()
+            .map(|t| t.as_str().to_owned())
+            .collect(),
+        state_dir: state.path().to_owned(),
+        client_tls: Some(faulty.relay_client_tls()),
+        answer_timeout: Duration::from_secs(3),
+        concurrency: 32,
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .unwrap();
+    let mut c = client(relay.local_addr()).await;
+    let mut req = dump_request(500, "");
+    req.request.as_mut().unwrap().map = map_ref(MAP_OF_FLEET);
+    let mut stream = c.dump_map(req).await.unwrap().into_inner();
+    let mut tallies = faulty.tallies();
+    let mut ends = BTreeMap::new();
+    while let Some(msg) = stream.message().await.unwrap() {
+        let target: bpfmap_client::Target = msg.target.parse().unwrap();
+        match msg.part.unwrap() {
+            pb::fleet_service_dump_map_response::Part::Chunk(chunk) => {
+                restarts.chunk_from(&target);
+                let chunk = chunk_of(chunk);
+                tallies.get_mut(&target).unwrap().add(&chunk);
+            }
+            pb::fleet_service_dump_map_response::Part::End(end) => {
+                ends.insert(target, end);
+            }
+        }
+    }
+    let not_killed = faulty.finish(restarts);
+    assert!(
+        not_killed.is_empty(),
+        "daemons never killed: {not_killed:?}"
+    );
+    for host in &faulty.hosts {
+        let end = &ends[&host.target];
+        let code = end.status.as_ref().unwrap().code.as_str();
+        let tally = &tallies[&host.target];
+        match host.kind {
+            Kind::Healthy | Kind::Slow | Kind::Restarted => {
+                assert_eq!(code, "OK", "{}: {end:?}", host.target);
+                assert!(tally.exact(), "{}: {:?}", host.target, tally.wrong);
+            }
+            Kind::Dead | Kind::OtherCa => assert_eq!(code, "UNAVAILABLE", "{}", host.target),
+            Kind::Frozen | Kind::BlackHole => {
+                assert_eq!(code, "DEADLINE_EXCEEDED", "{}: {end:?}", host.target)
+            }
+        }
+    }
+    // ListTargets names the failing targets, and why.
+    let states = c
+        .list_targets(pb::ListTargetsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .targets;
+    for host in &faulty.hosts {
+        let state = states
+            .iter()
+            .find(|s| s.target == host.target.as_str())
+            .unwrap();
+        assert_eq!(state.answering, host.kind.healthy(), "{state:?}");
+    }
+    relay.stop().await.unwrap();
+}
+
+/// The map of each host of a faulty fleet.
+const MAP_OF_FLEET: &str = "fleet/conns";
+
+/// A chunk of a fleet dump as the library reads it.
+fn chunk_of(msg: pb::DumpMapResponse) -> bpfmap_client::Chunk {
+    bpfmap_client::Chunk::from_proto(msg).expect("a well-formed chunk")
 }

@@ -80,9 +80,16 @@ impl Chunk {
         })
     }
 
-    /// The chunk as a `DumpMapResponse` carries it (no cursor, summary or
-    /// projection): its entries in the layout they came in, for a program
-    /// that forwards them.
+    /// The chunk a `DumpMapResponse` carries (either layout), as read from
+    /// the daemon or a relay; a packed chunk whose sizes do not add up is
+    /// [`Error::Protocol`].
+    pub fn from_proto(msg: pb::DumpMapResponse) -> Result<Self, Error> {
+        Self::new(msg.entries, msg.packed, msg.cursor)
+    }
+
+    /// The chunk as a `DumpMapResponse` carries it (its entries in the
+    /// layout they came in, and its cursor; no summary or projection), for
+    /// a program that forwards it.
     pub fn into_proto(self) -> pb::DumpMapResponse {
         let mut msg = pb::DumpMapResponse {
             cursor: self.cursor,
