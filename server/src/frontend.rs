@@ -64,15 +64,20 @@ pub struct FrontendConfig<'a> {
     pub descriptors: &'a [&'static [u8]],
     /// The services health reports SERVING ("" is added).
     pub services: &'a [&'static str],
+    /// A plaintext listener for the health service only (kubelet's gRPC
+    /// probes, which cannot present a client certificate).
+    pub health_listen: Option<SocketAddr>,
 }
 
 /// A front door serving: its address, and how to stop it.
 #[derive(Debug)]
 pub struct Frontend {
     addr: SocketAddr,
+    health_addr: Option<SocketAddr>,
     draining: watch::Sender<bool>,
     conns: ConnRegistry,
     task: ServeTask,
+    health: Option<ServeTask>,
 }
 
 impl Frontend {
@@ -113,17 +118,31 @@ impl Frontend {
             &draining,
             conns.clone(),
         );
+        let (health_addr, health) = match config.health_listen {
+            Some(listen) => {
+                let (addr, task) = serve_health(listen, &reporter, &draining).await?;
+                (Some(addr), Some(task))
+            }
+            None => (None, None),
+        };
         Ok(Self {
             addr,
+            health_addr,
             draining,
             conns,
             task,
+            health,
         })
     }
 
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the health-only listener listens, if there is one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.health_addr
     }
 
     /// Stops taking connections, tells each open one to end (GOAWAY) once
@@ -136,8 +155,41 @@ impl Frontend {
             self.conns.kill_all();
             task.await??;
         }
+        if let Some(health) = self.health {
+            health.await??;
+        }
         Ok(())
     }
+}
+
+/// A plaintext listener on `listen` for the health service only (with
+/// reflection of its schema, so that grpcurl works there too), answering
+/// until `stop` is set.
+pub(crate) async fn serve_health(
+    listen: SocketAddr,
+    reporter: &HealthReporter,
+    stop: &watch::Sender<bool>,
+) -> anyhow::Result<(SocketAddr, ServeTask)> {
+    use anyhow::Context as _;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen} (health_listen)"))?;
+    let addr = listener.local_addr()?;
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let probe_reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let health = health_service(reporter.clone(), stop.subscribe());
+    let mut stopped = stop.subscribe();
+    let task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(probe_reflection)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }),
+    );
+    Ok((addr, task))
 }
 
 /// The connection settings of `limits`.

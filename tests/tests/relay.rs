@@ -423,3 +423,42 @@ const MAP_OF_FLEET: &str = "fleet/conns";
 fn chunk_of(msg: pb::DumpMapResponse) -> bpfmap_client::Chunk {
     bpfmap_client::Chunk::from_proto(msg).expect("a well-formed chunk")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemons_audit_log_names_who_the_relay_calls_for() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let (_map, _) = u64_hash_of(&fs, MAP, 0..10, |k| k, 16);
+    let daemon = process::DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
+    let relay_state = tempfile::tempdir().unwrap();
+    let relay = relay(&[daemon.addr.to_string()], relay_state.path()).await;
+    let mut c = client(relay.local_addr()).await;
+    let mut answers = c
+        .get_map(pb::FleetServiceGetMapRequest {
+            request: Some(pb::GetMapRequest { map: map_ref(MAP) }),
+            targets: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = answers.message().await.unwrap().unwrap();
+    assert!(matches!(
+        answer.answer,
+        Some(pb::fleet_service_get_map_response::Answer::Map(_))
+    ));
+    // The relay called as itself (anonymous on plaintext), for its caller
+    // (anonymous too): the daemon logs both.
+    let line = wait_for_line(&daemon, "\"method\":\"GetMap\"").await;
+    assert!(line.contains(r#""on_behalf_of":"\"anonymous\"""#), "{line}");
+    relay.stop().await.unwrap();
+}
+
+/// The first line of the daemon's log containing `needle`.
+async fn wait_for_line(daemon: &process::DaemonProcess, needle: &str) -> String {
+    for _ in 0..50 {
+        if let Some(l) = daemon.log().into_iter().find(|l| l.contains(needle)) {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no log line with {needle}: {:?}", daemon.log());
+}

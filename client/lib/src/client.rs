@@ -14,7 +14,7 @@ use crate::{
 /// [`RetryPolicy`] of its [`ConnectOptions`] says.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: MapServiceClient<Channel>,
+    inner: MapServiceClient<crate::connect::Transport>,
     channel: Channel,
     retry: RetryPolicy,
 }
@@ -47,7 +47,8 @@ impl Client {
     /// `options`, the retry policy applies.
     pub fn from_channel(channel: Channel, options: ConnectOptions) -> Self {
         Self {
-            inner: MapServiceClient::new(channel.clone()).max_decoding_message_size(MAX_DECODE),
+            inner: MapServiceClient::with_interceptor(channel.clone(), options.headers())
+                .max_decoding_message_size(MAX_DECODE),
             channel,
             retry: options.retry_or(RetryPolicy::default),
         }
@@ -67,7 +68,7 @@ impl Client {
     /// says.
     async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, Error>
     where
-        F: FnMut(MapServiceClient<Channel>) -> Fut,
+        F: FnMut(MapServiceClient<crate::connect::Transport>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = self.retry.backoff();

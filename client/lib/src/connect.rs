@@ -72,6 +72,7 @@ pub struct ConnectOptions {
     tls: Option<ClientTls>,
     connect_timeout: Duration,
     retry: Option<RetryPolicy>,
+    on_behalf_of: Option<String>,
 }
 
 /// Plaintext, a 5 s connect timeout, the default retry policy.
@@ -81,6 +82,7 @@ impl Default for ConnectOptions {
             tls: None,
             connect_timeout: Duration::from_secs(5),
             retry: None,
+            on_behalf_of: None,
         }
     }
 }
@@ -111,6 +113,24 @@ impl ConnectOptions {
     pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
         self.retry = Some(retry);
         self
+    }
+
+    /// Name, in every call, the identity this client calls for (a relay's
+    /// caller): the daemon writes it in its audit log beside the client's
+    /// own identity, and decides nothing on it. A name that is not
+    /// printable ASCII is left out.
+    pub fn with_on_behalf_of(mut self, identity: impl Into<String>) -> Self {
+        self.on_behalf_of = Some(identity.into());
+        self
+    }
+
+    /// What every call carries besides its message.
+    pub(crate) fn headers(&self) -> OnBehalfOf {
+        OnBehalfOf(
+            self.on_behalf_of
+                .as_deref()
+                .and_then(|v| v.parse::<tonic::metadata::AsciiMetadataValue>().ok()),
+        )
     }
 
     /// Whether the daemons are reached over TLS (targets' URLs are then
@@ -154,5 +174,23 @@ impl ConnectOptions {
             endpoint = endpoint.tls_config(config).map_err(bad)?;
         }
         Ok(endpoint)
+    }
+}
+
+/// What every call of a client goes through: its channel, and the header
+/// naming who it calls for.
+pub(crate) type Transport =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, OnBehalfOf>;
+
+/// Adds `bpfmap-on-behalf-of` to every call, when set.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OnBehalfOf(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for OnBehalfOf {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("bpfmap-on-behalf-of", v.clone());
+        }
+        Ok(req)
     }
 }

@@ -1,7 +1,7 @@
 //! Drains: a map's entries read and deleted by the daemon, chunk by chunk,
 //! each chunk kept by the daemon until the caller acknowledges it.
 
-use tonic::{Status, Streaming, transport::Channel};
+use tonic::{Status, Streaming};
 
 use crate::{
     Chunk, Error, MapName, PerCpu, RetryPolicy, pb, pb::map_service_client::MapServiceClient,
@@ -263,7 +263,7 @@ impl Delivered {
 /// ```
 #[derive(Debug)]
 pub struct Drain {
-    client: MapServiceClient<Channel>,
+    client: MapServiceClient<crate::connect::Transport>,
     map: MapName,
     options: DrainOptions,
     resumer: Resumer,
@@ -278,7 +278,7 @@ pub struct Drain {
 
 impl Drain {
     pub(crate) fn new(
-        client: MapServiceClient<Channel>,
+        client: MapServiceClient<crate::connect::Transport>,
         map: MapName,
         options: DrainOptions,
         retry: RetryPolicy,
@@ -512,7 +512,8 @@ mod tests {
     #[tokio::test]
     async fn a_new_drain_starts_from_the_options_ack() {
         let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        let client = MapServiceClient::new(channel);
+        let client =
+            MapServiceClient::with_interceptor(channel, crate::connect::OnBehalfOf::default());
         let map: MapName = "m".parse().unwrap();
         let fresh = Drain::new(
             client.clone(),

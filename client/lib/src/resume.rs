@@ -8,7 +8,7 @@ use std::{
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::Stream;
-use tonic::{Code, Status, Streaming, transport::Channel};
+use tonic::{Code, Status, Streaming};
 
 use crate::{
     Chunk, Entry, Error, MapName, pb,
@@ -496,7 +496,7 @@ impl From<pb::DumpSummary> for DumpSummary {
 /// [`Dump::cursor`] is where a later dump can resume.
 #[derive(Debug)]
 pub struct Dump {
-    client: MapServiceClient<Channel>,
+    client: MapServiceClient<crate::connect::Transport>,
     map: MapName,
     options: DumpOptions,
     cursor: String,
@@ -516,7 +516,7 @@ pub struct Dump {
 
 impl Dump {
     pub(crate) fn new(
-        client: MapServiceClient<Channel>,
+        client: MapServiceClient<crate::connect::Transport>,
         map: MapName,
         options: DumpOptions,
         retry: RetryPolicy,

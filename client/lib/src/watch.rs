@@ -13,7 +13,7 @@
 use std::{collections::BTreeMap, fmt, time::Duration};
 
 use futures::Stream;
-use tonic::{Status, Streaming, transport::Channel};
+use tonic::{Status, Streaming};
 
 use crate::{
     Aggregate, Error, MapName, PerCpu, RetryPolicy, pb, pb::map_service_client::MapServiceClient,
@@ -175,7 +175,7 @@ impl Scan {
 /// A watch in progress: [`Watch::next_scan`] until the caller stops.
 #[derive(Debug)]
 pub struct Watch {
-    client: MapServiceClient<Channel>,
+    client: MapServiceClient<crate::connect::Transport>,
     map: MapName,
     options: WatchOptions,
     resumer: Resumer,
@@ -186,7 +186,7 @@ pub struct Watch {
 
 impl Watch {
     pub(crate) fn new(
-        client: MapServiceClient<Channel>,
+        client: MapServiceClient<crate::connect::Transport>,
         map: MapName,
         options: WatchOptions,
         retry: RetryPolicy,

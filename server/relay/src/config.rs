@@ -24,6 +24,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Plaintext on an address that is not loopback (never the default).
     pub insecure: bool,
+    /// A plaintext listener for the health service only (kubelet's probes).
+    pub health_listen: Option<SocketAddr>,
     /// The daemons: `HOST:PORT`, `dns:NAME:PORT`, `srv:NAME`, URLs.
     pub targets: Vec<String>,
     /// A file of targets, one per line (`#` starts a comment).
@@ -57,6 +59,7 @@ impl Default for Config {
         Self {
             listen: "127.0.0.1:50061".parse().expect("a socket address"),
             insecure: false,
+            health_listen: None,
             targets: Vec::new(),
             targets_file: None,
             refresh: Duration::from_secs(30),
@@ -124,6 +127,10 @@ pub struct Args {
     /// Allow plaintext on a non-loopback address.
     #[arg(long)]
     pub insecure: bool,
+    /// Plaintext listener for the health service only (e.g.
+    /// 127.0.0.1:50062).
+    #[arg(long)]
+    pub health_listen: Option<SocketAddr>,
     /// Server certificate chain (PEM); with --tls-key and --tls-client-ca
     /// enables mutual TLS for callers.
     #[arg(long, requires_all = ["tls_key", "tls_client_ca"])]
@@ -176,6 +183,9 @@ impl Config {
             c.state_dir.clone_from(dir);
         }
         c.insecure |= args.insecure;
+        if args.health_listen.is_some() {
+            c.health_listen = args.health_listen;
+        }
         if let (Some(cert), Some(key), Some(client_ca)) =
             (&args.tls_cert, &args.tls_key, &args.tls_client_ca)
         {

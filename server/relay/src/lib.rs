@@ -81,6 +81,7 @@ impl Relay {
                 limits: &config.limits,
                 descriptors: &[bpfmap_proto::v1::FILE_DESCRIPTOR_SET],
                 services: &[SERVICE_NAME],
+                health_listen: config.health_listen,
             },
             tonic::service::Routes::new(authenticated(server)),
         )
@@ -92,6 +93,11 @@ impl Relay {
     /// Where it listens.
     pub fn local_addr(&self) -> SocketAddr {
         self.frontend.local_addr()
+    }
+
+    /// Where its health-only listener listens, if it has one.
+    pub fn health_addr(&self) -> Option<SocketAddr> {
+        self.frontend.health_addr()
     }
 
     /// Stops: no new calls, calls in flight end, connections close.

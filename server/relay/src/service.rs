@@ -99,9 +99,14 @@ impl FleetServiceImpl {
         })
     }
 
-    /// A fleet of `targets`.
-    fn fleet(&self, targets: &[Target]) -> Fleet {
-        Fleet::new(targets.to_vec(), self.connect.clone()).with_options(self.options.clone())
+    /// A fleet of `targets`, each call naming `caller` to the daemons (for
+    /// their audit logs).
+    fn fleet(&self, targets: &[Target], caller: &Caller) -> Fleet {
+        let connect = self
+            .connect
+            .clone()
+            .with_on_behalf_of(caller.identity.to_string());
+        Fleet::new(targets.to_vec(), connect).with_options(self.options.clone())
     }
 }
 
@@ -189,7 +194,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             .unwrap_or_default();
         let targets = self.targets.select(&names)?;
         let options = ListMapsOptions::from_proto(&req.request.unwrap_or_default());
-        let run = self.fleet(&targets).list_maps_with(options);
+        let run = self.fleet(&targets, &caller).list_maps_with(options);
         let (policy_caller, policy) = (caller.identity.clone(), self.policy_view());
         Ok(Response::new(per_target(
             self.targets.clone(),
@@ -226,7 +231,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             request.get_ref().targets.as_ref(),
         )?;
         let denied = denials(&call, Operation::List);
-        let run = self.fleet(&call.targets).get_map(&call.map);
+        let run = self.fleet(&call.targets, &call.caller).get_map(&call.map);
         Ok(Response::new(per_target(
             self.targets.clone(),
             (run, denied),
@@ -257,7 +262,9 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         )?;
         let denied = denials(&call, Operation::Lookup);
         let (options, keys) = LookupOptions::from_proto(&req);
-        let run = self.fleet(&call.targets).lookup(&call.map, keys, options);
+        let run = self
+            .fleet(&call.targets, &call.caller)
+            .lookup(&call.map, keys, options);
         Ok(Response::new(per_target(
             self.targets.clone(),
             (run, denied),
@@ -316,7 +323,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             .collect();
         let mut options = DumpOptions::from_proto(&req);
         options = options.with_cursor("");
-        let run = self.fleet(&running).dump(
+        let run = self.fleet(&running, &call.caller).dump(
             &call.map,
             FleetDumpOptions::default()
                 .with_dump(options)
@@ -347,7 +354,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         let options = AggregateOptions::from_proto(&req)
             .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
         let answer = self
-            .fleet(&call.targets)
+            .fleet(&call.targets, &call.caller)
             .aggregate(
                 &call.map,
                 FleetAggregateOptions::default().with_aggregate(options),

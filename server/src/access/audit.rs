@@ -33,7 +33,13 @@ pub(crate) struct Record {
     started: Instant,
     entries: u64,
     finished: bool,
+    /// Who a relay calls for, as it says (`bpfmap-on-behalf-of`): for the
+    /// log only, never for a decision.
+    on_behalf_of: Option<String>,
 }
+
+/// The header a relay names its own caller with.
+pub(crate) const ON_BEHALF_OF: &str = "bpfmap-on-behalf-of";
 
 impl Record {
     /// Starts the record of a call.
@@ -45,7 +51,16 @@ impl Record {
             started: Instant::now(),
             entries: 0,
             finished: false,
+            on_behalf_of: None,
         }
+    }
+
+    /// Notes who the caller (a relay) says it calls for.
+    pub(crate) fn on_behalf_of(&mut self, metadata: &tonic::metadata::MetadataMap) {
+        self.on_behalf_of = metadata
+            .get(ON_BEHALF_OF)
+            .and_then(|v| v.to_str().ok())
+            .map(quote);
     }
 
     /// The map the request names: its one text form when the reference is
@@ -89,6 +104,7 @@ impl Record {
             method = %self.rpc,
             map = %self.map,
             entries = self.entries,
+            on_behalf_of = self.on_behalf_of.as_deref(),
             code = ?code,
             duration_ms = self.started.elapsed().as_secs_f64() * 1e3,
             "rpc"

@@ -35,7 +35,7 @@ use crate::{
     model::SERVICE_NAME,
     net::{self, AcceptConfig, ConnRegistry, SharedTls},
     ops::{self, Metrics, Reloader},
-    rpc::{MapServiceImpl, ServiceParts, health_service},
+    rpc::{MapServiceImpl, ServiceParts},
     watch::{WatchLimits, WatchStats, Watches},
 };
 
@@ -376,30 +376,15 @@ async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
     }
 }
 
-/// The plaintext health-only listener: it answers (NOT_SERVING) until the
-/// dumps are cut, with reflection of the health schema only, so grpcurl
-/// works there too.
+/// The plaintext health-only listener, until the dumps are cut.
 async fn serve_health(
     listen: SocketAddr,
     reporter: &HealthReporter,
     stopping: &Stopping,
     tasks: &mut Vec<ServeTask>,
 ) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen} (health_listen)"))?;
-    let addr = listener.local_addr()?;
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let probe_reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
-    let health = health_service(reporter.clone(), stopping.stop_dumps.subscribe());
-    tasks.push(tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(probe_reflection)
-            .serve_with_incoming_shutdown(incoming, Stopping::when(&stopping.stop_dumps)),
-    ));
+    let (addr, task) = frontend::serve_health(listen, reporter, &stopping.stop_dumps).await?;
+    tasks.push(task);
     Ok(addr)
 }
 

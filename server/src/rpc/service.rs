@@ -61,6 +61,7 @@ fn start_call<T>(
 ) -> Result<(Caller, access::Record, Result<MapRequest, Error>), Status> {
     let caller = caller_of(request)?;
     let mut audit = access::Record::start(&caller, rpc);
+    audit.on_behalf_of(request.metadata());
     let parsed = wire::map_request(map);
     audit.request_map(&parsed, map);
     Ok((caller, audit, parsed))
@@ -91,6 +92,7 @@ impl MapService for MapServiceImpl {
     ) -> Result<Response<pb::ListMapsResponse>, Status> {
         let caller = caller_of(&request)?;
         let mut audit = access::Record::start(&caller, Rpc::ListMaps);
+        audit.on_behalf_of(request.metadata());
         let result = info::list(&self.0.calls, &caller, request.into_inner()).await;
         audit.add_entries(result.as_ref().map_or(0, |m| m.len() as u64));
         audit.finish(code_of(&result));
