@@ -14,7 +14,7 @@ use crate::{
 /// [`RetryPolicy`] of its [`ConnectOptions`] says.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: MapServiceClient<crate::connect::Transport>,
+    inner: MapServiceClient<crate::transport::Transport>,
     channel: Channel,
     retry: RetryPolicy,
 }
@@ -68,7 +68,7 @@ impl Client {
     /// says.
     async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, Error>
     where
-        F: FnMut(MapServiceClient<crate::connect::Transport>) -> Fut,
+        F: FnMut(MapServiceClient<crate::transport::Transport>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = self.retry.backoff();

@@ -263,7 +263,7 @@ impl Delivered {
 /// ```
 #[derive(Debug)]
 pub struct Drain {
-    client: MapServiceClient<crate::connect::Transport>,
+    client: MapServiceClient<crate::transport::Transport>,
     map: MapName,
     options: DrainOptions,
     resumer: Resumer,
@@ -278,7 +278,7 @@ pub struct Drain {
 
 impl Drain {
     pub(crate) fn new(
-        client: MapServiceClient<crate::connect::Transport>,
+        client: MapServiceClient<crate::transport::Transport>,
         map: MapName,
         options: DrainOptions,
         retry: RetryPolicy,
@@ -513,7 +513,7 @@ mod tests {
     async fn a_new_drain_starts_from_the_options_ack() {
         let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let client =
-            MapServiceClient::with_interceptor(channel, crate::connect::OnBehalfOf::default());
+            MapServiceClient::with_interceptor(channel, crate::transport::OnBehalfOf::default());
         let map: MapName = "m".parse().unwrap();
         let fresh = Drain::new(
             client.clone(),

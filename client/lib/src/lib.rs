@@ -197,6 +197,7 @@ mod resume;
 mod run;
 mod target;
 mod topk;
+mod transport;
 pub mod typed;
 mod watch;
 

@@ -496,7 +496,7 @@ impl From<pb::DumpSummary> for DumpSummary {
 /// [`Dump::cursor`] is where a later dump can resume.
 #[derive(Debug)]
 pub struct Dump {
-    client: MapServiceClient<crate::connect::Transport>,
+    client: MapServiceClient<crate::transport::Transport>,
     map: MapName,
     options: DumpOptions,
     cursor: String,
@@ -516,7 +516,7 @@ pub struct Dump {
 
 impl Dump {
     pub(crate) fn new(
-        client: MapServiceClient<crate::connect::Transport>,
+        client: MapServiceClient<crate::transport::Transport>,
         map: MapName,
         options: DumpOptions,
         retry: RetryPolicy,

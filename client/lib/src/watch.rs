@@ -175,7 +175,7 @@ impl Scan {
 /// A watch in progress: [`Watch::next_scan`] until the caller stops.
 #[derive(Debug)]
 pub struct Watch {
-    client: MapServiceClient<crate::connect::Transport>,
+    client: MapServiceClient<crate::transport::Transport>,
     map: MapName,
     options: WatchOptions,
     resumer: Resumer,
@@ -186,7 +186,7 @@ pub struct Watch {
 
 impl Watch {
     pub(crate) fn new(
-        client: MapServiceClient<crate::connect::Transport>,
+        client: MapServiceClient<crate::transport::Transport>,
         map: MapName,
         options: WatchOptions,
         retry: RetryPolicy,
