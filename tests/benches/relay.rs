@@ -1,0 +1,370 @@
+//! bpfmap-relay against the library's direct fan-out, in one run:
+//!
+//! - `dump`: a fleet dump of 100 daemons (each a process on its own
+//!   loopback address, a 10,000-entry map each) through the relay (a
+//!   process of its own) against the library reading them directly, both
+//!   at concurrency 32, packed; median of 5 runs each, alternated; the
+//!   relay's peak resident memory.
+//! - `topk`: the bytes a caller receives for the fleet's top 10 (the same
+//!   maps, grouped by key, summed), through the relay and directly (the
+//!   sum of every daemon's answers, counted by proxies).
+//! - `thousand`: 1,000 daemons (1,000 entries each) through one relay: the
+//!   dump's wall time and the relay's peak resident memory.
+//!
+//!     cargo bench -p bpfmap-tests --bench relay                (as root)
+//!     cargo bench -p bpfmap-tests --bench relay -- thousand    (one section)
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use bpfmap_client::{
+    Aggregate, AggregateOptions, ConnectOptions, Fleet, FleetAggregateOptions, FleetDumpOptions,
+    FleetEvent, FleetOptions, Target, pb, pb::fleet_service_client::FleetServiceClient,
+};
+use bpfmap_tests::{
+    BpfFs, MapType, create_map,
+    fleet::{in_parallel, loopback_addrs, port_free_on},
+    map_ref, median,
+    process::DaemonProcess,
+    update_batch,
+};
+use futures::StreamExt as _;
+
+const RUNS: usize = 5;
+const CONCURRENCY: usize = 32;
+const MAP: &str = "bench/m";
+
+/// Daemons on loopback addresses sharing one port, each with a hash map of
+/// `entries` u64 keys 0.. (values key * (n + 1)): one bpffs, a directory
+/// each.
+struct Daemons {
+    _fs: BpfFs,
+    _state: tempfile::TempDir,
+    _maps: Vec<bpfmap_kernel::OwnedMap>,
+    _processes: Vec<DaemonProcess>,
+    targets: Vec<Target>,
+}
+
+fn daemons(n: usize, entries: u64) -> Daemons {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let ips: Vec<IpAddr> = loopback_addrs(n);
+    let port = port_free_on(&ips);
+    let mut maps = Vec::new();
+    for h in 0..n {
+        let map = create_map(MapType::HASH, 8, 8, (entries as u32).next_power_of_two());
+        let keys: Vec<u8> = (0..entries).flat_map(|i| i.to_le_bytes()).collect();
+        let values: Vec<u8> = (0..entries)
+            .flat_map(|i| (i * (h as u64 + 1)).to_le_bytes())
+            .collect();
+        update_batch(&map, &keys, &values);
+        fs.pin(&map, &format!("h{h}/{MAP}"));
+        maps.push(map);
+    }
+    let specs: Vec<(usize, SocketAddr)> = ips
+        .iter()
+        .enumerate()
+        .map(|(h, ip)| (h, SocketAddr::new(*ip, port)))
+        .collect();
+    let processes = in_parallel(&specs, 32, |(h, addr)| {
+        let state = state.path().join(format!("h{h}"));
+        std::fs::create_dir_all(&state).unwrap();
+        DaemonProcess::start(
+            bpfmap_tests::daemon_bin!(),
+            &fs.path().join(format!("h{h}")),
+            &state,
+            *addr,
+            "",
+        )
+    });
+    let targets = specs
+        .iter()
+        .map(|(_, a)| Target::from_socket_addr(*a))
+        .collect();
+    Daemons {
+        _fs: fs,
+        _state: state,
+        _maps: maps,
+        _processes: processes,
+        targets,
+    }
+}
+
+/// A relay process over `targets`; killed when dropped.
+struct RelayProcess {
+    child: Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl RelayProcess {
+    fn start(targets: &[Target]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = bpfmap_tests::process::free_addr("127.0.0.1");
+        let list: Vec<String> = targets
+            .iter()
+            .map(|t| format!("{:?}", t.as_str()))
+            .collect();
+        let config = dir.path().join("relay.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"{addr}\"\nstate_dir = \"{}\"\nconcurrency = {CONCURRENCY}\ntargets = [{}]\n",
+                dir.path().display(),
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            child,
+            addr,
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> FleetServiceClient<tonic::transport::Channel> {
+        for _ in 0..100 {
+            if let Ok(c) = FleetServiceClient::connect(format!("http://{}", self.addr)).await {
+                return c.max_decoding_message_size(64 << 20);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the relay did not start");
+    }
+
+    /// Its peak resident memory, in MiB.
+    fn peak_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kib / 1024.0
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The fleet dump read directly: (time, entries).
+async fn direct(targets: &[Target]) -> (Duration, u64) {
+    let fleet = Fleet::new(targets.to_vec(), ConnectOptions::default())
+        .with_options(FleetOptions::default().with_concurrency(CONCURRENCY));
+    let t = Instant::now();
+    let mut run = fleet.dump(&MAP.parse().unwrap(), FleetDumpOptions::default());
+    let mut entries = 0;
+    while let Some(event) = run.next().await {
+        match event {
+            FleetEvent::Answer { answer, .. } => entries += answer.chunk.len() as u64,
+            FleetEvent::Done(r) => assert!(r.is_ok(), "{}: {:?}", r.target, r.error),
+            _ => {}
+        }
+    }
+    (t.elapsed(), entries)
+}
+
+/// The fleet dump read through the relay: (time, entries).
+async fn relayed(relay: &RelayProcess) -> (Duration, u64) {
+    let mut c = relay.client().await;
+    let t = Instant::now();
+    let req = pb::FleetServiceDumpMapRequest {
+        request: Some(pb::DumpMapRequest {
+            map: map_ref(MAP),
+            layout: pb::Layout::Packed as i32,
+            raw: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut stream = c.dump_map(req).await.unwrap().into_inner();
+    let mut entries = 0;
+    while let Some(msg) = stream.message().await.unwrap() {
+        match msg.part.unwrap() {
+            pb::fleet_service_dump_map_response::Part::Chunk(c) => {
+                entries += u64::from(c.packed.map_or(0, |p| p.count));
+            }
+            pb::fleet_service_dump_map_response::Part::End(e) => {
+                assert_eq!(e.status.unwrap().code, "OK", "{}", msg.target)
+            }
+        }
+    }
+    (t.elapsed(), entries)
+}
+
+fn dump_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
+    let relay = RelayProcess::start(&d.targets);
+    runtime.block_on(async {
+        direct(&d.targets).await;
+        relayed(&relay).await;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..RUNS {
+            let (t, n) = direct(&d.targets).await;
+            assert_eq!(n, 1_000_000);
+            a.push(t);
+            let (t, n) = relayed(&relay).await;
+            assert_eq!(n, 1_000_000);
+            b.push(t);
+        }
+        let (a, b) = (median(a), median(b));
+        println!(
+            "fleet dump, 100 daemons x 10,000 entries, concurrency {CONCURRENCY}, median of {RUNS}: directly {:.0} ms, through the relay {:.0} ms: {:.2}x; relay peak resident memory {:.1} MiB",
+            a.as_secs_f64() * 1e3,
+            b.as_secs_f64() * 1e3,
+            b.as_secs_f64() / a.as_secs_f64(),
+            relay.peak_mib()
+        );
+    });
+}
+
+/// A proxy in front of `target` counting the bytes the server sends.
+async fn counting(target: SocketAddr, count: Arc<AtomicU64>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                continue;
+            };
+            let count = count.clone();
+            tokio::spawn(async move {
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                });
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    count.fetch_add(n as u64, Ordering::Relaxed);
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                up.abort();
+            });
+        }
+    });
+    addr
+}
+
+fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
+    let relay = RelayProcess::start(&d.targets);
+    runtime.block_on(async {
+        let options = AggregateOptions::default()
+            .with_group_by(["key"])
+            .with_aggregate(Aggregate::sum("value"))
+            .with_limit(10);
+        // Directly: every daemon's answers, counted in front of each.
+        let direct_bytes = Arc::new(AtomicU64::new(0));
+        let mut proxied = Vec::new();
+        for t in &d.targets {
+            let addr = counting(t.as_str().parse().unwrap(), direct_bytes.clone()).await;
+            proxied.push(Target::from_socket_addr(addr));
+        }
+        let fleet = Fleet::new(proxied, ConnectOptions::default());
+        let direct = fleet
+            .aggregate(
+                &MAP.parse().unwrap(),
+                FleetAggregateOptions::default().with_aggregate(options),
+            )
+            .await;
+        assert!(direct.missing.is_empty());
+        // Through the relay: what the relay sends its caller.
+        let relay_bytes = Arc::new(AtomicU64::new(0));
+        let front = counting(relay.addr, relay_bytes.clone()).await;
+        let mut c = FleetServiceClient::connect(format!("http://{front}")).await.unwrap();
+        let answer = c
+            .aggregate_map(pb::FleetServiceAggregateMapRequest {
+                request: Some(pb::AggregateMapRequest {
+                    map: map_ref(MAP),
+                    group_by: vec!["key".into()],
+                    aggregates: vec![pb::Aggregate {
+                        op: pb::aggregate::Op::Sum as i32,
+                        field: "value".into(),
+                    }],
+                    limit: 10,
+                    ..Default::default()
+                }),
+                targets: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.groups.len(), 10);
+        assert_eq!(answer.method, "top_k");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (a, b) = (
+            direct_bytes.load(Ordering::Relaxed),
+            relay_bytes.load(Ordering::Relaxed),
+        );
+        println!(
+            "fleet top 10 of 100 daemons x 10,000 groups: the caller receives {b} bytes through the relay, {a} bytes directly (every daemon's answers): {:.3}x",
+            b as f64 / a as f64
+        );
+    });
+}
+
+fn thousand_section(runtime: &tokio::runtime::Runtime) {
+    let limit = bpfmap_tests::fleet::raise_fd_limit();
+    let t = Instant::now();
+    let d = daemons(1000, 1000);
+    let started = t.elapsed();
+    let relay = RelayProcess::start(&d.targets);
+    runtime.block_on(async {
+        relayed(&relay).await;
+        let mut times = Vec::new();
+        for _ in 0..3 {
+            let (t, n) = relayed(&relay).await;
+            assert_eq!(n, 1_000_000);
+            times.push(t);
+        }
+        println!(
+            "1,000 daemons x 1,000 entries through one relay (started in {:.1} s; descriptor limit {limit}): {:.2} s, median of 3; relay peak resident memory {:.1} MiB",
+            started.as_secs_f64(),
+            median(times).as_secs_f64(),
+            relay.peak_mib()
+        );
+    });
+}
+
+fn main() {
+    let sections: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wants = |s: &str| sections.is_empty() || sections.iter().any(|a| a == s);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    if wants("dump") || wants("topk") {
+        let d = daemons(100, 10_000);
+        if wants("dump") {
+            dump_section(&runtime, &d);
+        }
+        if wants("topk") {
+            topk_section(&runtime, &d);
+        }
+    }
+    if wants("thousand") {
+        thousand_section(&runtime);
+    }
+}
