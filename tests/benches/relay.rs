@@ -11,6 +11,8 @@
 //! - `thousand`: 1,000 daemons (1,000 entries each) through one relay: the
 //!   dump's wall time and the relay's peak resident memory.
 //!
+//! Run as root:
+//!
 //!     cargo bench -p bpfmap-tests --bench relay                (as root)
 //!     cargo bench -p bpfmap-tests --bench relay -- thousand    (one section)
 
