@@ -462,3 +462,261 @@ async fn wait_for_line(daemon: &process::DaemonProcess, needle: &str) -> String 
     }
     panic!("no log line with {needle}: {:?}", daemon.log());
 }
+
+/// A fleet watch read round by round.
+struct Rounds {
+    stream: tonic::Streaming<pb::FleetServiceWatchMapResponse>,
+}
+
+/// An event: its type, key and value bytes.
+type Event = (i32, Vec<u8>, Vec<u8>);
+
+/// One round: each target's events (key, value bytes) and its other
+/// messages, then the round's end.
+#[derive(Debug, Default)]
+struct Round {
+    number: u64,
+    events: BTreeMap<String, Vec<Event>>,
+    resynced: Vec<String>,
+    failing: BTreeMap<String, String>,
+    end: pb::RoundEnd,
+}
+
+impl Rounds {
+    async fn start(c: &mut FleetServiceClient<Channel>, cursor: &str) -> Self {
+        let req = pb::FleetServiceWatchMapRequest {
+            request: Some(pb::WatchMapRequest {
+                map: map_ref(MAP),
+                raw: true,
+                ..Default::default()
+            }),
+            targets: None,
+            cursor: cursor.into(),
+        };
+        let stream = c.watch_map(req).await.unwrap().into_inner();
+        Self { stream }
+    }
+
+    async fn next(&mut self) -> Round {
+        use pb::fleet_service_watch_map_response::Part;
+        let mut round = Round::default();
+        loop {
+            let msg = tokio::time::timeout(Duration::from_secs(30), self.stream.message())
+                .await
+                .expect("a message within 30 s")
+                .expect("the watch goes on")
+                .expect("the watch goes on");
+            round.number = msg.round;
+            match msg.part.expect("a part") {
+                Part::Scan(s) => {
+                    if s.resync {
+                        round.resynced.push(msg.target.clone());
+                    }
+                    round
+                        .events
+                        .entry(msg.target)
+                        .or_default()
+                        .extend(s.events.into_iter().map(|e| {
+                            let entry = e.entry.unwrap();
+                            (e.r#type, entry.key.to_vec(), entry.value.to_vec())
+                        }));
+                }
+                Part::Failing(s) | Part::Ended(s) => {
+                    round.failing.insert(msg.target, s.code);
+                }
+                Part::RoundEnd(end) => {
+                    round.end = end;
+                    return round;
+                }
+            }
+        }
+    }
+
+    /// Rounds until one for which `done` holds (at most 40).
+    async fn until(&mut self, what: &str, mut done: impl FnMut(&Round) -> bool) -> Vec<Round> {
+        let mut seen = Vec::new();
+        for _ in 0..40 {
+            let r = self.next().await;
+            let stop = done(&r);
+            seen.push(r);
+            if stop {
+                return seen;
+            }
+        }
+        panic!("no round {what} in 40: {seen:#?}");
+    }
+}
+
+fn key_value(k: u64, v: u64) -> (Vec<u8>, Vec<u8>) {
+    (k.to_le_bytes().to_vec(), v.to_le_bytes().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_round() {
+    let mut hosts = hosts(3, 10).await;
+    let dead = dead_addr().to_string();
+    let (h0, h1, h2) = (
+        target_of(&hosts[0]),
+        target_of(&hosts[1]),
+        target_of(&hosts[2]),
+    );
+    let state = tempfile::tempdir().unwrap();
+    let file = state.path().join("targets");
+    std::fs::write(&file, format!("{h0}\n{h1}\n{dead}\n")).unwrap();
+    let config = bpfmap_relay::Config {
+        targets_file: Some(file.clone()),
+        state_dir: state.path().to_owned(),
+        refresh: Duration::from_secs(1),
+        answer_timeout: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .unwrap();
+    let mut c = client(relay.local_addr()).await;
+    let mut rounds = Rounds::start(&mut c, "").await;
+
+    // The initial state of each target, named; the dead one failing.
+    let first = rounds.next().await;
+    assert_eq!(first.number, 1);
+    for (h, t) in [(0, &h0), (1, &h1)] {
+        let mut got: Vec<(Vec<u8>, Vec<u8>)> = first.events[t]
+            .iter()
+            .map(|(_, k, v)| (k.clone(), v.clone()))
+            .collect();
+        got.sort();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = (0..10)
+            .map(|i| key_value(h * 1_000_000 + i, (h * 1_000_000 + i) * 7))
+            .collect();
+        assert_eq!(got, want, "{t}");
+        assert!(
+            first.events[t]
+                .iter()
+                .all(|e| e.0 == pb::EventType::Added as i32)
+        );
+    }
+    let seen = rounds
+        .until("naming the dead target failing", |r| {
+            r.end.failing.contains(&dead)
+        })
+        .await;
+    assert!(
+        seen.iter()
+            .any(|r| r.failing.get(&dead).map(String::as_str) == Some("UNAVAILABLE"))
+    );
+
+    // A change on one host: in one round, that entry only.
+    update(&hosts[0]._map, &5u64.to_le_bytes(), &555u64.to_le_bytes());
+    let seen = rounds
+        .until("with the change", |r| {
+            r.events.get(&h0).is_some_and(|e| !e.is_empty())
+        })
+        .await;
+    let changes: Vec<_> = seen
+        .iter()
+        .flat_map(|r| r.events.values().flatten())
+        .cloned()
+        .collect();
+    assert_eq!(
+        changes,
+        vec![(
+            pb::EventType::Changed as i32,
+            5u64.to_le_bytes().to_vec(),
+            555u64.to_le_bytes().to_vec()
+        )]
+    );
+
+    // A target added to the targets file is taken up, one removed dropped.
+    std::fs::write(&file, format!("{h0}\n{h2}\n{dead}\n")).unwrap();
+    let (mut added, mut dropped) = (false, false);
+    let seen = rounds
+        .until("adding h2 and dropping h1", |r| {
+            added |= r.end.added.contains(&h2);
+            dropped |= r.end.dropped.contains(&h1);
+            added && dropped && r.events.contains_key(&h2)
+        })
+        .await;
+    let h2_events: Vec<_> = seen
+        .iter()
+        .filter_map(|r| r.events.get(&h2))
+        .flatten()
+        .collect();
+    assert_eq!(h2_events.len(), 10, "h2's initial state: {h2_events:?}");
+    let after = rounds.next().await;
+    assert!(!after.events.contains_key(&h1) && !after.end.answered.contains(&h1));
+
+    // A daemon stopped is failing; started again on its address, recovered.
+    let restarted = {
+        let h = hosts.remove(0);
+        let mut config = h.daemon.config.clone();
+        config.listen = h.daemon.running.local_addr();
+        h.daemon.stop().await;
+        rounds
+            .until("with h0 failing", |r| r.end.failing.contains(&h0))
+            .await;
+        let daemon = Daemon::start_with(config).await;
+        hosts.insert(0, Host { daemon, ..h });
+        rounds
+            .until("with h0 recovered", |r| r.end.recovered.contains(&h0))
+            .await
+    };
+    assert!(
+        restarted.last().unwrap().resynced.contains(&h0),
+        "a restarted daemon sends its state again"
+    );
+
+    // Cut, two changes, resumed from the last round's cursor: the changes
+    // since, once each, nothing else.
+    let last = rounds
+        .until("steady", |r| {
+            r.end.answered.contains(&h0) && r.end.answered.contains(&h2)
+        })
+        .await;
+    let cursor = last.last().unwrap().end.cursor.clone();
+    drop(rounds);
+    update(&hosts[0]._map, &6u64.to_le_bytes(), &666u64.to_le_bytes());
+    update(
+        &hosts[2]._map,
+        &2_000_003u64.to_le_bytes(),
+        &777u64.to_le_bytes(),
+    );
+    let mut resumed = Rounds::start(&mut c, &cursor).await;
+    let seen = resumed
+        .until("with both changes", |r| {
+            r.events.get(&h0).is_some_and(|e| !e.is_empty())
+                && r.events.get(&h2).is_some_and(|e| !e.is_empty())
+        })
+        .await;
+    let mut got: PerTarget = BTreeMap::new();
+    for r in &seen {
+        for (t, events) in &r.events {
+            got.entry(t.clone())
+                .or_default()
+                .extend(events.iter().map(|(_, k, v)| (k.clone(), v.clone())));
+        }
+    }
+    assert_eq!(got[&h0], vec![key_value(6, 666)]);
+    assert_eq!(got[&h2], vec![key_value(2_000_003, 777)]);
+    assert!(
+        !got.contains_key(&h1),
+        "a dropped target is not watched again"
+    );
+
+    // A cursor that is not the relay's, or a dump's.
+    let dump_cursor = read(&mut c, dump_request(64, ""), 1).await.cursors[0].clone();
+    for bad in ["fXXXX", dump_cursor.as_str()] {
+        let req = pb::FleetServiceWatchMapRequest {
+            request: Some(pb::WatchMapRequest {
+                map: map_ref(MAP),
+                raw: true,
+                ..Default::default()
+            }),
+            targets: None,
+            cursor: bad.into(),
+        };
+        let e = c.watch_map(req).await.map(|_| ()).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    relay.stop().await.unwrap();
+}

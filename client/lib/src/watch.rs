@@ -32,9 +32,44 @@ pub struct WatchOptions {
     per_cpu: PerCpu,
     render: BTreeMap<String, String>,
     cursor: String,
+    raw: bool,
 }
 
 impl WatchOptions {
+    /// The options of a `WatchMapRequest` as a caller wrote it (its map
+    /// aside), for a program that forwards requests (a relay): every field
+    /// goes to the daemon as it came, `raw` included; INVALID_ARGUMENT for
+    /// an aggregate that is not one.
+    pub fn from_proto(req: &pb::WatchMapRequest) -> Result<Self, Error> {
+        Ok(Self {
+            interval: req
+                .interval
+                .and_then(|d| Duration::try_from(d).ok())
+                .filter(|d| !d.is_zero()),
+            filter: req.filter.clone(),
+            fields: req.fields.clone(),
+            group_by: req.group_by.clone(),
+            aggregates: req
+                .aggregates
+                .iter()
+                .map(Aggregate::from_proto)
+                .collect::<Result<_, _>>()?,
+            per_cpu: if req.per_cpu == pb::PerCpu::Sum as i32 {
+                PerCpu::Sum
+            } else {
+                PerCpu::Each
+            },
+            render: req.render.clone().into_iter().collect(),
+            cursor: req.cursor.clone(),
+            raw: req.raw,
+        })
+    }
+
+    /// The interval asked, if any.
+    pub fn interval(&self) -> Option<Duration> {
+        self.interval
+    }
+
     /// Time between two scans (the daemon's `limits.min_watch_interval`
     /// at least; its minimum when not set).
     pub fn with_interval(mut self, interval: Duration) -> Self {
@@ -107,7 +142,7 @@ impl WatchOptions {
                 PerCpu::Sum => pb::PerCpu::Sum,
                 _ => pb::PerCpu::Each,
             } as i32,
-            raw: false,
+            raw: self.raw,
             cursor: cursor.to_owned(),
             group_by: self.group_by.clone(),
             aggregates: self.aggregates.iter().map(Aggregate::to_proto).collect(),
@@ -123,9 +158,24 @@ pub struct Scan {
     groups: Vec<pb::WatchGroup>,
     bookmark: pb::Bookmark,
     resync: Option<String>,
+    projection: Option<pb::Projection>,
 }
 
 impl Scan {
+    /// The scan as one message of the daemon's protocol (events or groups,
+    /// its bookmark, the resync and the projection it came with), for a
+    /// program that forwards scans (a relay).
+    pub fn into_proto(self) -> pb::WatchMapResponse {
+        pb::WatchMapResponse {
+            events: self.events,
+            groups: self.groups,
+            bookmark: Some(self.bookmark),
+            resync: self.resync.is_some(),
+            resync_reason: self.resync.unwrap_or_default(),
+            projection: self.projection,
+        }
+    }
+
     /// The entries that were added, changed or removed (in an initial
     /// state: every entry, as added).
     pub fn events(&self) -> &[pb::WatchEvent] {
@@ -229,6 +279,7 @@ impl Watch {
         let mut events = Vec::new();
         let mut groups = Vec::new();
         let mut resync = None;
+        let mut projection = None;
         loop {
             let result = match self.stream.as_mut() {
                 Some(stream) => stream.message().await,
@@ -246,7 +297,8 @@ impl Watch {
             let status = match result {
                 Ok(Some(msg)) => {
                     if let Some(p) = msg.projection {
-                        self.projection = Some(typed::Projection::from(p));
+                        self.projection = Some(typed::Projection::from(p.clone()));
+                        projection = Some(p);
                     }
                     if msg.resync {
                         // A fresh state replaces whatever this call sent.
@@ -264,6 +316,7 @@ impl Watch {
                             groups,
                             bookmark,
                             resync,
+                            projection,
                         });
                     }
                     continue;

@@ -53,7 +53,9 @@ pub(crate) enum CursorError {
     Invalid,
     #[error("the cursor was issued to another identity")]
     OtherIdentity,
-    #[error("the cursor was issued for another dump (map, filter or fields)")]
+    #[error(
+        "the cursor was issued for another call (a dump's map, filter or fields; a watch's map, query or interval)"
+    )]
     OtherDump,
 }
 

@@ -14,6 +14,10 @@ use crate::{
     targets::{Targets, status_of},
 };
 
+/// Messages queued for a slow caller, per call (the fleet's own buffers
+/// and the daemons' streams hold the rest: back-pressure, not buffering).
+pub(crate) const QUEUED: usize = 16;
+
 /// A streamed answer.
 pub(crate) type Answers<T> =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send>>;
@@ -44,7 +48,7 @@ pub(crate) fn stream(
     (run, denied): (FleetRun<FleetChunk>, Vec<(String, pb::TargetStatus)>),
     mut sealing: Sealing,
 ) -> Answers<pb::FleetServiceDumpMapResponse> {
-    let (tx, rx) = mpsc::channel(16);
+    let (tx, rx) = mpsc::channel(QUEUED);
     tokio::spawn(async move {
         for (target, status) in denied {
             // Left where they stood: a caller allowed later resumes them.

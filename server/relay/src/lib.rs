@@ -9,7 +9,8 @@
 //! - `targets`: the targets, resolved again every refresh, and their states.
 //! - `policy`: who may ask what, on which targets.
 //! - `cursor`: fleet cursors, sealed so that any replica resumes them.
-//! - `service`: the FleetService calls; `dump`: a fleet dump's stream.
+//! - `service`: the FleetService calls; `dump`: a fleet dump's stream;
+//!   `watch`: a fleet watch's rounds.
 #![forbid(unsafe_code)]
 
 pub mod config;
@@ -18,6 +19,7 @@ mod dump;
 pub mod policy;
 mod service;
 mod targets;
+mod watch;
 
 use std::{net::SocketAddr, process::ExitCode, sync::Arc};
 
@@ -25,7 +27,7 @@ use anyhow::Context as _;
 use bpfmap_client::{ConnectOptions, FleetOptions, RetryPolicy};
 use bpfmap_proto::v1::fleet_service_server::FleetServiceServer;
 use bpfmapd::frontend::{Frontend, FrontendConfig, authenticated};
-use tokio::{net::TcpListener, sync::watch};
+use tokio::net::TcpListener;
 
 pub use config::{Args, ClientTlsFiles, Config};
 pub use policy::RelayRule;
@@ -37,7 +39,7 @@ pub const SERVICE_NAME: &str = "bpfmap.v1.FleetService";
 #[derive(Debug)]
 pub struct Relay {
     frontend: Frontend,
-    stop: watch::Sender<bool>,
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl Relay {
@@ -56,8 +58,9 @@ impl Relay {
         if let Some(tls) = &config.client_tls {
             connect = connect.with_tls(tls.load()?);
         }
-        let targets = targets::Targets::new(config.target_specs()?).await?;
-        let (stop, stopped) = watch::channel(false);
+        let source = config.clone();
+        let targets = targets::Targets::new(Box::new(move || source.target_specs())).await?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         targets.spawn_upkeep(config.refresh, connect.clone(), stopped);
         let service = service::FleetServiceImpl {
             targets,

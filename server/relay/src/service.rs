@@ -20,6 +20,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     cursor::{CursorKey, FleetPosition, Standing, short_digest},
     dump::Answers,
+    dump::QUEUED,
     policy::RelayPolicy,
     targets::{Targets, status_of},
 };
@@ -33,10 +34,6 @@ pub(crate) struct FleetServiceImpl {
     pub(crate) policy: Arc<RelayPolicy>,
     pub(crate) keys: Arc<CursorKey>,
 }
-
-/// Messages queued for a slow caller, per call (the fleet's own buffers
-/// and the daemons' streams hold the rest: back-pressure, not buffering).
-const QUEUED: usize = 16;
 
 /// A call's caller, map and targets, checked.
 struct Call {
@@ -389,9 +386,96 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             failed,
         }))
     }
+
+    type WatchMapStream = Answers<pb::FleetServiceWatchMapResponse>;
+
+    async fn watch_map(
+        &self,
+        request: Request<pb::FleetServiceWatchMapRequest>,
+    ) -> Result<Response<Self::WatchMapStream>, Status> {
+        let req = request.get_ref().request.clone().unwrap_or_default();
+        let op = if req.group_by.is_empty() && req.aggregates.is_empty() {
+            Operation::Dump
+        } else {
+            Operation::Aggregate
+        };
+        let selector = request.get_ref().targets.clone().unwrap_or_default();
+        let cursor = request.get_ref().cursor.clone();
+        let call = self.call(&request, (op, req.map.as_ref()), Some(&selector))?;
+        let options = bpfmap_client::WatchOptions::from_proto(&req)
+            .map_err(|e| Status::invalid_argument(format!("request: {e}")))?
+            .with_cursor("");
+        let identity = call.caller.identity.to_string();
+        let digest = watch_digest(&req);
+        let cursors = self.bookmarks(&cursor, &identity, &digest)?;
+        let denied = denials(&call, op);
+        let (policy, who, map_text) = (
+            self.policy.clone(),
+            call.caller.identity.clone(),
+            call.map.to_string(),
+        );
+        let denial_call = Call {
+            caller: call.caller.clone(),
+            map: call.map.clone(),
+            targets: Vec::new(),
+            denied: Vec::new(),
+        };
+        let (connect, options_fleet, caller) = (
+            self.connect.clone(),
+            self.options.clone(),
+            call.caller.clone(),
+        );
+        Ok(Response::new(crate::watch::stream(
+            crate::watch::WatchCall {
+                targets: self.targets.clone(),
+                follow: selector.targets.is_empty(),
+                start: call.targets,
+                denied,
+                allowed: Box::new(move |t| policy.allows(&who, op, &map_text, t.as_str())),
+                denial: Box::new(move |_| denied_status(&denial_call, op)),
+                fleet: Box::new(move |t| {
+                    let connect = connect
+                        .clone()
+                        .with_on_behalf_of(caller.identity.to_string());
+                    Fleet::new(vec![t.clone()], connect).with_options(options_fleet.clone())
+                }),
+                map: call.map,
+                options,
+                cursors,
+                keys: self.keys.clone(),
+                identity,
+                digest,
+            },
+        )))
+    }
 }
 
 impl FleetServiceImpl {
+    /// Each target's bookmark in a fleet watch's cursor (none for no
+    /// cursor).
+    fn bookmarks(
+        &self,
+        cursor: &str,
+        identity: &str,
+        digest: &[u8; 16],
+    ) -> Result<HashMap<String, String>, Status> {
+        if cursor.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let position = self
+            .keys
+            .open(cursor, identity, digest)
+            .map_err(|e| Status::invalid_argument(format!("cursor: {e}")))?;
+        Ok(position
+            .targets
+            .into_iter()
+            .filter_map(|(t, s)| match s {
+                Standing::At(c) => Some((t, c)),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// A view of the policy for filtering listed maps: whether the caller
     /// may list a map on a target.
     fn policy_view(
@@ -453,6 +537,23 @@ fn dump_digest(req: &pb::DumpMapRequest) -> [u8; 16] {
         ..Default::default()
     };
     short_digest(&prost::Message::encode_to_vec(&bound))
+}
+
+/// What a fleet watch's cursor is bound to: the watch's map, query and
+/// interval (a dump's cursor is never a watch's).
+fn watch_digest(req: &pb::WatchMapRequest) -> [u8; 16] {
+    let bound = pb::WatchMapRequest {
+        map: req.map.clone(),
+        interval: req.interval,
+        filter: req.filter.clone(),
+        fields: req.fields.clone(),
+        group_by: req.group_by.clone(),
+        aggregates: req.aggregates.clone(),
+        ..Default::default()
+    };
+    let mut bytes = b"watch".to_vec();
+    bytes.extend(prost::Message::encode_to_vec(&bound));
+    short_digest(&bytes)
 }
 
 /// A fleet group as answers carry it: values as exact decimal strings

@@ -16,12 +16,24 @@ use tonic::{Code, Status};
 /// How long a probe of one target may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Where the target specs come from: read again at every refresh (the
+/// targets file may have changed).
+pub(crate) type SpecSource = Box<dyn Fn() -> anyhow::Result<Vec<TargetSpec>> + Send + Sync>;
+
 /// The targets and their states.
-#[derive(Debug)]
 pub(crate) struct Targets {
-    specs: Vec<TargetSpec>,
+    source: SpecSource,
+    specs: Mutex<Vec<TargetSpec>>,
     resolver: Resolver,
     known: Mutex<Known>,
+}
+
+impl std::fmt::Debug for Targets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Targets")
+            .field("known", &self.lock().list.len())
+            .finish()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -39,11 +51,13 @@ struct State {
 }
 
 impl Targets {
-    /// Resolves `specs`; fails when none gives a target.
-    pub(crate) async fn new(specs: Vec<TargetSpec>) -> anyhow::Result<Arc<Self>> {
+    /// Reads and resolves the specs; fails when none gives a target.
+    pub(crate) async fn new(source: SpecSource) -> anyhow::Result<Arc<Self>> {
         let resolver = Resolver::system()?;
+        let specs = source()?;
         let targets = Arc::new(Self {
-            specs,
+            source,
+            specs: Mutex::new(specs),
             resolver,
             known: Mutex::default(),
         });
@@ -55,12 +69,23 @@ impl Targets {
         Ok(targets)
     }
 
-    /// Resolves the specs again: targets that appeared are added, those
+    /// Reads the specs again (a targets file that cannot be read keeps the
+    /// last ones) and resolves them: targets that appeared are added, those
     /// gone are dropped (a spec that fails to resolve keeps its targets).
     pub(crate) async fn refresh(&self) {
+        let specs = match (self.source)() {
+            Ok(specs) => {
+                *self.specs.lock().unwrap_or_else(|e| e.into_inner()) = specs.clone();
+                specs
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the targets; keeping the last ones");
+                self.specs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            }
+        };
         let mut list = Vec::new();
         let before = self.lock().list.clone();
-        for spec in &self.specs {
+        for spec in &specs {
             let source = spec_text(spec);
             match self.resolver.targets(spec).await {
                 Ok(found) => list.extend(found.into_iter().map(|t| (t, source.clone()))),
