@@ -720,3 +720,97 @@ async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_rou
     }
     relay.stop().await.unwrap();
 }
+
+/// A Python with grpcio and grpcio-tools: `$BPFMAP_PYTHON_GRPC`, or
+/// python3 when it has them.
+fn python_with_grpc() -> String {
+    let python = std::env::var("BPFMAP_PYTHON_GRPC").unwrap_or_else(|_| "python3".into());
+    let found = std::process::Command::new(&python)
+        .args(["-c", "import grpc, grpc_tools"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{python} cannot import grpc and grpc_tools: this test needs a Python with grpcio and grpcio-tools (set $BPFMAP_PYTHON_GRPC; install them with `pip install grpcio grpcio-tools`; .ci/run does)"
+    );
+    python
+}
+
+/// Runs `cmd` to its end off the runtime's threads (the relay runs on them).
+async fn run_blocking(mut cmd: std::process::Command) -> std::process::Output {
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_client_dumps_the_fleet_and_resumes_it_with_the_cursor() {
+    let python = python_with_grpc();
+    let hosts = hosts(3, 300).await;
+    let dead = dead_addr().to_string();
+    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
+    targets.push(dead.clone());
+    let state = tempfile::tempdir().unwrap();
+    let relay = relay(&targets, state.path()).await;
+    // Stubs generated from the proto, as a user of another language would.
+    let stubs = tempfile::tempdir().unwrap();
+    let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto");
+    let mut protoc = std::process::Command::new(&python);
+    protoc
+        .args(["-m", "grpc_tools.protoc", "-I", proto])
+        .arg(format!("--python_out={}", stubs.path().display()))
+        .arg(format!("--grpc_python_out={}", stubs.path().display()))
+        .arg(format!("{proto}/bpfmap/v1/map_service.proto"))
+        .arg(format!("{proto}/bpfmap/v1/fleet_service.proto"));
+    let out = run_blocking(protoc).await;
+    assert!(
+        out.status.success(),
+        "protoc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/fleet_dump.py");
+    let mut client = std::process::Command::new(&python);
+    client
+        .arg(script)
+        .arg(stubs.path())
+        .arg(relay.local_addr().to_string())
+        .args([MAP, "5"]);
+    let out = run_blocking(client).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Json = serde_json::from_slice(&out.stdout).unwrap();
+    // Every host's entries exactly once across the cut.
+    let mut entries = PerTarget::new();
+    for (target, list) in got["entries"].as_object().unwrap() {
+        let decode = |v: &Json| {
+            let s = v.as_str().unwrap();
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+                .collect::<Vec<u8>>()
+        };
+        entries.insert(
+            target.clone(),
+            list.as_array()
+                .unwrap()
+                .iter()
+                .map(|kv| (decode(&kv[0]), decode(&kv[1])))
+                .collect(),
+        );
+    }
+    assert_exactly(&hosts, &entries);
+    let first: usize = got["first_ends"].as_object().unwrap().len();
+    assert!(first < 4, "the cut came before every target ended");
+    for h in &hosts {
+        assert_eq!(
+            got["ends"][target_of(h)],
+            json!({"code": "OK", "entries": got["ends"][target_of(h)]["entries"], "complete": true})
+        );
+    }
+    assert_eq!(got["ends"][&dead]["code"], "UNAVAILABLE");
+    assert_eq!(got["bad_cursor"], "INVALID_ARGUMENT", "{got}");
+    relay.stop().await.unwrap();
+}
