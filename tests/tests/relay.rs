@@ -84,6 +84,7 @@ fn dump_request(chunk_size: u32, cursor: &str) -> pb::FleetServiceDumpMapRequest
         }),
         targets: None,
         cursor: cursor.into(),
+        ..Default::default()
     }
 }
 
@@ -492,6 +493,7 @@ impl Rounds {
             }),
             targets: None,
             cursor: cursor.into(),
+            ..Default::default()
         };
         let stream = c.watch_map(req).await.unwrap().into_inner();
         Self { stream }
@@ -714,6 +716,7 @@ async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_rou
             }),
             targets: None,
             cursor: bad.into(),
+            ..Default::default()
         };
         let e = c.watch_map(req).await.map(|_| ()).unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
@@ -812,5 +815,106 @@ async fn a_python_client_dumps_the_fleet_and_resumes_it_with_the_cursor() {
     }
     assert_eq!(got["ends"][&dead]["code"], "UNAVAILABLE");
     assert_eq!(got["bad_cursor"], "INVALID_ARGUMENT", "{got}");
+    relay.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpfmapctl_through_the_relay_prints_what_direct_fan_out_prints() {
+    let hosts = hosts(3, 50).await;
+    let dead = dead_addr().to_string();
+    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
+    targets.push(dead.clone());
+    let state = tempfile::tempdir().unwrap();
+    let relay = relay(&targets, state.path()).await;
+    let relay_url = format!("http://{}", relay.local_addr());
+    let typed = ["--key-type", "__u64", "--value-type", "__u64"];
+    let key = format!("{}", 1_000_007u64);
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["list"],
+        vec!["show", MAP],
+        [&typed[..], &["lookup", MAP, key.as_str()]].concat(),
+        vec!["dump", MAP],
+        [&typed[..], &["dump", MAP, "--filter", "value % 2 == 0"]].concat(),
+        [
+            &typed[..],
+            &[
+                "top",
+                MAP,
+                "--by",
+                "sum(value)",
+                "--group-by",
+                "key",
+                "--limit",
+                "3",
+            ],
+        ]
+        .concat(),
+        // Each target's initial state, until the deadline.
+        [&typed[..], &["--deadline", "4", "watch", MAP]].concat(),
+    ];
+    for command in commands {
+        let mut direct: Vec<&str> = Vec::new();
+        for t in &targets {
+            direct.extend(["--target", t.as_str()]);
+        }
+        direct.extend(["--connect-timeout", "2"]);
+        direct.extend(&command);
+        let mut relayed = vec!["--relay", relay_url.as_str()];
+        relayed.extend(&command);
+        let (r1, out1, err1) = ctl(&direct).await;
+        let (r2, out2, err2) = ctl(&relayed).await;
+        // Lines in any order; a watch's bookmarks (cursors and revisions
+        // of their own) left out.
+        let sorted = |s: &str| {
+            let mut lines: Vec<String> = s
+                .lines()
+                .filter(|l| !l.starts_with("{\"bookmark\""))
+                .map(str::to_owned)
+                .collect();
+            lines.sort();
+            lines
+        };
+        let (a, b) = (sorted(&out1), sorted(&out2));
+        assert!(!a.is_empty(), "{command:?}: {err1}");
+        let differ = a.iter().zip(&b).find(|(x, y)| x != y);
+        assert!(
+            a.len() == b.len() && differ.is_none(),
+            "{command:?}: {} lines directly, {} through the relay; first difference {differ:?}\n{err1}\n{err2}",
+            a.len(),
+            b.len()
+        );
+        assert_eq!(
+            r1.as_ref().map_err(|e| e.to_string()).err(),
+            r2.as_ref().map_err(|e| e.to_string()).err(),
+            "{command:?}: {err2}"
+        );
+        // A top K's summaries: the same work, the same failure.
+        if command.contains(&"top") {
+            assert_eq!(sorted(&err2), sorted(&err1), "{command:?}");
+        }
+        // The dead target is named in both summaries.
+        if command.contains(&"dump") || command.contains(&"list") {
+            assert!(
+                err1.contains(&dead) && err2.contains(&dead),
+                "{err1}\n{err2}"
+            );
+        }
+    }
+    // One target of the relay's, by its name; one it does not know.
+    let one = target_of(&hosts[1]);
+    let (r, out, err) = ctl(&["--relay", &relay_url, "--target", &one, "dump", MAP]).await;
+    r.unwrap_or_else(|e| panic!("{e}: {err}"));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 50);
+    assert!(lines.iter().all(|l| l["target"] == one.as_str()));
+    let (r, _, _) = ctl(&["--relay", &relay_url, "--target", "10.9.9.9:1", "list"]).await;
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("not one of the relay's"), "{e}");
+    let (r, _, _) = ctl(&["--relay", &relay_url, "drain", MAP]).await;
+    assert!(
+        r.unwrap_err()
+            .to_string()
+            .contains("drain is not served by the relay")
+    );
     relay.stop().await.unwrap();
 }

@@ -92,6 +92,7 @@ pub(crate) async fn run(
         mut printer,
         progress,
         decode,
+        relay,
         ..
     } = setup;
     let total = targets.len();
@@ -100,7 +101,11 @@ pub(crate) async fn run(
     if args.no_resume {
         connect = connect.with_retry(RetryPolicy::never());
     }
-    let run = Fleet::new(start.targets.clone(), connect)
+    let fleet = match relay {
+        Some(relay) => relay.with_targets(start.targets.clone()),
+        None => Fleet::new(start.targets.clone(), connect),
+    };
+    let run = fleet
         .with_options(options)
         .dump(&map, dump_options(&args, &start, decode));
     let out = &mut *io.out;

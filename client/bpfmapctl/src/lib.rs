@@ -54,6 +54,13 @@ pub struct Cli {
     /// A file of targets, one spec per line (# starts a comment).
     #[arg(long, value_name = "FILE", global = true)]
     pub targets_file: Option<PathBuf>,
+    /// Run the command through the bpfmap-relay at this address
+    /// ("http://relay:50061", "https://..." with --ca, --cert and --key):
+    /// the relay reaches the daemons, and --target names targets as the
+    /// relay lists them (default: every target of the relay). Every
+    /// command but `drain`, with the same output as direct fan-out.
+    #[arg(long, value_name = "URL", env = "BPFMAP_RELAY", global = true)]
+    pub relay: Option<String>,
     /// The name server for dns: and srv: targets (default: the system's).
     #[arg(long, value_name = "ADDR", global = true)]
     pub dns_server: Option<std::net::SocketAddr>,
@@ -477,6 +484,9 @@ pub async fn run_with(
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
+        Command::Drain(_) if cli.relay.is_some() => Err(usage(
+            "drain is not served by the relay: name the daemons with --target instead of --relay",
+        )),
         Command::Drain(args) => drain::run(setup, io, args, cli.per_cpu, cli.ca.is_some()).await,
     }
 }

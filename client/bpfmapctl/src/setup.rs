@@ -29,6 +29,8 @@ pub(crate) struct Setup {
     pub(crate) inner: Option<String>,
     /// `--key-type` and `--value-type`: the map's types declared in C.
     pub(crate) declared: Option<(String, String)>,
+    /// `--relay URL`: the fleet through the relay.
+    pub(crate) relay: Option<Fleet>,
 }
 
 impl Setup {
@@ -51,7 +53,13 @@ impl Setup {
         if let Some(tls) = tls(cli)? {
             connect = connect.with_tls(tls);
         }
-        let targets = targets(cli, saved).await?;
+        let (targets, relay) = match &cli.relay {
+            Some(url) => {
+                let fleet = via_relay(cli, url, saved, connect.clone()).await?;
+                (fleet.targets().to_vec(), Some(fleet))
+            }
+            None => (targets(cli, saved).await?, None),
+        };
         let mut options = FleetOptions::default()
             .with_concurrency(cli.concurrency as usize)
             .with_answer_timeout(seconds("--connect-timeout", cli.connect_timeout)?);
@@ -78,6 +86,7 @@ impl Setup {
                     cli.value_type.clone().unwrap_or_default(),
                 )
             }),
+            relay,
         })
     }
 
@@ -101,7 +110,16 @@ impl Setup {
 
     /// A fleet of every target.
     pub(crate) fn fleet(&self) -> Fleet {
-        Fleet::new(self.targets.clone(), self.connect.clone()).with_options(self.options.clone())
+        self.fleet_of(self.targets.clone(), self.connect.clone())
+    }
+
+    /// A fleet of `targets`, reached with `connect` (or through the relay).
+    pub(crate) fn fleet_of(&self, targets: Vec<Target>, connect: ConnectOptions) -> Fleet {
+        match &self.relay {
+            Some(relay) => relay.clone().with_targets(targets),
+            None => Fleet::new(targets, connect),
+        }
+        .with_options(self.options.clone())
     }
 }
 
@@ -120,6 +138,36 @@ fn tls(cli: &Cli) -> anyhow::Result<Option<ClientTls>> {
         Some(name) => tls.with_server_name(name),
         None => tls,
     }))
+}
+
+/// The fleet behind the relay at `url`: the targets --target,
+/// --targets-file or the cursor file name (as the relay names them), else
+/// every target of the relay.
+async fn via_relay(
+    cli: &Cli,
+    url: &str,
+    saved: Option<&CursorFile>,
+    connect: ConnectOptions,
+) -> anyhow::Result<Fleet> {
+    let parse = |t: &str| {
+        t.parse::<Target>()
+            .map_err(|e: bpfmap_client::Error| usage(e.to_string()))
+    };
+    let mut names: Vec<Target> = read_lines(cli)?
+        .iter()
+        .map(|l| parse(l))
+        .collect::<anyhow::Result<_>>()?;
+    if names.is_empty()
+        && let Some(file) = saved
+    {
+        names = file.targets().map(parse).collect::<anyhow::Result<_>>()?;
+    }
+    Fleet::via_relay(url, connect, names)
+        .await
+        .map_err(|e| match e.code() {
+            bpfmap_client::Code::InvalidArgument => usage(e.to_string()),
+            _ => anyhow::anyhow!("through the relay: {e}"),
+        })
 }
 
 /// The targets: --target and --targets-file, else those of the cursor
@@ -144,6 +192,14 @@ async fn targets(cli: &Cli, saved: Option<&CursorFile>) -> anyhow::Result<Vec<Ta
 }
 
 fn read_specs(cli: &Cli) -> anyhow::Result<Vec<TargetSpec>> {
+    read_lines(cli)?
+        .iter()
+        .map(|s| s.parse::<TargetSpec>().map_err(|e| usage(e.to_string())))
+        .collect()
+}
+
+/// The lines of --target and --targets-file.
+fn read_lines(cli: &Cli) -> anyhow::Result<Vec<String>> {
     let mut lines: Vec<String> = cli.targets.clone();
     if let Some(file) = &cli.targets_file {
         let text = std::fs::read_to_string(file)
@@ -155,10 +211,7 @@ fn read_specs(cli: &Cli) -> anyhow::Result<Vec<TargetSpec>> {
             }
         }
     }
-    lines
-        .iter()
-        .map(|s| s.parse::<TargetSpec>().map_err(|e| usage(e.to_string())))
-        .collect()
+    Ok(lines)
 }
 
 async fn resolve(cli: &Cli, specs: &[TargetSpec]) -> anyhow::Result<Vec<Target>> {

@@ -110,9 +110,9 @@ impl FleetOptions {
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct FleetDumpOptions {
-    dump: DumpOptions,
-    cursors: HashMap<Target, String>,
-    types: bool,
+    pub(crate) dump: DumpOptions,
+    pub(crate) cursors: HashMap<Target, String>,
+    pub(crate) types: bool,
 }
 
 impl FleetDumpOptions {
@@ -167,8 +167,10 @@ pub struct FleetChunk {
 #[derive(Debug, Clone)]
 pub struct Fleet {
     targets: Vec<Target>,
-    connect: ConnectOptions,
-    options: FleetOptions,
+    pub(crate) connect: ConnectOptions,
+    pub(crate) options: FleetOptions,
+    /// Set when the fleet is reached through a relay ([`Fleet::via_relay`]).
+    pub(crate) relay: Option<crate::relay::RelayLink>,
 }
 
 impl Fleet {
@@ -188,6 +190,7 @@ impl Fleet {
             targets,
             connect: connect.with_retry(retry),
             options: FleetOptions::default(),
+            relay: None,
         }
     }
 
@@ -230,6 +233,9 @@ impl Fleet {
     /// ListMaps on every target, narrowed as `options` say (name glob,
     /// type, owner).
     pub fn list_maps_with(&self, options: ListMapsOptions) -> FleetRun<Vec<MapInfo>> {
+        if let Some(relay) = &self.relay {
+            return relay.list_maps(self, &options);
+        }
         let timeout = self.options.answer_timeout;
         self.plan().run(move |client, answers| {
             let options = options.clone();
@@ -247,6 +253,9 @@ impl Fleet {
 
     /// GetMap on every target (NOT_FOUND where the map is absent).
     pub fn get_map(&self, map: &MapName) -> FleetRun<MapInfo> {
+        if let Some(relay) = &self.relay {
+            return relay.get_map(self, map);
+        }
         let timeout = self.options.answer_timeout;
         let map = map.clone();
         self.plan().run(move |client, answers| {
@@ -270,6 +279,10 @@ impl Fleet {
         keys: impl IntoIterator<Item = impl Into<Key>>,
         options: LookupOptions,
     ) -> FleetRun<Vec<LookupResult>> {
+        if let Some(relay) = &self.relay {
+            let keys = keys.into_iter().map(Into::into).collect();
+            return relay.lookup(self, map, keys, &options);
+        }
         let timeout = self.options.answer_timeout;
         let call = Arc::new(LookupCall::new(map, keys, &options));
         self.plan().run(move |client, answers| {
@@ -292,6 +305,9 @@ impl Fleet {
     /// types if asked. Every target resumes by itself after a broken stream,
     /// as a single [`Dump`] does.
     pub fn dump(&self, map: &MapName, options: FleetDumpOptions) -> FleetRun<FleetChunk> {
+        if let Some(relay) = &self.relay {
+            return relay.dump(self, map, options);
+        }
         let waits = Waits {
             first: self.options.answer_timeout,
             idle: self.options.idle_timeout,

@@ -58,7 +58,7 @@ pub const DEFAULT_MAX_GROUPS: usize = 100_000;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct FleetAggregateOptions {
-    aggregate: AggregateOptions,
+    pub(crate) aggregate: AggregateOptions,
     max_groups: usize,
 }
 
@@ -232,6 +232,9 @@ impl Fleet {
         map: &MapName,
         options: FleetAggregateOptions,
     ) -> FleetRun<FleetAggregate> {
+        if let Some(relay) = &self.relay {
+            return relay.aggregate(self, map, options);
+        }
         let (fleet, map) = (self.clone(), map.clone());
         let buffer = self.targets().len() + 1;
         FleetRun::spawn(self.targets().to_vec(), buffer, move |tx| async move {

@@ -29,8 +29,8 @@ use crate::{
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct FleetWatchOptions {
-    watch: WatchOptions,
-    cursors: HashMap<Target, String>,
+    pub(crate) watch: WatchOptions,
+    pub(crate) cursors: HashMap<Target, String>,
 }
 
 impl FleetWatchOptions {
@@ -69,6 +69,9 @@ impl Fleet {
     /// PERMISSION_DENIED, NOT_FOUND, a map too large to watch) ends the
     /// target.
     pub fn watch(&self, map: &MapName, options: FleetWatchOptions) -> FleetRun<Scan> {
+        if let Some(relay) = &self.relay {
+            return relay.watch(self, map, options);
+        }
         let mut plan = self.plan();
         plan.release_on_answer = true;
         let first = self.options().answer_timeout();

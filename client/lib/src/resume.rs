@@ -333,6 +333,52 @@ impl DumpOptions {
         }
     }
 
+    /// The request of this dump on `map`, from `cursor`, for at most
+    /// `limit` entries more (0: all).
+    pub(crate) fn request(&self, map: &MapName, cursor: &str, limit: u64) -> pb::DumpMapRequest {
+        // The daemon sums where it decodes: in the entries layout (a
+        // forwarded request goes as it came).
+        let forwarded = self.raw.is_some();
+        let sum = self.per_cpu == crate::PerCpu::Sum && (!self.packed || forwarded);
+        let layout = if self.packed {
+            pb::Layout::Packed
+        } else {
+            pb::Layout::Entries
+        };
+        // Entries are decoded here, from the bytes (see `typed`), unless
+        // renderings are asked of the daemon (entries layout only), or a
+        // projection (whose raw bytes it leaves out).
+        let render: std::collections::HashMap<String, String> = if self.packed && !forwarded {
+            Default::default()
+        } else {
+            self.render.clone().into_iter().collect()
+        };
+        let raw = self
+            .raw
+            .unwrap_or(render.is_empty() && !sum && (self.packed || !self.projected()));
+        pb::DumpMapRequest {
+            map: Some(map.to_proto()),
+            cursor: cursor.to_owned(),
+            chunk_size: self.chunk_size,
+            limit,
+            layout: layout as i32,
+            raw,
+            per_cpu: if sum {
+                pb::PerCpu::Sum
+            } else {
+                pb::PerCpu::Each
+            } as i32,
+            render,
+            filter: self.filter.clone(),
+            fields: self.fields.clone(),
+        }
+    }
+
+    /// The limit asked (0: none).
+    pub(crate) fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Entries per chunk, a hint (default 0: the daemon sizes chunks).
     pub fn with_chunk_size(mut self, entries: u32) -> Self {
         self.chunk_size = entries;
@@ -586,43 +632,7 @@ impl Dump {
             0 => 0,
             l => l - self.received,
         };
-        // The daemon sums where it decodes: in the entries layout (a
-        // forwarded request goes as it came).
-        let forwarded = self.options.raw.is_some();
-        let sum = self.options.per_cpu == crate::PerCpu::Sum && (!self.options.packed || forwarded);
-        let layout = if self.options.packed {
-            pb::Layout::Packed
-        } else {
-            pb::Layout::Entries
-        };
-        // Entries are decoded here, from the bytes (see `typed`), unless
-        // renderings are asked of the daemon (entries layout only), or a
-        // projection (whose raw bytes it leaves out).
-        let render: std::collections::HashMap<String, String> = if self.options.packed && !forwarded
-        {
-            Default::default()
-        } else {
-            self.options.render.clone().into_iter().collect()
-        };
-        let raw = self.options.raw.unwrap_or(
-            render.is_empty() && !sum && (self.options.packed || !self.options.projected()),
-        );
-        let req = pb::DumpMapRequest {
-            map: Some(self.map.to_proto()),
-            cursor: self.cursor.clone(),
-            chunk_size: self.options.chunk_size,
-            limit,
-            layout: layout as i32,
-            raw,
-            per_cpu: if sum {
-                pb::PerCpu::Sum
-            } else {
-                pb::PerCpu::Each
-            } as i32,
-            render,
-            filter: self.options.filter.clone(),
-            fields: self.options.fields.clone(),
-        };
+        let req = self.options.request(&self.map, &self.cursor, limit);
         Ok(self.client.dump_map(req).await?.into_inner())
     }
 

@@ -130,7 +130,7 @@ impl WatchOptions {
         &self.cursor
     }
 
-    fn request(&self, map: &MapName, cursor: &str) -> pb::WatchMapRequest {
+    pub(crate) fn request(&self, map: &MapName, cursor: &str) -> pb::WatchMapRequest {
         pb::WatchMapRequest {
             map: Some(map.to_proto()),
             interval: self
@@ -162,6 +162,32 @@ pub struct Scan {
 }
 
 impl Scan {
+    /// A scan from the messages that carry it (the last with its
+    /// bookmark), as a relay forwards them.
+    pub(crate) fn from_parts(parts: Vec<pb::WatchMapResponse>) -> Self {
+        let mut scan = Scan {
+            events: Vec::new(),
+            groups: Vec::new(),
+            bookmark: pb::Bookmark::default(),
+            resync: None,
+            projection: None,
+        };
+        for part in parts {
+            if part.resync {
+                scan.resync = Some(part.resync_reason);
+            }
+            if part.projection.is_some() {
+                scan.projection = part.projection;
+            }
+            scan.events.extend(part.events);
+            scan.groups.extend(part.groups);
+            if let Some(b) = part.bookmark {
+                scan.bookmark = b;
+            }
+        }
+        scan
+    }
+
     /// The scan as one message of the daemon's protocol (events or groups,
     /// its bookmark, the resync and the projection it came with), for a
     /// program that forwards scans (a relay).

@@ -295,7 +295,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         )?;
         let dump = dump_digest(&req);
         let identity = call.caller.identity.to_string();
-        let position = match cursor.as_str() {
+        let mut position = match cursor.as_str() {
             "" => FleetPosition {
                 targets: call
                     .targets
@@ -307,6 +307,11 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         };
         let denied = denials(&call, Operation::Dump);
         let mut cursors = HashMap::new();
+        for (target, standing) in position.targets.iter_mut().filter(|_| cursor.is_empty()) {
+            if let Some(c) = request.get_ref().target_cursors.get(target.as_str()) {
+                *standing = Standing::At(c.clone());
+            }
+        }
         for (target, standing) in &position.targets {
             if let (Standing::At(c), Ok(t)) = (standing, target.parse::<Target>()) {
                 cursors.insert(t, c.clone());
@@ -365,6 +370,16 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             })
             .collect();
         let mut answered = Vec::new();
+        let work = answer
+            .reports
+            .iter()
+            .map(|r| pb::TargetWork {
+                target: r.target.as_str().to_owned(),
+                entries_scanned: r.scanned,
+                groups: r.entries,
+                calls: r.calls,
+            })
+            .collect();
         for report in &answer.reports {
             match ended(&self.targets, report) {
                 Some(status) => failed.push(pb::TargetFailure {
@@ -384,6 +399,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             .into(),
             answered,
             failed,
+            work,
         }))
     }
 
@@ -407,7 +423,8 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             .with_cursor("");
         let identity = call.caller.identity.to_string();
         let digest = watch_digest(&req);
-        let cursors = self.bookmarks(&cursor, &identity, &digest)?;
+        let mut cursors = self.bookmarks(&cursor, &identity, &digest)?;
+        cursors.extend(request.get_ref().target_cursors.clone());
         let denied = denials(&call, op);
         let (policy, who, map_text) = (
             self.policy.clone(),
