@@ -63,7 +63,7 @@ pub use dump::DumpStats;
 pub use maps::{
     Demo, RenderConfig, TypesConfig, btf, flow_key, flow_types, flow_value, typed_flows,
 };
-pub use model::{Operation, SERVICE_NAME};
+pub use model::{Operation, SERVICE_NAME, VERSION_HEADER};
 pub use net::TlsFiles;
 
 /// Rotates the cursor key in `state_dir` (see `bpfmapd --rotate-cursor-key`):

@@ -598,6 +598,32 @@ async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_rou
                 .all(|e| e.0 == pb::EventType::Added as i32)
         );
     }
+    // ListTargets: each daemon's version once probed, the dead one none.
+    let mut states = Vec::new();
+    for _ in 0..50 {
+        states = c
+            .list_targets(pb::ListTargetsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .targets;
+        if states
+            .iter()
+            .any(|s| s.target == h0 && !s.version.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let version_of = |t: &str| {
+        states
+            .iter()
+            .find(|s| s.target == t)
+            .map(|s| s.version.clone())
+            .unwrap()
+    };
+    assert_eq!(version_of(&h0), env!("CARGO_PKG_VERSION"));
+    assert_eq!(version_of(&dead), "");
     let seen = rounds
         .until("naming the dead target failing", |r| {
             r.end.failing.contains(&dead)

@@ -41,6 +41,8 @@ struct Known {
     /// In order, each with the spec it came from.
     list: Vec<(Target, String)>,
     states: HashMap<String, State>,
+    /// Each target's daemon version, from its last probe answered.
+    versions: HashMap<String, String>,
 }
 
 /// What the last call or probe of a target said.
@@ -98,9 +100,9 @@ impl Targets {
         let mut seen = std::collections::HashSet::new();
         list.retain(|(t, _)| seen.insert(t.clone()));
         let mut known = self.lock();
-        known
-            .states
-            .retain(|name, _| list.iter().any(|(t, _)| t.as_str() == name));
+        let listed = |name: &String| list.iter().any(|(t, _)| t.as_str() == name);
+        known.states.retain(|name, _| listed(name));
+        known.versions.retain(|name, _| listed(name));
         known.list = list;
     }
 
@@ -180,6 +182,7 @@ impl Targets {
                     },
                     since: state.map(|s| prost_types::Timestamp::from(s.since)),
                     source: source.clone(),
+                    version: known.versions.get(t.as_str()).cloned().unwrap_or_default(),
                 }
             })
             .collect()
@@ -214,7 +217,13 @@ impl Targets {
             .for_each_concurrent(32, |t| async move {
                 let outcome = tokio::time::timeout(PROBE_TIMEOUT, probe(&t, connect)).await;
                 let error = match outcome {
-                    Ok(result) => result.err(),
+                    Ok(Ok(version)) => {
+                        if let Some(v) = version {
+                            self.lock().versions.insert(t.as_str().to_owned(), v);
+                        }
+                        None
+                    }
+                    Ok(Err(e)) => Some(e),
                     Err(_) => Some(Error::Status(Status::deadline_exceeded(format!(
                         "no health answer in {} s",
                         PROBE_TIMEOUT.as_secs()
@@ -226,18 +235,24 @@ impl Targets {
     }
 }
 
-/// The health of one target (grpc.health.v1, the map service's status).
-async fn probe(target: &Target, connect: &ConnectOptions) -> Result<(), Error> {
+/// The health of one target (grpc.health.v1, the map service's status),
+/// and its daemon's version when it says it.
+async fn probe(target: &Target, connect: &ConnectOptions) -> Result<Option<String>, Error> {
     let client = Client::connect(&target.url(connect.uses_tls()), connect.clone()).await?;
     let mut health = tonic_health::pb::health_client::HealthClient::new(client.channel().clone());
     let answer = health
         .check(tonic_health::pb::HealthCheckRequest {
             service: bpfmapd::SERVICE_NAME.into(),
         })
-        .await?
-        .into_inner();
+        .await?;
+    let version = answer
+        .metadata()
+        .get(bpfmapd::VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let answer = answer.into_inner();
     if answer.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
-        Ok(())
+        Ok(version)
     } else {
         Err(Error::Status(Status::unavailable("not serving (stopping)")))
     }

@@ -6,6 +6,10 @@ use std::fmt;
 /// Name of the map service (in the health protocol, and in RPC paths).
 pub const SERVICE_NAME: &str = "bpfmap.v1.MapService";
 
+/// The response header carrying the server's version ("0.1.0"), on every
+/// call's response (health checks included).
+pub const VERSION_HEADER: &str = "bpfmap-version";
+
 /// An RPC the daemon serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rpc {

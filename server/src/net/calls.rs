@@ -64,6 +64,10 @@ where
         let fut = self.0.call(req);
         Box::pin(async move {
             let mut resp = fut.await?;
+            resp.headers_mut().insert(
+                crate::VERSION_HEADER,
+                http::HeaderValue::from_static(env!("CARGO_PKG_VERSION")),
+            );
             let held = resp.extensions_mut().remove::<Held>();
             let mut call = call;
             // A call that failed at once answers with its status in the
