@@ -944,3 +944,71 @@ async fn bpfmapctl_through_the_relay_prints_what_direct_fan_out_prints() {
     );
     relay.stop().await.unwrap();
 }
+
+/// A process's resident memory now and at its peak, in MiB.
+fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap()
+            / 1024.0
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_reads_slowly_holds_the_relay_to_its_bounds() {
+    const ENTRIES: u64 = 400_000;
+    let hosts = hosts(4, ENTRIES).await;
+    let targets: Vec<Json> = hosts.iter().map(|h| json!(target_of(h))).collect();
+    let work = tempfile::tempdir().unwrap();
+    let addr = process::free_addr("127.0.0.1");
+    let config = work.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
+            work.path().display(),
+            Json::Array(targets)
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
+        .arg("--config")
+        .arg(&config)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut c = wait_connect(addr).await.max_decoding_message_size(64 << 20);
+    let (_, before) = memory_mib(child.id());
+    // One message, then nothing read for 3 s: the relay stops reading the
+    // daemons instead of queueing their entries.
+    let mut stream = c.dump_map(dump_request(0, "")).await.unwrap().into_inner();
+    let mut got = Delivered::default();
+    got.add(stream.message().await.unwrap().unwrap());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (stalled, _) = memory_mib(child.id());
+    let mut bytes = 0usize;
+    while let Some(msg) = stream.message().await.unwrap() {
+        bytes += prost::Message::encoded_len(&msg);
+        got.add(msg);
+    }
+    let (_, peak) = memory_mib(child.id());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_exactly(&hosts, &got.entries);
+    let sent = bytes as f64 / (1 << 20) as f64;
+    println!(
+        "relay: {before:.1} MiB before, {stalled:.1} MiB while the caller read nothing, peak {peak:.1} MiB; {sent:.1} MiB sent"
+    );
+    // Stalled, it holds what HTTP/2 lets each target's stream send (2 MiB
+    // windows) and a few chunks queued: not the dump.
+    assert!(
+        stalled - before < sent / 2.0,
+        "the relay grew by {:.1} MiB while its caller read nothing, for {sent:.1} MiB to send",
+        stalled - before
+    );
+}

@@ -44,6 +44,7 @@ pub struct FleetOptions {
     answer_timeout: Duration,
     idle_timeout: Duration,
     deadline: Option<Duration>,
+    buffer: Option<usize>,
 }
 
 /// 32 targets at once, 5 s for a first answer, 30 s between chunks, no
@@ -55,6 +56,7 @@ impl Default for FleetOptions {
             answer_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             deadline: None,
+            buffer: None,
         }
     }
 }
@@ -68,6 +70,22 @@ impl FleetOptions {
     /// Time for a target to connect and give its first answer.
     pub(crate) fn answer_timeout(&self) -> Duration {
         self.answer_timeout
+    }
+
+    /// Answers a run holds for its reader before the targets wait (and
+    /// their daemons with them).
+    pub(crate) fn buffer(&self) -> usize {
+        self.buffer.unwrap_or(self.concurrency.max(1) * 2)
+    }
+
+    /// Answers a run holds for a reader that has not taken them yet, before
+    /// each target waits for room (and its daemon, through HTTP/2 flow
+    /// control, with it); default: twice the concurrency. A program that
+    /// forwards chunks (a relay) keeps it small, so that its memory follows
+    /// the targets in flight rather than the answers waiting.
+    pub fn with_buffer(mut self, answers: usize) -> Self {
+        self.buffer = Some(answers.max(1));
+        self
     }
 
     /// Targets in flight at once.
@@ -215,6 +233,7 @@ impl Fleet {
             targets,
             connect: self.connect.clone(),
             concurrency: self.options.concurrency,
+            buffer: self.options.buffer(),
             deadline,
             release_on_answer: false,
         }

@@ -322,6 +322,8 @@ pub(crate) struct Plan {
     pub(crate) targets: Vec<Target>,
     pub(crate) connect: ConnectOptions,
     pub(crate) concurrency: usize,
+    /// Answers held for the run's reader.
+    pub(crate) buffer: usize,
     pub(crate) deadline: Option<Duration>,
     /// A target gives its place back at its first answer (a watch, which
     /// never ends by itself), not when it is done.
@@ -337,7 +339,7 @@ impl Plan {
         Fut: Future<Output = Result<(), Error>> + Send + 'static,
     {
         let targets = self.targets.clone();
-        let buffer = self.concurrency.max(1) * 2;
+        let buffer = self.buffer;
         FleetRun::spawn(targets, buffer, move |tx| async move {
             let shared = Arc::new(Shared {
                 tx,

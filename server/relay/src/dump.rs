@@ -16,7 +16,7 @@ use crate::{
 
 /// Messages queued for a slow caller, per call (the fleet's own buffers
 /// and the daemons' streams hold the rest: back-pressure, not buffering).
-pub(crate) const QUEUED: usize = 16;
+pub(crate) const QUEUED: usize = 8;
 
 /// A streamed answer.
 pub(crate) type Answers<T> =

@@ -67,6 +67,7 @@ impl Relay {
             connect,
             options: FleetOptions::default()
                 .with_concurrency(config.concurrency)
+                .with_buffer(dump::QUEUED)
                 .with_answer_timeout(config.answer_timeout),
             policy: Arc::new(policy::RelayPolicy::new(
                 &config.rules,
