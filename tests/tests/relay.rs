@@ -1012,3 +1012,64 @@ async fn a_caller_that_reads_slowly_holds_the_relay_to_its_bounds() {
         stalled - before
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_deadline_ends_slow_targets_in_band_before_it_passes() {
+    let hosts = hosts(2, 100).await;
+    // Accepts connections (the kernel's backlog) and never answers.
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let frozen_target = frozen.local_addr().unwrap().to_string();
+    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
+    targets.push(frozen_target.clone());
+    let state = tempfile::tempdir().unwrap();
+    let config = bpfmap_relay::Config {
+        targets,
+        state_dir: state.path().to_owned(),
+        answer_timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .unwrap();
+    let mut c = client(relay.local_addr()).await;
+    let mut req = tonic::Request::new(pb::FleetServiceAggregateMapRequest {
+        request: Some(pb::AggregateMapRequest {
+            map: map_ref(MAP),
+            aggregates: vec![pb::Aggregate {
+                op: pb::aggregate::Op::Count as i32,
+                field: String::new(),
+            }],
+            ..Default::default()
+        }),
+        targets: None,
+    });
+    req.set_timeout(Duration::from_secs(2));
+    let started = std::time::Instant::now();
+    let answer = c
+        .aggregate_map(req)
+        .await
+        .expect("an answer before the deadline")
+        .into_inner();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(answer.failed.len(), 1, "{answer:?}");
+    assert_eq!(answer.failed[0].target, frozen_target);
+    assert_eq!(
+        answer.failed[0].status.as_ref().unwrap().code,
+        "DEADLINE_EXCEEDED"
+    );
+    let mut answered = answer.answered.clone();
+    answered.sort();
+    let mut want: Vec<String> = hosts.iter().map(target_of).collect();
+    want.sort();
+    assert_eq!(answered, want);
+    // One group (no group-by): the count of both hosts' entries.
+    assert_eq!(answer.groups.len(), 1);
+    let count = &answer.groups[0].group.as_ref().unwrap().values[0];
+    assert_eq!(
+        count.kind,
+        Some(prost_types::value::Kind::StringValue("200".into()))
+    );
+    drop(frozen);
+    relay.stop().await.unwrap();
+}

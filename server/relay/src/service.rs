@@ -2,7 +2,7 @@
 //! policy, picks its targets, runs the library's fleet call on them and
 //! streams what each target answers, a failing target named in-band.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use bpfmap_client::{
     AggregateOptions, ConnectOptions, DumpOptions, Fleet, FleetAggregateOptions, FleetDumpOptions,
@@ -43,6 +43,8 @@ struct Call {
     targets: Vec<Target>,
     /// The targets the policy keeps from this caller.
     denied: Vec<Target>,
+    /// The caller's deadline (`grpc-timeout`), if it set one.
+    deadline: Option<Duration>,
 }
 
 impl FleetServiceImpl {
@@ -65,7 +67,9 @@ impl FleetServiceImpl {
         };
         let names = targets.map(|t| t.targets.as_slice()).unwrap_or_default();
         let selected = self.targets.select(names)?;
-        self.checked(caller, map, selected, op)
+        let mut call = self.checked(caller, map, selected, op)?;
+        call.deadline = deadline_of(request);
+        Ok(call)
     }
 
     /// Splits `selected` into the targets the policy lets `caller` ask and
@@ -93,17 +97,24 @@ impl FleetServiceImpl {
             map,
             targets,
             denied,
+            deadline: None,
         })
     }
 
     /// A fleet of `targets`, each call naming `caller` to the daemons (for
-    /// their audit logs).
-    fn fleet(&self, targets: &[Target], caller: &Caller) -> Fleet {
+    /// their audit logs); with the caller's deadline, the targets not done
+    /// shortly before it are ended with DEADLINE_EXCEEDED, so that the
+    /// caller still receives the others' answers and their names.
+    fn fleet(&self, targets: &[Target], caller: &Caller, deadline: Option<Duration>) -> Fleet {
         let connect = self
             .connect
             .clone()
             .with_on_behalf_of(caller.identity.to_string());
-        Fleet::new(targets.to_vec(), connect).with_options(self.options.clone())
+        let mut options = self.options.clone();
+        if let Some(d) = deadline {
+            options = options.with_deadline(d.mul_f64(0.9));
+        }
+        Fleet::new(targets.to_vec(), connect).with_options(options)
     }
 }
 
@@ -183,6 +194,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         request: Request<pb::FleetServiceListMapsRequest>,
     ) -> Result<Response<Self::ListMapsStream>, Status> {
         let caller = caller_of(&request)?;
+        let deadline = deadline_of(&request);
         let req = request.into_inner();
         let names = req
             .targets
@@ -191,7 +203,9 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             .unwrap_or_default();
         let targets = self.targets.select(&names)?;
         let options = ListMapsOptions::from_proto(&req.request.unwrap_or_default());
-        let run = self.fleet(&targets, &caller).list_maps_with(options);
+        let run = self
+            .fleet(&targets, &caller, deadline)
+            .list_maps_with(options);
         let (policy_caller, policy) = (caller.identity.clone(), self.policy_view());
         Ok(Response::new(per_target(
             self.targets.clone(),
@@ -228,7 +242,9 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             request.get_ref().targets.as_ref(),
         )?;
         let denied = denials(&call, Operation::List);
-        let run = self.fleet(&call.targets, &call.caller).get_map(&call.map);
+        let run = self
+            .fleet(&call.targets, &call.caller, call.deadline)
+            .get_map(&call.map);
         Ok(Response::new(per_target(
             self.targets.clone(),
             (run, denied),
@@ -260,7 +276,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         let denied = denials(&call, Operation::Lookup);
         let (options, keys) = LookupOptions::from_proto(&req);
         let run = self
-            .fleet(&call.targets, &call.caller)
+            .fleet(&call.targets, &call.caller, call.deadline)
             .lookup(&call.map, keys, options);
         Ok(Response::new(per_target(
             self.targets.clone(),
@@ -325,7 +341,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             .collect();
         let mut options = DumpOptions::from_proto(&req);
         options = options.with_cursor("");
-        let run = self.fleet(&running, &call.caller).dump(
+        let run = self.fleet(&running, &call.caller, call.deadline).dump(
             &call.map,
             FleetDumpOptions::default()
                 .with_dump(options)
@@ -356,7 +372,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         let options = AggregateOptions::from_proto(&req)
             .map_err(|e| Status::invalid_argument(format!("request: {e}")))?;
         let answer = self
-            .fleet(&call.targets, &call.caller)
+            .fleet(&call.targets, &call.caller, call.deadline)
             .aggregate(
                 &call.map,
                 FleetAggregateOptions::default().with_aggregate(options),
@@ -436,6 +452,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             map: call.map.clone(),
             targets: Vec::new(),
             denied: Vec::new(),
+            deadline: None,
         };
         let (connect, options_fleet, caller) = (
             self.connect.clone(),
@@ -526,6 +543,23 @@ impl FleetServiceImpl {
         *call = self.checked(caller, call.map.clone(), selected, Operation::Dump)?;
         Ok(position)
     }
+}
+
+/// The deadline a caller set (`grpc-timeout`: digits and a unit, H, M, S,
+/// m, u or n).
+fn deadline_of<T>(request: &Request<T>) -> Option<Duration> {
+    let text = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The targets the policy keeps from a call's caller, with their status.
