@@ -410,10 +410,6 @@ fn faults(runtime: &tokio::runtime::Runtime, n: usize, runs: usize) {
 mod topk {
     use std::{
         collections::HashMap,
-        sync::{
-            Arc,
-            atomic::{AtomicU64, Ordering},
-        },
         time::{Duration, Instant},
     };
 
@@ -422,7 +418,9 @@ mod topk {
         FleetDumpOptions, FleetEvent, MergeMethod, Target, ValueRef,
     };
     use bpfmap_kernel::{BtfBuilder, CreateMap, OwnedBtf};
-    use bpfmap_tests::{BpfFs, MapType, OwnedMap, median, process::DaemonProcess, update_batch};
+    use bpfmap_tests::{
+        BpfFs, CountingProxy, MapType, OwnedMap, median, process::DaemonProcess, update_batch,
+    };
     use futures::StreamExt as _;
 
     use super::{HOSTS, RUNS, delay_proxy};
@@ -465,32 +463,6 @@ mod topk {
         update_batch(&map, &keys, &values);
         fs.pin(&map, "bench/flows");
         map
-    }
-
-    /// A proxy that counts the bytes servers send.
-    async fn counting_proxy(target: std::net::SocketAddr, count: Arc<AtomicU64>) -> Target {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
-                    continue;
-                };
-                let count = count.clone();
-                tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                    });
-                    if let Ok(n) = tokio::io::copy(&mut sr, &mut cw).await {
-                        count.fetch_add(n, Ordering::Relaxed);
-                    }
-                    up.abort();
-                });
-            }
-        });
-        Target::from_socket_addr(addr)
     }
 
     /// The top 10 destinations by bytes from full dumps, merged here.
@@ -551,18 +523,19 @@ mod topk {
 
     /// Median time and bytes of `runs` of `f`.
     async fn measure<T, F: Future<Output = T>>(
-        count: &AtomicU64,
+        proxies: &[CountingProxy],
         mut f: impl FnMut() -> F,
     ) -> (Duration, u64, T) {
+        let count = || proxies.iter().map(CountingProxy::bytes).sum::<u64>();
         let (mut times, mut bytes, mut last) = (Vec::new(), Vec::new(), None);
         for _ in 0..RUNS {
-            let before = count.load(Ordering::Relaxed);
+            let before = count();
             let t = Instant::now();
             last = Some(f().await);
             times.push(t.elapsed());
             // Connections close as each run ends: let the counts settle.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            bytes.push(count.load(Ordering::Relaxed) - before);
+            bytes.push(count() - before);
         }
         (median(times), median(bytes), last.unwrap())
     }
@@ -593,9 +566,8 @@ mod topk {
             "latency", "how", "time", "received"
         );
         runtime.block_on(async {
-            let count = Arc::new(AtomicU64::new(0));
             for delay in [None, Some(Duration::from_millis(5))] {
-                let mut targets = Vec::new();
+                let mut proxies = Vec::new();
                 for (n, h) in hosts.iter().enumerate() {
                     let upstream = match delay {
                         None => h.4,
@@ -606,17 +578,21 @@ mod topk {
                             listen
                         }
                     };
-                    targets.push(counting_proxy(upstream, count.clone()).await);
+                    proxies.push(CountingProxy::start("127.0.0.1:0", upstream).await);
                 }
+                let targets: Vec<Target> = proxies
+                    .iter()
+                    .map(|p| Target::from_socket_addr(p.addr))
+                    .collect();
                 let latency = delay.map_or("none".to_owned(), |d| format!("{} ms", d.as_millis()));
-                let (t, b, want) = measure(&count, || by_dumps(&targets)).await;
+                let (t, b, want) = measure(&proxies, || by_dumps(&targets)).await;
                 println!(
                     "  {latency:>10} {:>22} {:>8.1} ms {:>9} KiB",
                     "full dumps",
                     t.as_secs_f64() * 1e3,
                     b / 1024
                 );
-                let (t2, b2, (got, method)) = measure(&count, || {
+                let (t2, b2, (got, method)) = measure(&proxies, || {
                     by_aggregate(&targets, Aggregate::sum("value.bytes"))
                 })
                 .await;
@@ -628,7 +604,7 @@ mod topk {
                     b2 / 1024,
                     b as f64 / b2 as f64
                 );
-                let (t3, b3, (_, method)) = measure(&count, || {
+                let (t3, b3, (_, method)) = measure(&proxies, || {
                     by_aggregate(&targets, Aggregate::max("value.bytes"))
                 })
                 .await;

@@ -19,10 +19,6 @@
 use std::{
     net::{IpAddr, SocketAddr},
     process::{Child, Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
     time::{Duration, Instant},
 };
 
@@ -31,7 +27,7 @@ use bpfmap_client::{
     FleetEvent, FleetOptions, Target, pb, pb::fleet_service_client::FleetServiceClient,
 };
 use bpfmap_tests::{
-    BpfFs, MapType, create_map,
+    BpfFs, CountingProxy, MapType, create_map,
     fleet::{in_parallel, loopback_addrs, port_free_on},
     map_ref, median,
     process::DaemonProcess,
@@ -148,13 +144,7 @@ impl RelayProcess {
 
     /// Its peak resident memory, in MiB.
     fn peak_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kib / 1024.0
+        bpfmap_tests::fleet::memory_mib_of(self.child.id()).1
     }
 }
 
@@ -235,41 +225,6 @@ fn dump_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
     });
 }
 
-/// A proxy in front of `target` counting the bytes the server sends.
-async fn counting(target: SocketAddr, count: Arc<AtomicU64>) -> SocketAddr {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
-                continue;
-            };
-            let count = count.clone();
-            tokio::spawn(async move {
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let up = tokio::spawn(async move {
-                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                });
-                let mut buf = vec![0u8; 64 << 10];
-                loop {
-                    let n = match sr.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    count.fetch_add(n as u64, Ordering::Relaxed);
-                    if cw.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-                up.abort();
-            });
-        }
-    });
-    addr
-}
-
 fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
     let relay = RelayProcess::start(&d.targets);
     runtime.block_on(async {
@@ -278,12 +233,14 @@ fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
             .with_aggregate(Aggregate::sum("value"))
             .with_limit(10);
         // Directly: every daemon's answers, counted in front of each.
-        let direct_bytes = Arc::new(AtomicU64::new(0));
-        let mut proxied = Vec::new();
+        let mut proxies = Vec::new();
         for t in &d.targets {
-            let addr = counting(t.as_str().parse().unwrap(), direct_bytes.clone()).await;
-            proxied.push(Target::from_socket_addr(addr));
+            proxies.push(CountingProxy::start("127.0.0.1:0", t.as_str().parse().unwrap()).await);
         }
+        let proxied: Vec<Target> = proxies
+            .iter()
+            .map(|p| Target::from_socket_addr(p.addr))
+            .collect();
         let fleet = Fleet::new(proxied, ConnectOptions::default());
         let direct = fleet
             .aggregate(
@@ -293,9 +250,10 @@ fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
             .await;
         assert!(direct.missing.is_empty());
         // Through the relay: what the relay sends its caller.
-        let relay_bytes = Arc::new(AtomicU64::new(0));
-        let front = counting(relay.addr, relay_bytes.clone()).await;
-        let mut c = FleetServiceClient::connect(format!("http://{front}")).await.unwrap();
+        let front = CountingProxy::start("127.0.0.1:0", relay.addr).await;
+        let mut c = FleetServiceClient::connect(format!("http://{}", front.addr))
+            .await
+            .unwrap();
         let answer = c
             .aggregate_map(pb::FleetServiceAggregateMapRequest {
                 request: Some(pb::AggregateMapRequest {
@@ -316,10 +274,8 @@ fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
         assert_eq!(answer.groups.len(), 10);
         assert_eq!(answer.method, "top_k");
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let (a, b) = (
-            direct_bytes.load(Ordering::Relaxed),
-            relay_bytes.load(Ordering::Relaxed),
-        );
+        let a: u64 = proxies.iter().map(CountingProxy::bytes).sum();
+        let b = front.bytes();
         println!(
             "fleet top 10 of 100 daemons x 10,000 groups: the caller receives {b} bytes through the relay, {a} bytes directly (every daemon's answers): {:.3}x",
             b as f64 / a as f64

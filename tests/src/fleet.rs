@@ -97,14 +97,26 @@ pub fn loopback_addrs(n: usize) -> Vec<IpAddr> {
 
 /// A field of this process's /proc status, in KiB ("VmRSS:", "VmHWM:").
 fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+    status_kib_of("self", field)
+}
+
+/// A field of process `pid`'s /proc status ("self" for this one), in KiB.
+fn status_kib_of(pid: &str, field: &str) -> u64 {
+    let path = format!("/proc/{pid}/status");
+    std::fs::read_to_string(&path)
         .ok()
         .and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
-        .unwrap_or_else(|| panic!("no {field} in /proc/self/status"))
+        .unwrap_or_else(|| panic!("no {field} in {path}"))
+}
+
+/// Another process's resident memory now and at its peak, in MiB.
+pub fn memory_mib_of(pid: u32) -> (f64, f64) {
+    let mib = |field| status_kib_of(&pid.to_string(), field) as f64 / 1024.0;
+    (mib("VmRSS:"), mib("VmHWM:"))
 }
 
 /// This process's resident memory now, in KiB.

@@ -414,6 +414,86 @@ pub fn reason_of(e: &bpfmap_client::Error) -> String {
         .unwrap_or_default()
 }
 
+/// A TCP proxy that counts the bytes the server sends (as they pass, so
+/// that a connection kept open is counted too), and, with
+/// [`allowing`](Self::allowing), closes every connection after the first
+/// `allow` at once (a host that goes down).
+#[derive(Debug)]
+pub struct CountingProxy {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    /// Bytes the server sent through it so far.
+    pub from_server: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    /// Listens on `listen` ("127.0.0.1:0") in front of `target`.
+    pub async fn start(listen: &str, target: std::net::SocketAddr) -> Self {
+        Self::allowing(listen, target, usize::MAX).await
+    }
+
+    /// The same, closing every connection after the first `allow`.
+    pub async fn allowing(listen: &str, target: std::net::SocketAddr, allow: usize) -> Self {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .unwrap_or_else(|e| panic!("cannot listen on {listen}: {e}"));
+        let addr = listener.local_addr().unwrap();
+        let from_server = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = from_server.clone();
+        let task = tokio::spawn(async move {
+            let mut accepted = 0;
+            while let Ok((client, _)) = listener.accept().await {
+                accepted += 1;
+                if accepted > allow {
+                    continue;
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let count = count.clone();
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    });
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        count.fetch_add(n as u64, Ordering::Relaxed);
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    up.abort();
+                });
+            }
+        });
+        Self {
+            addr,
+            from_server,
+            task,
+        }
+    }
+
+    /// Bytes the server sent through it so far.
+    pub fn bytes(&self) -> u64 {
+        self.from_server.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A TCP proxy that forwards to `target`, cutting connections after
 /// `cut_after` bytes from the server: a network failure in the middle of a
 /// stream, once or again and again.

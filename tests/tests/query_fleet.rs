@@ -6,13 +6,7 @@
 //! dumps; filtered and projected dumps through the library; and bpfmapctl
 //! `top` and `dump --filter --fields`.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use bpfmap_client::{
     Aggregate, AggregateOptions, ConnectOptions, DumpOptions, Fleet, FleetAggregate,
@@ -507,62 +501,6 @@ async fn max_ordering_and_every_group_merge_every_group_exactly() {
     fleet_of.stop().await;
 }
 
-/// A TCP proxy that counts the bytes the server sends, and closes every
-/// connection after the first `allow` at once (a host that goes down).
-struct CountingProxy {
-    addr: std::net::SocketAddr,
-    from_server: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl CountingProxy {
-    async fn start(listen: &str, target: std::net::SocketAddr) -> Self {
-        Self::allowing(listen, target, usize::MAX).await
-    }
-
-    async fn allowing(listen: &str, target: std::net::SocketAddr, allow: usize) -> Self {
-        let listener = tokio::net::TcpListener::bind(listen).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let from_server = Arc::new(AtomicU64::new(0));
-        let count = from_server.clone();
-        let task = tokio::spawn(async move {
-            let mut accepted = 0;
-            while let Ok((client, _)) = listener.accept().await {
-                accepted += 1;
-                if accepted > allow {
-                    continue;
-                }
-                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
-                    continue;
-                };
-                let count = count.clone();
-                tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = tokio::spawn(async move {
-                        let _ = tokio::io::copy(&mut cr, &mut sw).await;
-                    });
-                    if let Ok(n) = tokio::io::copy(&mut sr, &mut cw).await {
-                        count.fetch_add(n, Ordering::Relaxed);
-                    }
-                    up.abort();
-                });
-            }
-        });
-        Self {
-            addr,
-            from_server,
-            task,
-        }
-    }
-}
-
-impl Drop for CountingProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_top_10_receives_a_fraction_of_the_bytes_of_full_dumps() {
     let data = fleet_data(17);
@@ -577,12 +515,7 @@ async fn a_fleet_top_10_receives_a_fraction_of_the_bytes_of_full_dumps() {
         .map(|p| p.addr.to_string().parse().unwrap())
         .collect();
     let fleet = Fleet::new(targets, ConnectOptions::default());
-    let received = || -> u64 {
-        proxies
-            .iter()
-            .map(|p| p.from_server.load(Ordering::Relaxed))
-            .sum()
-    };
+    let received = || -> u64 { proxies.iter().map(|p| p.bytes()).sum() };
     let dumps = full_dumps(&fleet).await;
     // Connections close when each target is done: wait for the counts.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;

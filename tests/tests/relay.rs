@@ -464,6 +464,20 @@ async fn wait_for_line(daemon: &process::DaemonProcess, needle: &str) -> String 
     panic!("no log line with {needle}: {:?}", daemon.log());
 }
 
+/// A fleet watch of every target, raw, from `cursor`.
+fn watch_request(cursor: &str) -> pb::FleetServiceWatchMapRequest {
+    pb::FleetServiceWatchMapRequest {
+        request: Some(pb::WatchMapRequest {
+            map: map_ref(MAP),
+            raw: true,
+            ..Default::default()
+        }),
+        targets: None,
+        cursor: cursor.into(),
+        ..Default::default()
+    }
+}
+
 /// A fleet watch read round by round.
 struct Rounds {
     stream: tonic::Streaming<pb::FleetServiceWatchMapResponse>,
@@ -485,17 +499,11 @@ struct Round {
 
 impl Rounds {
     async fn start(c: &mut FleetServiceClient<Channel>, cursor: &str) -> Self {
-        let req = pb::FleetServiceWatchMapRequest {
-            request: Some(pb::WatchMapRequest {
-                map: map_ref(MAP),
-                raw: true,
-                ..Default::default()
-            }),
-            targets: None,
-            cursor: cursor.into(),
-            ..Default::default()
-        };
-        let stream = c.watch_map(req).await.unwrap().into_inner();
+        let stream = c
+            .watch_map(watch_request(cursor))
+            .await
+            .unwrap()
+            .into_inner();
         Self { stream }
     }
 
@@ -734,17 +742,11 @@ async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_rou
     // A cursor that is not the relay's, or a dump's.
     let dump_cursor = read(&mut c, dump_request(64, ""), 1).await.cursors[0].clone();
     for bad in ["fXXXX", dump_cursor.as_str()] {
-        let req = pb::FleetServiceWatchMapRequest {
-            request: Some(pb::WatchMapRequest {
-                map: map_ref(MAP),
-                raw: true,
-                ..Default::default()
-            }),
-            targets: None,
-            cursor: bad.into(),
-            ..Default::default()
-        };
-        let e = c.watch_map(req).await.map(|_| ()).unwrap_err();
+        let e = c
+            .watch_map(watch_request(bad))
+            .await
+            .map(|_| ())
+            .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     }
     relay.stop().await.unwrap();
@@ -945,20 +947,6 @@ async fn bpfmapctl_through_the_relay_prints_what_direct_fan_out_prints() {
     relay.stop().await.unwrap();
 }
 
-/// A process's resident memory now and at its peak, in MiB.
-fn memory_mib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .unwrap()
-            / 1024.0
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_reads_slowly_holds_the_relay_to_its_bounds() {
     const ENTRIES: u64 = 400_000;
@@ -983,20 +971,20 @@ async fn a_caller_that_reads_slowly_holds_the_relay_to_its_bounds() {
         .spawn()
         .unwrap();
     let mut c = wait_connect(addr).await.max_decoding_message_size(64 << 20);
-    let (_, before) = memory_mib(child.id());
+    let (_, before) = bpfmap_tests::fleet::memory_mib_of(child.id());
     // One message, then nothing read for 3 s: the relay stops reading the
     // daemons instead of queueing their entries.
     let mut stream = c.dump_map(dump_request(0, "")).await.unwrap().into_inner();
     let mut got = Delivered::default();
     got.add(stream.message().await.unwrap().unwrap());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (stalled, _) = memory_mib(child.id());
+    let (stalled, _) = bpfmap_tests::fleet::memory_mib_of(child.id());
     let mut bytes = 0usize;
     while let Some(msg) = stream.message().await.unwrap() {
         bytes += prost::Message::encoded_len(&msg);
         got.add(msg);
     }
-    let (_, peak) = memory_mib(child.id());
+    let (_, peak) = bpfmap_tests::fleet::memory_mib_of(child.id());
     child.kill().unwrap();
     child.wait().unwrap();
     assert_exactly(&hosts, &got.entries);
