@@ -14,15 +14,21 @@ use tonic::Code;
 /// Every map `pid` holds, by kernel name (waits until it holds `names`).
 async fn maps_of(client: &Client, pid: u32, names: &[&str]) -> BTreeMap<String, MapInfo> {
     let owner = ListMapsOptions::default().with_owner(pid.to_string());
-    wait_for(Duration::from_secs(30), "the program's maps", async || {
-        let maps = client.list_maps_with(&owner).await.ok()?;
-        let by_name: BTreeMap<String, MapInfo> =
-            maps.into_iter().map(|m| (m.name().to_owned(), m)).collect();
-        names
-            .iter()
-            .all(|n| by_name.contains_key(*n))
-            .then_some(by_name)
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the program's maps and programs",
+        async || {
+            let maps = client.list_maps_with(&owner).await.ok()?;
+            let by_name: BTreeMap<String, MapInfo> =
+                maps.into_iter().map(|m| (m.name().to_owned(), m)).collect();
+            // Held by the process, and used by its programs once they are
+            // loaded (the tool opens its maps first).
+            names
+                .iter()
+                .all(|n| by_name.get(*n).is_some_and(|m| !m.programs().is_empty()))
+                .then_some(by_name)
+        },
+    )
     .await
 }
 

@@ -1061,3 +1061,85 @@ async fn a_callers_deadline_ends_slow_targets_in_band_before_it_passes() {
     drop(frozen);
     relay.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_resumes_a_dump_through_a_relay_that_restarts() {
+    use bpfmap_client::{ConnectOptions, DumpOptions, Fleet, FleetDumpOptions, FleetEvent};
+    use futures::StreamExt as _;
+    let hosts = hosts(3, 100_000).await;
+    let targets: Vec<Json> = hosts.iter().map(|h| json!(target_of(h))).collect();
+    let work = tempfile::tempdir().unwrap();
+    let addr = process::free_addr("127.0.0.1");
+    let config = work.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
+            work.path().display(),
+            Json::Array(targets)
+        ),
+    )
+    .unwrap();
+    let start = || {
+        Reaped(
+            std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
+                .arg("--config")
+                .arg(&config)
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mut first = Some(start());
+    wait_connect(addr).await;
+    let fleet = Fleet::via_relay(&format!("http://{addr}"), ConnectOptions::default(), [])
+        .await
+        .unwrap();
+    assert_eq!(fleet.targets().len(), 3);
+    let options =
+        FleetDumpOptions::default().with_dump(DumpOptions::default().with_chunk_size(1000));
+    let mut run = fleet.dump(&MAP.parse().unwrap(), options);
+    let mut got = PerTarget::new();
+    let mut reports = Vec::new();
+    let mut second = None;
+    let mut answers = 0;
+    while let Some(event) = run.next().await {
+        match event {
+            FleetEvent::Answer { target, answer } => {
+                answers += 1;
+                got.entry(target.as_str().to_owned())
+                    .or_default()
+                    .extend(answer.chunk.iter().map(|e| match e.value {
+                        bpfmap_client::ValueRef::Single(v) => (e.key.to_vec(), v.to_vec()),
+                        _ => unreachable!("a hash map"),
+                    }));
+                if answers == 5 {
+                    // The relay dies and comes back on its address.
+                    drop(first.take());
+                    second = Some(start());
+                }
+            }
+            FleetEvent::Done(report) => reports.push(report),
+            _ => {}
+        }
+    }
+    assert!(second.is_some(), "the relay was restarted");
+    drop(second);
+    assert_exactly(&hosts, &got);
+    assert_eq!(reports.len(), 3);
+    for r in &reports {
+        assert!(r.is_ok() && r.complete, "{r:?}");
+    }
+    // The relay's restart cut the dump: it resumed from a fleet cursor.
+    assert!(reports.iter().any(|r| r.resumes >= 1), "{reports:?}");
+}
+
+/// A child process killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

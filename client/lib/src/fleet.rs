@@ -252,7 +252,7 @@ impl Fleet {
     /// ListMaps on every target, narrowed as `options` say (name glob,
     /// type, owner).
     pub fn list_maps_with(&self, options: ListMapsOptions) -> FleetRun<Vec<MapInfo>> {
-        if let Some(relay) = &self.relay {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             return relay.list_maps(self, &options);
         }
         let timeout = self.options.answer_timeout;
@@ -272,7 +272,7 @@ impl Fleet {
 
     /// GetMap on every target (NOT_FOUND where the map is absent).
     pub fn get_map(&self, map: &MapName) -> FleetRun<MapInfo> {
-        if let Some(relay) = &self.relay {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             return relay.get_map(self, map);
         }
         let timeout = self.options.answer_timeout;
@@ -298,7 +298,7 @@ impl Fleet {
         keys: impl IntoIterator<Item = impl Into<Key>>,
         options: LookupOptions,
     ) -> FleetRun<Vec<LookupResult>> {
-        if let Some(relay) = &self.relay {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             let keys = keys.into_iter().map(Into::into).collect();
             return relay.lookup(self, map, keys, &options);
         }
@@ -324,7 +324,7 @@ impl Fleet {
     /// types if asked. Every target resumes by itself after a broken stream,
     /// as a single [`Dump`] does.
     pub fn dump(&self, map: &MapName, options: FleetDumpOptions) -> FleetRun<FleetChunk> {
-        if let Some(relay) = &self.relay {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             return relay.dump(self, map, options);
         }
         let waits = Waits {

@@ -232,7 +232,7 @@ impl Fleet {
         map: &MapName,
         options: FleetAggregateOptions,
     ) -> FleetRun<FleetAggregate> {
-        if let Some(relay) = &self.relay {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             return relay.aggregate(self, map, options);
         }
         let (fleet, map) = (self.clone(), map.clone());

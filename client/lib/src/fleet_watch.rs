@@ -69,7 +69,7 @@ impl Fleet {
     /// PERMISSION_DENIED, NOT_FOUND, a map too large to watch) ends the
     /// target.
     pub fn watch(&self, map: &MapName, options: FleetWatchOptions) -> FleetRun<Scan> {
-        if let Some(relay) = &self.relay {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             return relay.watch(self, map, options);
         }
         let mut plan = self.plan();

@@ -103,16 +103,20 @@ impl RelayLink {
             request: Some(options.to_proto()),
             targets: Self::selector(fleet.targets()),
         };
-        let mut client = self.client.clone();
-        per_target(fleet, async move { client.list_maps(req).await }, |msg| {
-            use pb::fleet_service_list_maps_response::Answer;
-            let answer = match msg.answer {
-                Some(Answer::Maps(m)) => Ok(m.maps.into_iter().map(MapInfo::from).collect()),
-                Some(Answer::Status(s)) => Err(status_error(&s)),
-                None => Err(no_answer()),
-            };
-            (msg.target, answer)
-        })
+        let client = self.client.clone();
+        per_target(
+            fleet,
+            move |d| async move { client.clone().list_maps(d.request(req)).await },
+            |msg| {
+                use pb::fleet_service_list_maps_response::Answer;
+                let answer = match msg.answer {
+                    Some(Answer::Maps(m)) => Ok(m.maps.into_iter().map(MapInfo::from).collect()),
+                    Some(Answer::Status(s)) => Err(status_error(&s)),
+                    None => Err(no_answer()),
+                };
+                (msg.target, answer)
+            },
+        )
     }
 
     pub(crate) fn get_map(&self, fleet: &Fleet, map: &MapName) -> FleetRun<MapInfo> {
@@ -122,16 +126,20 @@ impl RelayLink {
             }),
             targets: Self::selector(fleet.targets()),
         };
-        let mut client = self.client.clone();
-        per_target(fleet, async move { client.get_map(req).await }, |msg| {
-            use pb::fleet_service_get_map_response::Answer;
-            let answer = match msg.answer {
-                Some(Answer::Map(m)) => Ok(MapInfo::from(m)),
-                Some(Answer::Status(s)) => Err(status_error(&s)),
-                None => Err(no_answer()),
-            };
-            (msg.target, answer)
-        })
+        let client = self.client.clone();
+        per_target(
+            fleet,
+            move |d| async move { client.clone().get_map(d.request(req)).await },
+            |msg| {
+                use pb::fleet_service_get_map_response::Answer;
+                let answer = match msg.answer {
+                    Some(Answer::Map(m)) => Ok(MapInfo::from(m)),
+                    Some(Answer::Status(s)) => Err(status_error(&s)),
+                    None => Err(no_answer()),
+                };
+                (msg.target, answer)
+            },
+        )
     }
 
     pub(crate) fn lookup(
@@ -146,13 +154,13 @@ impl RelayLink {
             request: Some(call.request.clone()),
             targets: Self::selector(fleet.targets()),
         };
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let checked = call.check();
         per_target(
             fleet,
-            async move {
+            move |d| async move {
                 checked.map_err(|e| Status::invalid_argument(e.to_string()))?;
-                client.lookup(req).await
+                client.clone().lookup(d.request(req)).await
             },
             move |msg| {
                 use pb::fleet_service_lookup_response::Answer;
@@ -174,27 +182,47 @@ impl RelayLink {
     ) -> FleetRun<FleetChunk> {
         let (link, map) = (self.clone(), map.clone());
         let targets = fleet.targets().to_vec();
-        let deadline = fleet.options().deadline();
+        let deadline = Deadline::start(fleet.options().deadline());
         FleetRun::spawn(targets.clone(), 16, move |tx| async move {
             let mut run = Run::new(targets, tx);
             let types = if options.types {
-                link.types(&run.targets, &map, &options).await
+                link.types(&run.targets, &map, &options, deadline).await
             } else {
                 HashMap::new()
             };
-            let req = pb::FleetServiceDumpMapRequest {
+            // Each target from its own cursor, else the dump's.
+            let start = options.dump.cursor().unwrap_or_default().to_owned();
+            let mut cursors: HashMap<String, String> = HashMap::new();
+            for t in &run.targets {
+                let c = options
+                    .cursors
+                    .get(t)
+                    .cloned()
+                    .unwrap_or_else(|| start.clone());
+                run.progress
+                    .entry(t.as_str().to_owned())
+                    .or_default()
+                    .cursor = c.clone();
+                if !c.is_empty() {
+                    cursors.insert(t.as_str().to_owned(), c);
+                }
+            }
+            let first = pb::FleetServiceDumpMapRequest {
                 request: Some(options.dump.request(&map, "", options.dump.limit())),
                 targets: Self::selector(&run.targets),
                 cursor: String::new(),
-                target_cursors: options
-                    .cursors
-                    .iter()
-                    .map(|(t, c)| (t.as_str().to_owned(), c.clone()))
-                    .collect(),
+                target_cursors: cursors,
             };
-            let mut client = link.client.clone();
-            let stream = within(deadline, async move { client.dump_map(req).await }).await;
-            run.stream(stream, deadline, |run, msg| run.dump_message(msg, &types))
+            let client = link.client.clone();
+            let call = move |resume: String, d: Deadline| {
+                let mut req = first.clone();
+                if !resume.is_empty() {
+                    (req.cursor, req.target_cursors) = (resume, HashMap::new());
+                }
+                let mut client = client.clone();
+                async move { client.dump_map(d.request(req)).await }
+            };
+            run.drive(deadline, call, |run, msg| run.dump_message(msg, &types))
                 .await;
         })
     }
@@ -206,6 +234,7 @@ impl RelayLink {
         targets: &[Target],
         map: &MapName,
         options: &FleetDumpOptions,
+        deadline: Deadline,
     ) -> HashMap<String, Arc<MapTypes>> {
         let req = pb::FleetServiceGetMapRequest {
             request: Some(pb::GetMapRequest {
@@ -214,7 +243,7 @@ impl RelayLink {
             targets: Self::selector(targets),
         };
         let mut types = HashMap::new();
-        let Ok(answer) = self.client.clone().get_map(req).await else {
+        let Ok(answer) = self.client.clone().get_map(deadline.request(req)).await else {
             return types;
         };
         let mut stream = answer.into_inner();
@@ -239,16 +268,17 @@ impl RelayLink {
             targets: Self::selector(fleet.targets()),
         };
         let (mut client, targets) = (self.client.clone(), fleet.targets().to_vec());
-        let deadline = fleet.options().deadline();
+        let deadline = Deadline::start(fleet.options().deadline());
         let buffer = targets.len() + 1;
         FleetRun::spawn(targets.clone(), buffer, move |tx| async move {
             let mut run = Run::new(targets, tx);
-            let answer = within(deadline, async move { client.aggregate_map(req).await }).await;
-            let answer = match answer.map(tonic::Response::into_inner) {
-                Ok(a) => a,
-                Err(e) => return run.fail_all(|| copy(&e)).await,
-            };
-            run.aggregate_answer(answer).await;
+            let answer = deadline
+                .within(async move { client.aggregate_map(deadline.request(req)).await })
+                .await;
+            match answer.map(tonic::Response::into_inner) {
+                Ok(a) => run.aggregate_answer(a).await,
+                Err(e) => run.fail_all(|| copy(&e)).await,
+            }
         })
     }
 
@@ -258,7 +288,7 @@ impl RelayLink {
         map: &MapName,
         options: FleetWatchOptions,
     ) -> FleetRun<Scan> {
-        let req = pb::FleetServiceWatchMapRequest {
+        let first = pb::FleetServiceWatchMapRequest {
             request: Some(options.watch.request(map, "")),
             targets: Self::selector(fleet.targets()),
             cursor: String::new(),
@@ -268,13 +298,20 @@ impl RelayLink {
                 .map(|(t, c)| (t.as_str().to_owned(), c.clone()))
                 .collect(),
         };
-        let (mut client, targets) = (self.client.clone(), fleet.targets().to_vec());
-        let deadline = fleet.options().deadline();
+        let (client, targets) = (self.client.clone(), fleet.targets().to_vec());
+        let deadline = Deadline::start(fleet.options().deadline());
         FleetRun::spawn(targets.clone(), 16, move |tx| async move {
             let mut run = Run::new(targets, tx);
-            let stream = within(deadline, async move { client.watch_map(req).await }).await;
+            let call = move |resume: String, d: Deadline| {
+                let mut req = first.clone();
+                if !resume.is_empty() {
+                    (req.cursor, req.target_cursors) = (resume, HashMap::new());
+                }
+                let mut client = client.clone();
+                async move { client.watch_map(d.request(req)).await }
+            };
             let mut parts: HashMap<String, Vec<pb::WatchMapResponse>> = HashMap::new();
-            run.stream(stream, deadline, |run, msg| {
+            run.drive(deadline, call, |run, msg| {
                 run.watch_message(msg, &mut parts)
             })
             .await;
@@ -282,17 +319,44 @@ impl RelayLink {
     }
 }
 
-/// Runs `fut`, within `deadline` if there is one.
-async fn within<T>(
-    deadline: Option<Duration>,
-    fut: impl Future<Output = Result<T, Status>>,
-) -> Result<T, Error> {
-    match deadline {
-        None => Ok(fut.await?),
-        Some(d) => match tokio::time::timeout(d, fut).await {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(Error::Deadline { deadline: d }),
-        },
+/// A call's deadline: how long it may take, and when that passes.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    length: Option<Duration>,
+    end: Option<tokio::time::Instant>,
+}
+
+impl Deadline {
+    fn start(length: Option<Duration>) -> Self {
+        let end = length.and_then(|d| tokio::time::Instant::now().checked_add(d));
+        Self { length, end }
+    }
+
+    /// `msg` as a request telling the relay the time left (`grpc-timeout`:
+    /// the relay then ends the targets not done in time in-band).
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        if let Some(end) = self.end {
+            req.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        req
+    }
+
+    /// Runs `fut` until the deadline.
+    async fn within<T>(&self, fut: impl Future<Output = Result<T, Status>>) -> Result<T, Error> {
+        match self.end {
+            None => Ok(fut.await?),
+            Some(end) => match tokio::time::timeout_at(end, fut).await {
+                Ok(result) => Ok(result?),
+                Err(_) => Err(self.passed()),
+            },
+        }
+    }
+
+    fn passed(&self) -> Error {
+        Error::Deadline {
+            deadline: self.length.unwrap_or_default(),
+        }
     }
 }
 
@@ -308,31 +372,31 @@ fn copy(e: &Error) -> Error {
     }
 }
 
-/// The error of a run whose deadline passed.
-fn past(deadline: Option<Duration>) -> Error {
-    Error::Deadline {
-        deadline: deadline.unwrap_or_default(),
-    }
-}
-
 /// A run of calls answered once per target (ListMaps, GetMap, Lookup):
 /// each message's target and answer, as `answer` reads them.
-fn per_target<M, T, F>(
-    fleet: &Fleet,
-    call: impl Future<Output = Result<tonic::Response<Streaming<M>>, Status>> + Send + 'static,
-    mut answer: F,
-) -> FleetRun<T>
+fn per_target<M, T, C, Fut, F>(fleet: &Fleet, call: C, mut answer: F) -> FleetRun<T>
 where
     M: Send + 'static,
     T: Send + 'static,
+    C: FnOnce(Deadline) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<tonic::Response<Streaming<M>>, Status>> + Send,
     F: FnMut(M) -> (String, Result<T, Error>) + Send + 'static,
 {
     let targets = fleet.targets().to_vec();
-    let deadline = fleet.options().deadline();
+    let deadline = Deadline::start(fleet.options().deadline());
     FleetRun::spawn(targets.clone(), 16, move |tx| async move {
         let mut run = Run::new(targets, tx);
-        let stream = within(deadline, call).await;
-        run.stream(stream, deadline, |run, msg| {
+        let mut call = Some(call);
+        let once = move |_resume: String, d: Deadline| {
+            let call = call.take();
+            async move {
+                match call {
+                    Some(call) => call(d).await,
+                    None => Err(Status::unavailable("the relay's answer broke off")),
+                }
+            }
+        };
+        run.drive(deadline, once, |run, msg| {
             let (target, result) = answer(msg);
             run.answered(target, result)
         })
@@ -340,14 +404,19 @@ where
     })
 }
 
-/// What a run through the relay tracks: the targets, and each one's
-/// progress until its report.
+/// What a run through the relay tracks: the targets, each one's progress
+/// until its report, and the fleet cursor that resumes the call.
 struct Run<T> {
     targets: Vec<Target>,
     tx: Events<T>,
     started: Instant,
     progress: HashMap<String, Progress>,
     reported: HashSet<String>,
+    /// The last fleet cursor the relay sent (a dump's message, a watch's
+    /// round end): where the call resumes when its stream breaks.
+    resume: String,
+    /// Times the call was resumed.
+    resumes: u32,
 }
 
 #[derive(Default)]
@@ -361,6 +430,9 @@ struct Progress {
 /// The events one message of the relay turns into.
 type Step<T> = Vec<FleetEvent<T>>;
 
+/// Resumes of a broken call to the relay before its targets fail.
+const RESUMES: u32 = 5;
+
 impl<T: Send + 'static> Run<T> {
     fn new(targets: Vec<Target>, tx: Events<T>) -> Self {
         Self {
@@ -369,16 +441,25 @@ impl<T: Send + 'static> Run<T> {
             started: Instant::now(),
             progress: HashMap::new(),
             reported: HashSet::new(),
+            resume: String::new(),
+            resumes: 0,
         }
     }
 
+    /// The target the relay names `name`.
     fn target(&self, name: &str) -> Target {
         self.targets
             .iter()
             .find(|t| t.as_str() == name)
             .cloned()
             .or_else(|| name.parse().ok())
-            .unwrap_or_else(|| self.targets[0].clone())
+            .unwrap_or_else(|| Target::from_socket_addr(([0, 0, 0, 0], 0).into()))
+    }
+
+    /// Whether `name` is one of the run's targets not reported yet (a
+    /// message about any other is left out).
+    fn open(&self, name: &str) -> bool {
+        !self.reported.contains(name) && self.targets.iter().any(|t| t.as_str() == name)
     }
 
     /// The report of `name`, with `error`, and notes it sent.
@@ -392,7 +473,7 @@ impl<T: Send + 'static> Run<T> {
             scanned: p.scanned,
             calls: p.calls,
             complete,
-            resumes: 0,
+            resumes: self.resumes,
             cursor: p.cursor,
             elapsed: self.started.elapsed(),
         })
@@ -400,6 +481,9 @@ impl<T: Send + 'static> Run<T> {
 
     /// One target's single answer, then its report.
     fn answered(&mut self, target: String, result: Result<T, Error>) -> Step<T> {
+        if !self.open(&target) {
+            return Vec::new();
+        }
         match result {
             Ok(answer) => {
                 self.progress.entry(target.clone()).or_default().calls = 1;
@@ -413,45 +497,74 @@ impl<T: Send + 'static> Run<T> {
         }
     }
 
-    /// Reads the relay's stream to its end, sending what `step` makes of
-    /// each message; targets without a report then get one (the call's
-    /// error, or that the relay said nothing of them).
-    async fn stream<M>(
+    /// Calls the relay (`call`, given the fleet cursor to resume from, empty
+    /// at first) and reads its stream, sending what `step` makes of each
+    /// message; a stream that breaks as retrying can help (the relay
+    /// restarts) is called again from the last fleet cursor, up to
+    /// [`RESUMES`] times; targets without a report in the end get one.
+    async fn drive<M, C, Fut>(
         &mut self,
-        stream: Result<tonic::Response<Streaming<M>>, Error>,
-        deadline: Option<Duration>,
+        deadline: Deadline,
+        mut call: C,
         mut step: impl FnMut(&mut Self, M) -> Step<T>,
-    ) {
-        let mut stream = match stream {
-            Ok(s) => s.into_inner(),
-            Err(e) => return self.fail_all(|| copy(&e)).await,
-        };
-        let end = deadline.map(|d| tokio::time::Instant::now() + d);
-        let failure = loop {
-            let next = match end {
-                Some(end) => match tokio::time::timeout_at(end, stream.message()).await {
-                    Ok(next) => next,
-                    Err(_) => break past(deadline),
+    ) where
+        C: FnMut(String, Deadline) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Streaming<M>>, Status>>,
+    {
+        loop {
+            let stream = deadline.within(call(self.resume.clone(), deadline)).await;
+            let failure = match stream {
+                Ok(s) => match self.read(s.into_inner(), deadline, &mut step).await {
+                    Some(failure) => failure,
+                    None => return, // the run was dropped
                 },
-                None => stream.message().await,
+                Err(e) => e,
             };
-            match next {
-                Ok(Some(msg)) => {
-                    for event in step(self, msg) {
-                        if self.tx.send(event).await.is_err() {
-                            return; // the run was dropped
-                        }
-                    }
-                }
-                Ok(None) => {
-                    break Error::Status(Status::unavailable(
-                        "the relay ended the call without this target's end",
-                    ));
-                }
-                Err(status) => break Error::Status(status),
+            let again = failure
+                .status()
+                .is_some_and(crate::RetryPolicy::should_retry);
+            if !again || self.resume.is_empty() || self.resumes >= RESUMES {
+                return self.fail_all(|| copy(&failure)).await;
             }
-        };
-        self.fail_all(|| copy(&failure)).await;
+            self.resumes += 1;
+            let pause = Duration::from_millis(250 << self.resumes);
+            if deadline
+                .within(async {
+                    tokio::time::sleep(pause).await;
+                    Ok(())
+                })
+                .await
+                .is_err()
+            {
+                return self.fail_all(|| deadline.passed()).await;
+            }
+        }
+    }
+
+    /// Reads one stream of the relay: `None` when the run was dropped, else
+    /// how the stream ended.
+    async fn read<M>(
+        &mut self,
+        mut stream: Streaming<M>,
+        deadline: Deadline,
+        step: &mut impl FnMut(&mut Self, M) -> Step<T>,
+    ) -> Option<Error> {
+        loop {
+            let next = match deadline.within(stream.message()).await {
+                Ok(next) => next,
+                Err(e) => return Some(e),
+            };
+            let Some(msg) = next else {
+                return Some(Error::Status(Status::unavailable(
+                    "the relay ended the call without this target's end",
+                )));
+            };
+            for event in step(self, msg) {
+                if self.tx.send(event).await.is_err() {
+                    return None;
+                }
+            }
+        }
     }
 
     /// Reports every target not reported yet with the error `error`
@@ -475,6 +588,12 @@ impl Run<FleetChunk> {
         types: &HashMap<String, Arc<MapTypes>>,
     ) -> Step<FleetChunk> {
         use pb::fleet_service_dump_map_response::Part;
+        if !msg.cursor.is_empty() {
+            self.resume.clone_from(&msg.cursor);
+        }
+        if !self.open(&msg.target) {
+            return Vec::new();
+        }
         match msg.part {
             Some(Part::Chunk(mut c)) => {
                 let projection = c.projection.take();
@@ -513,6 +632,15 @@ impl Run<Scan> {
         parts: &mut HashMap<String, Vec<pb::WatchMapResponse>>,
     ) -> Step<Scan> {
         use pb::fleet_service_watch_map_response::Part;
+        if let Some(Part::RoundEnd(end)) = &msg.part {
+            // Scans after a round's end are sent again when the call
+            // resumes from its cursor: what is pending is dropped.
+            self.resume.clone_from(&end.cursor);
+            return Vec::new();
+        }
+        if !self.open(&msg.target) {
+            return Vec::new();
+        }
         match msg.part {
             Some(Part::Scan(part)) => {
                 let ends = part.bookmark.is_some();
@@ -524,6 +652,7 @@ impl Run<Scan> {
                 let scan = Scan::from_parts(parts.remove(&msg.target).unwrap_or_default());
                 let p = self.progress.entry(msg.target.clone()).or_default();
                 p.entries += (scan.events().len() + scan.groups().len()) as u64;
+                p.scanned += scan.bookmark().entries_scanned;
                 p.calls += 1;
                 p.cursor = scan.cursor().to_owned();
                 vec![FleetEvent::Answer {
@@ -548,28 +677,15 @@ impl Run<Scan> {
 }
 
 impl Run<FleetAggregate> {
-    /// The targets' reports, then the fleet's answer.
+    /// The targets' reports, then the fleet's answer; targets the answer
+    /// does not name are reported failed and missing.
     async fn aggregate_answer(&mut self, answer: pb::FleetServiceAggregateMapResponse) {
-        for w in &answer.work {
-            let p = self.progress.entry(w.target.clone()).or_default();
-            (p.entries, p.scanned, p.calls) = (w.groups, w.entries_scanned, w.calls);
-        }
-        let mut events = Vec::new();
-        for t in &answer.answered {
-            events.push(self.report(t, None, false));
-        }
-        let mut missing = Vec::new();
-        for f in &answer.failed {
-            let status = f.status.clone().unwrap_or_default();
-            missing.push(self.target(&f.target));
-            events.push(self.report(&f.target, Some(status_error(&status)), false));
-        }
         let groups: Result<Vec<FleetGroup>, Error> = answer
             .groups
-            .into_iter()
+            .iter()
             .map(|g| {
                 Ok(FleetGroup {
-                    group: Group::from_proto(g.group.unwrap_or_default())?,
+                    group: Group::from_proto(g.group.clone().unwrap_or_default())?,
                     hosts: g.targets.iter().map(|t| self.target(t)).collect(),
                 })
             })
@@ -581,17 +697,37 @@ impl Run<FleetAggregate> {
                 return self.fail_all(|| Error::Protocol(bad.clone())).await;
             }
         };
+        for w in &answer.work {
+            let p = self.progress.entry(w.target.clone()).or_default();
+            (p.entries, p.scanned, p.calls) = (w.groups, w.entries_scanned, w.calls);
+        }
+        let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
+        let failed: HashMap<&str, pb::TargetStatus> = answer
+            .failed
+            .iter()
+            .map(|f| (f.target.as_str(), f.status.clone().unwrap_or_default()))
+            .collect();
+        // Reports in the fleet's order, as a fleet reached directly.
+        let (mut events, mut missing) = (Vec::new(), Vec::new());
+        for t in self.targets.clone() {
+            let name = t.as_str();
+            let error = match (answered.contains(name), failed.get(name)) {
+                (true, _) => None,
+                (false, Some(status)) => Some(status_error(status)),
+                (false, None) => Some(Error::Status(Status::unavailable(
+                    "the relay said nothing of this target",
+                ))),
+            };
+            if error.is_some() {
+                missing.push(t.clone());
+            }
+            events.push(self.report(name, error, false));
+        }
         let method = match answer.method.as_str() {
             "top_k" => MergeMethod::Threshold,
             "merge" => MergeMethod::AllGroups,
             _ => MergeMethod::Groups,
         };
-        for t in self.targets.clone() {
-            if !self.reported.contains(t.as_str()) {
-                let silent = Status::unavailable("the relay said nothing of this target");
-                events.push(self.report(t.as_str(), Some(Error::Status(silent)), false));
-            }
-        }
         events.push(FleetEvent::Merged(FleetAggregate {
             groups,
             method,

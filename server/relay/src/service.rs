@@ -321,10 +321,28 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
             },
             c => self.resume(&mut call, c, (&identity, &dump))?,
         };
-        let denied = denials(&call, Operation::Dump);
+        let mut denied = denials(&call, Operation::Dump);
+        // A cursor's targets the relay no longer has end in-band.
+        for (name, standing) in &position.targets {
+            let asked = call.targets.iter().chain(&call.denied);
+            if *standing != Standing::Done && !asked.into_iter().any(|t| t.as_str() == name) {
+                let status = pb::TargetStatus {
+                    code: "NOT_FOUND".into(),
+                    reason: String::new(),
+                    message: "no longer one of the relay's targets".into(),
+                };
+                denied.push((name.clone(), status));
+            }
+        }
+        let given = target_cursors(request.get_ref().target_cursors.clone(), &call.targets)?;
+        if !given.is_empty() && !cursor.is_empty() {
+            return Err(Status::invalid_argument(
+                "give a fleet cursor (cursor) or each target's own (targetCursors), not both",
+            ));
+        }
         let mut cursors = HashMap::new();
-        for (target, standing) in position.targets.iter_mut().filter(|_| cursor.is_empty()) {
-            if let Some(c) = request.get_ref().target_cursors.get(target.as_str()) {
+        for (target, standing) in position.targets.iter_mut() {
+            if let Some(c) = given.get(target.as_str()) {
                 *standing = Standing::At(c.clone());
             }
         }
@@ -440,7 +458,10 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         let identity = call.caller.identity.to_string();
         let digest = watch_digest(&req);
         let mut cursors = self.bookmarks(&cursor, &identity, &digest)?;
-        cursors.extend(request.get_ref().target_cursors.clone());
+        cursors.extend(target_cursors(
+            request.get_ref().target_cursors.clone(),
+            &call.targets,
+        )?);
         let denied = denials(&call, op);
         let (policy, who, map_text) = (
             self.policy.clone(),
@@ -471,7 +492,10 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
                     let connect = connect
                         .clone()
                         .with_on_behalf_of(caller.identity.to_string());
-                    Fleet::new(vec![t.clone()], connect).with_options(options_fleet.clone())
+                    // One scan held per target while the caller reads: a
+                    // watch holds a stream to every target it watches.
+                    Fleet::new(vec![t.clone()], connect)
+                        .with_options(options_fleet.clone().with_buffer(1))
                 }),
                 map: call.map,
                 options,
@@ -531,6 +555,9 @@ impl FleetServiceImpl {
             .keys
             .open(cursor, identity, dump)
             .map_err(|e| Status::invalid_argument(format!("cursor: {e}")))?;
+        // Targets the relay no longer has (gone from discovery) are left
+        // out; the cursor keeps them where they stood.
+        let current = self.targets.current();
         let selected = position
             .targets
             .iter()
@@ -538,11 +565,37 @@ impl FleetServiceImpl {
                 t.parse::<Target>()
                     .map_err(|_| Status::invalid_argument("cursor: a target that is not one"))
             })
+            .filter(|t| t.as_ref().map_or(true, |t| current.contains(t)))
             .collect::<Result<Vec<_>, _>>()?;
         let caller = call.caller.clone();
         *call = self.checked(caller, call.map.clone(), selected, Operation::Dump)?;
         Ok(position)
     }
+}
+
+/// Each target's own cursor, as a caller gave them: names of the call's
+/// targets, cursors of at most the daemon's length; INVALID_ARGUMENT
+/// otherwise. (A daemon binds its cursors to the relay's identity: the
+/// relay decides who may use them, by the policy of the map on each
+/// target.)
+fn target_cursors(
+    given: HashMap<String, String>,
+    targets: &[Target],
+) -> Result<HashMap<String, String>, Status> {
+    const MAX_LEN: usize = 4096;
+    for (name, cursor) in &given {
+        if !targets.iter().any(|t| t.as_str() == name) {
+            return Err(Status::invalid_argument(format!(
+                "targetCursors names {name:?}, which is not one of the call's targets"
+            )));
+        }
+        if cursor.len() > MAX_LEN {
+            return Err(Status::invalid_argument(format!(
+                "targetCursors[{name:?}] is longer than a daemon's cursor ({MAX_LEN} characters)"
+            )));
+        }
+    }
+    Ok(given)
 }
 
 /// The deadline a caller set (`grpc-timeout`: digits and a unit, H, M, S,
@@ -590,8 +643,8 @@ fn dump_digest(req: &pb::DumpMapRequest) -> [u8; 16] {
     short_digest(&prost::Message::encode_to_vec(&bound))
 }
 
-/// What a fleet watch's cursor is bound to: the watch's map, query and
-/// interval (a dump's cursor is never a watch's).
+/// What a fleet watch's cursor is bound to: the watch's map, query,
+/// interval and how it reads entries (a dump's cursor is never a watch's).
 fn watch_digest(req: &pb::WatchMapRequest) -> [u8; 16] {
     let bound = pb::WatchMapRequest {
         map: req.map.clone(),
@@ -600,7 +653,10 @@ fn watch_digest(req: &pb::WatchMapRequest) -> [u8; 16] {
         fields: req.fields.clone(),
         group_by: req.group_by.clone(),
         aggregates: req.aggregates.clone(),
-        ..Default::default()
+        per_cpu: req.per_cpu,
+        raw: req.raw,
+        render: req.render.clone(),
+        cursor: String::new(),
     };
     let mut bytes = b"watch".to_vec();
     bytes.extend(prost::Message::encode_to_vec(&bound));

@@ -115,15 +115,17 @@ impl Targets {
         self.lock().list.iter().map(|(t, _)| t.clone()).collect()
     }
 
-    /// The targets a call names (all when none), INVALID_ARGUMENT for a
-    /// name the relay does not know.
+    /// The targets a call names (all when none; each once, in order),
+    /// INVALID_ARGUMENT for a name the relay does not know.
     pub(crate) fn select(&self, names: &[String]) -> Result<Vec<Target>, Status> {
         let all = self.current();
         if names.is_empty() {
             return Ok(all);
         }
+        let mut seen = std::collections::HashSet::new();
         names
             .iter()
+            .filter(|n| seen.insert(n.as_str()))
             .map(|n| {
                 all.iter()
                     .find(|t| t.as_str() == n)

@@ -139,6 +139,7 @@ impl Watcher {
                     self.on_event(target, event).await?;
                 }
                 _ = follow.tick(), if self.call.follow => self.follow().await?,
+                Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
                 _ = sleep_until(deadline) => self.end_round().await?,
                 _ = self.out.closed() => return Err(Gone),
             }
@@ -179,6 +180,9 @@ impl Watcher {
             .filter(|t| !now.contains(t))
             .cloned()
             .collect();
+        // A target that ended and left may come back: watched anew then.
+        self.ended
+            .retain(|name| now.iter().any(|t| t.as_str() == name));
         for target in gone {
             if let Some(h) = self.running.remove(&target) {
                 h.abort();
