@@ -33,6 +33,7 @@ use crate::{
     LookupOptions, LookupResult, MapInfo, MapName, MapTypes, RetryPolicy, Target,
     lookup::LookupCall,
     pb,
+    relay::RelayLink,
     run::{Answers, Plan},
 };
 
@@ -253,7 +254,7 @@ impl Fleet {
     /// type, owner).
     pub fn list_maps_with(&self, options: ListMapsOptions) -> FleetRun<Vec<MapInfo>> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.list_maps(self, &options);
+            return relay.list_maps((self.targets(), self.options.deadline()), &options);
         }
         let timeout = self.options.answer_timeout;
         self.plan().run(move |client, answers| {
@@ -273,7 +274,7 @@ impl Fleet {
     /// GetMap on every target (NOT_FOUND where the map is absent).
     pub fn get_map(&self, map: &MapName) -> FleetRun<MapInfo> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.get_map(self, map);
+            return relay.get_map((self.targets(), self.options.deadline()), map);
         }
         let timeout = self.options.answer_timeout;
         let map = map.clone();
@@ -300,7 +301,12 @@ impl Fleet {
     ) -> FleetRun<Vec<LookupResult>> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             let keys = keys.into_iter().map(Into::into).collect();
-            return relay.lookup(self, map, keys, &options);
+            return relay.lookup(
+                (self.targets(), self.options.deadline()),
+                map,
+                keys,
+                &options,
+            );
         }
         let timeout = self.options.answer_timeout;
         let call = Arc::new(LookupCall::new(map, keys, &options));
@@ -325,7 +331,7 @@ impl Fleet {
     /// as a single [`Dump`] does.
     pub fn dump(&self, map: &MapName, options: FleetDumpOptions) -> FleetRun<FleetChunk> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.dump(self, map, options);
+            return via_relay::dump(relay, self, map, options);
         }
         let waits = Waits {
             first: self.options.answer_timeout,
@@ -495,6 +501,190 @@ fn types_beside(
     .remote_handle();
     tokio::spawn(task);
     handle
+}
+
+impl Fleet {
+    /// A fleet behind the bpfmap-relay at `addr` ("http://relay:50061",
+    /// or "https://..." with TLS in `connect`): every call of the fleet is
+    /// one call to the relay, which reaches the targets with its own
+    /// certificate, resumes their dumps and watches, and merges aggregates.
+    /// `targets` are target names as the relay lists them
+    /// (`ListTargets`); none: every target the relay knows now. A target
+    /// the relay does not know is INVALID_ARGUMENT. The fleet's options
+    /// ([`FleetOptions`](crate::FleetOptions)) are the relay's own
+    /// (concurrency, answer timeout); its deadline, if any, bounds each
+    /// call.
+    pub async fn via_relay(
+        addr: &str,
+        connect: ConnectOptions,
+        targets: impl IntoIterator<Item = Target>,
+    ) -> Result<Self, Error> {
+        let (link, known) = RelayLink::connect(addr, connect.clone()).await?;
+        let mut chosen: Vec<Target> = targets.into_iter().collect();
+        if let Some(t) = chosen.iter().find(|t| !known.contains(t)) {
+            return Err(tonic::Status::invalid_argument(format!(
+                "target {t} is not one of the relay's ({} targets; `ListTargets` lists them)",
+                known.len()
+            ))
+            .into());
+        }
+        if chosen.is_empty() {
+            chosen = known;
+        }
+        let mut fleet = Fleet::new(chosen, connect);
+        fleet.relay = Some(link);
+        Ok(fleet)
+    }
+
+    /// The same fleet on `targets` only (for a relay: target names as it
+    /// lists them).
+    pub fn with_targets(mut self, targets: impl IntoIterator<Item = Target>) -> Self {
+        let relay = self.relay.take();
+        let mut fleet = Fleet::new(targets, self.connect.clone()).with_options(self.options);
+        fleet.relay = relay;
+        fleet
+    }
+}
+
+/// Fleet dumps through a relay.
+mod via_relay {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Arc;
+
+    use crate::{
+        Chunk, FleetChunk, FleetDumpOptions, FleetEvent, FleetRun, MapInfo, MapName, MapTypes,
+        Target, pb,
+        relay::{Deadline, RelayLink, Run, Step, status_error},
+    };
+
+    use super::Fleet;
+
+    /// A dump through the relay.
+    pub(crate) fn dump(
+        link: &RelayLink,
+        fleet: &Fleet,
+        map: &MapName,
+        options: FleetDumpOptions,
+    ) -> FleetRun<FleetChunk> {
+        let (link, map) = (link.clone(), map.clone());
+        let targets = fleet.targets().to_vec();
+        let deadline = Deadline::start(fleet.options().deadline());
+        FleetRun::spawn(targets.clone(), 16, move |tx| async move {
+            let mut run = Run::new(targets, tx);
+            let types = if options.types {
+                types(&link, &run.targets, &map, (options.dump.render(), deadline)).await
+            } else {
+                HashMap::new()
+            };
+            // Each target from its own cursor, else the dump's.
+            let start = options.dump.cursor().unwrap_or_default().to_owned();
+            let mut cursors: HashMap<String, String> = HashMap::new();
+            for t in &run.targets {
+                let c = options
+                    .cursors
+                    .get(t)
+                    .cloned()
+                    .unwrap_or_else(|| start.clone());
+                run.progress
+                    .entry(t.as_str().to_owned())
+                    .or_default()
+                    .cursor = c.clone();
+                if !c.is_empty() {
+                    cursors.insert(t.as_str().to_owned(), c);
+                }
+            }
+            let first = pb::FleetServiceDumpMapRequest {
+                request: Some(options.dump.request(&map, "", options.dump.limit())),
+                targets: RelayLink::selector(&run.targets),
+                cursor: String::new(),
+                target_cursors: cursors,
+            };
+            let client = link.client.clone();
+            let call = move |resume: String, d: Deadline| {
+                let mut req = first.clone();
+                if !resume.is_empty() {
+                    (req.cursor, req.target_cursors) = (resume, HashMap::new());
+                }
+                let mut client = client.clone();
+                async move { client.dump_map(d.request(req)).await }
+            };
+            run.drive(deadline, call, |run, msg| run.dump_message(msg, &types))
+                .await;
+        })
+    }
+
+    /// Each target's types for `map`, through the relay's GetMap, with the
+    /// dump's renderings.
+    async fn types(
+        link: &RelayLink,
+        targets: &[Target],
+        map: &MapName,
+        (render, deadline): (&BTreeMap<String, String>, Deadline),
+    ) -> HashMap<String, Arc<MapTypes>> {
+        let req = pb::FleetServiceGetMapRequest {
+            request: Some(pb::GetMapRequest {
+                map: Some(map.to_proto()),
+            }),
+            targets: RelayLink::selector(targets),
+        };
+        let mut types = HashMap::new();
+        let Ok(answer) = link.client.clone().get_map(deadline.request(req)).await else {
+            return types;
+        };
+        let mut stream = answer.into_inner();
+        while let Ok(Some(msg)) = stream.message().await {
+            if let Some(pb::fleet_service_get_map_response::Answer::Map(info)) = msg.answer
+                && let Ok(Some(t)) = MapInfo::from(info).types_with(render)
+            {
+                types.insert(msg.target, Arc::new(t));
+            }
+        }
+        types
+    }
+
+    impl Run<FleetChunk> {
+        fn dump_message(
+            &mut self,
+            msg: pb::FleetServiceDumpMapResponse,
+            types: &HashMap<String, Arc<MapTypes>>,
+        ) -> Step<FleetChunk> {
+            use pb::fleet_service_dump_map_response::Part;
+            if !msg.cursor.is_empty() {
+                self.resume.clone_from(&msg.cursor);
+            }
+            if !self.open(&msg.target) {
+                return Vec::new();
+            }
+            match msg.part {
+                Some(Part::Chunk(mut c)) => {
+                    let projection = c.projection.take();
+                    let chunk = match Chunk::from_proto(c) {
+                        Ok(chunk) => chunk,
+                        Err(e) => return vec![self.report(&msg.target, Some(e), false)],
+                    };
+                    let p = self.progress.entry(msg.target.clone()).or_default();
+                    p.entries += chunk.len() as u64;
+                    p.calls = 1;
+                    p.cursor = chunk.cursor().to_owned();
+                    let answer = FleetChunk {
+                        chunk,
+                        types: types.get(&msg.target).cloned(),
+                        projection,
+                    };
+                    vec![FleetEvent::Answer {
+                        target: self.target(&msg.target),
+                        answer,
+                    }]
+                }
+                Some(Part::End(end)) => {
+                    let status = end.status.unwrap_or_default();
+                    let error = (status.code != "OK").then(|| status_error(&status));
+                    vec![self.report(&msg.target, error, end.complete)]
+                }
+                None => Vec::new(),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

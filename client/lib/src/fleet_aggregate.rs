@@ -33,7 +33,7 @@
 //! maps again.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, HashSet},
     future::{Future, IntoFuture},
     pin::Pin,
     sync::Arc,
@@ -47,6 +47,8 @@ use crate::{
     AggregateOp, AggregateOptions, AggregateResult, Error, Fleet, FleetEvent, FleetRun, Group,
     MapName, Target, TargetReport,
     fleet::timed,
+    pb,
+    relay::{Deadline, RelayLink, Run, copy, status_error},
     topk::{Bound, Merge, Ranked},
 };
 
@@ -233,7 +235,7 @@ impl Fleet {
         options: FleetAggregateOptions,
     ) -> FleetRun<FleetAggregate> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.aggregate(self, map, options);
+            return via_relay(relay, self, map, options);
         }
         let (fleet, map) = (self.clone(), map.clone());
         let buffer = self.targets().len() + 1;
@@ -572,5 +574,93 @@ impl Runner {
             missing,
         };
         let _ = self.tx.send(FleetEvent::Merged(answer)).await;
+    }
+}
+
+/// An aggregate through the relay.
+fn via_relay(
+    link: &RelayLink,
+    fleet: &Fleet,
+    map: &MapName,
+    options: FleetAggregateOptions,
+) -> FleetRun<FleetAggregate> {
+    let req = pb::FleetServiceAggregateMapRequest {
+        request: Some(options.aggregate.request(map)),
+        targets: RelayLink::selector(fleet.targets()),
+    };
+    let (mut client, targets) = (link.client.clone(), fleet.targets().to_vec());
+    let deadline = Deadline::start(fleet.options().deadline());
+    let buffer = targets.len() + 1;
+    FleetRun::spawn(targets.clone(), buffer, move |tx| async move {
+        let mut run = Run::new(targets, tx);
+        let answer = deadline
+            .within(async move { client.aggregate_map(deadline.request(req)).await })
+            .await;
+        match answer.map(tonic::Response::into_inner) {
+            Ok(a) => run.aggregate_answer(a).await,
+            Err(e) => run.fail_all(|| copy(&e)).await,
+        }
+    })
+}
+
+impl Run<FleetAggregate> {
+    /// The targets' reports, then the fleet's answer; targets the answer
+    /// does not name are reported failed and missing.
+    async fn aggregate_answer(&mut self, answer: pb::FleetServiceAggregateMapResponse) {
+        let groups: Result<Vec<FleetGroup>, Error> = answer
+            .groups
+            .iter()
+            .map(|g| {
+                Ok(FleetGroup {
+                    group: Group::from_proto(g.group.clone().unwrap_or_default())?,
+                    hosts: g.targets.iter().map(|t| self.target(t)).collect(),
+                })
+            })
+            .collect();
+        let groups = match groups {
+            Ok(g) => g,
+            Err(e) => {
+                let bad = format!("the relay's answer: {e}");
+                return self.fail_all(|| Error::Protocol(bad.clone())).await;
+            }
+        };
+        for w in &answer.work {
+            let p = self.progress.entry(w.target.clone()).or_default();
+            (p.entries, p.scanned, p.calls) = (w.groups, w.entries_scanned, w.calls);
+        }
+        let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
+        let failed: HashMap<&str, pb::TargetStatus> = answer
+            .failed
+            .iter()
+            .map(|f| (f.target.as_str(), f.status.clone().unwrap_or_default()))
+            .collect();
+        // Reports in the fleet's order, as a fleet reached directly.
+        let (mut events, mut missing) = (Vec::new(), Vec::new());
+        for t in self.targets.clone() {
+            let name = t.as_str();
+            let error = match (answered.contains(name), failed.get(name)) {
+                (true, _) => None,
+                (false, Some(status)) => Some(status_error(status)),
+                (false, None) => Some(Error::Status(tonic::Status::unavailable(
+                    "the relay said nothing of this target",
+                ))),
+            };
+            if error.is_some() {
+                missing.push(t.clone());
+            }
+            events.push(self.report(name, error, false));
+        }
+        let method = match answer.method.as_str() {
+            "top_k" => MergeMethod::Threshold,
+            "merge" => MergeMethod::AllGroups,
+            _ => MergeMethod::Groups,
+        };
+        events.push(FleetEvent::Merged(FleetAggregate {
+            groups,
+            method,
+            reports: Vec::new(),
+            missing,
+        }));
+        self.send_all(events).await;
     }
 }

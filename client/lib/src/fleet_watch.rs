@@ -22,7 +22,9 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use tonic::Code;
 
 use crate::{
-    Client, Error, Fleet, FleetRun, MapName, RetryPolicy, Scan, Target, WatchOptions, run::Answers,
+    Client, Error, Fleet, FleetRun, MapName, RetryPolicy, Scan, Target, WatchOptions, pb,
+    relay::{Deadline, RelayLink, Run},
+    run::Answers,
 };
 
 /// Options of a fleet watch ([`Fleet::watch`]).
@@ -70,7 +72,7 @@ impl Fleet {
     /// target.
     pub fn watch(&self, map: &MapName, options: FleetWatchOptions) -> FleetRun<Scan> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.watch(self, map, options);
+            return via_relay(relay, self, map, options);
         }
         let mut plan = self.plan();
         plan.release_on_answer = true;
@@ -166,4 +168,41 @@ async fn scans(
             return tonic::Status::cancelled("the run was dropped").into();
         }
     }
+}
+
+/// A fleet watch through the relay.
+fn via_relay(
+    link: &RelayLink,
+    fleet: &Fleet,
+    map: &MapName,
+    options: FleetWatchOptions,
+) -> FleetRun<Scan> {
+    let first = pb::FleetServiceWatchMapRequest {
+        request: Some(options.watch.request(map, "")),
+        targets: RelayLink::selector(fleet.targets()),
+        cursor: String::new(),
+        target_cursors: options
+            .cursors
+            .iter()
+            .map(|(t, c)| (t.as_str().to_owned(), c.clone()))
+            .collect(),
+    };
+    let (client, targets) = (link.client.clone(), fleet.targets().to_vec());
+    let deadline = Deadline::start(fleet.options().deadline());
+    FleetRun::spawn(targets.clone(), 16, move |tx| async move {
+        let mut run = Run::new(targets, tx);
+        let call = move |resume: String, d: Deadline| {
+            let mut req = first.clone();
+            if !resume.is_empty() {
+                (req.cursor, req.target_cursors) = (resume, HashMap::new());
+            }
+            let mut client = client.clone();
+            async move { client.watch_map(d.request(req)).await }
+        };
+        let mut parts: HashMap<String, Vec<pb::WatchMapResponse>> = HashMap::new();
+        run.drive(deadline, call, |run, msg| {
+            run.watch_message(msg, &mut parts)
+        })
+        .await;
+    })
 }

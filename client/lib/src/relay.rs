@@ -1,9 +1,11 @@
-//! A fleet reached through bpfmap-relay ([`Fleet::via_relay`]): the same
-//! calls and the same [`FleetRun`]s as a fleet reached directly, each
-//! served by one call of `bpfmap.v1.FleetService` over one connection. The
-//! relay fans out, resumes each target's dump or watch, and computes the
-//! exact top K; each target's answers and its end come back named, and are
-//! turned into the same [`FleetEvent`]s.
+//! A fleet reached through bpfmap-relay
+//! ([`Fleet::via_relay`](crate::Fleet::via_relay)): the link to the relay,
+//! and a run of one of its calls turned into the [`FleetRun`] a fleet
+//! reached directly gives. Each fleet call is one call of
+//! `bpfmap.v1.FleetService`; the relay fans out, resumes each target's
+//! dump or watch and computes the exact top K, and each target's answers
+//! and its end come back named. The calls whose answers are the fleet
+//! modules' own (dumps, aggregates, watches) are turned into events there.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -15,10 +17,9 @@ use tokio::sync::mpsc;
 use tonic::{Code, Status, Streaming, transport::Channel};
 
 use crate::{
-    Chunk, Client, ConnectOptions, Error, Fleet, FleetAggregate, FleetAggregateOptions, FleetChunk,
-    FleetDumpOptions, FleetEvent, FleetGroup, FleetRun, FleetWatchOptions, Group, Key,
-    ListMapsOptions, LookupOptions, LookupResult, MapInfo, MapName, MapTypes, MergeMethod, Scan,
-    Target, TargetReport, lookup::LookupCall, pb, pb::fleet_service_client::FleetServiceClient,
+    Client, ConnectOptions, Error, FleetEvent, FleetRun, Key, ListMapsOptions, LookupOptions,
+    LookupResult, MapInfo, MapName, Scan, Target, TargetReport, lookup::LookupCall, pb,
+    pb::fleet_service_client::FleetServiceClient,
 };
 
 /// Largest message accepted from a relay.
@@ -27,31 +28,19 @@ const MAX_DECODE: usize = 64 << 20;
 /// How a fleet reaches its relay.
 #[derive(Debug, Clone)]
 pub(crate) struct RelayLink {
-    client: FleetServiceClient<Channel>,
+    pub(crate) client: FleetServiceClient<Channel>,
 }
 
 type Events<T> = mpsc::Sender<FleetEvent<T>>;
 
-impl Fleet {
-    /// A fleet behind the bpfmap-relay at `addr` ("http://relay:50061",
-    /// or "https://..." with TLS in `connect`): every call of the fleet is
-    /// one call to the relay, which reaches the targets with its own
-    /// certificate, resumes their dumps and watches, and merges aggregates.
-    /// `targets` are target names as the relay lists them
-    /// (`ListTargets`); none: every target the relay knows now. A target
-    /// the relay does not know is INVALID_ARGUMENT. The fleet's options
-    /// ([`FleetOptions`](crate::FleetOptions)) are the relay's own
-    /// (concurrency, answer timeout); its deadline, if any, bounds each
-    /// call.
-    pub async fn via_relay(
+impl RelayLink {
+    /// Connects to the relay at `addr`: the link, and the targets the relay
+    /// knows now.
+    pub(crate) async fn connect(
         addr: &str,
         connect: ConnectOptions,
-        targets: impl IntoIterator<Item = Target>,
-    ) -> Result<Self, Error> {
-        let channel = Client::connect(addr, connect.clone())
-            .await?
-            .channel()
-            .clone();
+    ) -> Result<(Self, Vec<Target>), Error> {
+        let channel = Client::connect(addr, connect).await?.channel().clone();
         let mut client = FleetServiceClient::new(channel).max_decoding_message_size(MAX_DECODE);
         let known: Vec<Target> = client
             .list_targets(pb::ListTargetsRequest {})
@@ -61,34 +50,13 @@ impl Fleet {
             .into_iter()
             .filter_map(|t| t.target.parse().ok())
             .collect();
-        let mut chosen: Vec<Target> = targets.into_iter().collect();
-        if let Some(t) = chosen.iter().find(|t| !known.contains(t)) {
-            return Err(Status::invalid_argument(format!(
-                "target {t} is not one of the relay's ({} targets; `ListTargets` lists them)",
-                known.len()
-            ))
-            .into());
-        }
-        if chosen.is_empty() {
-            chosen = known;
-        }
-        let mut fleet = Fleet::new(chosen, connect);
-        fleet.relay = Some(RelayLink { client });
-        Ok(fleet)
-    }
-
-    /// The same fleet on `targets` only (for a relay: target names as it
-    /// lists them).
-    pub fn with_targets(mut self, targets: impl IntoIterator<Item = Target>) -> Self {
-        let relay = self.relay.take();
-        let mut fleet = Fleet::new(targets, self.connect.clone()).with_options(self.options);
-        fleet.relay = relay;
-        fleet
+        Ok((Self { client }, known))
     }
 }
 
 impl RelayLink {
-    fn selector(targets: &[Target]) -> Option<pb::TargetSelector> {
+    /// The selector of a call on `targets`.
+    pub(crate) fn selector(targets: &[Target]) -> Option<pb::TargetSelector> {
         Some(pb::TargetSelector {
             targets: targets.iter().map(|t| t.as_str().to_owned()).collect(),
         })
@@ -96,16 +64,16 @@ impl RelayLink {
 
     pub(crate) fn list_maps(
         &self,
-        fleet: &Fleet,
+        (targets, deadline): (&[Target], Option<Duration>),
         options: &ListMapsOptions,
     ) -> FleetRun<Vec<MapInfo>> {
         let req = pb::FleetServiceListMapsRequest {
             request: Some(options.to_proto()),
-            targets: Self::selector(fleet.targets()),
+            targets: Self::selector(targets),
         };
         let client = self.client.clone();
         per_target(
-            fleet,
+            (targets, deadline),
             move |d| async move { client.clone().list_maps(d.request(req)).await },
             |msg| {
                 use pb::fleet_service_list_maps_response::Answer;
@@ -119,16 +87,20 @@ impl RelayLink {
         )
     }
 
-    pub(crate) fn get_map(&self, fleet: &Fleet, map: &MapName) -> FleetRun<MapInfo> {
+    pub(crate) fn get_map(
+        &self,
+        (targets, deadline): (&[Target], Option<Duration>),
+        map: &MapName,
+    ) -> FleetRun<MapInfo> {
         let req = pb::FleetServiceGetMapRequest {
             request: Some(pb::GetMapRequest {
                 map: Some(map.to_proto()),
             }),
-            targets: Self::selector(fleet.targets()),
+            targets: Self::selector(targets),
         };
         let client = self.client.clone();
         per_target(
-            fleet,
+            (targets, deadline),
             move |d| async move { client.clone().get_map(d.request(req)).await },
             |msg| {
                 use pb::fleet_service_get_map_response::Answer;
@@ -144,7 +116,7 @@ impl RelayLink {
 
     pub(crate) fn lookup(
         &self,
-        fleet: &Fleet,
+        (targets, deadline): (&[Target], Option<Duration>),
         map: &MapName,
         keys: Vec<Key>,
         options: &LookupOptions,
@@ -152,12 +124,12 @@ impl RelayLink {
         let call = Arc::new(LookupCall::new(map, keys, options));
         let req = pb::FleetServiceLookupRequest {
             request: Some(call.request.clone()),
-            targets: Self::selector(fleet.targets()),
+            targets: Self::selector(targets),
         };
         let client = self.client.clone();
         let checked = call.check();
         per_target(
-            fleet,
+            (targets, deadline),
             move |d| async move {
                 checked.map_err(|e| Status::invalid_argument(e.to_string()))?;
                 client.clone().lookup(d.request(req)).await
@@ -173,168 +145,24 @@ impl RelayLink {
             },
         )
     }
-
-    pub(crate) fn dump(
-        &self,
-        fleet: &Fleet,
-        map: &MapName,
-        options: FleetDumpOptions,
-    ) -> FleetRun<FleetChunk> {
-        let (link, map) = (self.clone(), map.clone());
-        let targets = fleet.targets().to_vec();
-        let deadline = Deadline::start(fleet.options().deadline());
-        FleetRun::spawn(targets.clone(), 16, move |tx| async move {
-            let mut run = Run::new(targets, tx);
-            let types = if options.types {
-                link.types(&run.targets, &map, &options, deadline).await
-            } else {
-                HashMap::new()
-            };
-            // Each target from its own cursor, else the dump's.
-            let start = options.dump.cursor().unwrap_or_default().to_owned();
-            let mut cursors: HashMap<String, String> = HashMap::new();
-            for t in &run.targets {
-                let c = options
-                    .cursors
-                    .get(t)
-                    .cloned()
-                    .unwrap_or_else(|| start.clone());
-                run.progress
-                    .entry(t.as_str().to_owned())
-                    .or_default()
-                    .cursor = c.clone();
-                if !c.is_empty() {
-                    cursors.insert(t.as_str().to_owned(), c);
-                }
-            }
-            let first = pb::FleetServiceDumpMapRequest {
-                request: Some(options.dump.request(&map, "", options.dump.limit())),
-                targets: Self::selector(&run.targets),
-                cursor: String::new(),
-                target_cursors: cursors,
-            };
-            let client = link.client.clone();
-            let call = move |resume: String, d: Deadline| {
-                let mut req = first.clone();
-                if !resume.is_empty() {
-                    (req.cursor, req.target_cursors) = (resume, HashMap::new());
-                }
-                let mut client = client.clone();
-                async move { client.dump_map(d.request(req)).await }
-            };
-            run.drive(deadline, call, |run, msg| run.dump_message(msg, &types))
-                .await;
-        })
-    }
-
-    /// Each target's types for `map`, through the relay's GetMap, with the
-    /// dump's renderings.
-    async fn types(
-        &self,
-        targets: &[Target],
-        map: &MapName,
-        options: &FleetDumpOptions,
-        deadline: Deadline,
-    ) -> HashMap<String, Arc<MapTypes>> {
-        let req = pb::FleetServiceGetMapRequest {
-            request: Some(pb::GetMapRequest {
-                map: Some(map.to_proto()),
-            }),
-            targets: Self::selector(targets),
-        };
-        let mut types = HashMap::new();
-        let Ok(answer) = self.client.clone().get_map(deadline.request(req)).await else {
-            return types;
-        };
-        let mut stream = answer.into_inner();
-        while let Ok(Some(msg)) = stream.message().await {
-            if let Some(pb::fleet_service_get_map_response::Answer::Map(info)) = msg.answer
-                && let Ok(Some(t)) = MapInfo::from(info).types_with(options.dump.render())
-            {
-                types.insert(msg.target, Arc::new(t));
-            }
-        }
-        types
-    }
-
-    pub(crate) fn aggregate(
-        &self,
-        fleet: &Fleet,
-        map: &MapName,
-        options: FleetAggregateOptions,
-    ) -> FleetRun<FleetAggregate> {
-        let req = pb::FleetServiceAggregateMapRequest {
-            request: Some(options.aggregate.request(map)),
-            targets: Self::selector(fleet.targets()),
-        };
-        let (mut client, targets) = (self.client.clone(), fleet.targets().to_vec());
-        let deadline = Deadline::start(fleet.options().deadline());
-        let buffer = targets.len() + 1;
-        FleetRun::spawn(targets.clone(), buffer, move |tx| async move {
-            let mut run = Run::new(targets, tx);
-            let answer = deadline
-                .within(async move { client.aggregate_map(deadline.request(req)).await })
-                .await;
-            match answer.map(tonic::Response::into_inner) {
-                Ok(a) => run.aggregate_answer(a).await,
-                Err(e) => run.fail_all(|| copy(&e)).await,
-            }
-        })
-    }
-
-    pub(crate) fn watch(
-        &self,
-        fleet: &Fleet,
-        map: &MapName,
-        options: FleetWatchOptions,
-    ) -> FleetRun<Scan> {
-        let first = pb::FleetServiceWatchMapRequest {
-            request: Some(options.watch.request(map, "")),
-            targets: Self::selector(fleet.targets()),
-            cursor: String::new(),
-            target_cursors: options
-                .cursors
-                .iter()
-                .map(|(t, c)| (t.as_str().to_owned(), c.clone()))
-                .collect(),
-        };
-        let (client, targets) = (self.client.clone(), fleet.targets().to_vec());
-        let deadline = Deadline::start(fleet.options().deadline());
-        FleetRun::spawn(targets.clone(), 16, move |tx| async move {
-            let mut run = Run::new(targets, tx);
-            let call = move |resume: String, d: Deadline| {
-                let mut req = first.clone();
-                if !resume.is_empty() {
-                    (req.cursor, req.target_cursors) = (resume, HashMap::new());
-                }
-                let mut client = client.clone();
-                async move { client.watch_map(d.request(req)).await }
-            };
-            let mut parts: HashMap<String, Vec<pb::WatchMapResponse>> = HashMap::new();
-            run.drive(deadline, call, |run, msg| {
-                run.watch_message(msg, &mut parts)
-            })
-            .await;
-        })
-    }
 }
 
 /// A call's deadline: how long it may take, and when that passes.
 #[derive(Debug, Clone, Copy)]
-struct Deadline {
+pub(crate) struct Deadline {
     length: Option<Duration>,
     end: Option<tokio::time::Instant>,
 }
 
 impl Deadline {
-    fn start(length: Option<Duration>) -> Self {
+    pub(crate) fn start(length: Option<Duration>) -> Self {
         let end = length.and_then(|d| tokio::time::Instant::now().checked_add(d));
         Self { length, end }
     }
 
     /// `msg` as a request telling the relay the time left (`grpc-timeout`:
     /// the relay then ends the targets not done in time in-band).
-    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+    pub(crate) fn request<T>(&self, msg: T) -> tonic::Request<T> {
         let mut req = tonic::Request::new(msg);
         if let Some(end) = self.end {
             req.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
@@ -343,7 +171,10 @@ impl Deadline {
     }
 
     /// Runs `fut` until the deadline.
-    async fn within<T>(&self, fut: impl Future<Output = Result<T, Status>>) -> Result<T, Error> {
+    pub(crate) async fn within<T>(
+        &self,
+        fut: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Error> {
         match self.end {
             None => Ok(fut.await?),
             Some(end) => match tokio::time::timeout_at(end, fut).await {
@@ -361,7 +192,7 @@ impl Deadline {
 }
 
 /// The same error again, for each target it ends.
-fn copy(e: &Error) -> Error {
+pub(crate) fn copy(e: &Error) -> Error {
     match e {
         Error::Status(s) => Error::Status(s.clone()),
         Error::Deadline { deadline } => Error::Deadline {
@@ -374,7 +205,11 @@ fn copy(e: &Error) -> Error {
 
 /// A run of calls answered once per target (ListMaps, GetMap, Lookup):
 /// each message's target and answer, as `answer` reads them.
-fn per_target<M, T, C, Fut, F>(fleet: &Fleet, call: C, mut answer: F) -> FleetRun<T>
+fn per_target<M, T, C, Fut, F>(
+    (targets, deadline): (&[Target], Option<Duration>),
+    call: C,
+    mut answer: F,
+) -> FleetRun<T>
 where
     M: Send + 'static,
     T: Send + 'static,
@@ -382,8 +217,8 @@ where
     Fut: Future<Output = Result<tonic::Response<Streaming<M>>, Status>> + Send,
     F: FnMut(M) -> (String, Result<T, Error>) + Send + 'static,
 {
-    let targets = fleet.targets().to_vec();
-    let deadline = Deadline::start(fleet.options().deadline());
+    let targets = targets.to_vec();
+    let deadline = Deadline::start(deadline);
     FleetRun::spawn(targets.clone(), 16, move |tx| async move {
         let mut run = Run::new(targets, tx);
         let mut call = Some(call);
@@ -406,35 +241,36 @@ where
 
 /// What a run through the relay tracks: the targets, each one's progress
 /// until its report, and the fleet cursor that resumes the call.
-struct Run<T> {
-    targets: Vec<Target>,
+pub(crate) struct Run<T> {
+    pub(crate) targets: Vec<Target>,
     tx: Events<T>,
     started: Instant,
-    progress: HashMap<String, Progress>,
+    pub(crate) progress: HashMap<String, Progress>,
     reported: HashSet<String>,
     /// The last fleet cursor the relay sent (a dump's message, a watch's
     /// round end): where the call resumes when its stream breaks.
-    resume: String,
+    pub(crate) resume: String,
     /// Times the call was resumed.
     resumes: u32,
 }
 
+/// A target's progress, for its report.
 #[derive(Default)]
-struct Progress {
-    entries: u64,
-    scanned: u64,
-    calls: u32,
-    cursor: String,
+pub(crate) struct Progress {
+    pub(crate) entries: u64,
+    pub(crate) scanned: u64,
+    pub(crate) calls: u32,
+    pub(crate) cursor: String,
 }
 
 /// The events one message of the relay turns into.
-type Step<T> = Vec<FleetEvent<T>>;
+pub(crate) type Step<T> = Vec<FleetEvent<T>>;
 
 /// Resumes of a broken call to the relay before its targets fail.
 const RESUMES: u32 = 5;
 
 impl<T: Send + 'static> Run<T> {
-    fn new(targets: Vec<Target>, tx: Events<T>) -> Self {
+    pub(crate) fn new(targets: Vec<Target>, tx: Events<T>) -> Self {
         Self {
             targets,
             tx,
@@ -447,7 +283,7 @@ impl<T: Send + 'static> Run<T> {
     }
 
     /// The target the relay names `name`.
-    fn target(&self, name: &str) -> Target {
+    pub(crate) fn target(&self, name: &str) -> Target {
         self.targets
             .iter()
             .find(|t| t.as_str() == name)
@@ -458,12 +294,17 @@ impl<T: Send + 'static> Run<T> {
 
     /// Whether `name` is one of the run's targets not reported yet (a
     /// message about any other is left out).
-    fn open(&self, name: &str) -> bool {
+    pub(crate) fn open(&self, name: &str) -> bool {
         !self.reported.contains(name) && self.targets.iter().any(|t| t.as_str() == name)
     }
 
     /// The report of `name`, with `error`, and notes it sent.
-    fn report(&mut self, name: &str, error: Option<Error>, complete: bool) -> FleetEvent<T> {
+    pub(crate) fn report(
+        &mut self,
+        name: &str,
+        error: Option<Error>,
+        complete: bool,
+    ) -> FleetEvent<T> {
         self.reported.insert(name.to_owned());
         let p = self.progress.remove(name).unwrap_or_default();
         FleetEvent::Done(TargetReport {
@@ -502,7 +343,7 @@ impl<T: Send + 'static> Run<T> {
     /// message; a stream that breaks as retrying can help (the relay
     /// restarts) is called again from the last fleet cursor, up to
     /// [`RESUMES`] times; targets without a report in the end get one.
-    async fn drive<M, C, Fut>(
+    pub(crate) async fn drive<M, C, Fut>(
         &mut self,
         deadline: Deadline,
         mut call: C,
@@ -567,9 +408,18 @@ impl<T: Send + 'static> Run<T> {
         }
     }
 
+    /// Sends `events` in order, until the run is dropped.
+    pub(crate) async fn send_all(&mut self, events: Step<T>) {
+        for event in events {
+            if self.tx.send(event).await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// Reports every target not reported yet with the error `error`
     /// makes.
-    async fn fail_all(&mut self, error: impl Fn() -> Error) {
+    pub(crate) async fn fail_all(&mut self, error: impl Fn() -> Error) {
         for t in self.targets.clone() {
             if !self.reported.contains(t.as_str()) {
                 let event = self.report(t.as_str(), Some(error()), false);
@@ -581,52 +431,8 @@ impl<T: Send + 'static> Run<T> {
     }
 }
 
-impl Run<FleetChunk> {
-    fn dump_message(
-        &mut self,
-        msg: pb::FleetServiceDumpMapResponse,
-        types: &HashMap<String, Arc<MapTypes>>,
-    ) -> Step<FleetChunk> {
-        use pb::fleet_service_dump_map_response::Part;
-        if !msg.cursor.is_empty() {
-            self.resume.clone_from(&msg.cursor);
-        }
-        if !self.open(&msg.target) {
-            return Vec::new();
-        }
-        match msg.part {
-            Some(Part::Chunk(mut c)) => {
-                let projection = c.projection.take();
-                let chunk = match Chunk::from_proto(c) {
-                    Ok(chunk) => chunk,
-                    Err(e) => return vec![self.report(&msg.target, Some(e), false)],
-                };
-                let p = self.progress.entry(msg.target.clone()).or_default();
-                p.entries += chunk.len() as u64;
-                p.calls = 1;
-                p.cursor = chunk.cursor().to_owned();
-                let answer = FleetChunk {
-                    chunk,
-                    types: types.get(&msg.target).cloned(),
-                    projection,
-                };
-                vec![FleetEvent::Answer {
-                    target: self.target(&msg.target),
-                    answer,
-                }]
-            }
-            Some(Part::End(end)) => {
-                let status = end.status.unwrap_or_default();
-                let error = (status.code != "OK").then(|| status_error(&status));
-                vec![self.report(&msg.target, error, end.complete)]
-            }
-            None => Vec::new(),
-        }
-    }
-}
-
 impl Run<Scan> {
-    fn watch_message(
+    pub(crate) fn watch_message(
         &mut self,
         msg: pb::FleetServiceWatchMapResponse,
         parts: &mut HashMap<String, Vec<pb::WatchMapResponse>>,
@@ -676,74 +482,8 @@ impl Run<Scan> {
     }
 }
 
-impl Run<FleetAggregate> {
-    /// The targets' reports, then the fleet's answer; targets the answer
-    /// does not name are reported failed and missing.
-    async fn aggregate_answer(&mut self, answer: pb::FleetServiceAggregateMapResponse) {
-        let groups: Result<Vec<FleetGroup>, Error> = answer
-            .groups
-            .iter()
-            .map(|g| {
-                Ok(FleetGroup {
-                    group: Group::from_proto(g.group.clone().unwrap_or_default())?,
-                    hosts: g.targets.iter().map(|t| self.target(t)).collect(),
-                })
-            })
-            .collect();
-        let groups = match groups {
-            Ok(g) => g,
-            Err(e) => {
-                let bad = format!("the relay's answer: {e}");
-                return self.fail_all(|| Error::Protocol(bad.clone())).await;
-            }
-        };
-        for w in &answer.work {
-            let p = self.progress.entry(w.target.clone()).or_default();
-            (p.entries, p.scanned, p.calls) = (w.groups, w.entries_scanned, w.calls);
-        }
-        let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
-        let failed: HashMap<&str, pb::TargetStatus> = answer
-            .failed
-            .iter()
-            .map(|f| (f.target.as_str(), f.status.clone().unwrap_or_default()))
-            .collect();
-        // Reports in the fleet's order, as a fleet reached directly.
-        let (mut events, mut missing) = (Vec::new(), Vec::new());
-        for t in self.targets.clone() {
-            let name = t.as_str();
-            let error = match (answered.contains(name), failed.get(name)) {
-                (true, _) => None,
-                (false, Some(status)) => Some(status_error(status)),
-                (false, None) => Some(Error::Status(Status::unavailable(
-                    "the relay said nothing of this target",
-                ))),
-            };
-            if error.is_some() {
-                missing.push(t.clone());
-            }
-            events.push(self.report(name, error, false));
-        }
-        let method = match answer.method.as_str() {
-            "top_k" => MergeMethod::Threshold,
-            "merge" => MergeMethod::AllGroups,
-            _ => MergeMethod::Groups,
-        };
-        events.push(FleetEvent::Merged(FleetAggregate {
-            groups,
-            method,
-            reports: Vec::new(),
-            missing,
-        }));
-        for event in events {
-            if self.tx.send(event).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
 /// A target's status, as the relay names it, as the error it stands for.
-fn status_error(s: &pb::TargetStatus) -> Error {
+pub(crate) fn status_error(s: &pb::TargetStatus) -> Error {
     let code = (0..=16)
         .map(Code::from_i32)
         .find(|c| crate::code_name(*c) == s.code)
