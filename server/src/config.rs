@@ -73,6 +73,10 @@ pub struct Config {
     /// The maps DrainMap may read and delete (`[drain] maps`): the only
     /// maps ever opened read-write.
     pub drain: DrainConfig,
+    /// Maps served as Prometheus metrics on `metrics_listen` (`[[export]]`
+    /// tables); see deploy/README.md.
+    #[serde(rename = "export")]
+    pub exports: Vec<crate::export::ExportConfig>,
     /// What the configuration file spelled in a deprecated way, to warn of
     /// once logging is on.
     #[serde(skip)]
@@ -246,6 +250,7 @@ impl Default for Config {
             render: Vec::new(),
             types: Vec::new(),
             drain: DrainConfig::default(),
+            exports: Vec::new(),
             deprecated: Vec::new(),
         }
     }
@@ -434,6 +439,11 @@ impl Config {
 
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.roots.is_empty(), "at least one root is needed");
+        crate::export::check(&self.exports)?;
+        anyhow::ensure!(
+            self.exports.is_empty() || self.metrics_listen.is_some(),
+            "[[export]] tables are served on the metrics listener: set metrics_listen"
+        );
         for r in &self.roots {
             anyhow::ensure!(
                 r.is_absolute(),

@@ -512,7 +512,7 @@ fn legacy_identity_digest(identity: &Identity) -> [u8; 16] {
         Identity::Anonymous => digest16(b"anonymous"),
         Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => digest16(n.as_bytes()),
         // Newer than version 2: never bound by such a cursor.
-        Identity::Uid(_) => identity_digest(identity),
+        Identity::Uid(_) | Identity::Daemon => identity_digest(identity),
     }
 }
 

@@ -6,12 +6,31 @@ use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 use anyhow::Context as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// One HTTP/1.1 GET of `path` on `addr`: the status line, the content type
-/// and the body.
+/// One HTTP/1.1 GET of `path` on `addr`, asking for OpenMetrics (as
+/// Prometheus does): the status line, the content type and the body.
 pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(String, String, String)> {
+    http_get_accepting(
+        addr,
+        path,
+        "application/openmetrics-text;version=1.0.0,text/plain;q=0.5",
+    )
+    .await
+}
+
+/// The same with the `Accept` header `accept` (none when empty).
+pub async fn http_get_accepting(
+    addr: SocketAddr,
+    path: &str,
+    accept: &str,
+) -> anyhow::Result<(String, String, String)> {
     let get = async {
         let mut tcp = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET {path} HTTP/1.1\r\nHost: bpfmapd\r\nConnection: close\r\n\r\n");
+        let accept = match accept {
+            "" => String::new(),
+            a => format!("Accept: {a}\r\n"),
+        };
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: bpfmapd\r\n{accept}Connection: close\r\n\r\n");
         tcp.write_all(request.as_bytes()).await?;
         let mut raw = String::new();
         tcp.read_to_string(&mut raw).await?;

@@ -29,6 +29,7 @@ use crate::{
     cursor::{CursorKey, SharedKeys},
     drain::{DrainStats, Drains},
     dump::{DumpEnv, DumpLimits, DumpStats, Dumps, reader_permits},
+    export::Exporter,
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
     lookup::Lookups,
     maps::{Catalog, RenderRules},
@@ -235,7 +236,7 @@ impl Core {
         config: &Config,
         r: &Reloadable,
         stopping: &Stopping,
-    ) -> anyhow::Result<MapServiceImpl> {
+    ) -> anyhow::Result<(MapServiceImpl, Exporter)> {
         let limits = &config.limits;
         let catalog = Catalog::new(config.roots.clone(), config.allow_by_id);
         let trimmer = Trimmer::default();
@@ -264,7 +265,11 @@ impl Core {
             pool: self.budget.clone(),
             trimmer: trimmer.clone(),
         };
-        Ok(MapServiceImpl::new(ServiceParts {
+        let exporter = Exporter::new(
+            &config.exports,
+            (calls.clone(), dumps.clone(), limits.max_groups),
+        )?;
+        let service = MapServiceImpl::new(ServiceParts {
             calls,
             dumps,
             lookups: Lookups {
@@ -296,7 +301,8 @@ impl Core {
                 limits.max_drain_spool_bytes,
                 self.drain_stats.clone(),
             )?,
-        }))
+        });
+        Ok((service, exporter))
     }
 
     fn accept(&self, limits: &Limits, tls: Option<SharedTls>) -> AcceptConfig {
@@ -313,7 +319,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let limits = &config.limits;
     raise_fd_limit(limits.max_connections);
     let core = Core::new(limits);
-    let service = core.service(config, &reloadable, &stopping)?;
+    let (service, exporter) = core.service(config, &reloadable, &stopping)?;
     let reporter = HealthReporter::new();
     set_health(&reporter, ServingStatus::Serving).await;
     let mut tasks = Vec::new();
@@ -335,7 +341,10 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         core.conns.clone(),
     )?);
     let metrics_addr = match config.metrics_listen {
-        Some(listen) => Some(serve_metrics(listen, &core.metrics, &stopping).await?),
+        Some(listen) => {
+            let exports = (!config.exports.is_empty()).then(|| exporter.clone());
+            Some(serve_metrics(listen, (&core.metrics, exports), &stopping).await?)
+        }
         None => None,
     };
     tracing::info!(
@@ -357,6 +366,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
             keys: reloadable.keys,
             state_dir: config.state_dir.clone(),
             metrics: core.metrics,
+            exports: exporter,
         },
         watcher: None,
         seen: None,
@@ -435,7 +445,7 @@ fn spawn_audit_flush(stopping: &Stopping) {
 /// The Prometheus endpoint.
 async fn serve_metrics(
     listen: SocketAddr,
-    metrics: &Metrics,
+    (metrics, exports): (&Metrics, Option<Exporter>),
     stopping: &Stopping,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(listen)
@@ -444,7 +454,7 @@ async fn serve_metrics(
     let addr = listener.local_addr()?;
     tokio::spawn(ops::serve_metrics(
         listener,
-        metrics.clone(),
+        (metrics.clone(), exports),
         stopping.stop_dumps.subscribe(),
     ));
     Ok(addr)

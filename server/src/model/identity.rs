@@ -25,6 +25,9 @@ pub enum Identity {
     /// A local process on the Unix socket, by its user id (verified by the
     /// kernel: `SO_PEERCRED`).
     Uid(u32),
+    /// The daemon itself, reading the maps its `[[export]]` tables name
+    /// (never a caller's: no transport yields it).
+    Daemon,
 }
 
 impl fmt::Display for Identity {
@@ -35,6 +38,7 @@ impl fmt::Display for Identity {
             Self::Dns(name) => write!(f, "dns:{name}"),
             Self::Cn(name) => write!(f, "cn:{name}"),
             Self::Uid(uid) => write!(f, "uid:{uid}"),
+            Self::Daemon => f.write_str("bpfmapd"),
         }
     }
 }

@@ -1,5 +1,7 @@
-//! Prometheus metrics (prometheus-client), served in the OpenMetrics text
-//! format on `metrics_listen` (plaintext, off by default).
+//! Prometheus metrics (prometheus-client), served on `metrics_listen`
+//! (plaintext, off by default) with the maps of `[[export]]` tables: in the
+//! OpenMetrics text format to scrapers that ask for it (Prometheus does),
+//! in the Prometheus text format 0.0.4 to the others.
 //!
 //! gRPC calls in the usual naming (`grpc_server_started_total`,
 //! `grpc_server_handled_total`, `grpc_server_handling_seconds`, labelled by
@@ -271,10 +273,35 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` (HTTP/1.1, plaintext) until `stop`.
+/// The content type of each exposition format.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The exposition a scraper asks for in its `Accept` header: OpenMetrics
+/// when it names it, else the text format.
+async fn exposition(
+    metrics: &Metrics,
+    exports: Option<&crate::export::Exporter>,
+    accept: &str,
+) -> (&'static str, String) {
+    let mut body = metrics.encode();
+    if let Some(exports) = exports {
+        let families = exports.encode().await;
+        let at = body.rfind("# EOF").unwrap_or(body.len());
+        body.insert_str(at, &families);
+    }
+    if accept.contains("application/openmetrics-text") {
+        (OPENMETRICS, body)
+    } else {
+        (TEXT_FORMAT, crate::export::to_text_format(&body))
+    }
+}
+
+/// Serves `GET /metrics` on `listener` (HTTP/1.1, plaintext) until `stop`:
+/// the daemon's metrics and its exports.
 pub(crate) async fn serve(
     listener: TcpListener,
-    metrics: Metrics,
+    (metrics, exports): (Metrics, Option<crate::export::Exporter>),
     mut stop: watch::Receiver<bool>,
 ) {
     use http_body_util::Full;
@@ -292,18 +319,22 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let metrics = metrics.clone();
+        let (metrics, exports) = (metrics.clone(), exports.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let metrics = metrics.clone();
+                let (metrics, exports) = (metrics.clone(), exports.clone());
                 async move {
                     let response = if req.uri().path() == "/metrics" {
+                        let accept = req
+                            .headers()
+                            .get(hyper::header::ACCEPT)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("");
+                        let (content_type, body) =
+                            exposition(&metrics, exports.as_ref(), accept).await;
                         Response::builder()
-                            .header(
-                                "content-type",
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )
-                            .body(Full::new(bytes::Bytes::from(metrics.encode())))
+                            .header("content-type", content_type)
+                            .body(Full::new(bytes::Bytes::from(body)))
                     } else {
                         Response::builder()
                             .status(StatusCode::NOT_FOUND)

@@ -1,5 +1,5 @@
 //! Applying a new configuration without a restart: certificates, key,
-//! client CA, policy and cursor keys, on SIGHUP or when the files change on
+//! client CA, policy, cursor keys and exports (`[[export]]`), on SIGHUP or when the files change on
 //! disk (Kubernetes Secret volumes swap a symlink; cert-manager renews).
 //! Everything is built first; on any error nothing changes and the old
 //! configuration stays in force.
@@ -29,6 +29,7 @@ pub(crate) struct Reloader {
     pub(crate) keys: SharedKeys,
     pub(crate) state_dir: PathBuf,
     pub(crate) metrics: Metrics,
+    pub(crate) exports: crate::export::Exporter,
 }
 
 impl Reloader {
@@ -61,6 +62,7 @@ impl Reloader {
         }
         self.policy.store(Arc::new(policy));
         self.keys.store(Arc::new(keys));
+        self.exports.replace(&config.exports)?;
         tracing::info!(
             rules = config.rules.len(),
             "reloaded certificates, policy and cursor keys"

@@ -1,0 +1,445 @@
+//! `[[export]]`: maps as Prometheus metrics. An export is an aggregate of
+//! one map, run by the daemon itself: its labels are group-by members, its
+//! value the SUM of a member (for a histogram, of each bucket of an array
+//! member) or the COUNT of entries. A scrape within `min_interval` of the
+//! last scan is served that scan; a later one walks the map again (one
+//! walk at a time per export, whoever scrapes), so series of entries that
+//! are gone disappear at the next scan. Each export keeps its largest
+//! `max_series` series; what it dropped, how long its scans take and
+//! whether they fail are metrics of their own.
+
+mod config;
+mod encode;
+
+use std::{fmt::Write as _, sync::Arc, time::Instant};
+
+use bpfmap_proto::v1 as pb;
+
+use crate::{
+    aggregate,
+    calls::Calls,
+    dump::Dumps,
+    error::Error,
+    model::{Caller, Identity},
+};
+
+pub use config::{Buckets, ExportConfig, ExportConfigError, ExportKind};
+pub(crate) use encode::to_text_format;
+
+use config::Checked;
+use encode::{Family, Series, SeriesValue};
+
+/// Buckets summed per walk of a histogram's map (an aggregate takes at
+/// most 16 values, one of them the COUNT that orders the series).
+const BUCKETS_PER_WALK: usize = 15;
+
+/// The exports of a daemon, replaced whole by a reload.
+#[derive(Debug, Clone)]
+pub(crate) struct Exporter {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    calls: Calls,
+    dumps: Dumps,
+    max_groups: usize,
+    exports: arc_swap::ArcSwap<Vec<Arc<Export>>>,
+}
+
+/// One export and its last scan.
+#[derive(Debug)]
+struct Export {
+    checked: Checked,
+    last: tokio::sync::Mutex<Last>,
+}
+
+/// What an export's scans left.
+#[derive(Debug, Default)]
+struct Last {
+    at: Option<Instant>,
+    series: Arc<Vec<Series>>,
+    dropped: u64,
+    scans: u64,
+    failures: u64,
+    seconds: f64,
+}
+
+/// An export's figures at a scrape, for the daemon's own families.
+struct Figures {
+    name: String,
+    series: usize,
+    dropped: u64,
+    scans: u64,
+    failures: u64,
+    seconds: f64,
+}
+
+/// Checks `exports` (what start and reload refuse).
+pub(crate) fn check(exports: &[ExportConfig]) -> Result<(), ExportConfigError> {
+    config::check(exports).map(drop)
+}
+
+impl Exporter {
+    /// The exports of `configs` (checked), reading maps through `calls`
+    /// and the dump slots of `dumps`.
+    pub(crate) fn new(
+        configs: &[ExportConfig],
+        (calls, dumps, max_groups): (Calls, Dumps, usize),
+    ) -> Result<Self, ExportConfigError> {
+        let exporter = Self {
+            inner: Arc::new(Inner {
+                calls,
+                dumps,
+                max_groups,
+                exports: Default::default(),
+            }),
+        };
+        exporter.replace(configs)?;
+        Ok(exporter)
+    }
+
+    /// Takes the exports of a new configuration (all or none); an export
+    /// whose table did not change keeps its last scan and its counts.
+    pub(crate) fn replace(&self, configs: &[ExportConfig]) -> Result<(), ExportConfigError> {
+        let checked = config::check(configs)?;
+        let old = self.inner.exports.load();
+        let exports = checked
+            .into_iter()
+            .map(|c| {
+                old.iter()
+                    .find(|e| e.checked.config == c.config)
+                    .cloned()
+                    .unwrap_or_else(|| {
+                        Arc::new(Export {
+                            checked: c,
+                            last: Default::default(),
+                        })
+                    })
+            })
+            .collect();
+        self.inner.exports.store(Arc::new(exports));
+        Ok(())
+    }
+
+    /// Every export's families, then the exports' own figures, in
+    /// OpenMetrics text (no `# EOF`).
+    pub(crate) async fn encode(&self) -> String {
+        let exports = self.inner.exports.load_full();
+        let mut out = String::new();
+        let mut figures = Vec::new();
+        for e in exports.iter() {
+            let (series, f) = e.current(&self.inner).await;
+            let c = &e.checked;
+            Family {
+                name: &c.family,
+                help: &c.config.help,
+                kind: c.config.kind,
+                buckets: (
+                    c.config.buckets.unwrap_or(Buckets::Exp2),
+                    c.config.bucket_width,
+                ),
+                label_names: c.labels.iter().map(|(n, _)| n.as_str()).collect(),
+                series: &series,
+            }
+            .write(&mut out);
+            figures.push(f);
+        }
+        if !figures.is_empty() {
+            write_figures(&mut out, &figures);
+        }
+        out
+    }
+}
+
+impl Export {
+    /// The series of the last scan, scanning again first when it is older
+    /// than `min_interval`.
+    async fn current(&self, inner: &Inner) -> (Arc<Vec<Series>>, Figures) {
+        let config = &self.checked.config;
+        let mut last = self.last.lock().await;
+        let fresh = last.at.is_some_and(|at| at.elapsed() < config.min_interval);
+        if !fresh {
+            let started = Instant::now();
+            let outcome = tokio::time::timeout(config.timeout, self.scan(inner)).await;
+            last.at = Some(Instant::now());
+            last.scans += 1;
+            last.seconds = started.elapsed().as_secs_f64();
+            match outcome {
+                Ok(Ok((series, dropped))) => {
+                    last.series = Arc::new(series);
+                    last.dropped += dropped;
+                }
+                Ok(Err(e)) => self.failed(&mut last, &e.to_string()),
+                Err(_) => self.failed(
+                    &mut last,
+                    &format!("the scan took longer than {:?}", config.timeout),
+                ),
+            }
+        }
+        let figures = Figures {
+            name: self.checked.family.clone(),
+            series: last.series.len(),
+            dropped: last.dropped,
+            scans: last.scans,
+            failures: last.failures,
+            seconds: last.seconds,
+        };
+        (last.series.clone(), figures)
+    }
+
+    /// A failed scan: no series (the map's entries are not known), logged.
+    fn failed(&self, last: &mut Last, why: &str) {
+        last.failures += 1;
+        last.series = Arc::new(Vec::new());
+        tracing::warn!(
+            export = %self.checked.family,
+            map = %self.checked.config.map,
+            error = %why,
+            "export: cannot scan the map"
+        );
+    }
+
+    /// Walks the map: its series (the largest `max_series`), and how many
+    /// it dropped.
+    async fn scan(&self, inner: &Inner) -> Result<(Vec<Series>, u64), Error> {
+        let c = &self.checked;
+        let value = c.config.value.clone();
+        let plans: Vec<Vec<pb::Aggregate>> = match (c.config.kind, value) {
+            (ExportKind::Histogram, Some(v)) => {
+                let slots = self.slots(inner, &v).await?;
+                (0..slots)
+                    .collect::<Vec<_>>()
+                    .chunks(BUCKETS_PER_WALK)
+                    .map(|chunk| {
+                        let sums = chunk.iter().map(|i| sum(&format!("{v}[{i}]")));
+                        std::iter::once(count()).chain(sums).collect()
+                    })
+                    .collect()
+            }
+            (_, Some(v)) => vec![vec![sum(&v)]],
+            (_, None) => vec![vec![count()]],
+        };
+        let mut merged: Vec<(Vec<u8>, Vec<String>, Vec<i128>)> = Vec::new();
+        let mut dropped = 0;
+        for aggregates in plans {
+            let histogram = c.config.kind == ExportKind::Histogram;
+            let answer = self.walk(inner, aggregates).await?;
+            let total = answer.summary.map_or(0, |s| s.groups_total);
+            dropped = total.saturating_sub(answer.groups.len() as u64);
+            for (i, g) in answer.groups.into_iter().enumerate() {
+                let values = values_of(&g, histogram)?;
+                let known = merged.len();
+                match merged.get_mut(i) {
+                    Some(m) if m.0 == g.key_bytes => m.2.extend(values),
+                    None if known == i => {
+                        let labels = self.labels_of(&g);
+                        merged.push((g.key_bytes, labels, values));
+                    }
+                    _ => {
+                        return Err(Error::Internal {
+                            map: None,
+                            message: "the histogram's walks found other series".into(),
+                        });
+                    }
+                }
+            }
+        }
+        let series = merged
+            .into_iter()
+            .map(|(_, labels, values)| Series {
+                labels,
+                value: match c.config.kind {
+                    ExportKind::Histogram => SeriesValue::Buckets(values),
+                    _ => SeriesValue::Number(values.first().copied().unwrap_or(0)),
+                },
+            })
+            .collect();
+        Ok((series, dropped))
+    }
+
+    /// One AggregateMap walk of the export's map, as the daemon itself.
+    async fn walk(
+        &self,
+        inner: &Inner,
+        aggregates: Vec<pb::Aggregate>,
+    ) -> Result<pb::AggregateMapResponse, Error> {
+        let c = &self.checked;
+        let req = pb::AggregateMapRequest {
+            map: None,
+            filter: c.config.filter.clone(),
+            group_by: c.labels.iter().map(|(_, p)| p.clone()).collect(),
+            aggregates,
+            order_by: 0,
+            ascending: false,
+            limit: u32::try_from(c.config.max_series).unwrap_or(u32::MAX),
+            per_cpu: pb::PerCpu::Sum as i32,
+            threshold: String::new(),
+            groups: Vec::new(),
+            render: c.config.render.clone().into_iter().collect(),
+        };
+        let caller = exporter_caller();
+        aggregate::run(
+            &inner.calls,
+            (&inner.dumps, inner.max_groups),
+            &caller,
+            c.map.clone(),
+            req,
+        )
+        .await
+    }
+
+    /// The number of buckets of a histogram's array member `path`.
+    async fn slots(&self, inner: &Inner, path: &str) -> Result<usize, Error> {
+        let caller = exporter_caller();
+        let info = crate::info::get(&inner.calls, &caller, self.checked.map.clone()).await?;
+        let layout = bpfmap_proto::typed::MapLayout::new(
+            info.key_type.as_ref(),
+            info.value_type.as_ref(),
+            (info.key_size as usize, info.value_size as usize),
+            None,
+        )
+        .map_err(|e| Error::InvalidArgument(format!("the map's types: {e}")))?;
+        let member = layout
+            .member(path)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        match member.describe().and_then(|t| t.kind) {
+            Some(pb::type_info::Kind::Array(a)) if a.length > 0 => Ok(a.length as usize),
+            _ => Err(Error::InvalidArgument(format!(
+                "{path} is a {}, not an array of counts per bucket",
+                member.type_name()
+            ))),
+        }
+    }
+
+    /// A group's label values, in the export's label order.
+    fn labels_of(&self, g: &pb::Group) -> Vec<String> {
+        let fields = g.key.as_ref().map(|k| &k.fields);
+        self.checked
+            .labels
+            .iter()
+            .map(|(_, path)| {
+                fields
+                    .and_then(|f| f.get(path))
+                    .map(label_value)
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+}
+
+/// Who reads the maps of exports: the daemon itself, which the policy does
+/// not restrict (the operator chose the maps).
+fn exporter_caller() -> Caller {
+    Caller {
+        identity: Identity::Daemon,
+        peer: None,
+        process: None,
+    }
+}
+
+fn count() -> pb::Aggregate {
+    pb::Aggregate {
+        op: pb::aggregate::Op::Count as i32,
+        field: String::new(),
+    }
+}
+
+fn sum(path: &str) -> pb::Aggregate {
+    pb::Aggregate {
+        op: pb::aggregate::Op::Sum as i32,
+        field: path.to_owned(),
+    }
+}
+
+/// A group's values as integers: a histogram's walk without its leading
+/// COUNT.
+fn values_of(g: &pb::Group, histogram: bool) -> Result<Vec<i128>, Error> {
+    let skip = usize::from(histogram);
+    g.values
+        .iter()
+        .skip(skip)
+        .map(|v| {
+            bpfmap_proto::aggregate::parse(v)
+                .map(|n| n.unwrap_or(0))
+                .map_err(|e| Error::Internal {
+                    map: None,
+                    message: format!("an aggregate's value: {e}"),
+                })
+        })
+        .collect()
+}
+
+/// A decoded member as a label value: text as it is, numbers without a
+/// fraction when they have none.
+fn label_value(v: &prost_types::Value) -> String {
+    use prost_types::value::Kind;
+    match &v.kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 1e15 => {
+            format!("{}", *n as i64)
+        }
+        Some(Kind::NumberValue(n)) => n.to_string(),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        Some(Kind::NullValue(_)) | None => String::new(),
+        Some(other) => format!("{other:?}"),
+    }
+}
+
+/// One of the exports' own families: name, type, help, and each export's
+/// value.
+type FigureFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&Figures) -> String,
+);
+
+/// The exports' own families: series, dropped series, scans, failures,
+/// scan time.
+fn write_figures(out: &mut String, figures: &[Figures]) {
+    let families: [FigureFamily; 5] = [
+        (
+            "bpfmapd_export_series",
+            "gauge",
+            "Series an export serves",
+            |f| f.series.to_string(),
+        ),
+        (
+            "bpfmapd_export_series_dropped",
+            "counter",
+            "Series an export dropped beyond its max_series",
+            |f| f.dropped.to_string(),
+        ),
+        (
+            "bpfmapd_export_scans",
+            "counter",
+            "Walks of an export's map",
+            |f| f.scans.to_string(),
+        ),
+        (
+            "bpfmapd_export_scan_failures",
+            "counter",
+            "Walks of an export's map that failed or took longer than its timeout",
+            |f| f.failures.to_string(),
+        ),
+        (
+            "bpfmapd_export_scan_seconds",
+            "gauge",
+            "How long an export's last walk took",
+            |f| format!("{:.6}", f.seconds),
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# TYPE {name} {kind}\n# HELP {name} {help}.");
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        for f in figures {
+            let _ = writeln!(
+                out,
+                "{name}{suffix}{{export=\"{}\"}} {}",
+                encode::escape_label(&f.name),
+                value(f)
+            );
+        }
+    }
+}
