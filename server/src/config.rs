@@ -77,6 +77,11 @@ pub struct Config {
     /// tables); see deploy/README.md.
     #[serde(rename = "export")]
     pub exports: Vec<crate::export::ExportConfig>,
+    /// How often the fill level of every exposed map (entries, max_entries,
+    /// memory) is read for the metrics listener; counting entries walks
+    /// each map. "0s": never.
+    #[serde(with = "humantime_serde")]
+    pub map_pressure_interval: Duration,
     /// What the configuration file spelled in a deprecated way, to warn of
     /// once logging is on.
     #[serde(skip)]
@@ -251,6 +256,7 @@ impl Default for Config {
             types: Vec::new(),
             drain: DrainConfig::default(),
             exports: Vec::new(),
+            map_pressure_interval: Duration::from_secs(60),
             deprecated: Vec::new(),
         }
     }

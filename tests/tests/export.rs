@@ -128,10 +128,30 @@ async fn exports_serve_a_map_exactly_and_forget_entries_that_are_gone() {
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         types: vec![types()],
         exports: exports(),
+        map_pressure_interval: Duration::from_millis(200),
         ..Daemon::config(fs.path(), state.path())
     })
     .await;
     let addr = daemon.running.metrics_addr().unwrap();
+    // Map pressure, without a table: entries, max_entries, memory.
+    let mut pressure = Vec::new();
+    for _ in 0..50 {
+        let (_, om) = scrape_as(addr, "application/openmetrics-text").await;
+        pressure = samples(&om, "bpfmapd_map_");
+        if !pressure.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let labels = "{map=\"t/flows\",name=\"test\",type=\"hash\"}";
+    assert_eq!(pressure[0], format!("bpfmapd_map_entries{labels} 3"), "{pressure:?}");
+    assert_eq!(pressure[1], format!("bpfmapd_map_max_entries{labels} 64"));
+    let memory: u64 = pressure[2]
+        .strip_prefix(&format!("bpfmapd_map_memory_bytes{labels} "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(memory > 0, "{pressure:?}");
     let (content_type, om) = scrape_as(addr, "application/openmetrics-text;version=1.0.0").await;
     assert!(content_type.starts_with("application/openmetrics-text"));
     assert!(om.ends_with("# EOF\n"));

@@ -12,7 +12,7 @@ use crate::{
     calls::{Calls, blocking},
     dump::Dumps,
     error::Error,
-    model::{Caller, MapRequest, Operation, Rpc},
+    model::{Caller, Identity, MapRequest, Operation, Rpc},
     query::{AggregateError, Filter, QueryError, Spec},
 };
 
@@ -32,7 +32,12 @@ pub(crate) async fn run(
     let call = (Operation::Aggregate, Rpc::AggregateMap);
     let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
-    let slot = dumps.env.slots.try_acquire(caller)?;
+    // The daemon's own walks (exports, map pressure: one at a time per
+    // export) take no dump slot from the callers.
+    let slot = match caller.identity {
+        Identity::Daemon => None,
+        _ => Some(dumps.env.slots.try_acquire(caller)?),
+    };
     let _trim = dumps.trimmer.enter();
     let opened = calls.open(caller, call, (map, &declared), true).await?;
     let shown = calls.layout(&opened, &req.render, true)?;

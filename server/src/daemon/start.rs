@@ -342,7 +342,13 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     )?);
     let metrics_addr = match config.metrics_listen {
         Some(listen) => {
-            let exports = (!config.exports.is_empty()).then(|| exporter.clone());
+            if !config.map_pressure_interval.is_zero() {
+                exporter.spawn_pressure(
+                    config.map_pressure_interval,
+                    stopping.stop_dumps.subscribe(),
+                );
+            }
+            let exports = Some(exporter.clone());
             Some(serve_metrics(listen, (&core.metrics, exports), &stopping).await?)
         }
         None => None,

@@ -6,12 +6,18 @@
 //! walk at a time per export, whoever scrapes), so series of entries that
 //! are gone disappear at the next scan. Each export keeps its largest
 //! `max_series` series; what it dropped, how long its scans take and
-//! whether they fail are metrics of their own.
+//! whether they fail are metrics of their own. The fill level of every
+//! exposed map (map pressure) is served with them (`pressure`).
 
 mod config;
 mod encode;
+mod pressure;
 
-use std::{fmt::Write as _, sync::Arc, time::Instant};
+use std::{
+    fmt::Write as _,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use bpfmap_proto::v1 as pb;
 
@@ -45,6 +51,7 @@ struct Inner {
     dumps: Dumps,
     max_groups: usize,
     exports: arc_swap::ArcSwap<Vec<Arc<Export>>>,
+    pressure: pressure::Pressure,
 }
 
 /// One export and its last scan.
@@ -93,6 +100,7 @@ impl Exporter {
                 dumps,
                 max_groups,
                 exports: Default::default(),
+                pressure: Default::default(),
             }),
         };
         exporter.replace(configs)?;
@@ -148,7 +156,14 @@ impl Exporter {
         if !figures.is_empty() {
             write_figures(&mut out, &figures);
         }
+        self.inner.pressure.write(&mut out);
         out
+    }
+
+    /// Reads the fill level of every exposed map every `every` (the first
+    /// reading now), for the scrapes, until `stop`.
+    pub(crate) fn spawn_pressure(&self, every: Duration, stop: tokio::sync::watch::Receiver<bool>) {
+        pressure::Pressure::spawn(self.inner.clone(), every, stop);
     }
 }
 
