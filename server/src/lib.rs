@@ -61,7 +61,7 @@ pub use access::RuleConfig;
 pub use config::{Args, Config, DrainConfig, Limits, LogFormat};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
-pub use export::{Buckets, ExportConfig, ExportConfigError, ExportKind};
+pub use export::{Buckets, Decoder, ExportConfig, ExportConfigError, ExportKind};
 pub use maps::{
     Demo, RenderConfig, TypesConfig, btf, flow_key, flow_types, flow_value, typed_flows,
 };

@@ -489,3 +489,32 @@ fn the_configmap_holds_a_config_the_daemon_accepts_and_the_daemonset_matches() {
         assert!(!ds.contains(forbidden), "{forbidden}");
     }
 }
+
+#[test]
+fn the_export_examples_are_configurations_the_daemon_accepts() {
+    let dir = repo("deploy/exports");
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let toml =
+            format!("roots = [\"/sys/fs/bpf\"]\nmetrics_listen = \"127.0.0.1:9464\"\n{text}");
+        let config = bpfmapd::Config::from_toml(&toml)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        config
+            .validate()
+            .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        assert!(!config.exports.is_empty(), "{}", path.display());
+        seen.push(path.file_name().unwrap().to_string_lossy().into_owned());
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "cilium.toml",
+            "runqlat.toml",
+            "syscount.toml",
+            "xdp-filter.toml"
+        ]
+    );
+}

@@ -144,7 +144,11 @@ async fn exports_serve_a_map_exactly_and_forget_entries_that_are_gone() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let labels = "{map=\"t/flows\",name=\"test\",type=\"hash\"}";
-    assert_eq!(pressure[0], format!("bpfmapd_map_entries{labels} 3"), "{pressure:?}");
+    assert_eq!(
+        pressure[0],
+        format!("bpfmapd_map_entries{labels} 3"),
+        "{pressure:?}"
+    );
     assert_eq!(pressure[1], format!("bpfmapd_map_max_entries{labels} 64"));
     let memory: u64 = pressure[2]
         .strip_prefix(&format!("bpfmapd_map_memory_bytes{labels} "))

@@ -217,11 +217,10 @@ async fn metrics_count_exactly_the_work_done() {
     assert_eq!(m.get("bpfmapd_streams_active", &[]), 0.0);
     // No label of the calls' metrics carries an identity, a map or a key
     // (map pressure names each map: that is what it is about).
-    let calls: String = m
-        .0
-        .lines()
-        .filter(|l| !l.starts_with("bpfmapd_map_"))
-        .collect();
+    let calls: String =
+        m.0.lines()
+            .filter(|l| !l.starts_with("bpfmapd_map_"))
+            .collect();
     for forbidden in ["demo/", "anonymous", "127.0.0.1"] {
         assert!(!calls.contains(forbidden), "{forbidden} in\n{}", m.0);
     }

@@ -623,3 +623,122 @@ async fn xdp_stats_deltas_of_anonymous_unions(daemon: &Daemon, net: &VethPair) {
     }
     panic!("per-CPU sums differ from bpftool's: {last:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn syscount_and_runqlat_maps_become_metrics_with_configuration_alone() {
+    use bpfmapd::{Buckets, Decoder, ExportConfig, ExportKind};
+    let (syscount, runqlat) = (
+        require("syscount", "libbpf-tools"),
+        require("runqlat", "libbpf-tools"),
+    );
+    mount_tracefs();
+    let mut sc = Program::start(&syscount, &["-d", "120"], &[]);
+    let mut rq = Program::start(&runqlat, &["60", "2"], &[]);
+    let mut calls = ExportConfig::new(
+        format!("name:data@{}", sc.pid()),
+        "syscount_calls_total",
+        ExportKind::Counter,
+    );
+    calls.value = Some("value.count".into());
+    calls.labels = vec!["syscall=key".into()];
+    calls.decode = [("key".to_owned(), Decoder::Named("syscall".into()))].into();
+    calls.min_interval = Duration::from_millis(200);
+    let mut latency = ExportConfig::new(
+        format!("name:hists@{}", rq.pid()),
+        "runq_latency_usecs",
+        ExportKind::Histogram,
+    );
+    latency.value = Some("value.slots".into());
+    latency.buckets = Some(Buckets::Exp2);
+    latency.min_interval = Duration::from_millis(200);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        allow_by_id: true,
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        exports: vec![calls, latency],
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    let sc_maps = maps_of(&client, sc.pid(), &["data"]).await;
+    let rq_maps = maps_of(&client, rq.pid(), &["hists"]).await;
+    let addr = daemon.running.metrics_addr().unwrap();
+    // Both exports answer once the tools have counted something.
+    let text = wait_for(
+        Duration::from_secs(30),
+        "both exports' series",
+        async || {
+            let m = metrics::try_scrape(addr).await.ok()?;
+            let ready = m.0.contains("syscount_calls_total{syscall=\"")
+                && m.sum("runq_latency_usecs_count", &[]) > 0.0;
+            ready.then_some(m.0)
+        },
+    )
+    .await;
+    sc.check_running();
+    rq.check_running();
+    // Every syscall by its name, and no more calls than the map holds
+    // after the scrape.
+    let mut exported = 0u64;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("syscount_calls_total{"))
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let name = series
+            .strip_prefix("syscount_calls_total{syscall=\"")
+            .and_then(|s| s.strip_suffix("\"}"))
+            .unwrap();
+        assert!(
+            !name.is_empty() && !name.chars().all(|c| c.is_ascii_digit()),
+            "a syscall not decoded: {line}"
+        );
+        exported += value.parse::<u64>().unwrap();
+    }
+    let held: u64 = dumped_sum(&client, &sc_maps["data"], "value.count").await;
+    assert!(
+        exported > 0 && exported <= held,
+        "exported {exported}, the map holds {held}"
+    );
+    // The histogram's count is what its slots held at the scrape.
+    let count: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("runq_latency_usecs_count "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let held: u64 = dumped_slots(&client, &rq_maps["hists"]).await;
+    assert!(
+        count > 0 && count <= held,
+        "exported {count}, the map holds {held}"
+    );
+}
+
+/// The sum of `member` over a map's entries, through AggregateMap.
+async fn dumped_sum(client: &Client, map: &MapInfo, member: &str) -> u64 {
+    let options = bpfmap_client::AggregateOptions::default()
+        .with_aggregate(bpfmap_client::Aggregate::sum(member));
+    let result = client.aggregate(&map.map_name(), options).await.unwrap();
+    result.groups()[0].values()[0].unwrap() as u64
+}
+
+/// The sum of every slot of runqlat's histograms (`struct hist { __u32
+/// slots[N]; char comm[16]; }`), through AggregateMap.
+async fn dumped_slots(client: &Client, map: &MapInfo) -> u64 {
+    let slots = (map.value_size() as usize - 16) / 4;
+    let mut total = 0u64;
+    for chunk in (0..slots).collect::<Vec<_>>().chunks(16) {
+        let mut options = bpfmap_client::AggregateOptions::default();
+        for i in chunk {
+            options =
+                options.with_aggregate(bpfmap_client::Aggregate::sum(format!("value.slots[{i}]")));
+        }
+        let result = client.aggregate(&map.map_name(), options).await.unwrap();
+        total += result.groups()[0]
+            .values()
+            .iter()
+            .map(|v| v.unwrap() as u64)
+            .sum::<u64>();
+    }
+    total
+}

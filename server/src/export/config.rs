@@ -34,6 +34,11 @@ pub struct ExportConfig {
     /// `[[render]]` tables.
     #[serde(default)]
     pub render: BTreeMap<String, String>,
+    /// Label members decoded from numbers (by member path, as in
+    /// `labels`): `syscall`, `ifname`, `ksym`, `cgroup`, or a table of
+    /// values (`{ "1" = "drop" }`).
+    #[serde(default)]
+    pub decode: BTreeMap<String, super::decode::Decoder>,
     /// Only the entries for which this CEL expression is true.
     #[serde(default)]
     pub filter: String,
@@ -71,6 +76,7 @@ impl ExportConfig {
             value: None,
             labels: Vec::new(),
             render: BTreeMap::new(),
+            decode: BTreeMap::new(),
             filter: String::new(),
             buckets: None,
             bucket_width: one(),
@@ -199,6 +205,16 @@ fn check_one(e: &ExportConfig) -> Result<Checked, String> {
             ));
         }
         labels.push((name, path));
+    }
+    for (path, decoder) in &e.decode {
+        if !labels.iter().any(|(_, p)| p == path) {
+            return Err(format!(
+                "decode names {path:?}, which is not one of the labels"
+            ));
+        }
+        decoder
+            .check()
+            .map_err(|why| format!("decode {path:?}: {why}"))?;
     }
     Ok(Checked {
         config: e.clone(),

@@ -10,6 +10,7 @@
 //! exposed map (map pressure) is served with them (`pressure`).
 
 mod config;
+mod decode;
 mod encode;
 mod pressure;
 
@@ -30,6 +31,7 @@ use crate::{
 };
 
 pub use config::{Buckets, ExportConfig, ExportConfigError, ExportKind};
+pub use decode::Decoder;
 pub(crate) use encode::to_text_format;
 
 use config::Checked;
@@ -236,6 +238,7 @@ impl Export {
             (_, None) => vec![vec![count()]],
         };
         let mut merged: Vec<(Vec<u8>, Vec<String>, Vec<i128>)> = Vec::new();
+        let mut lookups = decode::Lookups::default();
         let mut dropped = 0;
         for aggregates in plans {
             let histogram = c.config.kind == ExportKind::Histogram;
@@ -248,7 +251,7 @@ impl Export {
                 match merged.get_mut(i) {
                     Some(m) if m.0 == g.key_bytes => m.2.extend(values),
                     None if known == i => {
-                        let labels = self.labels_of(&g);
+                        let labels = self.labels_of(&g, &mut lookups);
                         merged.push((g.key_bytes, labels, values));
                     }
                     _ => {
@@ -327,17 +330,22 @@ impl Export {
         }
     }
 
-    /// A group's label values, in the export's label order.
-    fn labels_of(&self, g: &pb::Group) -> Vec<String> {
+    /// A group's label values, in the export's label order, decoded as
+    /// the table says.
+    fn labels_of(&self, g: &pb::Group, lookups: &mut decode::Lookups) -> Vec<String> {
         let fields = g.key.as_ref().map(|k| &k.fields);
         self.checked
             .labels
             .iter()
             .map(|(_, path)| {
-                fields
+                let value = fields
                     .and_then(|f| f.get(path))
                     .map(label_value)
-                    .unwrap_or_default()
+                    .unwrap_or_default();
+                match self.checked.config.decode.get(path) {
+                    Some(decoder) => lookups.decode(decoder, &value),
+                    None => value,
+                }
             })
             .collect()
     }

@@ -24,6 +24,9 @@ struct Level {
     entries: Option<u64>,
 }
 
+/// One of the pressure families: name, help, each map's value.
+type LevelFamily = (&'static str, &'static str, fn(&Level) -> Option<u64>);
+
 /// The last reading of every map.
 #[derive(Debug, Default)]
 pub(super) struct Pressure {
@@ -59,7 +62,7 @@ impl Pressure {
         if levels.is_empty() {
             return;
         }
-        let families: [(&str, &str, fn(&Level) -> Option<u64>); 3] = [
+        let families: [LevelFamily; 3] = [
             (
                 "bpfmapd_map_entries",
                 "Entries in the map, at the last reading",
