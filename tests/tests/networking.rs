@@ -1127,3 +1127,67 @@ async fn renderings_that_do_not_fit_are_refused_naming_the_member() {
     assert_eq!(out, "");
     daemon.stop().await;
 }
+
+/// The export examples of deploy/exports/, as an operator would copy them,
+/// over these maps: Cilium's connection tracking by destination and
+/// protocol, and xdp-filter's statistics by action (its map pinned here
+/// under tc/globals).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_export_examples_read_cilium_and_xdp_stats_maps() {
+    let fs = BpfFs::new();
+    let _maps = load(fs.path());
+    let state = tempfile::tempdir().unwrap();
+    let example = |file: &str| {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/exports/").to_owned() + file;
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = text.replace("xdp-filter/xdp_stats_map", XDP_STATS);
+        let toml = format!("roots = [\"/sys/fs/bpf\"]\n{text}");
+        bpfmapd::Config::from_toml(&toml).unwrap().exports
+    };
+    let mut exports = example("cilium.toml");
+    exports.extend(example("xdp-filter.toml"));
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        exports,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let m = metrics::scrape(daemon.running.metrics_addr().unwrap()).await;
+    let lines = |family: &str| -> Vec<String> {
+        m.0.lines()
+            .filter(|l| l.starts_with(family))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(
+        lines("cilium_ct_bytes_total{"),
+        ["cilium_ct_bytes_total{daddr=\"10.0.0.1\",proto=\"tcp\"} 15000"]
+    );
+    assert_eq!(
+        lines("cilium_ct_connections{"),
+        ["cilium_ct_connections{proto=\"tcp\"} 1"]
+    );
+    // Packets of every CPU summed: CPU i counted i + 1.
+    let n = cpus() as u64;
+    let pass = n * (n + 1) / 2;
+    let packets = lines("xdp_filter_packets_total{");
+    assert!(
+        packets.contains(&format!(
+            "xdp_filter_packets_total{{action=\"pass\"}} {pass}"
+        )),
+        "{packets:?}"
+    );
+    assert!(
+        packets.contains(&"xdp_filter_packets_total{action=\"drop\"} 0".to_owned()),
+        "{packets:?}"
+    );
+    assert!(
+        lines("xdp_filter_bytes_total{").contains(&format!(
+            "xdp_filter_bytes_total{{action=\"pass\"}} {}",
+            pass * 100
+        )),
+        "{}",
+        m.0
+    );
+    daemon.stop().await;
+}
