@@ -236,6 +236,16 @@ async fn exports_serve_a_map_exactly_and_forget_entries_that_are_gone() {
     update(&map, &key([10, 0, 0, 3], 22), &value(1, 1, [0, 0, 0, 0]));
     let (_, soon) = scrape_as(addr, "application/openmetrics-text").await;
     assert!(!soon.contains("10.0.0.3"), "{soon}");
+    // A scrape whose deadline (Prometheus' header) leaves no time to walk
+    // is served the last walk.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let hurried = "application/openmetrics-text\r\nX-Prometheus-Scrape-Timeout-Seconds: 0.000001";
+    let (_, hurried) = scrape_as(addr, hurried).await;
+    assert!(!hurried.contains("10.0.0.3"), "{hurried}");
+    assert!(
+        hurried.contains("flows_bytes_total{dst=\"10.0.0.1\"} 1000\n"),
+        "{hurried}"
+    );
     // A bad table at a reload is refused, the exports in force stay.
     let mut bad = daemon.config.clone();
     bad.exports[0].buckets = Some(Buckets::Exp2);

@@ -133,13 +133,14 @@ impl Exporter {
     }
 
     /// Every export's families, then the exports' own figures, in
-    /// OpenMetrics text (no `# EOF`).
-    pub(crate) async fn encode(&self) -> String {
+    /// OpenMetrics text (no `# EOF`); walks end by `deadline` (the
+    /// scraper's), the exports not walked by then served their last walk.
+    pub(crate) async fn encode(&self, deadline: Option<Instant>) -> String {
         let exports = self.inner.exports.load_full();
         let mut out = String::new();
         let mut figures = Vec::new();
         for e in exports.iter() {
-            let (series, f) = e.current(&self.inner).await;
+            let (series, f) = e.current(&self.inner, deadline).await;
             let c = &e.checked;
             Family {
                 name: &c.family,
@@ -172,26 +173,48 @@ impl Exporter {
 impl Export {
     /// The series of the last scan, scanning again first when it is older
     /// than `min_interval`.
-    async fn current(&self, inner: &Inner) -> (Arc<Vec<Series>>, Figures) {
+    /// The series of the last scan, scanning again first when it is older
+    /// than `min_interval` and the scrape's `deadline` leaves time for it:
+    /// a walk cut by the scrape's deadline leaves the last series served.
+    async fn current(
+        &self,
+        inner: &Inner,
+        deadline: Option<Instant>,
+    ) -> (Arc<Vec<Series>>, Figures) {
         let config = &self.checked.config;
         let mut last = self.last.lock().await;
         let fresh = last.at.is_some_and(|at| at.elapsed() < config.min_interval);
-        if !fresh {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if !fresh && left.is_none_or(|l| !l.is_zero()) {
+            let budget = left.map_or(config.timeout, |l| l.min(config.timeout));
             let started = Instant::now();
-            let outcome = tokio::time::timeout(config.timeout, self.scan(inner)).await;
-            last.at = Some(Instant::now());
+            let outcome = tokio::time::timeout(budget, self.scan(inner)).await;
             last.scans += 1;
             last.seconds = started.elapsed().as_secs_f64();
             match outcome {
                 Ok(Ok((series, dropped))) => {
+                    last.at = Some(Instant::now());
                     last.series = Arc::new(series);
                     last.dropped += dropped;
                 }
-                Ok(Err(e)) => self.failed(&mut last, &e.to_string()),
-                Err(_) => self.failed(
-                    &mut last,
-                    &format!("the scan took longer than {:?}", config.timeout),
-                ),
+                Ok(Err(e)) => {
+                    last.at = Some(Instant::now());
+                    self.failed(&mut last, &e.to_string());
+                }
+                Err(_) if budget < config.timeout => {
+                    last.failures += 1;
+                    tracing::warn!(
+                        export = %self.checked.family,
+                        "export: the scrape's deadline cut the walk; the last series are served"
+                    );
+                }
+                Err(_) => {
+                    last.at = Some(Instant::now());
+                    self.failed(
+                        &mut last,
+                        &format!("the scan took longer than {:?}", config.timeout),
+                    );
+                }
             }
         }
         let figures = Figures {

@@ -282,11 +282,11 @@ const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 async fn exposition(
     metrics: &Metrics,
     exports: Option<&crate::export::Exporter>,
-    accept: &str,
+    (accept, deadline): (&str, Option<std::time::Instant>),
 ) -> (&'static str, String) {
     let mut body = metrics.encode();
     if let Some(exports) = exports {
-        let families = exports.encode().await;
+        let families = exports.encode(deadline).await;
         let at = body.rfind("# EOF").unwrap_or(body.len());
         body.insert_str(at, &families);
     }
@@ -295,6 +295,21 @@ async fn exposition(
     } else {
         (TEXT_FORMAT, crate::export::to_text_format(&body))
     }
+}
+
+/// When a scrape must be answered: 90 % of the time Prometheus gives it
+/// (`X-Prometheus-Scrape-Timeout-Seconds`), if it says.
+fn deadline_of<B>(req: &hyper::Request<B>) -> Option<std::time::Instant> {
+    let seconds: f64 = req
+        .headers()
+        .get("x-prometheus-scrape-timeout-seconds")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let budget = Duration::try_from_secs_f64(seconds * 0.9).ok()?;
+    std::time::Instant::now().checked_add(budget)
 }
 
 /// Serves `GET /metrics` on `listener` (HTTP/1.1, plaintext) until `stop`:
@@ -331,7 +346,8 @@ pub(crate) async fn serve(
                             .and_then(|v| v.to_str().ok())
                             .unwrap_or("");
                         let (content_type, body) =
-                            exposition(&metrics, exports.as_ref(), accept).await;
+                            exposition(&metrics, exports.as_ref(), (accept, deadline_of(&req)))
+                                .await;
                         Response::builder()
                             .header("content-type", content_type)
                             .body(Full::new(bytes::Bytes::from(body)))
