@@ -806,9 +806,10 @@ async fn the_demo_flows_read_as_typed_json_in_grpcurl_and_bpfmapctl() {
         .filter_map(|d| d["entries"].as_array())
         .flatten()
         .collect();
-    // A dump stops before a hash bucket that would overshoot its limit: the
-    // demo's flows collide, so a limit of 2 may give 1.
-    assert!(matches!(entries.len(), 1 | 2), "{out}");
+    // A dump stops before a hash bucket that would overshoot its limit, and
+    // exceeds it only when its first bucket holds more: the demo's flows
+    // collide, so a limit of 2 may give 1, or the whole first bucket.
+    assert!(!entries.is_empty(), "{out}");
     let summary = docs.iter().find_map(|d| d.get("summary")).unwrap();
     assert_eq!(
         summary["entries"],

@@ -456,6 +456,10 @@ impl<O: MapOps> Walker<O> {
         (res, raw, out_batch)
     }
 
+    /// Up to this batch size, a batch too small for the next bucket grows by
+    /// one entry at a time (beyond, it doubles).
+    const SMALL_BUCKET: u32 = 64;
+
     /// What to do after a batch call that failed with `e` having copied
     /// `count` entries: `n`, the batch size, grows on ENOSPC up to `cap`.
     fn after_batch_error(
@@ -478,7 +482,18 @@ impl<O: MapOps> Walker<O> {
                         _ => Err(WalkError::BucketTooLarge { tried: *n }),
                     });
                 }
-                *n = n.saturating_mul(2).min(ceiling);
+                // One more at a time while buckets are small (the kernel
+                // does not say how big the bucket is): the batch that
+                // fits then holds that bucket alone, so that a call with a
+                // limit exceeds it by no more than the first bucket's
+                // excess. Doubling beyond, for buckets of many colliding
+                // keys.
+                *n = if *n < Self::SMALL_BUCKET {
+                    *n + 1
+                } else {
+                    n.saturating_mul(2)
+                }
+                .min(ceiling);
                 self.stats.enospc += 1;
                 self.min_batch = *n;
                 AfterError::Retry
@@ -753,10 +768,10 @@ mod tests {
         assert!(w.next_chunk(1).unwrap().is_none());
         let calls = fake.calls();
         let token = Some(3u32.to_le_bytes().to_vec());
-        // Same token each time, with count 1, 2, 4; then back to the hint.
+        // Same token each time, with count 1, 2, 3; then back to the hint.
         assert_eq!(
             calls[..3],
-            [(token.clone(), 1), (token.clone(), 2), (token, 4)]
+            [(token.clone(), 1), (token.clone(), 2), (token, 3)]
         );
         assert_eq!(calls[3], (Some(4u32.to_le_bytes().to_vec()), 1));
     }
@@ -776,7 +791,8 @@ mod tests {
     #[test]
     fn enospc_forever_is_an_error_not_a_loop() {
         let fake = Fake::default();
-        for _ in 0..16 {
+        // One more at a time up to 64, then doubling to the ceiling.
+        for _ in 0..(64 - 8) + 16 {
             fake.push(&[], 0, Err(libc::ENOSPC));
         }
         let mut w = Walker::new(&fake, hash_meta(), Position::Start).unwrap();
