@@ -78,7 +78,7 @@ async fn big_map() {
     let path = fs.path().join("bench/flows");
     for (name, labels, max_series) in [
         (
-            "by destination and protocol (500 series)",
+            "by destination and protocol",
             &["key.daddr", "key.proto"][..],
             1000,
         ),
