@@ -283,35 +283,15 @@ fn base64_decode(s: &str) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dump_cut_when_its_relay_is_killed_resumes_on_another_relay() {
     let hosts = hosts(4, 300).await;
-    let targets: Vec<String> = hosts.iter().map(target_of).collect();
-    let (state, work) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let start = |port_of: &str| {
-        let addr = process::free_addr("127.0.0.1");
-        let config = work.path().join(format!("relay-{port_of}.toml"));
-        let targets: Vec<Json> = targets.iter().map(|t| json!(t)).collect();
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
-                state.path().display(),
-                Json::Array(targets)
-            ),
-        )
-        .unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        (child, addr)
-    };
-    let (mut a, addr_a) = start("a");
+    let dir = tempfile::tempdir().unwrap();
+    let addr_a = process::free_addr("127.0.0.1");
+    let a = relay_process(&hosts, dir.path(), addr_a);
     let mut c = wait_connect(addr_a).await;
     let first = read(&mut c, dump_request(32, ""), 6).await;
-    a.kill().unwrap();
-    a.wait().unwrap();
-    let (mut b, addr_b) = start("b");
+    drop(a);
+    // Another relay process, sharing the first's cursor key.
+    let addr_b = process::free_addr("127.0.0.1");
+    let _b = relay_process(&hosts, dir.path(), addr_b);
     let mut c = wait_connect(addr_b).await;
     let rest = read(
         &mut c,
@@ -319,13 +299,36 @@ async fn a_dump_cut_when_its_relay_is_killed_resumes_on_another_relay() {
         usize::MAX,
     )
     .await;
-    b.kill().unwrap();
-    b.wait().unwrap();
     let mut both = first.entries.clone();
     for (t, e) in rest.entries {
         both.entry(t).or_default().extend(e);
     }
     assert_exactly(&hosts, &both);
+}
+
+/// A relay process (`test-bpfmap-relay`) over `hosts`, listening on
+/// `addr`, its configuration and state (the cursor key) in `dir`: killed
+/// when dropped.
+fn relay_process(hosts: &[Host], dir: &std::path::Path, addr: SocketAddr) -> Reaped {
+    let targets: Vec<Json> = hosts.iter().map(|h| json!(target_of(h))).collect();
+    let config = dir.join(format!("relay-{}.toml", addr.port()));
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
+            dir.display(),
+            Json::Array(targets)
+        ),
+    )
+    .unwrap();
+    Reaped(
+        std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// A client of the relay at `addr`, once it listens.
@@ -951,42 +954,25 @@ async fn bpfmapctl_through_the_relay_prints_what_direct_fan_out_prints() {
 async fn a_caller_that_reads_slowly_holds_the_relay_to_its_bounds() {
     const ENTRIES: u64 = 400_000;
     let hosts = hosts(4, ENTRIES).await;
-    let targets: Vec<Json> = hosts.iter().map(|h| json!(target_of(h))).collect();
     let work = tempfile::tempdir().unwrap();
     let addr = process::free_addr("127.0.0.1");
-    let config = work.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
-            work.path().display(),
-            Json::Array(targets)
-        ),
-    )
-    .unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
-        .arg("--config")
-        .arg(&config)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = relay_process(&hosts, work.path(), addr);
     let mut c = wait_connect(addr).await.max_decoding_message_size(64 << 20);
-    let (_, before) = bpfmap_tests::fleet::memory_mib_of(child.id());
+    let (_, before) = bpfmap_tests::fleet::memory_mib_of(child.0.id());
     // One message, then nothing read for 3 s: the relay stops reading the
     // daemons instead of queueing their entries.
     let mut stream = c.dump_map(dump_request(0, "")).await.unwrap().into_inner();
     let mut got = Delivered::default();
     got.add(stream.message().await.unwrap().unwrap());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (stalled, _) = bpfmap_tests::fleet::memory_mib_of(child.id());
+    let (stalled, _) = bpfmap_tests::fleet::memory_mib_of(child.0.id());
     let mut bytes = 0usize;
     while let Some(msg) = stream.message().await.unwrap() {
         bytes += prost::Message::encoded_len(&msg);
         got.add(msg);
     }
-    let (_, peak) = bpfmap_tests::fleet::memory_mib_of(child.id());
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let (_, peak) = bpfmap_tests::fleet::memory_mib_of(child.0.id());
+    drop(child);
     assert_exactly(&hosts, &got.entries);
     let sent = bytes as f64 / (1 << 20) as f64;
     println!(
@@ -1067,29 +1053,9 @@ async fn the_library_resumes_a_dump_through_a_relay_that_restarts() {
     use bpfmap_client::{ConnectOptions, DumpOptions, Fleet, FleetDumpOptions, FleetEvent};
     use futures::StreamExt as _;
     let hosts = hosts(3, 100_000).await;
-    let targets: Vec<Json> = hosts.iter().map(|h| json!(target_of(h))).collect();
     let work = tempfile::tempdir().unwrap();
     let addr = process::free_addr("127.0.0.1");
-    let config = work.path().join("relay.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"{addr}\"\nstate_dir = \"{}\"\ntargets = {}\n",
-            work.path().display(),
-            Json::Array(targets)
-        ),
-    )
-    .unwrap();
-    let start = || {
-        Reaped(
-            std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
-                .arg("--config")
-                .arg(&config)
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    };
+    let start = || relay_process(&hosts, work.path(), addr);
     let mut first = Some(start());
     wait_connect(addr).await;
     let fleet = Fleet::via_relay(&format!("http://{addr}"), ConnectOptions::default(), [])
