@@ -160,11 +160,7 @@ fn assert_exactly(hosts: &[Host], got: &PerTarget) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_dump_resumes_from_any_message_with_every_entry_once() {
     let hosts = hosts(3, 400).await;
-    let dead = dead_addr().to_string();
-    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
-    targets.push(dead.clone());
-    let state = tempfile::tempdir().unwrap();
-    let relay = relay(&targets, state.path()).await;
+    let (relay, dead, _, _state) = relay_with_dead(&hosts).await;
     let mut c = client(relay.local_addr()).await;
     let all = read(&mut c, dump_request(64, ""), usize::MAX).await;
     assert_exactly(&hosts, &all.entries);
@@ -219,11 +215,7 @@ async fn grpcurl_gets_the_exact_fleet_top_k_and_the_targets_that_failed() {
             entries,
         });
     }
-    let dead = dead_addr().to_string();
-    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
-    targets.push(dead.clone());
-    let state = tempfile::tempdir().unwrap();
-    let relay = relay(&targets, state.path()).await;
+    let (relay, dead, _, _state) = relay_with_dead(&hosts).await;
     let mut sums: BTreeMap<u64, u64> = BTreeMap::new();
     for h in 0..3u64 {
         for k in 0..50u64 {
@@ -329,6 +321,20 @@ fn relay_process(hosts: &[Host], dir: &std::path::Path, addr: SocketAddr) -> Rea
             .spawn()
             .unwrap(),
     )
+}
+
+/// A relay in this process over `hosts` and an address where nothing
+/// listens: the relay, that address, every target, the relay's state
+/// directory.
+async fn relay_with_dead(
+    hosts: &[Host],
+) -> (bpfmap_relay::Relay, String, Vec<String>, tempfile::TempDir) {
+    let dead = dead_addr().to_string();
+    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
+    targets.push(dead.clone());
+    let state = tempfile::tempdir().unwrap();
+    let relay = relay(&targets, state.path()).await;
+    (relay, dead, targets, state)
 }
 
 /// A client of the relay at `addr`, once it listens.
@@ -781,11 +787,7 @@ async fn run_blocking(mut cmd: std::process::Command) -> std::process::Output {
 async fn a_python_client_dumps_the_fleet_and_resumes_it_with_the_cursor() {
     let python = python_with_grpc();
     let hosts = hosts(3, 300).await;
-    let dead = dead_addr().to_string();
-    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
-    targets.push(dead.clone());
-    let state = tempfile::tempdir().unwrap();
-    let relay = relay(&targets, state.path()).await;
+    let (relay, dead, _, _state) = relay_with_dead(&hosts).await;
     // Stubs generated from the proto, as a user of another language would.
     let stubs = tempfile::tempdir().unwrap();
     let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto");
@@ -852,11 +854,7 @@ async fn a_python_client_dumps_the_fleet_and_resumes_it_with_the_cursor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bpfmapctl_through_the_relay_prints_what_direct_fan_out_prints() {
     let hosts = hosts(3, 50).await;
-    let dead = dead_addr().to_string();
-    let mut targets: Vec<String> = hosts.iter().map(target_of).collect();
-    targets.push(dead.clone());
-    let state = tempfile::tempdir().unwrap();
-    let relay = relay(&targets, state.path()).await;
+    let (relay, dead, targets, _state) = relay_with_dead(&hosts).await;
     let relay_url = format!("http://{}", relay.local_addr());
     let typed = ["--key-type", "__u64", "--value-type", "__u64"];
     let key = format!("{}", 1_000_007u64);
