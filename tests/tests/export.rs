@@ -7,6 +7,7 @@
 use std::{net::SocketAddr, time::Duration};
 
 use bpfmap_tests::*;
+use bpfmap_client::WatchOptions;
 use bpfmapd::{Buckets, ExportConfig, ExportKind};
 
 const MAP: &str = "t/flows";
@@ -266,6 +267,71 @@ async fn exports_serve_a_map_exactly_and_forget_entries_that_are_gone() {
     daemon.running.reload(&fewer).unwrap();
     let (_, om) = scrape_as(addr, "application/openmetrics-text").await;
     assert!(!om.contains("flows_entries"), "{om}");
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_takes_a_watchs_recent_scan_of_its_map_instead_of_walking_it() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let map = create_map(MapType::HASH, 8, 48, 64);
+    fs.pin(&map, MAP);
+    update(&map, &key([10, 0, 0, 1], 443), &value(5, 1000, [0; 4]));
+    let mut bytes = exports().swap_remove(0);
+    bytes.min_interval = Duration::from_secs(600);
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        types: vec![types()],
+        exports: vec![bytes],
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let addr = daemon.running.metrics_addr().unwrap();
+    // A watch of the map, scanning every 10 minutes: its first scan now.
+    let client = daemon.client().await;
+    let mut watch = client.watch(
+        &MAP.parse().unwrap(),
+        WatchOptions::default().with_interval(Duration::from_secs(600)),
+    );
+    tokio::time::timeout(Duration::from_secs(20), watch.next_scan())
+        .await
+        .expect("the watch's first scan within 20 s")
+        .expect("the watch goes on");
+    // An entry written after the watch's scan: the export's first scan is
+    // the watch's (within its min_interval), which has not seen it.
+    update(&map, &key([10, 0, 0, 2], 80), &value(1, 7, [0; 4]));
+    let (_, om) = scrape_as(addr, "application/openmetrics-text").await;
+    assert_eq!(
+        samples(&om, "flows_bytes"),
+        ["flows_bytes_total{dst=\"10.0.0.1\"} 1000"],
+        "{om}"
+    );
+    assert!(
+        om.contains("bpfmapd_export_shared_scans_total{export=\"flows_bytes\"} 1\n"),
+        "{om}"
+    );
+    assert!(
+        om.contains("bpfmapd_export_scans_total{export=\"flows_bytes\"} 1\n"),
+        "{om}"
+    );
+    drop(watch);
+    let config = daemon.config.clone();
+    daemon.stop().await;
+
+    // Without a watch, the export walks the map and sees every entry.
+    let daemon = Daemon::start_with(config).await;
+    let addr = daemon.running.metrics_addr().unwrap();
+    let (_, om) = scrape_as(addr, "application/openmetrics-text").await;
+    assert_eq!(
+        samples(&om, "flows_bytes"),
+        [
+            "flows_bytes_total{dst=\"10.0.0.1\"} 1000",
+            "flows_bytes_total{dst=\"10.0.0.2\"} 7"
+        ]
+    );
+    assert!(
+        om.contains("bpfmapd_export_shared_scans_total{export=\"flows_bytes\"} 0\n"),
+        "{om}"
+    );
     daemon.stop().await;
 }
 

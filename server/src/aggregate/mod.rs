@@ -4,16 +4,22 @@
 
 mod walk;
 
-use std::sync::{Arc, atomic::AtomicBool};
+use std::{
+    sync::{Arc, atomic::AtomicBool},
+    time::Instant,
+};
 
+use bpfmap_kernel::MapMeta;
 use bpfmap_proto::v1 as pb;
 
 use crate::{
     calls::{Calls, blocking},
     dump::Dumps,
     error::Error,
+    limits::{Slot, TrimGuard},
     model::{Caller, Identity, MapRequest, Operation, Rpc},
     query::{AggregateError, Filter, QueryError, Spec},
+    watch::Scanner,
 };
 
 use walk::{AggregateWalk, CancelOnDrop};
@@ -22,13 +28,36 @@ use walk::{AggregateWalk, CancelOnDrop};
 /// renderings configured for the map and asked for), its filter, the walk.
 pub(crate) async fn run(
     calls: &Calls,
-    (dumps, max_groups): (&Dumps, usize),
+    dumps: (&Dumps, usize),
     caller: &Caller,
     map: MapRequest,
     req: pb::AggregateMapRequest,
 ) -> Result<pb::AggregateMapResponse, Error> {
+    prepare(calls, dumps, caller, map, req)
+        .await?
+        .run(None)
+        .await
+}
+
+/// An AggregateMap call ready to read its map: its slot taken, its map
+/// opened, its groups and its filter compiled.
+pub(crate) struct Prepared {
+    walk: AggregateWalk,
+    started: Instant,
+    _slot: Option<Slot>,
+    _trim: TrimGuard,
+}
+
+/// Prepares an AggregateMap call (see `run`).
+pub(crate) async fn prepare(
+    calls: &Calls,
+    (dumps, max_groups): (&Dumps, usize),
+    caller: &Caller,
+    map: MapRequest,
+    req: pb::AggregateMapRequest,
+) -> Result<Prepared, Error> {
     calls.accepting()?;
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let call = (Operation::Aggregate, Rpc::AggregateMap);
     let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
@@ -38,7 +67,7 @@ pub(crate) async fn run(
         Identity::Daemon => None,
         _ => Some(dumps.env.slots.try_acquire(caller)?),
     };
-    let _trim = dumps.trimmer.enter();
+    let trim = dumps.trimmer.enter();
     let opened = calls.open(caller, call, (map, &declared), true).await?;
     let shown = calls.layout(&opened, &req.render, true)?;
     let spec = Spec::new(&req, &shown, max_groups).map_err(Error::from)?;
@@ -46,25 +75,49 @@ pub(crate) async fn run(
         "" => None,
         f => Some(Filter::compile(f, &calls.query_layout(&opened)?).map_err(QueryError::Filter)?),
     };
-    let walk = AggregateWalk {
-        map: opened.map,
-        handle: opened.handle,
-        spec,
-        filter,
-        stop: dumps.env.stop.clone(),
-        cancelled: Arc::new(AtomicBool::new(false)),
-        max_cost: dumps.env.max_filter_cost,
-    };
-    let cancelled = CancelOnDrop(walk.cancelled.clone());
-    let (groups, summary) = blocking(move || walk.run()).await?;
-    drop((cancelled, slot));
-    Ok(pb::AggregateMapResponse {
-        groups,
-        summary: Some(pb::AggregateSummary {
-            elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
-            ..summary
-        }),
+    Ok(Prepared {
+        walk: AggregateWalk {
+            map: opened.map,
+            handle: opened.handle,
+            spec,
+            filter,
+            stop: dumps.env.stop.clone(),
+            cancelled: Arc::new(AtomicBool::new(false)),
+            max_cost: dumps.env.max_filter_cost,
+        },
+        started,
+        _slot: slot,
+        _trim: trim,
     })
+}
+
+impl Prepared {
+    /// The map it reads.
+    pub(crate) fn meta(&self) -> &MapMeta {
+        self.walk.handle.meta()
+    }
+
+    /// Walks the map, or groups the entries of `over`'s last scan of it.
+    pub(crate) async fn run(
+        self,
+        over: Option<Arc<Scanner>>,
+    ) -> Result<pb::AggregateMapResponse, Error> {
+        let Self { walk, started, .. } = self;
+        let cancelled = CancelOnDrop(walk.cancelled.clone());
+        let (groups, summary) = blocking(move || match over {
+            Some(scanner) => walk.run_over(&scanner),
+            None => walk.run(),
+        })
+        .await?;
+        drop(cancelled);
+        Ok(pb::AggregateMapResponse {
+            groups,
+            summary: Some(pb::AggregateSummary {
+                elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
+                ..summary
+            }),
+        })
+    }
 }
 
 impl From<AggregateError> for Error {

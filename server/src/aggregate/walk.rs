@@ -11,7 +11,8 @@ use tokio::sync::watch;
 use crate::{
     error::Error,
     model::MapRef,
-    query::{CostMeter, EntryRef, Filter, Spec},
+    query::{CostMeter, EntryRef, Filter, Spec, Table},
+    watch::Scanner,
 };
 
 /// Sets its flag when dropped: the call's future was dropped (the client
@@ -50,12 +51,7 @@ impl AggregateWalk {
         let mut meter = CostMeter::new(self.max_cost);
         let (mut scanned, mut matched) = (0u64, 0u64);
         'walk: loop {
-            if *self.stop.borrow() {
-                return Err(Error::ShuttingDown);
-            }
-            if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(Error::Cancelled);
-            }
+            self.check()?;
             let read_at = std::time::Instant::now();
             let Some(c) = walker
                 .next_chunk(AGGREGATE_READ)
@@ -89,6 +85,48 @@ impl AggregateWalk {
                 break;
             }
         }
+        self.finish(table, (scanned, matched))
+    }
+
+    /// Groups the entries of a watch's last scan of the map instead of
+    /// walking it (blocking).
+    pub(super) fn run_over(
+        self,
+        scanner: &Scanner,
+    ) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
+        self.check()?;
+        let meta = self.handle.meta();
+        let stride = if meta.per_cpu() { meta.cpu_stride() } else { 0 };
+        let mut table = self.spec.table();
+        let mut matched = 0u64;
+        let scanned = scanner.each_entry(|key, value| {
+            let e = EntryRef { key, value, stride };
+            if self.filter.as_ref().is_some_and(|f| !f.matches(&e)) {
+                return true;
+            }
+            matched += 1;
+            table.add(&e)
+        });
+        self.finish(table, (scanned, matched))
+    }
+
+    /// Stops a walk the daemon is shutting down or the client left.
+    fn check(&self) -> Result<(), Error> {
+        if *self.stop.borrow() {
+            return Err(Error::ShuttingDown);
+        }
+        if self.cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Cancelled);
+        }
+        Ok(())
+    }
+
+    /// The groups of `table`, and the walk's summary.
+    fn finish(
+        &self,
+        table: Table<'_>,
+        (scanned, matched): (u64, u64),
+    ) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
         let order_non_negative = self.spec.non_negative_order();
         let (groups, total) = table
             .finish()

@@ -265,9 +265,26 @@ impl Core {
             pool: self.budget.clone(),
             trimmer: trimmer.clone(),
         };
+        let watches = Watches::new(
+            WatchLimits {
+                min_interval: limits.min_watch_interval,
+                max_bytes: limits.max_watch_bytes,
+                history_scans: limits.watch_history_scans,
+                history_bytes: limits.watch_history_bytes,
+                max_watches: limits.max_watches,
+                max_per_identity: limits.max_watches_per_identity,
+                linger: limits.watch_linger,
+                stall_timeout: limits.stall_timeout,
+            },
+            catalog,
+            self.readers.clone(),
+            stopping.draining.subscribe(),
+            self.watch_stats.clone(),
+        );
         let exporter = Exporter::new(
             &config.exports,
             (calls.clone(), dumps.clone(), limits.max_groups),
+            watches.clone(),
         )?;
         let service = MapServiceImpl::new(ServiceParts {
             calls,
@@ -279,22 +296,7 @@ impl Core {
                 limits: self.dump_limits,
             },
             max_groups: limits.max_groups,
-            watches: Watches::new(
-                WatchLimits {
-                    min_interval: limits.min_watch_interval,
-                    max_bytes: limits.max_watch_bytes,
-                    history_scans: limits.watch_history_scans,
-                    history_bytes: limits.watch_history_bytes,
-                    max_watches: limits.max_watches,
-                    max_per_identity: limits.max_watches_per_identity,
-                    linger: limits.watch_linger,
-                    stall_timeout: limits.stall_timeout,
-                },
-                catalog,
-                self.readers.clone(),
-                stopping.draining.subscribe(),
-                self.watch_stats.clone(),
-            ),
+            watches: watches.clone(),
             drains: Drains::new(
                 &config.drain.maps,
                 &config.state_dir,

@@ -4,7 +4,8 @@
 //! member) or the COUNT of entries. A scrape within `min_interval` of the
 //! last scan is served that scan; a later one walks the map again (one
 //! walk at a time per export, whoever scrapes), so series of entries that
-//! are gone disappear at the next scan. Each export keeps its largest
+//! are gone disappear at the next scan. A watch of the same map whose last
+//! scan is that recent serves it instead of a walk. Each export keeps its largest
 //! `max_series` series; what it dropped, how long its scans take and
 //! whether they fail are metrics of their own. The fill level of every
 //! exposed map (map pressure) is served with them (`pressure`).
@@ -28,6 +29,7 @@ use crate::{
     dump::Dumps,
     error::Error,
     model::{Caller, Identity},
+    watch::Watches,
 };
 
 pub use config::{Buckets, ExportConfig, ExportConfigError, ExportKind};
@@ -52,6 +54,7 @@ struct Inner {
     calls: Calls,
     dumps: Dumps,
     max_groups: usize,
+    watches: Arc<Watches>,
     exports: arc_swap::ArcSwap<Vec<Arc<Export>>>,
     pressure: pressure::Pressure,
 }
@@ -70,6 +73,8 @@ struct Last {
     series: Arc<Vec<Series>>,
     dropped: u64,
     scans: u64,
+    /// Scans served by a watch's scan of the same map.
+    shared: u64,
     failures: u64,
     seconds: f64,
 }
@@ -80,6 +85,7 @@ struct Figures {
     series: usize,
     dropped: u64,
     scans: u64,
+    shared: u64,
     failures: u64,
     seconds: f64,
 }
@@ -91,16 +97,19 @@ pub(crate) fn check(exports: &[ExportConfig]) -> Result<(), ExportConfigError> {
 
 impl Exporter {
     /// The exports of `configs` (checked), reading maps through `calls`
-    /// and the dump slots of `dumps`.
+    /// and the dump slots of `dumps`, or taking the last scan of a watch
+    /// of the same map when it is recent enough.
     pub(crate) fn new(
         configs: &[ExportConfig],
         (calls, dumps, max_groups): (Calls, Dumps, usize),
+        watches: Arc<Watches>,
     ) -> Result<Self, ExportConfigError> {
         let exporter = Self {
             inner: Arc::new(Inner {
                 calls,
                 dumps,
                 max_groups,
+                watches,
                 exports: Default::default(),
                 pressure: Default::default(),
             }),
@@ -172,8 +181,6 @@ impl Exporter {
 
 impl Export {
     /// The series of the last scan, scanning again first when it is older
-    /// than `min_interval`.
-    /// The series of the last scan, scanning again first when it is older
     /// than `min_interval` and the scrape's `deadline` leaves time for it:
     /// a walk cut by the scrape's deadline leaves the last series served.
     async fn current(
@@ -192,10 +199,15 @@ impl Export {
             last.scans += 1;
             last.seconds = started.elapsed().as_secs_f64();
             match outcome {
-                Ok(Ok((series, dropped))) => {
+                Ok(Ok(Scanned {
+                    series,
+                    dropped,
+                    shared,
+                })) => {
                     last.at = Some(Instant::now());
                     last.series = Arc::new(series);
                     last.dropped += dropped;
+                    last.shared += u64::from(shared);
                 }
                 Ok(Err(e)) => {
                     last.at = Some(Instant::now());
@@ -222,6 +234,7 @@ impl Export {
             series: last.series.len(),
             dropped: last.dropped,
             scans: last.scans,
+            shared: last.shared,
             failures: last.failures,
             seconds: last.seconds,
         };
@@ -240,9 +253,9 @@ impl Export {
         );
     }
 
-    /// Walks the map: its series (the largest `max_series`), and how many
-    /// it dropped.
-    async fn scan(&self, inner: &Inner) -> Result<(Vec<Series>, u64), Error> {
+    /// Walks the map (or takes a watch's recent scan of it): its series
+    /// (the largest `max_series`), and how many it dropped.
+    async fn scan(&self, inner: &Inner) -> Result<Scanned, Error> {
         let c = &self.checked;
         let value = c.config.value.clone();
         let plans: Vec<Vec<pb::Aggregate>> = match (c.config.kind, value) {
@@ -262,10 +275,11 @@ impl Export {
         };
         let mut merged: Vec<(Vec<u8>, Vec<String>, Vec<i128>)> = Vec::new();
         let mut lookups = decode::Lookups::default();
-        let mut dropped = 0;
+        let (mut dropped, mut shared) = (0, true);
         for aggregates in plans {
             let histogram = c.config.kind == ExportKind::Histogram;
-            let answer = self.walk(inner, aggregates).await?;
+            let (answer, watched) = self.walk(inner, aggregates).await?;
+            shared &= watched;
             let total = answer.summary.map_or(0, |s| s.groups_total);
             dropped = total.saturating_sub(answer.groups.len() as u64);
             for (i, g) in answer.groups.into_iter().enumerate() {
@@ -296,15 +310,21 @@ impl Export {
                 },
             })
             .collect();
-        Ok((series, dropped))
+        Ok(Scanned {
+            series,
+            dropped,
+            shared,
+        })
     }
 
-    /// One AggregateMap walk of the export's map, as the daemon itself.
+    /// One AggregateMap walk of the export's map, as the daemon itself,
+    /// or over the last scan of a watch of the map when that scan started
+    /// within `min_interval` (true then).
     async fn walk(
         &self,
         inner: &Inner,
         aggregates: Vec<pb::Aggregate>,
-    ) -> Result<pb::AggregateMapResponse, Error> {
+    ) -> Result<(pb::AggregateMapResponse, bool), Error> {
         let c = &self.checked;
         let req = pb::AggregateMapRequest {
             map: None,
@@ -320,14 +340,17 @@ impl Export {
             render: c.config.render.clone().into_iter().collect(),
         };
         let caller = exporter_caller();
-        aggregate::run(
+        let prepared = aggregate::prepare(
             &inner.calls,
             (&inner.dumps, inner.max_groups),
             &caller,
             c.map.clone(),
             req,
         )
-        .await
+        .await?;
+        let watched = inner.watches.fresh(prepared.meta(), c.config.min_interval);
+        let shared = watched.is_some();
+        Ok((prepared.run(watched).await?, shared))
     }
 
     /// The number of buckets of a histogram's array member `path`.
@@ -372,6 +395,15 @@ impl Export {
             })
             .collect()
     }
+}
+
+/// What one scan of an export found.
+struct Scanned {
+    series: Vec<Series>,
+    /// Series beyond max_series.
+    dropped: u64,
+    /// Whether a watch's scan served it.
+    shared: bool,
 }
 
 /// Who reads the maps of exports: the daemon itself, which the policy does
@@ -441,10 +473,10 @@ type FigureFamily = (
     fn(&Figures) -> String,
 );
 
-/// The exports' own families: series, dropped series, scans, failures,
-/// scan time.
+/// The exports' own families: series, dropped series, scans, scans a
+/// watch served, failures, scan time.
 fn write_figures(out: &mut String, figures: &[Figures]) {
-    let families: [FigureFamily; 5] = [
+    let families: [FigureFamily; 6] = [
         (
             "bpfmapd_export_series",
             "gauge",
@@ -462,6 +494,12 @@ fn write_figures(out: &mut String, figures: &[Figures]) {
             "counter",
             "Walks of an export's map",
             |f| f.scans.to_string(),
+        ),
+        (
+            "bpfmapd_export_shared_scans",
+            "counter",
+            "Scans of an export served by a watch's scan of the same map within its min_interval",
+            |f| f.shared.to_string(),
         ),
         (
             "bpfmapd_export_scan_failures",

@@ -211,6 +211,25 @@ impl Watches {
         })
     }
 
+    /// A live scanner of kernel map `map_id` (any interval) whose last
+    /// scan started within `max_age` and that still reads the map `meta`
+    /// describes: its state can serve a reader that accepts a scan that
+    /// old instead of walking the map again.
+    pub(crate) fn fresh(
+        &self,
+        meta: &bpfmap_kernel::MapMeta,
+        max_age: Duration,
+    ) -> Option<Arc<Scanner>> {
+        let scanners = self.scanners.lock().expect("scanners");
+        scanners
+            .iter()
+            .filter(|(k, s)| k.map_id == meta.id && s.meta.fingerprint() == meta.fingerprint())
+            .map(|(_, s)| s)
+            .filter(|s| s.last_scan().is_some_and(|at| at.elapsed() <= max_age))
+            .max_by_key(|s| s.last_scan())
+            .cloned()
+    }
+
     /// Forgets a scanner that stopped.
     fn remove(&self, s: &Scanner) {
         let mut scanners = self.scanners.lock().expect("scanners");

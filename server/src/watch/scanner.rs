@@ -207,6 +207,34 @@ impl Scanner {
         self.inner.lock().expect("scanner").failure.clone()
     }
 
+    /// When the last scan started, unless the scanner stopped or has not
+    /// finished a scan.
+    pub(crate) fn last_scan(&self) -> Option<Instant> {
+        let i = self.inner.lock().expect("scanner");
+        if i.stopped || i.failure.is_some() {
+            return None;
+        }
+        i.history.back().map(|s| s.at)
+    }
+
+    /// Calls `each` with every entry of the state as of the last scan
+    /// (blocking: the state is locked meanwhile) until it returns false;
+    /// the number of entries it was given.
+    pub(crate) fn each_entry(&self, mut each: impl FnMut(&[u8], &[u8]) -> bool) -> u64 {
+        let locked = self.state.blocking_lock();
+        let mut n = 0;
+        for slot in 0..locked.state.slots() {
+            let Some((key, value)) = locked.state.get(slot) else {
+                continue;
+            };
+            n += 1;
+            if !each(key, value) {
+                break;
+            }
+        }
+        n
+    }
+
     /// The scans after `revision` up to the latest, or `None` when the
     /// history no longer holds all of them.
     pub(crate) fn scans_after(&self, revision: u64) -> Option<Vec<Arc<Scan>>> {
