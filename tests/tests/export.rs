@@ -6,8 +6,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use bpfmap_tests::*;
 use bpfmap_client::WatchOptions;
+use bpfmap_tests::*;
 use bpfmapd::{Buckets, ExportConfig, ExportKind};
 
 const MAP: &str = "t/flows";

@@ -149,6 +149,12 @@ impl MapHandle {
         crate::holders::memlock(self.fd.as_fd())
     }
 
+    /// Its descriptor's number, for programs that reference the map.
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd as _;
+        self.fd.as_raw_fd()
+    }
+
     /// What the kernel said about the map when it was opened.
     pub fn meta(&self) -> &MapMeta {
         &self.meta

@@ -22,6 +22,7 @@ pub mod fake;
 mod handle;
 pub mod holders;
 mod owned;
+pub mod scan;
 mod sys;
 pub mod walk;
 

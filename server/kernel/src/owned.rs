@@ -89,6 +89,18 @@ impl OwnedMap {
         unsafe { sys::update_elem(self.fd.as_fd(), key, value) }
     }
 
+    /// One element (in the kernel's layout), or `None` when there is none.
+    pub fn lookup(&self, key: &[u8]) -> SysResult<Option<Vec<u8>>> {
+        let mut value = vec![0u8; self.meta.kernel_value_size()];
+        self.check("BPF_MAP_LOOKUP_ELEM", key, &value, 1)?;
+        // SAFETY: the buffers are exactly one key and one element of this map.
+        match unsafe { sys::lookup_elem(self.fd.as_fd(), key, &mut value) } {
+            Ok(()) => Ok(Some(value)),
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Inserts or replaces `keys.len() / key_size` packed elements.
     pub fn update_batch(&self, keys: &[u8], values: &[u8]) -> SysResult<()> {
         let count = keys.len() / (self.meta.key_size as usize).max(1);

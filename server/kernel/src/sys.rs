@@ -828,3 +828,74 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// A program to load: its type, flags, instructions (8 bytes each, in the
+/// kernel's encoding), license, name, and the BTF and function records a
+/// program with callbacks needs.
+pub(super) struct ProgLoad<'a> {
+    pub(super) prog_type: u32,
+    pub(super) flags: u32,
+    pub(super) insns: &'a [u64],
+    pub(super) license: &'a CStr,
+    pub(super) name: &'a str,
+    pub(super) btf: BorrowedFd<'a>,
+    /// (instruction offset, BTF FUNC type id) per function.
+    pub(super) funcs: &'a [[u32; 2]],
+}
+
+/// Bytes of the verifier's log kept when it refuses a program.
+const VERIFIER_LOG: usize = 256 << 10;
+
+/// `BPF_PROG_LOAD`. When the verifier refuses the program, the load is
+/// made again with its log, returned with the error.
+pub(super) fn prog_load(p: &ProgLoad<'_>) -> Result<OwnedFd, (SyscallError, String)> {
+    let load = |log: Option<&mut Vec<u8>>| {
+        let mut attr = zeroed_attr();
+        attr.__bindgen_anon_3.prog_type = p.prog_type;
+        attr.__bindgen_anon_3.prog_flags = p.flags;
+        attr.__bindgen_anon_3.insn_cnt = p.insns.len() as u32;
+        attr.__bindgen_anon_3.insns = ptr(p.insns.as_ptr());
+        attr.__bindgen_anon_3.license = ptr(p.license.as_ptr());
+        attr.__bindgen_anon_3.prog_btf_fd = p.btf.as_raw_fd() as u32;
+        attr.__bindgen_anon_3.func_info_rec_size = 8;
+        attr.__bindgen_anon_3.func_info = ptr(p.funcs.as_ptr());
+        attr.__bindgen_anon_3.func_info_cnt = p.funcs.len() as u32;
+        let mut name = [0 as libc::c_char; 16];
+        for (dst, src) in name.iter_mut().zip(p.name.bytes().take(15)) {
+            *dst = src as libc::c_char;
+        }
+        attr.__bindgen_anon_3.prog_name = name;
+        if let Some(log) = log {
+            attr.__bindgen_anon_3.log_level = 1;
+            attr.__bindgen_anon_3.log_size = log.len() as u32;
+            attr.__bindgen_anon_3.log_buf = ptr(log.as_mut_ptr());
+        }
+        // SAFETY: the instructions, license, function records and log are
+        // live buffers of the sizes given; the kernel only reads the first
+        // three and writes at most log_size bytes of the log.
+        unsafe { bpf("BPF_PROG_LOAD", bpf_cmd::BPF_PROG_LOAD, &mut attr) }
+    };
+    match load(None) {
+        // SAFETY: BPF_PROG_LOAD returns a new descriptor.
+        Ok(ret) => Ok(unsafe { owned_fd(ret) }),
+        Err(e) => {
+            let mut log = vec![0u8; VERIFIER_LOG];
+            // The log's own errors (ENOSPC for a long log) do not matter:
+            // what it holds is kept.
+            let _ = load(Some(&mut log));
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            Err((e, String::from_utf8_lossy(&log[..end]).into_owned()))
+        }
+    }
+}
+
+/// `BPF_PROG_TEST_RUN` of a program that takes no context and no data
+/// (a syscall program): its return value.
+pub(super) fn prog_test_run(fd: BorrowedFd<'_>) -> SysResult<u32> {
+    let mut attr = zeroed_attr();
+    attr.test.prog_fd = fd.as_raw_fd() as u32;
+    // SAFETY: no pointers in the attribute (no context, no data).
+    unsafe { bpf("BPF_PROG_TEST_RUN", bpf_cmd::BPF_PROG_TEST_RUN, &mut attr) }?;
+    // SAFETY: the kernel wrote the return value into the same union member.
+    Ok(unsafe { attr.test.retval })
+}

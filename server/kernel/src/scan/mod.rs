@@ -1,0 +1,284 @@
+//! Scans inside the kernel: a program generated for one map and one
+//! question ([`ScanPlan`]: which entries, grouped how, with which
+//! aggregates), loaded as a syscall program and run once per scan with
+//! `BPF_PROG_TEST_RUN`. It walks the map with `bpf_for_each_map_elem` and
+//! keeps only the answer: its groups in a hash map of its own, its figures
+//! in a one-element array. The verifier checks every program; one it
+//! refuses is reported with its log, and the caller reads the map as
+//! before.
+//!
+//! The walk holds no bucket lock: an entry replaced (deleted and inserted
+//! again) while the scan runs can be missed or seen twice; an entry
+//! updated in place is seen once. Needs Linux 5.13 (syscall programs,
+//! `bpf_for_each_map_elem`) and CAP_BPF.
+
+mod asm;
+mod plan;
+
+use std::{
+    ffi::CStr,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+    sync::OnceLock,
+};
+
+pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, ScanPlan, Side};
+
+use crate::{
+    BtfBuilder, IntEncoding, MapHandle, MapType, OwnedBtf, OwnedMap,
+    drain::Drainer,
+    sys::{self, CreateMap, SyscallError},
+};
+
+const PROG_TYPE_SYSCALL: u32 = 31;
+const BPF_F_SLEEPABLE: u32 = 1 << 4;
+const BPF_F_NO_PREALLOC: u32 = 1;
+const E2BIG: i64 = 7;
+/// The license the generated programs declare (they use no GPL-only
+/// helper).
+const LICENSE: &CStr = c"Apache-2.0";
+
+/// Why a scan cannot run in the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanLoadError {
+    /// The map or the question is beyond what a generated program does.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The verifier refused the program (its log kept).
+    #[error("the kernel's verifier refused the scan program: {error}")]
+    Refused { error: SyscallError, log: String },
+    /// Creating its maps or BTF failed.
+    #[error(transparent)]
+    Sys(#[from] SyscallError),
+}
+
+/// A scan program, loaded for one map.
+#[derive(Debug)]
+pub struct ScanProgram {
+    plan: ScanPlan,
+    prog: OwnedFd,
+    scratch: OwnedMap,
+    /// The groups, and a writable handle to drain them.
+    groups: Option<(OwnedMap, MapHandle)>,
+    /// Instructions, for the figures.
+    insns: usize,
+}
+
+/// One group of a scan: its key, its count, its aggregates' words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanGroup {
+    pub key: Vec<u8>,
+    pub count: u64,
+    pub words: Vec<(u64, u64)>,
+}
+
+/// What one run found.
+#[derive(Debug, Clone, Default)]
+pub struct ScanOutput {
+    /// Entries the walk visited.
+    pub visited: u64,
+    /// Entries the condition took.
+    pub matched: u64,
+    pub groups: Vec<ScanGroup>,
+    /// The groups reached `max_groups` and the walk stopped.
+    pub overflowed: bool,
+}
+
+/// Map types `bpf_for_each_map_elem` walks.
+pub fn walks(map_type: MapType) -> bool {
+    matches!(map_type.0, 1 | 2 | 5 | 6 | 9 | 10)
+}
+
+/// Whether this kernel runs scan programs (checked once, with a program
+/// that counts the entries of a map of its own); the reason when not.
+pub fn supported() -> Result<(), String> {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let map = OwnedMap::new(MapType::HASH, 4, 4, 4, "bpfmapd_probe")
+                .map_err(|e| format!("cannot create a map: {e}"))?;
+            map.update(&1u32.to_ne_bytes(), &[0; 4])
+                .map_err(|e| format!("cannot write a map: {e}"))?;
+            let handle = MapHandle::open_id(map.id())
+                .map_err(|e| format!("cannot open a map by id: {e}"))?;
+            let p = ScanProgram::load(&handle, &ScanPlan::count()).map_err(|e| match e {
+                ScanLoadError::Refused { error, .. } => {
+                    format!("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")
+                }
+                e => e.to_string(),
+            })?;
+            match p.run() {
+                Ok(out) if out.visited == 1 => Ok(()),
+                Ok(out) => Err(format!(
+                    "a scan program counted {} entries of a map of 1",
+                    out.visited
+                )),
+                Err(e) => Err(format!("cannot run a scan program: {e}")),
+            }
+        })
+        .clone()
+}
+
+impl ScanProgram {
+    /// Generates, loads and checks the program of `plan` over `target`.
+    pub fn load(target: &MapHandle, plan: &ScanPlan) -> Result<Self, ScanLoadError> {
+        let meta = target.meta();
+        if !walks(meta.map_type) {
+            return Err(ScanLoadError::Unsupported(format!(
+                "bpf_for_each_map_elem does not walk {} maps",
+                meta.map_type
+            )));
+        }
+        plan.check(
+            meta.key_size as usize,
+            meta.value_size as usize,
+            meta.per_cpu(),
+        )
+        .map_err(ScanLoadError::Unsupported)?;
+        let scratch = OwnedMap::create(&CreateMap {
+            map_type: MapType::ARRAY.0,
+            key_size: 4,
+            value_size: plan.scratch_size() as u32,
+            max_entries: 1,
+            name: "bpfmapd_scan",
+            ..Default::default()
+        })?;
+        let groups = if plan.counts_only() {
+            None
+        } else {
+            let map = OwnedMap::create(&CreateMap {
+                map_type: MapType::HASH.0,
+                key_size: plan.group_key_size() as u32,
+                value_size: plan.group_value_size() as u32,
+                max_entries: plan.max_groups.max(1),
+                flags: BPF_F_NO_PREALLOC,
+                name: "bpfmapd_groups",
+                ..Default::default()
+            })?;
+            let handle = MapHandle::open_id_writable(map.id())
+                .map_err(|e| SyscallError::invalid_input("BPF_MAP_GET_FD_BY_ID", e.to_string()))?;
+            Some((map, handle))
+        };
+        let fds = (
+            target.raw_fd(),
+            groups.as_ref().map(|(m, _)| m.as_fd().as_raw_fd()),
+            scratch.as_fd().as_raw_fd(),
+        );
+        let (insns, callback) = plan
+            .assemble(fds)
+            .map_err(|e| ScanLoadError::Unsupported(e.to_string()))?;
+        let (btf, funcs) = functions(callback as u32)?;
+        let prog = sys::prog_load(&sys::ProgLoad {
+            prog_type: PROG_TYPE_SYSCALL,
+            flags: BPF_F_SLEEPABLE,
+            insns: &insns,
+            license: LICENSE,
+            name: "bpfmapd_scan",
+            btf: btf.as_fd(),
+            funcs: &funcs,
+        })
+        .map_err(|(error, log)| ScanLoadError::Refused { error, log })?;
+        Ok(Self {
+            plan: plan.clone(),
+            prog,
+            scratch,
+            groups,
+            insns: insns.len(),
+        })
+    }
+
+    /// Its plan.
+    pub fn plan(&self) -> &ScanPlan {
+        &self.plan
+    }
+
+    /// Its length in instructions.
+    pub fn instructions(&self) -> usize {
+        self.insns
+    }
+
+    /// Runs the scan once (blocking: the walk of the whole map), leaving
+    /// its groups map empty for the next run.
+    pub fn run(&self) -> Result<ScanOutput, SyscallError> {
+        let zero = 0u32.to_ne_bytes();
+        self.scratch
+            .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
+        let ran = sys::prog_test_run(self.prog.as_fd());
+        let groups = self.drain()?;
+        ran?;
+        let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
+        let word = |at: i16| {
+            let at = at as usize;
+            scratch
+                .get(at..at + 8)
+                .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+        };
+        let error = word(plan::ERROR) as i64;
+        if error != 0 && error != -E2BIG {
+            return Err(SyscallError {
+                call: "bpf_map_update_elem (in the scan program)",
+                io_error: std::io::Error::from_raw_os_error(-error as i32),
+            });
+        }
+        Ok(ScanOutput {
+            visited: word(plan::VISITED),
+            matched: word(plan::MATCHED),
+            groups,
+            overflowed: error == -E2BIG,
+        })
+    }
+
+    /// Reads and deletes every group.
+    fn drain(&self) -> Result<Vec<ScanGroup>, SyscallError> {
+        let Some((_, handle)) = &self.groups else {
+            return Ok(Vec::new());
+        };
+        let mut drainer = Drainer::new(handle).map_err(|e| {
+            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
+        })?;
+        let (ks, vs) = (
+            handle.meta().key_size as usize,
+            handle.meta().value_size as usize,
+        );
+        let key_len = usize::from(self.plan.key_len);
+        let mut out = Vec::new();
+        while let Some(c) = drainer.next_chunk(4096).map_err(|e| {
+            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
+        })? {
+            for i in 0..c.count {
+                let v = &c.values[i * vs..(i + 1) * vs];
+                let word = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().expect("8"));
+                out.push(ScanGroup {
+                    key: c.keys[i * ks..i * ks + key_len].to_vec(),
+                    count: word(0),
+                    words: (0..self.plan.aggs.len())
+                        .map(|a| (word(8 + 16 * a), word(16 + 16 * a)))
+                        .collect(),
+                });
+            }
+            if c.count == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The BTF of the program's two functions (the walk, global; its
+/// callback, static, as the verifier wants a callback) and their records.
+fn functions(callback: u32) -> Result<(OwnedBtf, [[u32; 2]; 2]), SyscallError> {
+    let mut b = BtfBuilder::new();
+    let long = b.add_int("long", 8, IntEncoding::Signed);
+    let ptr = b.add_ptr(0);
+    let main_proto = b.add_func_proto(long, &[("ctx", ptr)]);
+    let main = b.add_func("bpfmapd_scan", main_proto, 1);
+    let each_proto = b.add_func_proto(
+        long,
+        &[("map", ptr), ("key", ptr), ("value", ptr), ("ctx", ptr)],
+    );
+    let each = b.add_func("bpfmapd_each", each_proto, 0);
+    let btf = OwnedBtf::load(&b.to_bytes())?;
+    Ok((btf, [[0, main], [callback, each]]))
+}
+
+#[cfg(test)]
+mod tests;

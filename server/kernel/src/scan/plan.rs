@@ -1,0 +1,507 @@
+//! What a scan in the kernel computes, in terms of bytes and bits of a
+//! map's keys and values, and the code that computes it.
+
+use super::asm::{Alu, Asm, Jmp, Label, Pseudo, R0, R1, R2, R3, R4, R6, R7, R8, R9, Reg};
+
+/// Which half of an entry a member is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    Key,
+    Value,
+}
+
+/// An integer member as a scan reads it: one load of 1, 2, 4 or 8 bytes,
+/// swapped from network order, shifted and cut to its bits, sign-extended
+/// to 64 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IntRead {
+    side: Side,
+    offset: u16,
+    size: u8,
+    shift: u8,
+    bits: u8,
+    signed: bool,
+    big_endian: bool,
+}
+
+impl IntRead {
+    /// The integer of `bits` bits at bit `bit_offset` of `side` (whose size
+    /// is `side_size`), or `None` when one load cannot read it: wider than
+    /// 64 bits, a network-order integer of an odd width, a bitfield that
+    /// straddles what a load can reach.
+    pub fn new(
+        side: Side,
+        (bit_offset, bits): (usize, usize),
+        (signed, big_endian): (bool, bool),
+        side_size: usize,
+    ) -> Option<Self> {
+        if bits == 0 || bits > 64 {
+            return None;
+        }
+        let (offset, shift) = (bit_offset / 8, bit_offset % 8);
+        let size = [1usize, 2, 4, 8]
+            .into_iter()
+            .find(|s| shift + bits <= s * 8 && offset + s <= side_size)?;
+        if big_endian && (shift != 0 || bits != size * 8) {
+            return None;
+        }
+        Some(Self {
+            side,
+            offset: u16::try_from(offset).ok().filter(|o| *o < 0x7ff0)?,
+            size: size as u8,
+            shift: shift as u8,
+            bits: bits as u8,
+            signed,
+            big_endian,
+        })
+    }
+
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    pub fn signed(&self) -> bool {
+        self.signed
+    }
+
+    /// The smallest and largest value the member holds.
+    fn range(&self) -> (i128, i128) {
+        let b = u32::from(self.bits);
+        if self.signed {
+            (-(1i128 << (b - 1)), (1i128 << (b - 1)) - 1)
+        } else {
+            (0, (1i128 << b) - 1)
+        }
+    }
+
+    /// Loads it into `dst` (the key is in r6, the value in r7).
+    fn emit(&self, a: &mut Asm, dst: Reg) {
+        let base = if self.side == Side::Key { R6 } else { R7 };
+        let size = u32::from(self.size);
+        a.load(dst, base, self.offset as i16, size);
+        if self.big_endian && size > 1 {
+            a.swap_be(dst, (size * 8) as i32);
+        }
+        if self.shift > 0 {
+            a.alu_imm(Alu::Rsh, dst, i32::from(self.shift));
+        }
+        let bits = i32::from(self.bits);
+        if bits < 64 && (self.signed || bits < (size * 8) as i32) {
+            a.alu_imm(Alu::Lsh, dst, 64 - bits);
+            let op = if self.signed { Alu::Arsh } else { Alu::Rsh };
+            a.alu_imm(op, dst, 64 - bits);
+        }
+    }
+}
+
+/// A comparison of a member with a constant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    fn test(self, a: i128, b: i128) -> bool {
+        match self {
+            Self::Eq => a == b,
+            Self::Ne => a != b,
+            Self::Lt => a < b,
+            Self::Le => a <= b,
+            Self::Gt => a > b,
+            Self::Ge => a >= b,
+        }
+    }
+
+    fn jump(self, signed: bool) -> Jmp {
+        match (self, signed) {
+            (Self::Eq, _) => Jmp::Eq,
+            (Self::Ne, _) => Jmp::Ne,
+            (Self::Lt, false) => Jmp::Lt,
+            (Self::Le, false) => Jmp::Le,
+            (Self::Gt, false) => Jmp::Gt,
+            (Self::Ge, false) => Jmp::Ge,
+            (Self::Lt, true) => Jmp::Slt,
+            (Self::Le, true) => Jmp::Sle,
+            (Self::Gt, true) => Jmp::Sgt,
+            (Self::Ge, true) => Jmp::Sge,
+        }
+    }
+}
+
+/// Which entries a scan takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Cond {
+    Const(bool),
+    /// `member op constant`.
+    Cmp(IntRead, CmpOp, i128),
+    Not(Box<Cond>),
+    All(Vec<Cond>),
+    Any(Vec<Cond>),
+}
+
+/// One aggregate of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AggOp {
+    Count,
+    Sum(IntRead),
+    Min(IntRead),
+    Max(IntRead),
+}
+
+impl AggOp {
+    /// Its value in a group, from the two words the program keeps: a SUM's
+    /// 128 bits (low, high), a MIN's or MAX's 64.
+    pub fn value(&self, count: u64, (low, high): (u64, u64)) -> i128 {
+        match self {
+            Self::Count => i128::from(count),
+            Self::Sum(_) => ((u128::from(high) << 64) | u128::from(low)) as i128,
+            Self::Min(r) | Self::Max(r) if r.signed => i128::from(low as i64),
+            Self::Min(_) | Self::Max(_) => i128::from(low),
+        }
+    }
+
+    fn read(&self) -> Option<&IntRead> {
+        match self {
+            Self::Count => None,
+            Self::Sum(r) | Self::Min(r) | Self::Max(r) => Some(r),
+        }
+    }
+}
+
+/// Where a member of a group key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GroupPart {
+    /// `len` bytes at `offset` of a side, copied to `out`.
+    Bytes {
+        side: Side,
+        offset: u16,
+        len: u16,
+        out: u16,
+    },
+    /// An integer, written little-endian in `size` bytes (1, 2, 4, 8) at
+    /// `out`.
+    Int { read: IntRead, out: u16, size: u8 },
+}
+
+/// What a scan computes: the entries a condition takes, grouped by a key
+/// made of members, with aggregates per group; without aggregates, only
+/// how many entries there are.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScanPlan {
+    pub filter: Cond,
+    pub group: Vec<GroupPart>,
+    /// The group key's length (the parts end within it).
+    pub key_len: u16,
+    pub aggs: Vec<AggOp>,
+    /// Groups beyond which the scan stops, reporting the overflow.
+    pub max_groups: u32,
+}
+
+/// Offsets in the scratch value the program and user space share.
+pub(super) const VISITED: i16 = 0;
+pub(super) const MATCHED: i16 = 8;
+pub(super) const ERROR: i16 = 16;
+pub(super) const ZERO: i16 = 24;
+
+const MAP_LOOKUP_ELEM: i32 = 1;
+const MAP_UPDATE_ELEM: i32 = 2;
+const FOR_EACH_MAP_ELEM: i32 = 164;
+const BPF_NOEXIST: i32 = 1;
+const ENOENT: i32 = 2;
+
+impl ScanPlan {
+    /// Counts the entries, nothing else.
+    pub fn count() -> Self {
+        Self {
+            filter: Cond::Const(true),
+            group: Vec::new(),
+            key_len: 0,
+            aggs: Vec::new(),
+            max_groups: 1,
+        }
+    }
+
+    /// Whether it only counts entries.
+    pub fn counts_only(&self) -> bool {
+        self.aggs.is_empty() && self.filter == Cond::Const(true)
+    }
+
+    /// Bytes of one group's value: the count, then two words per aggregate.
+    pub(super) fn group_value_size(&self) -> usize {
+        8 + 16 * self.aggs.len()
+    }
+
+    /// The key of the groups map: at least 4 bytes (a plan without groups
+    /// keeps its one group under zeros).
+    pub(super) fn group_key_size(&self) -> usize {
+        usize::from(self.key_len).max(4)
+    }
+
+    /// The offset of the group key in the scratch value.
+    pub(super) fn key_at(&self) -> usize {
+        ZERO as usize + self.group_value_size()
+    }
+
+    /// The scratch value's size.
+    pub(super) fn scratch_size(&self) -> usize {
+        (self.key_at() + self.group_key_size()).next_multiple_of(8)
+    }
+
+    /// Whether every member it reads is within a map of these sizes whose
+    /// values are per-CPU (`per_cpu`: then no value member can be read: a
+    /// scan sees one CPU's value); the reason when it is not.
+    pub fn check(&self, key_size: usize, value_size: usize, per_cpu: bool) -> Result<(), String> {
+        let mut reads: Vec<(Side, usize)> = Vec::new();
+        cond_reads(&self.filter, &mut reads);
+        for a in &self.aggs {
+            if let Some(r) = a.read() {
+                reads.push((r.side, usize::from(r.offset) + usize::from(r.size)));
+            }
+        }
+        for g in &self.group {
+            match g {
+                GroupPart::Bytes {
+                    side, offset, len, ..
+                } => reads.push((*side, usize::from(*offset) + usize::from(*len))),
+                GroupPart::Int { read, .. } => {
+                    reads.push((read.side, usize::from(read.offset) + usize::from(read.size)))
+                }
+            }
+        }
+        for (side, end) in reads {
+            match side {
+                Side::Value if per_cpu => {
+                    return Err("a scan in the kernel sees one CPU's value of a per-CPU map".into());
+                }
+                Side::Key if end > key_size => return Err("a member beyond the key".into()),
+                Side::Value if end > value_size => return Err("a member beyond the value".into()),
+                _ => {}
+            }
+        }
+        if self.scratch_size() > 0x7000 {
+            return Err("the group key is too long".into());
+        }
+        Ok(())
+    }
+
+    /// The program: `main` walks `target` with its callback, which groups
+    /// the entries it takes in `groups` (map descriptors), keeping figures
+    /// in `scratch`. Returns the instructions and where the callback
+    /// starts.
+    pub(super) fn assemble(
+        &self,
+        (target, groups, scratch): (i32, Option<i32>, i32),
+    ) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
+        let mut a = Asm::default();
+        a.load_pseudo(R1, Pseudo::MapFd, target, 0);
+        let func_at = a.here();
+        // Patched below, once the callback's place is known.
+        a.load_pseudo(R2, Pseudo::Func, 0, 0);
+        a.alu_imm(Alu::Mov, R3, 0);
+        a.alu_imm(Alu::Mov, R4, 0);
+        a.call(FOR_EACH_MAP_ELEM);
+        a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
+        a.store(R1, VISITED, R0, 8);
+        a.ret(0);
+        let callback = a.here();
+        a.insns[func_at] =
+            (a.insns[func_at] & 0xffff_ffff) | (u64::from((callback - func_at - 1) as u32) << 32);
+        match groups {
+            Some(groups) if !self.counts_only() => self.callback(&mut a, groups, scratch),
+            _ => a.ret(0),
+        }
+        Ok((a.finish()?, callback))
+    }
+
+    /// The callback: (map, key, value, ctx) in r1-r4.
+    fn callback(&self, a: &mut Asm, groups: i32, scratch: i32) {
+        let reject = a.label();
+        a.alu_reg(Alu::Mov, R6, R2);
+        a.alu_reg(Alu::Mov, R7, R3);
+        branch(a, &self.filter, reject, false);
+        a.load_pseudo(R9, Pseudo::MapValue, scratch, 0);
+        a.load(R1, R9, MATCHED, 8);
+        a.alu_imm(Alu::Add, R1, 1);
+        a.store(R9, MATCHED, R1, 8);
+        let key = self.key_at() as i16;
+        for part in &self.group {
+            copy_part(a, part, key);
+        }
+        let (found, again) = (a.label(), a.label());
+        let lookup = |a: &mut Asm| {
+            a.load_pseudo(R1, Pseudo::MapFd, groups, 0);
+            a.alu_reg(Alu::Mov, R2, R9);
+            a.alu_imm(Alu::Add, R2, i32::from(key));
+            a.call(MAP_LOOKUP_ELEM);
+        };
+        lookup(a);
+        a.jump_imm(Jmp::Ne, R0, 0, found);
+        a.load_pseudo(R1, Pseudo::MapFd, groups, 0);
+        a.alu_reg(Alu::Mov, R2, R9);
+        a.alu_imm(Alu::Add, R2, i32::from(key));
+        a.alu_reg(Alu::Mov, R3, R9);
+        a.alu_imm(Alu::Add, R3, i32::from(ZERO));
+        a.alu_imm(Alu::Mov, R4, BPF_NOEXIST);
+        a.call(MAP_UPDATE_ELEM);
+        a.jump_imm(Jmp::Eq, R0, 0, again);
+        // The groups are full (E2BIG) or the insert failed: stop.
+        a.store(R9, ERROR, R0, 8);
+        a.ret(1);
+        a.bind(again);
+        lookup(a);
+        a.jump_imm(Jmp::Ne, R0, 0, found);
+        a.alu_imm(Alu::Mov, R1, -ENOENT);
+        a.store(R9, ERROR, R1, 8);
+        a.ret(1);
+        a.bind(found);
+        a.alu_reg(Alu::Mov, R8, R0);
+        // r9: the group's count before this entry.
+        a.load(R9, R8, 0, 8);
+        for (i, op) in self.aggs.iter().enumerate() {
+            aggregate(a, op, 8 + 16 * i as i16);
+        }
+        a.alu_imm(Alu::Add, R9, 1);
+        a.store(R8, 0, R9, 8);
+        a.bind(reject);
+        a.ret(0);
+    }
+}
+
+/// The members a condition reads: (side, end offset).
+fn cond_reads(c: &Cond, out: &mut Vec<(Side, usize)>) {
+    match c {
+        Cond::Const(_) => {}
+        Cond::Cmp(r, _, _) => out.push((r.side, usize::from(r.offset) + usize::from(r.size))),
+        Cond::Not(c) => cond_reads(c, out),
+        Cond::All(cs) | Cond::Any(cs) => cs.iter().for_each(|c| cond_reads(c, out)),
+    }
+}
+
+/// Code that jumps to `target` when `c` is `when`, and goes on otherwise.
+fn branch(a: &mut Asm, c: &Cond, target: Label, when: bool) {
+    match c {
+        Cond::Const(b) => {
+            if *b == when {
+                a.ja(target);
+            }
+        }
+        Cond::Not(c) => branch(a, c, target, !when),
+        Cond::All(cs) | Cond::Any(cs) if cs.is_empty() => {
+            branch(a, &Cond::Const(matches!(c, Cond::All(_))), target, when)
+        }
+        // All jumps when one is false; Any when one is true.
+        Cond::All(cs) | Cond::Any(cs) if matches!(c, Cond::Any(_)) == when => {
+            for c in cs {
+                branch(a, c, target, when);
+            }
+        }
+        Cond::All(cs) | Cond::Any(cs) => {
+            let skip = a.label();
+            let (last, rest) = cs.split_last().expect("not empty");
+            for c in rest {
+                branch(a, c, skip, !when);
+            }
+            branch(a, last, target, when);
+            a.bind(skip);
+        }
+        Cond::Cmp(r, op, k) => {
+            let (min, max) = r.range();
+            // A constant outside the member's range decides the comparison
+            // for every entry.
+            if *k < min || *k > max {
+                let probe = if *k < min { min } else { max };
+                branch(a, &Cond::Const(op.test(probe, *k)), target, when);
+                return;
+            }
+            r.emit(a, R1);
+            let jump = if when {
+                op.jump(r.signed)
+            } else {
+                op.jump(r.signed).negated()
+            };
+            match i32::try_from(*k) {
+                Ok(k) if r.signed || k >= 0 => a.jump_imm(jump, R1, k, target),
+                _ => {
+                    a.load_imm64(R2, *k as u64);
+                    a.jump_reg(jump, R1, R2, target);
+                }
+            }
+        }
+    }
+}
+
+/// Copies one group member into the key at `key` in r9's scratch.
+fn copy_part(a: &mut Asm, part: &GroupPart, key: i16) {
+    match *part {
+        GroupPart::Bytes {
+            side,
+            offset,
+            len,
+            out,
+        } => {
+            let base = if side == Side::Key { R6 } else { R7 };
+            let mut done = 0u16;
+            while done < len {
+                let left = u32::from(len - done);
+                let size = [8u32, 4, 2, 1]
+                    .into_iter()
+                    .find(|s| *s <= left)
+                    .unwrap_or(1);
+                a.load(R1, base, (offset + done) as i16, size);
+                a.store(R9, key + (out + done) as i16, R1, size);
+                done += size as u16;
+            }
+        }
+        GroupPart::Int { read, out, size } => {
+            read.emit(a, R1);
+            a.store(R9, key + out as i16, R1, u32::from(size));
+        }
+    }
+}
+
+/// Adds the member of r6/r7's entry to aggregate slot `at` of the group
+/// value in r8 (r9: the group's count before the entry).
+fn aggregate(a: &mut Asm, op: &AggOp, at: i16) {
+    match op {
+        AggOp::Count => {}
+        AggOp::Sum(r) => {
+            r.emit(a, R1);
+            let (carry, sign) = (a.label(), a.label());
+            a.load(R2, R8, at, 8);
+            a.alu_reg(Alu::Add, R2, R1);
+            a.store(R8, at, R2, 8);
+            a.load(R3, R8, at + 8, 8);
+            a.jump_reg(Jmp::Ge, R2, R1, carry);
+            a.alu_imm(Alu::Add, R3, 1);
+            a.bind(carry);
+            if r.signed {
+                a.jump_imm(Jmp::Sge, R1, 0, sign);
+                a.alu_imm(Alu::Sub, R3, 1);
+            }
+            a.bind(sign);
+            a.store(R8, at + 8, R3, 8);
+        }
+        AggOp::Min(r) | AggOp::Max(r) => {
+            r.emit(a, R1);
+            let (set, skip) = (a.label(), a.label());
+            a.jump_imm(Jmp::Eq, R9, 0, set);
+            a.load(R2, R8, at, 8);
+            let better = match (op, r.signed) {
+                (AggOp::Min(_), false) => Jmp::Lt,
+                (AggOp::Min(_), true) => Jmp::Slt,
+                (_, false) => Jmp::Gt,
+                (_, true) => Jmp::Sgt,
+            };
+            a.jump_reg(better, R1, R2, set);
+            a.ja(skip);
+            a.bind(set);
+            a.store(R8, at, R1, 8);
+            a.bind(skip);
+        }
+    }
+}
