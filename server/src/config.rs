@@ -82,6 +82,10 @@ pub struct Config {
     /// each map. "0s": never.
     #[serde(with = "humantime_serde")]
     pub map_pressure_interval: Duration,
+    /// Whether aggregates (AggregateMap, exports, map pressure) may walk
+    /// maps inside the kernel with programs the daemon generates, where
+    /// the kernel allows it; `false`: always batched reads.
+    pub kernel_scans: bool,
     /// What the configuration file spelled in a deprecated way, to warn of
     /// once logging is on.
     #[serde(skip)]
@@ -257,6 +261,7 @@ impl Default for Config {
             drain: DrainConfig::default(),
             exports: Vec::new(),
             map_pressure_interval: Duration::from_secs(60),
+            kernel_scans: true,
             deprecated: Vec::new(),
         }
     }

@@ -54,6 +54,7 @@ mod net;
 mod ops;
 pub mod query;
 mod rpc;
+mod scans;
 mod watch;
 mod wire;
 

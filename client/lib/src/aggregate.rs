@@ -187,6 +187,7 @@ pub struct AggregateOptions {
     groups: Vec<Vec<u8>>,
     per_cpu: PerCpu,
     render: BTreeMap<String, String>,
+    batched: bool,
 }
 
 impl AggregateOptions {
@@ -221,6 +222,7 @@ impl AggregateOptions {
                 PerCpu::Each
             },
             render: req.render.clone().into_iter().collect(),
+            batched: req.scan == pb::ScanMethod::ScanBatched as i32,
         })
     }
 
@@ -297,6 +299,16 @@ impl AggregateOptions {
         self
     }
 
+    /// Read the map with batched lookups, which lock each hash bucket as
+    /// they copy it, rather than let the daemon walk it inside the kernel
+    /// (the default where it can), whose walk takes no lock: an entry
+    /// deleted and inserted again meanwhile can then be missed or counted
+    /// twice.
+    pub fn with_batched_scan(mut self) -> Self {
+        self.batched = true;
+        self
+    }
+
     /// Show the group keys' members another way ((member path, rendering)
     /// pairs, as [`LookupOptions::with_render`](crate::LookupOptions::with_render)).
     pub fn with_render<K: AsRef<str>, V: fmt::Display>(
@@ -368,6 +380,11 @@ impl AggregateOptions {
             threshold: self.threshold.map(|t| t.to_string()).unwrap_or_default(),
             groups: self.groups.clone(),
             render: self.render.clone().into_iter().collect(),
+            scan: if self.batched {
+                pb::ScanMethod::ScanBatched
+            } else {
+                pb::ScanMethod::ScanAuto
+            } as i32,
         }
     }
 }
@@ -470,6 +487,17 @@ impl AggregateSummary {
         self.0.elapsed.and_then(|d| Duration::try_from(d).ok())
     }
 
+    /// Whether the daemon walked the map inside the kernel.
+    pub fn scanned_in_kernel(&self) -> bool {
+        self.0.scanned_in_kernel
+    }
+
+    /// Why the daemon read the map in batches when it could have walked it
+    /// inside the kernel (empty when it did, or when batches were asked).
+    pub fn scan_note(&self) -> &str {
+        &self.0.scan_note
+    }
+
     /// Whether the ordering aggregate can never be negative (a COUNT, or
     /// the SUM of an unsigned member): what a fleet's exact threshold top K
     /// needs.
@@ -501,7 +529,7 @@ impl AggregateResult {
             .collect::<Result<_, _>>()?;
         Ok(Self {
             groups,
-            summary: AggregateSummary(resp.summary.unwrap_or_default()),
+            summary: AggregateSummary(resp.summary.clone().unwrap_or_default()),
             proto: resp,
         })
     }

@@ -65,7 +65,7 @@ pub use member::{
     BytesMember, Counter, EntryRef, IntMember, Literal, MAX_COUNTERS, MAX_PATH, Member, MemberKind,
     Root, Step, parse as parse_path,
 };
-pub use projection::{MAX_FIELDS, Projection, ProjectionError};
+pub use projection::{MAX_FIELDS, Projection, ProjectionError, Source};
 pub use rendering::{Rendering, Renderings, UnknownRendering};
 pub use sink::{FieldKey, JsonWriter, Sink, ValueBuilder, write_json_string};
 pub use value_writer::ValueWriter;

@@ -71,6 +71,19 @@ enum Read {
     Int(IntMember),
 }
 
+/// Where a selected member is read ([`Projection::places`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `len` bytes at `offset` of `root`, copied.
+    Bytes {
+        root: Root,
+        offset: usize,
+        len: usize,
+    },
+    /// An integer, written little-endian in its place's size.
+    Int(IntMember),
+}
+
 impl Projection {
     /// Resolves `fields` ("key.daddr", "value.bytes") in `layout`. The
     /// error names the field that cannot be selected.
@@ -144,6 +157,28 @@ impl Projection {
                 p.write(e, &mut record[p.out..p.out + p.out_size]);
             }
         }
+    }
+
+    /// Where each selected member is read and where its bytes go in the
+    /// key record and the value record back to back (a group key): for
+    /// code that builds the records elsewhere, such as a scan in the
+    /// kernel. (source, offset, size).
+    pub fn places(&self) -> Vec<(Source, usize, usize)> {
+        let key = self.key.iter().map(|p| (p, p.out));
+        let value = self.value.iter().map(|p| (p, self.key_size() + p.out));
+        key.chain(value)
+            .map(|(p, out)| {
+                let source = match &p.read {
+                    Read::Bytes { root, offset, len } => Source::Bytes {
+                        root: *root,
+                        offset: *offset,
+                        len: *len,
+                    },
+                    Read::Int(int) => Source::Int(*int),
+                };
+                (source, out, p.out_size)
+            })
+            .collect()
     }
 
     /// The renderings the selected members keep, by their paths in the

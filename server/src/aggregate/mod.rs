@@ -18,11 +18,11 @@ use crate::{
     error::Error,
     limits::{Slot, TrimGuard},
     model::{Caller, Identity, MapRequest, Operation, Rpc},
-    query::{AggregateError, Filter, QueryError, Spec},
+    query::{AggregateError, Filter, QueryError, Spec, scan::Sizes},
     watch::Scanner,
 };
 
-use walk::{AggregateWalk, CancelOnDrop};
+use walk::{AggregateWalk, CancelOnDrop, KernelPlan};
 
 /// Runs an AggregateMap call: its slot, its map, its groups (with the
 /// renderings configured for the map and asked for), its filter, the walk.
@@ -75,6 +75,13 @@ pub(crate) async fn prepare(
         "" => None,
         f => Some(Filter::compile(f, &calls.query_layout(&opened)?).map_err(QueryError::Filter)?),
     };
+    let kernel = kernel_plan(
+        calls,
+        &opened.handle,
+        &req,
+        (&spec, filter.as_ref()),
+        max_groups,
+    );
     Ok(Prepared {
         walk: AggregateWalk {
             map: opened.map,
@@ -84,11 +91,38 @@ pub(crate) async fn prepare(
             stop: dumps.env.stop.clone(),
             cancelled: Arc::new(AtomicBool::new(false)),
             max_cost: dumps.env.max_filter_cost,
+            kernel,
         },
         started,
         _slot: slot,
         _trim: trim,
     })
+}
+
+/// Whether the call's walk may run inside the kernel: asked for (the
+/// default), possible here for this map, and expressible as a program.
+fn kernel_plan(
+    calls: &Calls,
+    handle: &bpfmap_kernel::MapHandle,
+    req: &pb::AggregateMapRequest,
+    (spec, filter): (&Spec, Option<&Filter>),
+    max_groups: usize,
+) -> KernelPlan {
+    if req.scan == pb::ScanMethod::ScanBatched as i32 {
+        return KernelPlan::Off;
+    }
+    let meta = handle.meta();
+    if let Some(why) = calls.scans.unavailable(meta) {
+        return KernelPlan::Cannot(why);
+    }
+    let sizes = Sizes {
+        key: meta.key_size as usize,
+        value: meta.value_size as usize,
+    };
+    match crate::query::scan::plan(spec, filter, sizes, max_groups) {
+        Ok(plan) => KernelPlan::Plan(calls.scans.clone(), plan),
+        Err(why) => KernelPlan::Cannot(why),
+    }
 }
 
 impl Prepared {

@@ -4,7 +4,11 @@
 
 use std::sync::Arc;
 
-use bpfmap_kernel::{MapHandle, walk::Position};
+use bpfmap_kernel::{
+    MapHandle,
+    scan::{AggOp, ScanOutput, ScanPlan},
+    walk::Position,
+};
 use bpfmap_proto::v1 as pb;
 use tokio::sync::watch;
 
@@ -12,6 +16,7 @@ use crate::{
     error::Error,
     model::MapRef,
     query::{CostMeter, EntryRef, Filter, Spec, Table},
+    scans::KernelScans,
     watch::Scanner,
 };
 
@@ -34,14 +39,90 @@ pub(super) struct AggregateWalk {
     pub(super) stop: watch::Receiver<bool>,
     pub(super) cancelled: Arc<std::sync::atomic::AtomicBool>,
     pub(super) max_cost: u32,
+    /// Whether and how the map may be walked inside the kernel.
+    pub(super) kernel: KernelPlan,
+}
+
+/// Whether an aggregate's walk may run inside the kernel.
+pub(super) enum KernelPlan {
+    /// The call asked for batched reads (SCAN_BATCHED).
+    Off,
+    /// The program's plan, and the daemon's programs.
+    Plan(Arc<KernelScans>, ScanPlan),
+    /// Why it cannot.
+    Cannot(String),
 }
 
 /// Entries read per kernel call of an aggregate.
 const AGGREGATE_READ: u32 = 1024;
 
 impl AggregateWalk {
-    /// Reads the whole map (blocking), grouping the matching entries.
+    /// Groups the matching entries (blocking): by a program inside the
+    /// kernel when the plan allows it, else reading the whole map.
     pub(super) fn run(self) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
+        let note = match &self.kernel {
+            KernelPlan::Off => String::new(),
+            KernelPlan::Cannot(why) => why.clone(),
+            KernelPlan::Plan(scans, plan) => {
+                self.check()?;
+                match scans.run(&self.handle, plan) {
+                    Ok(out) => return self.kernel_groups(out, plan),
+                    Err(why) => why,
+                }
+            }
+        };
+        let (groups, summary) = self.read()?;
+        Ok((
+            groups,
+            pb::AggregateSummary {
+                scan_note: note,
+                ..summary
+            },
+        ))
+    }
+
+    /// The groups a scan in the kernel found.
+    fn kernel_groups(
+        &self,
+        out: ScanOutput,
+        plan: &ScanPlan,
+    ) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
+        let mut table = self.spec.table();
+        let (visited, matched) = if plan.counts_only() {
+            if out.visited > 0 {
+                let values = vec![None; self.spec.aggregates()];
+                table.add_group(Vec::new(), out.visited, values);
+            }
+            (out.visited, out.visited)
+        } else {
+            for g in out.groups {
+                let values = plan
+                    .aggs
+                    .iter()
+                    .zip(&g.words)
+                    .map(|(a, w)| (*a != AggOp::Count).then(|| a.value(g.count, *w)))
+                    .collect();
+                if !table.add_group(g.key, g.count, values) {
+                    break;
+                }
+            }
+            (out.visited, out.matched)
+        };
+        if out.overflowed {
+            table.overflow(plan.max_groups as usize + 1);
+        }
+        let (groups, summary) = self.finish(table, (visited, matched))?;
+        Ok((
+            groups,
+            pb::AggregateSummary {
+                scanned_in_kernel: true,
+                ..summary
+            },
+        ))
+    }
+
+    /// Reads the whole map in batches, grouping the matching entries.
+    fn read(&self) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
         let meta = self.handle.meta().clone();
         let stride = if meta.per_cpu() { meta.cpu_stride() } else { 0 };
         let (ks, vs) = (meta.key_size as usize, meta.kernel_value_size());
@@ -139,6 +220,8 @@ impl AggregateWalk {
                 groups_total: total,
                 elapsed: None,
                 order_non_negative,
+                scanned_in_kernel: false,
+                scan_note: String::new(),
             },
         ))
     }

@@ -37,6 +37,7 @@ use crate::{
     net::{self, AcceptConfig, ConnRegistry, SharedTls},
     ops::{self, Metrics, Reloader},
     rpc::{MapServiceImpl, ServiceParts},
+    scans::KernelScans,
     watch::{WatchLimits, WatchStats, Watches},
 };
 
@@ -194,10 +195,11 @@ struct Core {
     readers: Arc<tokio::sync::Semaphore>,
     watch_stats: Arc<WatchStats>,
     drain_stats: Arc<DrainStats>,
+    scans: Arc<KernelScans>,
 }
 
 impl Core {
-    fn new(limits: &Limits) -> Self {
+    fn new(limits: &Limits, kernel_scans: bool) -> Self {
         let stats = Arc::new(DumpStats::default());
         let slots = Arc::new(DumpSlots::new(
             limits.max_dumps,
@@ -206,7 +208,13 @@ impl Core {
         let conns = ConnRegistry::default();
         let watch_stats = Arc::new(WatchStats::default());
         let drain_stats = Arc::new(DrainStats::default());
+        let scans = Arc::new(if kernel_scans {
+            KernelScans::default()
+        } else {
+            KernelScans::disabled()
+        });
         let metrics = Metrics::new(Some(Box::new(Live {
+            scans: scans.clone(),
             stats: stats.clone(),
             slots: slots.clone(),
             conns: conns.clone(),
@@ -223,6 +231,7 @@ impl Core {
             readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
             watch_stats,
             drain_stats,
+            scans,
             dump_limits: DumpLimits {
                 share,
                 pool,
@@ -250,6 +259,7 @@ impl Core {
             policy: r.policy.clone(),
             metrics: self.metrics.clone(),
             draining: stopping.draining.subscribe(),
+            scans: self.scans.clone(),
         };
         let dumps = Dumps {
             env: DumpEnv {
@@ -320,7 +330,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let stopping = Stopping::new();
     let limits = &config.limits;
     raise_fd_limit(limits.max_connections);
-    let core = Core::new(limits);
+    let core = Core::new(limits, config.kernel_scans);
     let (service, exporter) = core.service(config, &reloadable, &stopping)?;
     let reporter = HealthReporter::new();
     set_health(&reporter, ServingStatus::Serving).await;
@@ -491,9 +501,37 @@ struct Live {
     conns: ConnRegistry,
     watches: Arc<WatchStats>,
     drains: Arc<DrainStats>,
+    scans: Arc<KernelScans>,
 }
 
 impl Live {
+    /// The scans in the kernel's counters: name, help, value.
+    fn scan_counters(&self) -> [(&'static str, &'static str, u64); 4] {
+        let s = &self.scans.stats;
+        [
+            (
+                "bpfmapd_kernel_scans",
+                "Aggregates computed by a program walking the map inside the kernel",
+                s.scans.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_kernel_scan_fallbacks",
+                "Aggregates that could have walked the map inside the kernel and read it in batches (the kernel, the map type, the question)",
+                s.fallbacks.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_kernel_scan_programs_loaded",
+                "Scan programs loaded (accepted by the verifier)",
+                s.loads.load(Ordering::Relaxed),
+            ),
+            (
+                "bpfmapd_kernel_scan_programs_refused",
+                "Scan programs the kernel's verifier refused",
+                s.refusals.load(Ordering::Relaxed),
+            ),
+        ]
+    }
+
     /// The drains' counters: name, help, value.
     fn drain_counters(&self) -> [(&'static str, &'static str, u64); 4] {
         let d = &self.drains;
@@ -591,7 +629,7 @@ impl Live {
     }
 
     /// The gauges: name, help, value.
-    fn gauges(&self) -> [(&'static str, &'static str, i64); 6] {
+    fn gauges(&self) -> [(&'static str, &'static str, i64); 7] {
         let s = &self.stats;
         let w = &self.watches;
         [
@@ -625,6 +663,11 @@ impl Live {
                 "Connections open on the main listener",
                 self.conns.len() as i64,
             ),
+            (
+                "bpfmapd_kernel_scan_programs",
+                "Scan programs loaded now (each keeps its map alive until unloaded)",
+                self.scans.loaded() as i64,
+            ),
         ]
     }
 }
@@ -635,6 +678,7 @@ impl Collector for Live {
             .drain_counters()
             .into_iter()
             .chain(self.watch_counters())
+            .chain(self.scan_counters())
             .chain(self.dump_counters());
         for (name, help, value) in counters {
             let c = ConstCounter::new(value);

@@ -338,6 +338,7 @@ impl Export {
             threshold: String::new(),
             groups: Vec::new(),
             render: c.config.render.clone().into_iter().collect(),
+            scan: pb::ScanMethod::ScanAuto as i32,
         };
         let caller = exporter_caller();
         let prepared = aggregate::prepare(

@@ -5,11 +5,14 @@
 
 use std::collections::HashMap;
 
+use bpfmap_kernel::scan::{AggOp, GroupPart, Side};
 use bpfmap_proto::{
     aggregate::{self as values, Op},
-    typed::{EntryRef, IntMember, MapLayout, Projection, Root},
+    typed::{EntryRef, IntMember, MapLayout, Projection, Root, Source},
     v1 as pb,
 };
+
+use super::scan::{Sizes, int_read};
 
 /// Most aggregates one request may ask for.
 pub const MAX_AGGREGATES: usize = 16;
@@ -208,6 +211,68 @@ impl Spec {
         }
     }
 
+    /// Number of aggregates asked for.
+    pub fn aggregates(&self) -> usize {
+        self.aggs.len()
+    }
+
+    /// The group key's parts, its length and the aggregates of a scan in
+    /// the kernel, or why they are computed in user space.
+    pub(crate) fn scan_parts(
+        &self,
+        sizes: Sizes,
+    ) -> Result<(Vec<GroupPart>, u16, Vec<AggOp>), String> {
+        let mut parts = Vec::new();
+        let mut key_len = 0;
+        if let Some(g) = &self.group {
+            key_len = g.key_size() + g.value_size();
+            for (source, out, size) in g.places() {
+                let out = u16::try_from(out).map_err(|_| "the group key is too long")?;
+                parts.push(match source {
+                    Source::Bytes { root, offset, len } => GroupPart::Bytes {
+                        side: match root {
+                            Root::Key => Side::Key,
+                            Root::Value => Side::Value,
+                            Root::Cpu(_) => return Err("a group reads one CPU's value".into()),
+                        },
+                        offset: u16::try_from(offset).map_err(|_| "a member too far")?,
+                        len: u16::try_from(len).map_err(|_| "a member too long")?,
+                        out,
+                    },
+                    Source::Int(m) if matches!(size, 1 | 2 | 4 | 8) => GroupPart::Int {
+                        read: int_read(&m, sizes)?,
+                        out,
+                        size: size as u8,
+                    },
+                    Source::Int(_) => return Err("a group member of more than 64 bits".into()),
+                });
+            }
+        }
+        let key_len = u16::try_from(key_len).map_err(|_| "the group key is too long")?;
+        let aggs = self
+            .aggs
+            .iter()
+            .map(|a| {
+                let load = match a.loads.as_slice() {
+                    [] => return Ok(AggOp::Count),
+                    [load] => int_read(load, sizes)?,
+                    _ => {
+                        return Err(
+                            "a scan in the kernel sees one CPU's value of a per-CPU map".to_owned()
+                        );
+                    }
+                };
+                Ok(match a.op {
+                    Op::Sum => AggOp::Sum(load),
+                    Op::Min => AggOp::Min(load),
+                    Op::Max => AggOp::Max(load),
+                    _ => AggOp::Count,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((parts, key_len, aggs))
+    }
+
     /// Whether the ordering aggregate's values are never negative (COUNT,
     /// or a SUM of an unsigned member): what an exact threshold top K
     /// across hosts needs.
@@ -284,6 +349,27 @@ impl Table<'_> {
             }
         }
         true
+    }
+
+    /// Adds a group computed elsewhere (a scan in the kernel): its key,
+    /// its count, each aggregate's value. `false` once the table is full.
+    pub fn add_group(&mut self, key: Vec<u8>, count: u64, values: Vec<Option<i128>>) -> bool {
+        if !self.groups.contains_key(&key) && self.groups.len() >= self.spec.max_groups {
+            self.overflowed = Some(self.groups.len() + 1);
+            return false;
+        }
+        let acc = Acc {
+            count,
+            values,
+            increases: Vec::new(),
+        };
+        self.groups.insert(key, acc);
+        true
+    }
+
+    /// Marks the table as overflowed with `seen` groups.
+    pub fn overflow(&mut self, seen: usize) {
+        self.overflowed = Some(seen);
     }
 
     /// For a watch: adds the increase of each SUM between `prev` (none

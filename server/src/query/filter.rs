@@ -45,6 +45,9 @@ pub const MAX_REGEXES: usize = 8;
 #[error("filter: {0}")]
 pub struct FilterError(pub String);
 
+#[path = "filter_scan.rs"]
+mod scan;
+
 /// A compiled filter.
 #[derive(Debug)]
 pub struct Filter {

@@ -8,6 +8,7 @@ mod aggregate;
 mod filter;
 #[cfg(test)]
 mod projection_tests;
+pub(crate) mod scan;
 #[cfg(test)]
 mod testing;
 

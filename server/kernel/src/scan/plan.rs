@@ -144,6 +144,52 @@ pub enum Cond {
     Any(Vec<Cond>),
 }
 
+impl Cond {
+    /// The same condition with what is known before the walk folded away
+    /// (constants, comparisons that no value of the member can change):
+    /// the verifier refuses code no path reaches.
+    pub fn simplified(self) -> Self {
+        match self {
+            Self::Cmp(r, op, k) => {
+                let (min, max) = r.range();
+                if k < min || k > max {
+                    let probe = if k < min { min } else { max };
+                    Self::Const(op.test(probe, k))
+                } else {
+                    Self::Cmp(r, op, k)
+                }
+            }
+            Self::Not(c) => match c.simplified() {
+                Self::Const(b) => Self::Const(!b),
+                c => Self::Not(Box::new(c)),
+            },
+            Self::All(cs) => fold(cs, true),
+            Self::Any(cs) => fold(cs, false),
+            c @ Self::Const(_) => c,
+        }
+    }
+}
+
+/// An `All` (`all`) or `Any` of `cs`, simplified.
+fn fold(cs: Vec<Cond>, all: bool) -> Cond {
+    let mut kept = Vec::new();
+    for c in cs.into_iter().map(Cond::simplified) {
+        match c {
+            // true in All, false in Any: no effect.
+            Cond::Const(b) if b == all => {}
+            // false in All, true in Any: decides.
+            Cond::Const(b) => return Cond::Const(b),
+            c => kept.push(c),
+        }
+    }
+    match kept.len() {
+        0 => Cond::Const(all),
+        1 => kept.pop().expect("one"),
+        _ if all => Cond::All(kept),
+        _ => Cond::Any(kept),
+    }
+}
+
 /// One aggregate of a group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AggOp {
@@ -320,10 +366,15 @@ impl ScanPlan {
 
     /// The callback: (map, key, value, ctx) in r1-r4.
     fn callback(&self, a: &mut Asm, groups: i32, scratch: i32) {
+        let filter = self.filter.clone().simplified();
+        if filter == Cond::Const(false) {
+            a.ret(0);
+            return;
+        }
         let reject = a.label();
         a.alu_reg(Alu::Mov, R6, R2);
         a.alu_reg(Alu::Mov, R7, R3);
-        branch(a, &self.filter, reject, false);
+        branch(a, &filter, reject, false);
         a.load_pseudo(R9, Pseudo::MapValue, scratch, 0);
         a.load(R1, R9, MATCHED, 8);
         a.alu_imm(Alu::Add, R1, 1);

@@ -1,0 +1,80 @@
+//! A compiled filter as the condition of a scan in the kernel: member
+//! against constant comparisons (of any width, sign, byte order, and of
+//! bitfields), `in` on lists of integers, `&&`, `||`, `!`. What else a
+//! filter does stays in user space.
+
+use bpfmap_kernel::scan::{CmpOp, Cond};
+
+use super::{Cmp, Filter, Node, flip};
+use crate::query::scan::{Sizes, int_read};
+
+/// Most list elements compared in the kernel.
+const MAX_IN: usize = 64;
+
+impl Filter {
+    /// The condition of a scan in the kernel, or why the filter is
+    /// evaluated in user space.
+    pub(crate) fn scan_cond(&self, sizes: Sizes) -> Result<Cond, String> {
+        cond(&self.root, sizes)
+    }
+}
+
+fn op(c: Cmp) -> CmpOp {
+    match c {
+        Cmp::Eq => CmpOp::Eq,
+        Cmp::Ne => CmpOp::Ne,
+        Cmp::Lt => CmpOp::Lt,
+        Cmp::Le => CmpOp::Le,
+        Cmp::Gt => CmpOp::Gt,
+        Cmp::Ge => CmpOp::Ge,
+    }
+}
+
+fn cond(n: &Node, sizes: Sizes) -> Result<Cond, String> {
+    let all = |ns: &[Node]| {
+        ns.iter()
+            .map(|n| cond(n, sizes))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(match n {
+        Node::Bool(b) => Cond::Const(*b),
+        Node::LoadBool(m) => Cond::Cmp(int_read(m, sizes)?, CmpOp::Ne, 0),
+        Node::IntCmpConst(m, c, k) => Cond::Cmp(int_read(m, sizes)?, op(*c), *k),
+        Node::Cmp(c, a, b) => match (&**a, &**b) {
+            (Node::LoadInt(m), Node::Int(k)) => Cond::Cmp(int_read(m, sizes)?, op(*c), *k),
+            (Node::Int(k), Node::LoadInt(m)) => Cond::Cmp(int_read(m, sizes)?, op(flip(*c)), *k),
+            (Node::LoadBytes(_) | Node::Bytes(_), _) | (_, Node::LoadBytes(_) | Node::Bytes(_)) => {
+                return Err("the filter reads text or bytes".into());
+            }
+            (Node::Arith(..) | Node::Neg(_), _) | (_, Node::Arith(..) | Node::Neg(_)) => {
+                return Err("the filter computes arithmetic".into());
+            }
+            _ => return Err("the filter compares computed values".into()),
+        },
+        Node::Not(x) => Cond::Not(Box::new(cond(x, sizes)?)),
+        Node::And(xs) => Cond::All(all(xs)?),
+        Node::Or(xs) => Cond::Any(all(xs)?),
+        Node::IntInConsts(m, set) if set.0.len() <= MAX_IN => {
+            let r = int_read(m, sizes)?;
+            Cond::Any(set.0.iter().map(|k| Cond::Cmp(r, CmpOp::Eq, *k)).collect())
+        }
+        Node::InInts(x, set) if set.0.len() <= MAX_IN => match &**x {
+            Node::LoadInt(m) => {
+                let r = int_read(m, sizes)?;
+                Cond::Any(set.0.iter().map(|k| Cond::Cmp(r, CmpOp::Eq, *k)).collect())
+            }
+            _ => return Err("the filter tests a computed value against a list".into()),
+        },
+        Node::IntInConsts(..) | Node::InInts(..) => {
+            return Err(format!("the filter has a list longer than {MAX_IN}"));
+        }
+        Node::Arith(..) | Node::Neg(_) => return Err("the filter computes arithmetic".into()),
+        Node::Str(..) | Node::Matches(..) | Node::Size(_) | Node::InBytes(..) => {
+            return Err("the filter reads text or bytes".into());
+        }
+        Node::Cond(..) => return Err("the filter has a conditional expression".into()),
+        Node::Int(_) | Node::Bytes(_) | Node::LoadInt(_) | Node::LoadBytes(_) => {
+            return Err("the filter is not a condition".into());
+        }
+    })
+}

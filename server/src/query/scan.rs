@@ -1,0 +1,61 @@
+//! Questions as scans in the kernel: a filter, groups and aggregates
+//! translated into a [`ScanPlan`], or the reason they cannot be (a member
+//! the generated program does not read: text, wider than 64 bits, one
+//! CPU's value; a filter with arithmetic, strings or regular expressions).
+
+use bpfmap_kernel::scan::{IntRead, ScanPlan, Side};
+use bpfmap_proto::typed::{IntMember, Root};
+
+use super::{Filter, Spec};
+
+/// The sizes of a map's key and of one value.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    pub(crate) key: usize,
+    pub(crate) value: usize,
+}
+
+/// How a program reads `m`, or why it cannot.
+pub(crate) fn int_read(m: &IntMember, sizes: Sizes) -> Result<IntRead, String> {
+    let (side, size) = match m.root() {
+        Root::Key => (Side::Key, sizes.key),
+        Root::Value => (Side::Value, sizes.value),
+        Root::Cpu(_) => return Err("one CPU's value is read in user space".into()),
+    };
+    let f = m.field();
+    IntRead::new(
+        side,
+        (f.bit_offset(), f.bits()),
+        (f.signed(), f.big_endian()),
+        size,
+    )
+    .ok_or_else(|| format!("a {}-bit member is read in user space", f.bits()))
+}
+
+/// The plan of an aggregate with `filter`, or why it stays in user space.
+pub(crate) fn plan(
+    spec: &Spec,
+    filter: Option<&Filter>,
+    sizes: Sizes,
+    max_groups: usize,
+) -> Result<ScanPlan, String> {
+    let filter = match filter {
+        None => bpfmap_kernel::scan::Cond::Const(true),
+        Some(f) => f.scan_cond(sizes)?,
+    };
+    let (group, key_len, aggs) = spec.scan_parts(sizes)?;
+    // Only COUNT, no filter, no groups: the program counts what it visits.
+    if filter == bpfmap_kernel::scan::Cond::Const(true)
+        && group.is_empty()
+        && aggs.iter().all(|a| *a == bpfmap_kernel::scan::AggOp::Count)
+    {
+        return Ok(ScanPlan::count());
+    }
+    Ok(ScanPlan {
+        filter,
+        group,
+        key_len,
+        aggs,
+        max_groups: u32::try_from(max_groups).unwrap_or(u32::MAX),
+    })
+}

@@ -1,0 +1,173 @@
+//! Scans inside the kernel for the daemon's callers: the programs
+//! generated for a map and a question (`bpfmap_kernel::scan`), cached per
+//! map and plan, at most `MAX_PROGRAMS` and each unloaded after `IDLE`
+//! unused (a loaded program keeps its map alive); a plan the verifier
+//! refused is not tried again for that map, and its log is logged once.
+//! What cannot run in the kernel is said (the note) and read in batches.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use bpfmap_kernel::{
+    MapHandle, MapMeta,
+    scan::{self, ScanLoadError, ScanOutput, ScanPlan, ScanProgram},
+};
+
+/// Programs kept loaded.
+const MAX_PROGRAMS: usize = 64;
+/// A program unused this long is unloaded.
+const IDLE: Duration = Duration::from_secs(300);
+/// Refused plans remembered.
+const MAX_REFUSED: usize = 1024;
+
+/// What the metrics show of scans in the kernel.
+#[derive(Debug, Default)]
+pub(crate) struct ScanStats {
+    /// Scans run in the kernel.
+    pub(crate) scans: AtomicU64,
+    /// Programs loaded (the verifier accepted them).
+    pub(crate) loads: AtomicU64,
+    /// Programs the verifier refused.
+    pub(crate) refusals: AtomicU64,
+    /// Aggregates that asked for a scan in the kernel (SCAN_AUTO) and read
+    /// the map in batches.
+    pub(crate) fallbacks: AtomicU64,
+}
+
+/// The daemon's scan programs.
+#[derive(Debug, Default)]
+pub(crate) struct KernelScans {
+    programs: Mutex<Vec<Cached>>,
+    refused: Mutex<HashSet<(u32, [u8; 8], ScanPlan)>>,
+    pub(crate) stats: ScanStats,
+    /// Turned off (tests of the batched path): every scan falls back.
+    disabled: bool,
+}
+
+#[derive(Debug)]
+struct Cached {
+    map: (u32, [u8; 8]),
+    plan: ScanPlan,
+    program: Arc<Mutex<ScanProgram>>,
+    used: Instant,
+}
+
+/// Whether this kernel runs scan programs (probed once).
+fn kernel_support() -> Result<(), String> {
+    static SUPPORT: OnceLock<Result<(), String>> = OnceLock::new();
+    SUPPORT
+        .get_or_init(|| {
+            let r = scan::supported();
+            if let Err(e) = &r {
+                tracing::info!(reason = %e, "scans in the kernel are unavailable; aggregates read maps in batches");
+            }
+            r
+        })
+        .clone()
+}
+
+impl KernelScans {
+    /// Scans that always fall back (for comparing both paths).
+    pub(crate) fn disabled() -> Self {
+        Self {
+            disabled: true,
+            ..Self::default()
+        }
+    }
+
+    /// Why aggregates of a map like `meta`'s cannot run in the kernel,
+    /// whatever they ask; `None` when they can.
+    pub(crate) fn unavailable(&self, meta: &MapMeta) -> Option<String> {
+        if self.disabled {
+            return Some("scans in the kernel are turned off".into());
+        }
+        if let Err(e) = kernel_support() {
+            return Some(e);
+        }
+        (!scan::walks(meta.map_type))
+            .then(|| format!("bpf_for_each_map_elem does not walk {} maps", meta.map_type))
+    }
+
+    /// Number of programs loaded.
+    pub(crate) fn loaded(&self) -> usize {
+        self.programs.lock().expect("scan programs").len()
+    }
+
+    /// Runs `plan` over `handle`'s map in the kernel (blocking), or says
+    /// why it cannot (the caller then reads the map in batches).
+    pub(crate) fn run(&self, handle: &MapHandle, plan: &ScanPlan) -> Result<ScanOutput, String> {
+        let result = self.program(handle, plan).and_then(|p| {
+            let p = p.lock().expect("scan program");
+            p.run().map_err(|e| format!("the scan program failed: {e}"))
+        });
+        match &result {
+            Ok(_) => self.stats.scans.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.stats.fallbacks.fetch_add(1, Ordering::Relaxed),
+        };
+        result
+    }
+
+    /// The program of `plan` for the map, loaded if it is not.
+    fn program(
+        &self,
+        handle: &MapHandle,
+        plan: &ScanPlan,
+    ) -> Result<Arc<Mutex<ScanProgram>>, String> {
+        if let Some(why) = self.unavailable(handle.meta()) {
+            return Err(why);
+        }
+        let meta = handle.meta();
+        let map = (meta.id, meta.fingerprint());
+        {
+            let mut programs = self.programs.lock().expect("scan programs");
+            programs.retain(|c| c.used.elapsed() < IDLE);
+            let hit = programs
+                .iter_mut()
+                .find(|c| c.map == map && c.plan == *plan);
+            if let Some(c) = hit {
+                c.used = Instant::now();
+                return Ok(c.program.clone());
+            }
+        }
+        let refused_key = (map.0, map.1, plan.clone());
+        if self.refused.lock().expect("refused").contains(&refused_key) {
+            return Err("the kernel's verifier refused this scan's program".into());
+        }
+        let program = match ScanProgram::load(handle, plan) {
+            Ok(p) => Arc::new(Mutex::new(p)),
+            Err(ScanLoadError::Refused { error, log }) => {
+                self.stats.refusals.fetch_add(1, Ordering::Relaxed);
+                let mut refused = self.refused.lock().expect("refused");
+                if refused.len() >= MAX_REFUSED {
+                    refused.clear();
+                }
+                refused.insert(refused_key);
+                tracing::warn!(map = meta.id, %error, verifier_log = %log, "the kernel's verifier refused a scan program; this aggregate reads the map in batches");
+                return Err(format!(
+                    "the kernel's verifier refused this scan's program ({error})"
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
+        let mut programs = self.programs.lock().expect("scan programs");
+        if programs.len() >= MAX_PROGRAMS
+            && let Some(oldest) = (0..programs.len()).min_by_key(|&i| programs[i].used)
+        {
+            programs.swap_remove(oldest);
+        }
+        programs.push(Cached {
+            map,
+            plan: plan.clone(),
+            program: program.clone(),
+            used: Instant::now(),
+        });
+        Ok(program)
+    }
+}
