@@ -1279,8 +1279,9 @@ async fn filtered_dump(mut c: Grpc, want: u64) -> u64 {
     n
 }
 
-/// The ten destinations with the most bytes; the entries it grouped.
-async fn top_destinations(mut c: Grpc, groups: u64) -> u64 {
+/// The ten destinations with the most bytes, walked inside the kernel
+/// (`kernel`) or read in batches; the entries it grouped.
+async fn top_destinations(mut c: Grpc, groups: u64, kernel: bool) -> u64 {
     let req = pb::AggregateMapRequest {
         map: bpfmap_tests::map_ref("flows"),
         group_by: vec!["key.daddr".into()],
@@ -1289,12 +1290,107 @@ async fn top_destinations(mut c: Grpc, groups: u64) -> u64 {
             field: "value.bytes".into(),
         }],
         limit: 10,
+        scan: scan_method(kernel),
         ..Default::default()
     };
     let r = c.aggregate_map(req).await.unwrap().into_inner();
     let s = r.summary.unwrap();
     assert_eq!((r.groups.len(), s.groups_total), (10, groups));
+    assert_eq!(s.scanned_in_kernel, kernel, "{}", s.scan_note);
     s.entries_matched
+}
+
+fn scan_method(kernel: bool) -> i32 {
+    if kernel {
+        pb::ScanMethod::ScanAuto as i32
+    } else {
+        pb::ScanMethod::ScanBatched as i32
+    }
+}
+
+/// COUNT of the entries `filter` takes (all without one), walked inside
+/// the kernel or read in batches.
+async fn count_entries(mut c: Grpc, filter: &str, want: u64, kernel: bool) -> u64 {
+    let req = pb::AggregateMapRequest {
+        map: bpfmap_tests::map_ref("flows"),
+        filter: filter.into(),
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Count as i32,
+            field: String::new(),
+        }],
+        scan: scan_method(kernel),
+        ..Default::default()
+    };
+    let r = c.aggregate_map(req).await.unwrap().into_inner();
+    let s = r.summary.unwrap();
+    assert_eq!(s.entries_matched, want);
+    assert_eq!(s.scanned_in_kernel, kernel, "{}", s.scan_note);
+    want
+}
+
+/// CPU time (user and system) of this process, the daemon's included.
+fn cpu_time() -> Duration {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    #[allow(unsafe_code)]
+    let u = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
+        u.assume_init()
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// Scans in the kernel against the same questions read in batches, each
+/// against the floor walk in the same run: the top 10, a count, a count
+/// filtered to 1 %; then CPU seconds per scan both ways.
+async fn kernel_scans(n: u32, c: &Grpc, floor: &impl Fn() -> u64, report: &mut Report) {
+    let n64 = u64::from(n);
+    let groups = u64::from((n / 100).max(1));
+    let want = one_percent(n);
+    let cases: [(String, f64, f64); 3] = [
+        (format!("AggregateMap top 10 of {groups} groups"), 1.5, 0.6),
+        ("COUNT of the entries".into(), 1.2, 0.3),
+        (format!("COUNT filtered to 1 % ({ONE_PERCENT})"), 1.2, 0.6),
+    ];
+    for (i, (what, batched_target, kernel_target)) in cases.iter().enumerate() {
+        for kernel in [false, true] {
+            let run = || {
+                let c = c.clone();
+                async move {
+                    match i {
+                        0 => top_destinations(c, groups, kernel).await,
+                        1 => count_entries(c, "", n64, kernel).await,
+                        _ => count_entries(c, ONE_PERCENT, want, kernel).await,
+                    }
+                }
+            };
+            let (d, r) = paired_async(floor, run).await;
+            let how = if kernel { "in the kernel" } else { "batched" };
+            report.row(&format!("{what}, {how}"), d, n64, Some(("the floor", r)));
+            // The batched reads' one target is the top 10's, from before.
+            let target = if kernel {
+                Some(*kernel_target)
+            } else {
+                (i == 0).then_some(*batched_target)
+            };
+            if let Some(target) = target {
+                report.target(
+                    &format!("{what}, {how}, {n} typed flows, vs the floor"),
+                    r,
+                    "x",
+                    target,
+                    true,
+                );
+            }
+            let before = cpu_time();
+            for _ in 0..3 {
+                run().await;
+            }
+            let cpu = (cpu_time() - before) / 3;
+            println!("  {:<58} {:>9.1} ms CPU per scan", "", ms(cpu));
+        }
+    }
 }
 
 /// Queries in the daemon on `n` demo-shaped typed flows: a dump filtered
@@ -1332,16 +1428,7 @@ fn queries(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
             1.25,
             true,
         );
-        let (d, r) = paired_async(floor, || top_destinations(c.clone(), groups)).await;
-        let what = format!("AggregateMap: top 10 of {groups} key.daddr by SUM(value.bytes)");
-        report.row(&what, d, n64, Some(("the floor", r)));
-        report.target(
-            &format!("AggregateMap top 10 of {groups} groups, {n} typed flows, vs the floor"),
-            r,
-            "x",
-            1.5,
-            true,
-        );
+        kernel_scans(n, &c, &floor, report).await;
         let info = c
             .clone()
             .get_map(pb::GetMapRequest {

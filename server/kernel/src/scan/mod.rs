@@ -219,9 +219,15 @@ impl ScanProgram {
                 io_error: std::io::Error::from_raw_os_error(-error as i32),
             });
         }
+        let visited = word(plan::VISITED);
+        let unfiltered = self.plan.filter.clone().simplified() == Cond::Const(true);
         Ok(ScanOutput {
-            visited: word(plan::VISITED),
-            matched: word(plan::MATCHED),
+            visited,
+            matched: if unfiltered {
+                visited
+            } else {
+                word(plan::MATCHED)
+            },
             groups,
             overflowed: error == -E2BIG,
         })

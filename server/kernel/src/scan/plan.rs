@@ -376,9 +376,12 @@ impl ScanPlan {
         a.alu_reg(Alu::Mov, R7, R3);
         branch(a, &filter, reject, false);
         a.load_pseudo(R9, Pseudo::MapValue, scratch, 0);
-        a.load(R1, R9, MATCHED, 8);
-        a.alu_imm(Alu::Add, R1, 1);
-        a.store(R9, MATCHED, R1, 8);
+        // Without a condition every entry visited is taken.
+        if filter != Cond::Const(true) {
+            a.load(R1, R9, MATCHED, 8);
+            a.alu_imm(Alu::Add, R1, 1);
+            a.store(R9, MATCHED, R1, 8);
+        }
         let key = self.key_at() as i16;
         for part in &self.group {
             copy_part(a, part, key);
