@@ -119,6 +119,18 @@ impl MapHandle {
         Self::from_fd(fd)
     }
 
+    /// A handle on a map this process created (a copy of its descriptor,
+    /// with the same access): no capability beyond creating it.
+    pub(crate) fn of_owned(fd: std::os::fd::BorrowedFd<'_>) -> Result<Self, OpenError> {
+        let fd = fd.try_clone_to_owned().map_err(|e| {
+            OpenError::from_sys(SyscallError {
+                call: "fcntl(F_DUPFD_CLOEXEC)",
+                io_error: e,
+            })
+        })?;
+        Self::from_fd(fd)
+    }
+
     /// Whether the descriptor was opened for writing, as the kernel records
     /// it (`fcntl(F_GETFL)`): false for [`open_pinned`](Self::open_pinned)
     /// and [`open_id`](Self::open_id), true for their `_writable` forms.

@@ -131,6 +131,12 @@ impl OwnedMap {
         unsafe { sys::delete_elem(self.fd.as_fd(), key) }
     }
 
+    /// A handle that reads (and drains) this map through a copy of its
+    /// descriptor.
+    pub fn handle(&self) -> Result<crate::MapHandle, crate::OpenError> {
+        crate::MapHandle::of_owned(self.fd.as_fd())
+    }
+
     /// Pins the map at `path` (inside a bpffs).
     pub fn pin(&self, path: &Path) -> SysResult<()> {
         sys::obj_pin(self.fd.as_fd(), path)

@@ -98,8 +98,9 @@ pub fn supported() -> Result<(), String> {
                 .map_err(|e| format!("cannot create a map: {e}"))?;
             map.update(&1u32.to_ne_bytes(), &[0; 4])
                 .map_err(|e| format!("cannot write a map: {e}"))?;
-            let handle = MapHandle::open_id(map.id())
-                .map_err(|e| format!("cannot open a map by id: {e}"))?;
+            let handle = map
+                .handle()
+                .map_err(|e| format!("cannot open a map: {e}"))?;
             let p = ScanProgram::load(&handle, &ScanPlan::count()).map_err(|e| match e {
                 ScanLoadError::Refused { error, .. } => {
                     format!("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")
@@ -154,8 +155,9 @@ impl ScanProgram {
                 name: "bpfmapd_groups",
                 ..Default::default()
             })?;
-            let handle = MapHandle::open_id_writable(map.id())
-                .map_err(|e| SyscallError::invalid_input("BPF_MAP_GET_FD_BY_ID", e.to_string()))?;
+            let handle = map
+                .handle()
+                .map_err(|e| SyscallError::invalid_input("dup", e.to_string()))?;
             Some((map, handle))
         };
         let fds = (
