@@ -41,7 +41,7 @@ use bpfmap_client::{
     ValueRef, pb,
 };
 use bpfmap_tests::{
-    BpfFs, MapType, create_map, map_ref,
+    BpfFs, MapType, Rng, create_map, map_ref,
     pki::{Name, Pki, Validity},
     process::{DaemonProcess, free_addr, send_signal},
     u64_hash, update_batch,
@@ -212,23 +212,6 @@ impl Shared {
             tokio::time::sleep(left.min(Duration::from_millis(100))).await;
         }
         true
-    }
-}
-
-/// A small deterministic generator (xorshift64*), for keys and pauses.
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

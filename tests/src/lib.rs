@@ -26,8 +26,10 @@ pub mod networking;
 pub mod pki;
 pub mod process;
 pub mod programs;
+mod rng;
 mod tools;
 
+pub use rng::Rng;
 pub use tools::{ctl, grpcurl, json_lines, json_of, json_stream, map_ref, proto_of};
 
 /// A private bpffs mounted on a temporary directory; unmounted on drop.

@@ -493,34 +493,6 @@ async fn drain_is_its_own_operation_on_configured_maps_only() {
     daemon.stop().await;
 }
 
-/// A pseudo-random sequence (xorshift), its seed printed so that a
-/// failure can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Self {
-        let seed = std::env::var("DRAIN_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("DRAIN_SEED={seed}");
-        Self(seed)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// The keys in `bpfmapctl drain`'s output (untyped u64 keys, in hex).
 fn output_keys(path: &Path) -> Vec<u64> {
     let text = std::fs::read_to_string(path).unwrap();
@@ -587,7 +559,7 @@ async fn a_drain_pipeline_killed_at_random_points_delivers_every_entry_exactly_o
         }
         c.spawn().unwrap()
     };
-    let mut rng = Rng::new();
+    let mut rng = Rng::from_env("DRAIN_SEED");
     let (mut ctl_kills, mut daemon_kills) = (0, 0);
     while !writer.is_finished() {
         let addr = daemon.addr.to_string();

@@ -8,23 +8,8 @@ use bpfmap_proto::v1::{
     ArrayType, EnumType, Enumerator, IntType, Member, PointerType, RecordType, TypeInfo,
     type_info::Kind,
 };
-use bpfmap_tests::fuzz;
+use bpfmap_tests::{Rng, fuzz};
 use prost::Message as _;
-
-/// xorshift64*: deterministic, so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// A few bytes changed, inserted, removed or cut.
 fn mutate(seed: &[u8], rng: &mut Rng) -> Vec<u8> {

@@ -6,7 +6,7 @@
 //! bitfields; what a program cannot compute falls back and says why.
 //!
 //! The random cases are reproducible: the seed is printed, and
-//! `BPFMAP_SCAN_SEED=N` replays it.
+//! `BPFMAP_SCAN_SEED=N` replays it (`Rng::from_env`).
 
 use bpfmap_proto::v1 as pb;
 use bpfmap_tests::*;
@@ -51,41 +51,6 @@ const CONSTANTS: &[i128] = &[
     1 << 40,
 ];
 
-/// xorshift64*: enough randomness for cases, reproducible from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("BPFMAP_SCAN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("kernel scans: BPFMAP_SCAN_SEED={seed}");
-    seed
-}
-
 /// A constant as CEL spells it (beyond i64: an unsigned literal).
 fn literal(k: i128) -> String {
     if k > i128::from(i64::MAX) {
@@ -121,7 +86,7 @@ fn filter(rng: &mut Rng, depth: usize) -> String {
 
 /// A random AggregateMap request over `path`.
 fn request(rng: &mut Rng, path: &str, key_members: bool) -> pb::AggregateMapRequest {
-    let n = 1 + rng.below(4);
+    let n = 1 + rng.below(4) as usize;
     let aggregates: Vec<pb::Aggregate> = (0..n)
         .map(|_| {
             let op = *rng.pick(&[
@@ -159,7 +124,7 @@ fn request(rng: &mut Rng, path: &str, key_members: bool) -> pb::AggregateMapRequ
             filter(rng, 3)
         },
         group_by,
-        order_by: rng.below(n) as u32,
+        order_by: rng.below(n as u64) as u32,
         ascending: rng.below(2) == 0,
         limit: *rng.pick(&[0, 3, 10]),
         aggregates,
@@ -227,7 +192,7 @@ fn types(maps: &[&str], key: &str) -> bpfmapd::TypesConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_aggregates_in_the_kernel_equal_the_batched_reads() {
-    let mut rng = Rng(seed());
+    let mut rng = Rng::from_env("BPFMAP_SCAN_SEED");
     let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
     let kinds = [
         ("s/hash", MapType::HASH),
@@ -375,6 +340,60 @@ async fn what_a_program_cannot_compute_is_read_in_batches_and_said() {
         "bpf_for_each_map_elem does not walk lpm_trie maps"
     );
     // The metrics count the scans and the fallbacks.
+    daemon.stop().await;
+}
+
+/// More groups than limits.max_groups: the program's groups map is that
+/// large, and the call fails as the batched read does, with the same
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_in_the_kernel_keeps_to_max_groups() {
+    let mut rng = Rng(11);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let _hash = random_map(&fs, "s/hash", MapType::HASH, &mut rng);
+    let mut config = bpfmapd::Config {
+        types: vec![types(&["s/hash"], KEY)],
+        ..Daemon::config(fs.path(), state.path())
+    };
+    config.limits.max_groups = 4;
+    let daemon = Daemon::start_with(config).await;
+    let mut c = grpc(&daemon.addr()).await;
+    let req = |group_by: &str, scan: pb::ScanMethod| pb::AggregateMapRequest {
+        map: map_ref("s/hash"),
+        group_by: vec![group_by.into()],
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Count as i32,
+            field: String::new(),
+        }],
+        scan: scan as i32,
+        ..Default::default()
+    };
+    // value.proto takes 6 values.
+    let auto = c
+        .aggregate_map(req("value.proto", pb::ScanMethod::ScanAuto))
+        .await
+        .unwrap_err();
+    let batched = c
+        .aggregate_map(req("value.proto", pb::ScanMethod::ScanBatched))
+        .await
+        .unwrap_err();
+    assert_eq!(auto.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        auto.message(),
+        "more than 4 groups (limits.max_groups): 5 seen before the walk stopped; group by fewer or coarser members, or filter"
+    );
+    assert_eq!(
+        (auto.code(), auto.message()),
+        (batched.code(), batched.message())
+    );
+    // value.flags takes 4: within the limit, in the kernel.
+    let r = c
+        .aggregate_map(req("value.flags", pb::ScanMethod::ScanAuto))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.groups.len(), 4);
+    assert!(r.summary.unwrap().scanned_in_kernel);
     daemon.stop().await;
 }
 

@@ -171,3 +171,67 @@ impl KernelScans {
         Ok(program)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use bpfmap_kernel::{
+        MapType, OwnedMap,
+        scan::{CmpOp, Cond, IntRead, ScanPlan, Side},
+    };
+
+    use super::*;
+
+    /// The plan that counts the entries whose key is below `k`.
+    fn below(k: i128) -> ScanPlan {
+        let key = IntRead::new(Side::Key, (0, 32), (false, false), 4).unwrap();
+        ScanPlan {
+            filter: Cond::Cmp(key, CmpOp::Lt, k),
+            group: Vec::new(),
+            key_len: 0,
+            aggs: vec![bpfmap_kernel::scan::AggOp::Count],
+            max_groups: 1,
+        }
+    }
+
+    #[test]
+    fn programs_are_cached_per_plan_and_bounded_in_number() {
+        let map = OwnedMap::new(MapType::HASH, 4, 4, 256, "scans_test")
+            .expect("a hash map: these tests need root and BPF");
+        for i in 0u32..100 {
+            map.update(&i.to_ne_bytes(), &[0; 4]).unwrap();
+        }
+        let handle = map.handle().unwrap();
+        let scans = KernelScans::default();
+        let count = |k: i128| scans.run(&handle, &below(k)).unwrap().matched;
+        assert_eq!(count(10), 10);
+        assert_eq!(count(10), 10);
+        assert_eq!(
+            scans.stats.loads.load(Ordering::Relaxed),
+            1,
+            "the same plan runs the cached program"
+        );
+        for k in 0..MAX_PROGRAMS as i128 + 6 {
+            assert_eq!(count(k), k.min(100) as u64);
+        }
+        assert_eq!(scans.loaded(), MAX_PROGRAMS);
+        assert_eq!(
+            scans.stats.scans.load(Ordering::Relaxed),
+            2 + MAX_PROGRAMS as u64 + 6
+        );
+        // The least recently used went first: plan 0, run again, is loaded again.
+        let loads = scans.stats.loads.load(Ordering::Relaxed);
+        assert_eq!(count(0), 0);
+        assert_eq!(scans.stats.loads.load(Ordering::Relaxed), loads + 1);
+        assert_eq!(scans.loaded(), MAX_PROGRAMS);
+    }
+
+    #[test]
+    fn turned_off_every_scan_falls_back_and_says_why() {
+        let map = OwnedMap::new(MapType::HASH, 4, 4, 4, "scans_test").unwrap();
+        let scans = KernelScans::disabled();
+        let e = scans.run(&map.handle().unwrap(), &below(1)).unwrap_err();
+        assert_eq!(e, "scans in the kernel are turned off");
+        assert_eq!(scans.stats.fallbacks.load(Ordering::Relaxed), 1);
+        assert_eq!(scans.loaded(), 0);
+    }
+}

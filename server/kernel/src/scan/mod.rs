@@ -18,7 +18,6 @@ mod plan;
 use std::{
     ffi::CStr,
     os::fd::{AsFd, AsRawFd, OwnedFd},
-    sync::OnceLock,
 };
 
 pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, ScanPlan, Side};
@@ -59,8 +58,8 @@ pub struct ScanProgram {
     scratch: OwnedMap,
     /// The groups, and a writable handle to drain them.
     groups: Option<(OwnedMap, MapHandle)>,
-    /// Instructions, for the figures.
-    insns: usize,
+    /// Whether its condition takes every entry (matched = visited).
+    unfiltered: bool,
 }
 
 /// One group of a scan: its key, its count, its aggregates' words.
@@ -88,35 +87,30 @@ pub fn walks(map_type: MapType) -> bool {
     matches!(map_type.0, 1 | 2 | 5 | 6 | 9 | 10)
 }
 
-/// Whether this kernel runs scan programs (checked once, with a program
-/// that counts the entries of a map of its own); the reason when not.
+/// Whether this kernel runs scan programs (a program that counts the
+/// entries of a map of its own); the reason when not.
 pub fn supported() -> Result<(), String> {
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    PROBE
-        .get_or_init(|| {
-            let map = OwnedMap::new(MapType::HASH, 4, 4, 4, "bpfmapd_probe")
-                .map_err(|e| format!("cannot create a map: {e}"))?;
-            map.update(&1u32.to_ne_bytes(), &[0; 4])
-                .map_err(|e| format!("cannot write a map: {e}"))?;
-            let handle = map
-                .handle()
-                .map_err(|e| format!("cannot open a map: {e}"))?;
-            let p = ScanProgram::load(&handle, &ScanPlan::count()).map_err(|e| match e {
-                ScanLoadError::Refused { error, .. } => {
-                    format!("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")
-                }
-                e => e.to_string(),
-            })?;
-            match p.run() {
-                Ok(out) if out.visited == 1 => Ok(()),
-                Ok(out) => Err(format!(
-                    "a scan program counted {} entries of a map of 1",
-                    out.visited
-                )),
-                Err(e) => Err(format!("cannot run a scan program: {e}")),
-            }
-        })
-        .clone()
+    let map = OwnedMap::new(MapType::HASH, 4, 4, 4, "bpfmapd_probe")
+        .map_err(|e| format!("cannot create a map: {e}"))?;
+    map.update(&1u32.to_ne_bytes(), &[0; 4])
+        .map_err(|e| format!("cannot write a map: {e}"))?;
+    let handle = map
+        .handle()
+        .map_err(|e| format!("cannot open a map: {e}"))?;
+    let p = ScanProgram::load(&handle, &ScanPlan::count()).map_err(|e| match e {
+        ScanLoadError::Refused { error, .. } => {
+            format!("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")
+        }
+        e => e.to_string(),
+    })?;
+    match p.run() {
+        Ok(out) if out.visited == 1 => Ok(()),
+        Ok(out) => Err(format!(
+            "a scan program counted {} entries of a map of 1",
+            out.visited
+        )),
+        Err(e) => Err(format!("cannot run a scan program: {e}")),
+    }
 }
 
 impl ScanProgram {
@@ -184,18 +178,8 @@ impl ScanProgram {
             prog,
             scratch,
             groups,
-            insns: insns.len(),
+            unfiltered: plan.filter.clone().simplified() == Cond::Const(true),
         })
-    }
-
-    /// Its plan.
-    pub fn plan(&self) -> &ScanPlan {
-        &self.plan
-    }
-
-    /// Its length in instructions.
-    pub fn instructions(&self) -> usize {
-        self.insns
     }
 
     /// Runs the scan once (blocking: the walk of the whole map), leaving
@@ -222,10 +206,9 @@ impl ScanProgram {
             });
         }
         let visited = word(plan::VISITED);
-        let unfiltered = self.plan.filter.clone().simplified() == Cond::Const(true);
         Ok(ScanOutput {
             visited,
-            matched: if unfiltered {
+            matched: if self.unfiltered {
                 visited
             } else {
                 word(plan::MATCHED)

@@ -56,14 +56,6 @@ impl IntRead {
         })
     }
 
-    pub fn side(&self) -> Side {
-        self.side
-    }
-
-    pub fn signed(&self) -> bool {
-        self.signed
-    }
-
     /// The smallest and largest value the member holds.
     fn range(&self) -> (i128, i128) {
         let b = u32::from(self.bits);
@@ -436,7 +428,8 @@ fn cond_reads(c: &Cond, out: &mut Vec<(Side, usize)>) {
     }
 }
 
-/// Code that jumps to `target` when `c` is `when`, and goes on otherwise.
+/// Code that jumps to `target` when `c` (simplified) is `when`, and goes
+/// on otherwise.
 fn branch(a: &mut Asm, c: &Cond, target: Label, when: bool) {
     match c {
         Cond::Const(b) => {
@@ -463,15 +456,8 @@ fn branch(a: &mut Asm, c: &Cond, target: Label, when: bool) {
             branch(a, last, target, when);
             a.bind(skip);
         }
+        // In the member's range (`Cond::simplified` folded the others).
         Cond::Cmp(r, op, k) => {
-            let (min, max) = r.range();
-            // A constant outside the member's range decides the comparison
-            // for every entry.
-            if *k < min || *k > max {
-                let probe = if *k < min { min } else { max };
-                branch(a, &Cond::Const(op.test(probe, *k)), target, when);
-                return;
-            }
             r.emit(a, R1);
             let jump = if when {
                 op.jump(r.signed)
