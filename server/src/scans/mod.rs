@@ -20,7 +20,7 @@ use bpfmap_kernel::{
 };
 
 /// Programs kept loaded.
-const MAX_PROGRAMS: usize = 64;
+const MAX_PROGRAMS: usize = 256;
 /// A program unused this long is unloaded.
 const IDLE: Duration = Duration::from_secs(300);
 /// Refused plans remembered.
