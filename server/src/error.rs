@@ -133,6 +133,10 @@ pub(crate) enum Error {
     /// A watched map was replaced or changed shape; the message says how.
     #[error("{0}")]
     MapChanged(String),
+    /// A dump's cursor asks for a walk inside the kernel that cannot run
+    /// now; the message says why.
+    #[error("{0}")]
+    KernelWalkUnavailable(String),
     /// The server is stopping.
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,

@@ -485,3 +485,240 @@ async fn a_scan_in_the_kernel_misses_or_repeats_at_most_the_entries_replaced_mea
     );
     daemon.stop().await;
 }
+
+/// A packed dump's entries (key, value), its last cursor and its summary.
+async fn dump(
+    c: &mut Grpc,
+    req: pb::DumpMapRequest,
+) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, String, pb::DumpSummary), tonic::Status> {
+    let req = pb::DumpMapRequest {
+        layout: pb::Layout::Packed as i32,
+        ..req
+    };
+    let mut stream = c.dump_map(req).await?.into_inner();
+    let (mut entries, mut cursor, mut summary) = (Vec::new(), String::new(), None);
+    while let Some(m) = stream.message().await? {
+        if let Some(p) = m.packed {
+            let (ks, vs) = (p.key_size as usize, p.value_stride as usize);
+            for i in 0..p.count as usize {
+                entries.push((
+                    p.keys[i * ks..(i + 1) * ks].to_vec(),
+                    p.values[i * vs..(i + 1) * vs].to_vec(),
+                ));
+            }
+        }
+        cursor = m.cursor;
+        summary = m.summary.or(summary);
+    }
+    Ok((entries, cursor, summary.expect("a summary")))
+}
+
+/// Filtered dumps walked inside the kernel (hash and LRU hash with
+/// SCAN_KERNEL, arrays by default) send exactly the entries the batched
+/// read sends, for random filters over every kind of integer member, some
+/// with a part only user space tests (text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_filtered_dumps_in_the_kernel_send_the_batched_reads_entries() {
+    let mut rng = Rng::from_env("BPFMAP_SCAN_SEED");
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let kinds = [
+        ("s/hash", MapType::HASH, pb::ScanMethod::ScanKernel),
+        ("s/lru", MapType::LRU_HASH, pb::ScanMethod::ScanKernel),
+        ("s/array", MapType::ARRAY, pb::ScanMethod::ScanAuto),
+    ];
+    let _maps: Vec<_> = kinds
+        .iter()
+        .map(|(p, t, _)| random_map(&fs, p, *t, &mut rng))
+        .collect();
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        types: vec![types(&["s/hash", "s/lru"], KEY), types(&["s/array"], "__u32")],
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let mut c = grpc(&daemon.addr()).await;
+    let (mut in_kernel, mut partial, mut cases) = (0, 0, 0);
+    for (path, _, scan) in kinds {
+        for case in 0..40 {
+            let mut f = filter(&mut rng, 3);
+            let text = rng.below(4) == 0;
+            if text {
+                f = format!("({f}) && value.name != \"x\"");
+            }
+            let req = pb::DumpMapRequest {
+                map: map_ref(path),
+                filter: f,
+                scan: scan as i32,
+                ..Default::default()
+            };
+            let (mut got, _, s) = dump(&mut c, req.clone()).await.unwrap();
+            let batched = pb::DumpMapRequest {
+                scan: pb::ScanMethod::ScanBatched as i32,
+                ..req.clone()
+            };
+            let (mut want, _, b) = dump(&mut c, batched).await.unwrap();
+            assert!(!b.scanned_in_kernel);
+            assert_eq!((s.entries, s.complete), (want.len() as u64, true));
+            assert_eq!(s.entries_scanned, b.entries_scanned, "{req:?}");
+            cases += 1;
+            if s.scanned_in_kernel {
+                in_kernel += 1;
+                // In the order of their keys: indexes, or key bytes.
+                let mut sorted = got.clone();
+                if path == "s/array" {
+                    sorted.sort_by_key(|(k, _)| u32::from_ne_bytes(k[..4].try_into().unwrap()));
+                } else {
+                    sorted.sort();
+                }
+                assert_eq!(got, sorted, "case {case} of {path}: {req:?}");
+                if text {
+                    partial += 1;
+                    assert_eq!(
+                        s.scan_note,
+                        "part of the filter is tested in user space: the filter reads text or bytes"
+                    );
+                }
+            } else {
+                // Random filters often take every entry once folded
+                // (`value.flags >= -64`): those read in batches.
+                assert!(!s.scan_note.is_empty(), "case {case} of {path}: {req:?}");
+            }
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "case {case} of {path}: {}", s.scan_note);
+        }
+    }
+    eprintln!("{in_kernel} of {cases} dumps walked inside the kernel, {partial} with part of the filter in user space");
+    assert!(in_kernel >= cases / 2, "only {in_kernel} of {cases}");
+    assert!(partial > 0);
+    daemon.stop().await;
+}
+
+/// A dump walked inside the kernel resumes from each of its cursors with
+/// nothing lost or sent twice; a hash map's cursors so issued resume only
+/// with SCAN_KERNEL, an array's with either walk. SCAN_AUTO keeps hash
+/// maps to the batched read, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_in_the_kernel_resumes_from_its_cursors_exactly_once() {
+    let mut rng = Rng(11);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let _hash = random_map(&fs, "s/hash", MapType::HASH, &mut rng);
+    let _array = random_map(&fs, "s/array", MapType::ARRAY, &mut rng);
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        types: vec![types(&["s/hash"], KEY), types(&["s/array"], "__u32")],
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let mut c = grpc(&daemon.addr()).await;
+    let req = |path: &str, scan: pb::ScanMethod| pb::DumpMapRequest {
+        map: map_ref(path),
+        filter: "value.proto < 3".into(),
+        scan: scan as i32,
+        ..Default::default()
+    };
+    let (mut all, _, _) = dump(&mut c, req("s/hash", pb::ScanMethod::ScanBatched))
+        .await
+        .unwrap();
+    all.sort();
+    assert!(all.len() > 500, "{} entries match", all.len());
+    // Pages of 97 entries, each call resuming from the last cursor.
+    let (mut pages, mut cursor, mut got) = (0, String::new(), Vec::new());
+    loop {
+        let (entries, next, s) = dump(
+            &mut c,
+            pb::DumpMapRequest {
+                limit: 97,
+                chunk_size: 10,
+                cursor: cursor.clone(),
+                ..req("s/hash", pb::ScanMethod::ScanKernel)
+            },
+        )
+        .await
+        .unwrap();
+        assert!(s.scanned_in_kernel, "{}", s.scan_note);
+        got.extend(entries);
+        cursor = next;
+        pages += 1;
+        if s.complete {
+            break;
+        }
+    }
+    assert_eq!(pages, all.len().div_ceil(97));
+    assert_eq!(got, all, "every entry once, in key order, across {pages} calls");
+    // A key-order cursor with another scan: refused, saying how to resume.
+    let (_, mid, _) = dump(
+        &mut c,
+        pb::DumpMapRequest {
+            limit: 10,
+            ..req("s/hash", pb::ScanMethod::ScanKernel)
+        },
+    )
+    .await
+    .unwrap();
+    for scan in [pb::ScanMethod::ScanAuto, pb::ScanMethod::ScanBatched] {
+        let e = dump(
+            &mut c,
+            pb::DumpMapRequest {
+                cursor: mid.clone(),
+                ..req("s/hash", scan)
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            e.message(),
+            "this cursor comes from a dump walked inside the kernel (scan SCAN_KERNEL); resume it with the same scan"
+        );
+    }
+    // SCAN_AUTO reads a hash map in batches, and says why.
+    let (_, _, s) = dump(&mut c, req("s/hash", pb::ScanMethod::ScanAuto))
+        .await
+        .unwrap();
+    assert!(!s.scanned_in_kernel);
+    assert_eq!(
+        s.scan_note,
+        "a walk inside the kernel can miss an entry of a hash map replaced while it runs, which a dump's cursors rule out; SCAN_KERNEL accepts that"
+    );
+    // An array: the first 100 inside the kernel, the rest in batches.
+    let (array, _, _) = dump(&mut c, req("s/array", pb::ScanMethod::ScanBatched))
+        .await
+        .unwrap();
+    let (mut first, cursor, s) = dump(
+        &mut c,
+        pb::DumpMapRequest {
+            limit: 100,
+            ..req("s/array", pb::ScanMethod::ScanAuto)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(s.scanned_in_kernel && !s.complete, "{}", s.scan_note);
+    let (rest, _, s) = dump(
+        &mut c,
+        pb::DumpMapRequest {
+            cursor,
+            ..req("s/array", pb::ScanMethod::ScanBatched)
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!s.scanned_in_kernel && s.complete);
+    first.extend(rest);
+    assert_eq!(first, array, "the array's entries once each, in index order");
+    // An unknown scan method.
+    let e = dump(
+        &mut c,
+        pb::DumpMapRequest {
+            scan: 9,
+            ..req("s/hash", pb::ScanMethod::ScanAuto)
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        e.message(),
+        "unknown scan method 9; use SCAN_AUTO (0), SCAN_BATCHED (1) or SCAN_KERNEL (2)"
+    );
+    daemon.stop().await;
+}

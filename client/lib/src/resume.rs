@@ -289,6 +289,8 @@ pub struct DumpOptions {
     filter: String,
     fields: Vec<String>,
     per_cpu: crate::PerCpu,
+    /// How a filtered dump reads the map (`pb::ScanMethod`).
+    scan: i32,
     /// Sent as given (a forwarded request) rather than worked out.
     raw: Option<bool>,
 }
@@ -305,6 +307,7 @@ impl Default for DumpOptions {
             filter: String::new(),
             fields: Vec::new(),
             per_cpu: crate::PerCpu::Each,
+            scan: pb::ScanMethod::ScanAuto as i32,
             raw: None,
         }
     }
@@ -329,6 +332,7 @@ impl DumpOptions {
             } else {
                 crate::PerCpu::Each
             },
+            scan: req.scan,
             raw: Some(req.raw),
         }
     }
@@ -371,6 +375,7 @@ impl DumpOptions {
             render,
             filter: self.filter.clone(),
             fields: self.fields.clone(),
+            scan: self.scan,
         }
     }
 
@@ -459,6 +464,26 @@ impl DumpOptions {
         self
     }
 
+    /// A filtered dump of a hash map walked inside the kernel
+    /// (`SCAN_KERNEL`): the daemon's program tests the filter there and
+    /// copies out only the matching entries, at a fraction of the batched
+    /// read's cost. That walk takes no bucket lock: an entry deleted and
+    /// inserted again while it runs can be missed. Entries then come in the
+    /// order of their key bytes; a resumed dump keeps this option. Arrays
+    /// are walked inside the kernel without it (each index is visited
+    /// once); [`DumpSummary::scanned_in_kernel`] says which walk ran.
+    pub fn with_kernel_scan(mut self) -> Self {
+        self.scan = pb::ScanMethod::ScanKernel as i32;
+        self
+    }
+
+    /// Always read with batched lookups (`SCAN_BATCHED`), never inside the
+    /// kernel.
+    pub fn with_batched_scan(mut self) -> Self {
+        self.scan = pb::ScanMethod::ScanBatched as i32;
+        self
+    }
+
     /// How per-CPU values are decoded, as for a lookup, a watch or an
     /// aggregate: [`PerCpu::Sum`](crate::PerCpu::Sum) has the daemon sum
     /// every integer member over the CPUs where it decodes, in the entries
@@ -518,6 +543,18 @@ impl DumpSummary {
     /// counts those that matched.
     pub fn entries_scanned(&self) -> u64 {
         self.0.entries_scanned
+    }
+
+    /// Whether the daemon walked the map inside the kernel (see
+    /// [`DumpOptions::with_kernel_scan`]).
+    pub fn scanned_in_kernel(&self) -> bool {
+        self.0.scanned_in_kernel
+    }
+
+    /// Why a filtered dump was read in batches, or what of its filter the
+    /// daemon tested in user space after a walk inside the kernel.
+    pub fn scan_note(&self) -> &str {
+        &self.0.scan_note
     }
 
     /// The message it came in.

@@ -190,11 +190,28 @@ impl<O: MapOps> Walker<O> {
         {
             return Err(WalkError::BadToken);
         }
+        Ok(Self::with_method(ops, meta, pos, method))
+    }
+
+    /// A walk of entries read as the kernel's generic batch reads them
+    /// (the token is the last key delivered), whatever the map's type: the
+    /// entries a scan in the kernel took
+    /// ([`Matches`](crate::scan::Matches)), in their order.
+    pub fn by_key(ops: O, meta: MapMeta, pos: Position) -> Result<Self, WalkError> {
+        if let Position::After(token) = &pos
+            && token.len() != meta.key_size as usize
+        {
+            return Err(WalkError::BadToken);
+        }
+        Ok(Self::with_method(ops, meta, pos, WalkMethod::BatchKey))
+    }
+
+    fn with_method(ops: O, meta: MapMeta, pos: Position, method: WalkMethod) -> Self {
         let from = match &pos {
             Position::After(k) if order_of(&meta).is_some() => Some(k.clone()),
             _ => None,
         };
-        Ok(Self {
+        Self {
             ops,
             meta,
             method,
@@ -203,7 +220,7 @@ impl<O: MapOps> Walker<O> {
             recent: VecDeque::new(),
             min_batch: 1,
             stats: WalkStats::default(),
-        })
+        }
     }
 
     /// Where a cursor issued now resumes.
@@ -437,7 +454,11 @@ impl<O: MapOps> Walker<O> {
     fn batch_call(&mut self, after: Option<&[u8]>, n: u32) -> (SysResult<()>, Chunk, Vec<u8>) {
         let ks = self.meta.key_size as usize;
         let vs = self.meta.kernel_value_size();
-        let mut out_batch = vec![0u8; self.meta.token_size().max(4)];
+        let token = match self.method {
+            WalkMethod::BatchBucket => 4,
+            _ => self.meta.key_size as usize,
+        };
+        let mut out_batch = vec![0u8; token.max(4)];
         let mut keys = vec![0u8; ks * n as usize];
         let mut values = vec![0u8; vs * n as usize];
         let mut count = n;

@@ -57,6 +57,7 @@ pub(crate) async fn prepare(
     req: pb::AggregateMapRequest,
 ) -> Result<Prepared, Error> {
     calls.accepting()?;
+    crate::dump::scan_method(req.scan)?;
     let started = Instant::now();
     let call = (Operation::Aggregate, Rpc::AggregateMap);
     let (map, declared) = calls.resolve(caller, call, map).await?;

@@ -3,12 +3,13 @@
 use std::{sync::Arc, time::Duration};
 
 use bpfmap_kernel::{
-    MapHandle, MapMeta, MapOps,
+    MapMeta, MapOps,
     walk::{Position, Walker},
 };
 use bpfmap_proto::v1 as pb;
 
 use super::{
+    kernel::{ScanReport, Source},
     DEFAULT_CHUNK_BYTES, FIRST_CHUNK_BYTES, LARGE_PIPELINE, MAX_CHUNK, MAX_CHUNK_BYTES, PIPELINE,
 };
 use crate::{
@@ -70,7 +71,7 @@ pub(super) fn per_entry(meta: &MapMeta, layout: pb::Layout, decoder: Option<&Dec
 }
 
 /// What a request asks of a dump.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Options {
     /// How entries are laid out.
     pub(crate) layout: pb::Layout,
@@ -83,12 +84,15 @@ pub(crate) struct Options {
     pub(crate) limit: u64,
     /// A filter and a projection, if the request has them.
     pub(crate) query: Option<Arc<Query>>,
+    /// Whether the map was walked inside the kernel (the source then holds
+    /// the entries taken), and why not.
+    pub(crate) scan: ScanReport,
 }
 
 /// A dump ready to run, of a map read through `M` (the kernel's map; a
 /// scripted one in unit tests).
 #[derive(Debug)]
-pub(crate) struct DumpJob<M = MapHandle> {
+pub(crate) struct DumpJob<M = Source> {
     pub(super) map: MapRef,
     pub(super) walker: Walker<M>,
     pub(super) layout: pb::Layout,
@@ -102,6 +106,7 @@ pub(crate) struct DumpJob<M = MapHandle> {
     /// pool, for the whole dump.
     pub(super) large: Option<usize>,
     pub(super) large_memory: Option<Reservation>,
+    pub(super) scan: ScanReport,
 }
 
 impl<M: MapOps> DumpJob<M> {
@@ -151,7 +156,14 @@ impl<M: MapOps> DumpJob<M> {
             },
             None => effective_chunk(options.chunk_hint, &meta, &options, limits.share),
         };
-        let walker = Walker::new(ops, meta, position).map_err(|e| Error::from_walk(&map, e))?;
+        // Entries taken inside the kernel are walked by key, as the kernel's
+        // generic batch walks them.
+        let walker = if options.scan.visited.is_some() {
+            Walker::by_key(ops, meta, position)
+        } else {
+            Walker::new(ops, meta, position)
+        }
+        .map_err(|e| Error::from_walk(&map, e))?;
         Ok(Self {
             map,
             walker,
@@ -164,6 +176,7 @@ impl<M: MapOps> DumpJob<M> {
             slot: None,
             large,
             large_memory: None,
+            scan: options.scan,
         })
     }
 

@@ -25,12 +25,14 @@
 //! and resume from their last cursor.
 
 mod job;
+mod kernel;
 mod producer;
 mod start;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
 pub(crate) use job::{ChunkSizes, DumpJob, DumpLimits, Options};
+pub(crate) use kernel::scan_method;
 pub(crate) use producer::{DumpEnv, Queued, Started, Tail, reader_permits, spawn};
 pub(crate) use start::{Dumps, POOL_WAIT, start};
 

@@ -162,6 +162,9 @@ struct Producer<M> {
     seen: WalkStats,
     /// The next chunk's size (the slow start).
     next: u32,
+    /// Whether the map was walked inside the kernel (and the memory of
+    /// the entries taken), and why not.
+    scan: super::kernel::ScanReport,
 }
 
 impl<M: MapOps> Producer<M> {
@@ -212,6 +215,7 @@ impl<M: MapOps> Producer<M> {
             scanned: 0,
             last_queued: Instant::now(),
             next,
+            scan: job.scan,
         }
     }
 
@@ -442,7 +446,10 @@ impl<M: MapOps> Producer<M> {
             chunks: self.chunks,
             elapsed: prost_types::Duration::try_from(self.started.elapsed()).ok(),
             complete,
-            entries_scanned: self.scanned,
+            // A walk inside the kernel visited every entry.
+            entries_scanned: self.scan.visited.unwrap_or(self.scanned),
+            scanned_in_kernel: self.scan.visited.is_some(),
+            scan_note: self.scan.note.clone(),
         };
         let last = pb::DumpMapResponse {
             cursor,
@@ -666,6 +673,7 @@ mod tests {
             chunk_hint: chunk,
             limit,
             query: None,
+            scan: Default::default(),
         };
         let job = DumpJob::new(
             map,

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use bpfmap_kernel::walk::Position;
 use bpfmap_proto::v1 as pb;
 
-use super::{DumpEnv, DumpJob, MAX_CHUNK, Options};
+use super::{DumpEnv, DumpJob, MAX_CHUNK, Options, kernel};
 use crate::{
     calls::Calls,
     cursor::Sealer,
@@ -49,6 +49,7 @@ pub(crate) async fn start(
         .resolve(caller, (Operation::Dump, Rpc::DumpMap), map)
         .await?;
     let layout = layout_of(&req)?;
+    let scan = kernel::scan_method(req.scan)?;
     let cursor = calls.cursor(&req.cursor, caller, &map)?;
     let packed = layout == pb::Layout::Packed;
     let queried = !req.filter.is_empty() || !req.fields.is_empty();
@@ -62,17 +63,36 @@ pub(crate) async fn start(
     let query = Query::of_request((&req.filter, &req.fields), &meta, (&shown, &opened.types))?
         .map(Arc::new);
     let digest = query.as_ref().map(|q| q.digest());
-    let position = match cursor {
-        None => Position::Start,
+    let key_order_digest = digest.map(kernel::key_order_digest);
+    let (position, key_order_cursor) = match cursor {
+        None => (Position::Start, false),
         Some(c) => {
             calls.metrics.dump_resumed();
-            c.check_query(digest)?;
-            c.resume(&meta)?
+            let key_order = key_order_digest.is_some() && c.check_query(key_order_digest).is_ok();
+            if !key_order {
+                c.check_query(digest)?;
+            } else if scan != pb::ScanMethod::ScanKernel {
+                return Err(Error::InvalidArgument(
+                    "this cursor comes from a dump walked inside the kernel (scan SCAN_KERNEL); resume it with the same scan".into(),
+                ));
+            }
+            (c.resume(&meta)?, key_order)
         }
     };
+    let decided = kernel::decide(
+        (calls, dumps),
+        (&opened.map, opened.handle),
+        (query.as_deref(), scan),
+        (&position, key_order_cursor),
+    )
+    .await?;
     let keys = calls.keys.load_full();
-    let sealer =
-        Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta).with_query(digest);
+    let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta)
+        .with_query(if decided.key_order {
+            key_order_digest
+        } else {
+            digest
+        });
     let decoder = match query.as_ref().and_then(|q| q.projection.as_ref()) {
         Some(p) => Decoder::projected(p, packed || req.raw),
         None => Decoder::for_request(
@@ -89,10 +109,11 @@ pub(crate) async fn start(
         chunk_hint: req.chunk_size,
         limit: req.limit,
         query,
+        scan: decided.report,
     };
     let mut job = DumpJob::new(
         opened.map,
-        (opened.handle, meta),
+        (decided.source, meta),
         position,
         options,
         sealer,

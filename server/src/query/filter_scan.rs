@@ -17,6 +17,40 @@ impl Filter {
     pub(crate) fn scan_cond(&self, sizes: Sizes) -> Result<Cond, String> {
         cond(&self.root, sizes)
     }
+
+    /// A condition for the kernel that takes every entry the filter takes,
+    /// and perhaps others (the filter is then tested again in user space):
+    /// the filter with what the kernel cannot test left out. The reasons
+    /// for what was left out, none when the condition is the filter.
+    pub(crate) fn scan_prefilter(&self, sizes: Sizes) -> (Cond, Vec<String>) {
+        let mut left_out = Vec::new();
+        let c = relaxed(&self.root, sizes, true, &mut left_out).simplified();
+        (c, left_out)
+    }
+}
+
+/// `n` as a condition that takes more entries (`wider`) or fewer than it:
+/// what cannot be translated becomes true or false.
+fn relaxed(n: &Node, sizes: Sizes, wider: bool, left_out: &mut Vec<String>) -> Cond {
+    match n {
+        Node::Not(x) => Cond::Not(Box::new(relaxed(x, sizes, !wider, left_out))),
+        Node::And(xs) => Cond::All(
+            xs.iter()
+                .map(|x| relaxed(x, sizes, wider, left_out))
+                .collect(),
+        ),
+        Node::Or(xs) => Cond::Any(
+            xs.iter()
+                .map(|x| relaxed(x, sizes, wider, left_out))
+                .collect(),
+        ),
+        n => cond(n, sizes).unwrap_or_else(|why| {
+            if !left_out.contains(&why) {
+                left_out.push(why);
+            }
+            Cond::Const(wider)
+        }),
+    }
 }
 
 fn op(c: Cmp) -> CmpOp {

@@ -737,3 +737,31 @@ fn a_filter_holds_at_most_eight_regular_expressions() {
         "filter: value.comm.matches(\"y\") (column 225): at most 8 regular expressions in a filter"
     );
 }
+
+#[test]
+fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
+    use bpfmap_kernel::scan::Cond;
+    let map = Map::everything();
+    let sizes = crate::query::scan::Sizes {
+        key: 64,
+        value: 4096,
+    };
+    let pre = |source: &str| map.compile(source).unwrap().scan_prefilter(sizes);
+    // All of it: no reason.
+    let (c, why) = pre("key.dport == 443 && value.u8 > 3");
+    assert!(matches!(c, Cond::All(ref cs) if cs.len() == 2), "{c:?}");
+    assert!(why.is_empty());
+    // The text comparison is left to user space, the port kept.
+    let (c, why) = pre(r#"key.dport == 443 && value.comm == "nginx-worker""#);
+    assert!(matches!(c, Cond::Cmp(..)), "{c:?}");
+    assert_eq!(why, ["the filter reads text or bytes"]);
+    // Under a negation, what is left out takes nothing away either.
+    let (c, _) = pre(r#"!(key.dport == 443 && value.comm == "x")"#);
+    assert_eq!(c, Cond::Const(true));
+    let (c, why) = pre(r#"value.comm == "x" || value.u8 + 1 == 2"#);
+    assert_eq!(c, Cond::Const(true));
+    assert_eq!(
+        why,
+        ["the filter reads text or bytes", "the filter computes arithmetic"]
+    );
+}

@@ -52,6 +52,7 @@ pub(crate) fn plan(
         return Ok(ScanPlan::count());
     }
     Ok(ScanPlan {
+        output: bpfmap_kernel::scan::Output::Groups,
         filter,
         group,
         key_len,

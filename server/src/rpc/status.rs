@@ -42,7 +42,7 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::LookupUnsupported { .. }
         | Error::Untyped { .. } => Code::FailedPrecondition,
         Error::ResumeKeyDeleted(_) | Error::MapChanged(_) | Error::DrainBusy(_) => Code::Aborted,
-        Error::NotDrainable(_) => Code::FailedPrecondition,
+        Error::NotDrainable(_) | Error::KernelWalkUnavailable(_) => Code::FailedPrecondition,
         Error::SpoolCorrupt(_) => Code::DataLoss,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
         Error::Cancelled => Code::Cancelled,
@@ -89,6 +89,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         Error::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
         Error::MapChanged(_) => "MAP_REPLACED",
         Error::NotDrainable(_) => "NOT_DRAINABLE",
+        Error::KernelWalkUnavailable(_) => "KERNEL_WALK_UNAVAILABLE",
         Error::DrainBusy(_) => "DRAIN_BUSY",
         Error::SpoolCorrupt(_) => "SPOOL_CORRUPT",
         Error::ShuttingDown => "SHUTTING_DOWN",

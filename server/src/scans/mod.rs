@@ -185,6 +185,7 @@ mod tests {
     fn below(k: i128) -> ScanPlan {
         let key = IntRead::new(Side::Key, (0, 32), (false, false), 4).unwrap();
         ScanPlan {
+            output: bpfmap_kernel::scan::Output::Groups,
             filter: Cond::Cmp(key, CmpOp::Lt, k),
             group: Vec::new(),
             key_len: 0,

@@ -13,6 +13,7 @@
 //! `bpf_for_each_map_elem`) and CAP_BPF.
 
 mod asm;
+mod matches;
 mod plan;
 
 use std::{
@@ -20,12 +21,14 @@ use std::{
     os::fd::{AsFd, AsRawFd, OwnedFd},
 };
 
-pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, ScanPlan, Side};
+pub use matches::{KeyOrder, Matches, byte_order, index_order};
+pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, Output, ScanPlan, Side};
 
 use crate::{
     BtfBuilder, IntEncoding, MapHandle, MapType, OwnedBtf, OwnedMap,
     drain::Drainer,
     sys::{self, CreateMap, SyscallError},
+    walk::Chunk,
 };
 
 const PROG_TYPE_SYSCALL: u32 = 31;
@@ -78,7 +81,9 @@ pub struct ScanOutput {
     /// Entries the condition took.
     pub matched: u64,
     pub groups: Vec<ScanGroup>,
-    /// The groups reached `max_groups` and the walk stopped.
+    /// The entries taken ([`Output::Entries`]), each once, in no order.
+    pub entries: Chunk,
+    /// The groups (entries) reached `max_groups` and the walk stopped.
     pub overflowed: bool,
 }
 
@@ -137,13 +142,17 @@ impl ScanProgram {
             name: "bpfmapd_scan",
             ..Default::default()
         })?;
+        let (key_size, value_size) = match plan.output {
+            Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
+            Output::Entries => (meta.key_size, meta.value_size),
+        };
         let groups = if plan.counts_only() {
             None
         } else {
             let map = OwnedMap::create(&CreateMap {
                 map_type: MapType::HASH.0,
-                key_size: plan.group_key_size() as u32,
-                value_size: plan.group_value_size() as u32,
+                key_size,
+                value_size,
                 max_entries: plan.max_groups.max(1),
                 flags: BPF_F_NO_PREALLOC,
                 name: "bpfmapd_groups",
@@ -189,7 +198,7 @@ impl ScanProgram {
         self.scratch
             .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
         let ran = sys::prog_test_run(self.prog.as_fd());
-        let groups = self.drain()?;
+        let drained = self.drain()?;
         ran?;
         let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
         let word = |at: i16| {
@@ -206,6 +215,10 @@ impl ScanProgram {
             });
         }
         let visited = word(plan::VISITED);
+        let (groups, entries) = match self.plan.output {
+            Output::Groups => (self.groups_of(&drained), Chunk::default()),
+            Output::Entries => (Vec::new(), drained),
+        };
         Ok(ScanOutput {
             visited,
             matched: if self.unfiltered {
@@ -214,41 +227,54 @@ impl ScanProgram {
                 word(plan::MATCHED)
             },
             groups,
+            entries,
             overflowed: error == -E2BIG,
         })
     }
 
-    /// Reads and deletes every group.
-    fn drain(&self) -> Result<Vec<ScanGroup>, SyscallError> {
+    /// The groups in what the groups map held.
+    fn groups_of(&self, drained: &Chunk) -> Vec<ScanGroup> {
         let Some((_, handle)) = &self.groups else {
-            return Ok(Vec::new());
+            return Vec::new();
         };
-        let mut drainer = Drainer::new(handle).map_err(|e| {
-            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
-        })?;
         let (ks, vs) = (
             handle.meta().key_size as usize,
             handle.meta().value_size as usize,
         );
         let key_len = usize::from(self.plan.key_len);
-        let mut out = Vec::new();
-        while let Some(c) = drainer.next_chunk(4096).map_err(|e| {
-            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
-        })? {
-            for i in 0..c.count {
-                let v = &c.values[i * vs..(i + 1) * vs];
+        (0..drained.count)
+            .map(|i| {
+                let v = &drained.values[i * vs..(i + 1) * vs];
                 let word = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().expect("8"));
-                out.push(ScanGroup {
-                    key: c.keys[i * ks..i * ks + key_len].to_vec(),
+                ScanGroup {
+                    key: drained.keys[i * ks..i * ks + key_len].to_vec(),
                     count: word(0),
                     words: (0..self.plan.aggs.len())
                         .map(|a| (word(8 + 16 * a), word(16 + 16 * a)))
                         .collect(),
-                });
-            }
+                }
+            })
+            .collect()
+    }
+
+    /// Reads and deletes every entry of the groups map.
+    fn drain(&self) -> Result<Chunk, SyscallError> {
+        let Some((_, handle)) = &self.groups else {
+            return Ok(Chunk::default());
+        };
+        let mut drainer = Drainer::new(handle).map_err(|e| {
+            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
+        })?;
+        let mut out = Chunk::default();
+        while let Some(c) = drainer.next_chunk(4096).map_err(|e| {
+            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
+        })? {
             if c.count == 0 {
                 break;
             }
+            out.count += c.count;
+            out.keys.extend_from_slice(&c.keys);
+            out.values.extend_from_slice(&c.values);
         }
         Ok(out)
     }

@@ -226,17 +226,29 @@ pub enum GroupPart {
     Int { read: IntRead, out: u16, size: u8 },
 }
 
+/// What a scan keeps of the entries its condition takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// Their groups, with aggregates per group (or only how many entries
+    /// there are).
+    Groups,
+    /// The entries themselves, key and value, at most `max_groups` of them.
+    Entries,
+}
+
 /// What a scan computes: the entries a condition takes, grouped by a key
 /// made of members, with aggregates per group; without aggregates, only
-/// how many entries there are.
+/// how many entries there are; or the entries themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ScanPlan {
+    pub output: Output,
     pub filter: Cond,
     pub group: Vec<GroupPart>,
     /// The group key's length (the parts end within it).
     pub key_len: u16,
     pub aggs: Vec<AggOp>,
-    /// Groups beyond which the scan stops, reporting the overflow.
+    /// Groups (entries) beyond which the scan stops, reporting the
+    /// overflow.
     pub max_groups: u32,
 }
 
@@ -256,6 +268,7 @@ impl ScanPlan {
     /// Counts the entries, nothing else.
     pub fn count() -> Self {
         Self {
+            output: Output::Groups,
             filter: Cond::Const(true),
             group: Vec::new(),
             key_len: 0,
@@ -264,9 +277,21 @@ impl ScanPlan {
         }
     }
 
+    /// The entries `filter` takes, at most `max` of them.
+    pub fn entries(filter: Cond, max: u32) -> Self {
+        Self {
+            output: Output::Entries,
+            filter,
+            group: Vec::new(),
+            key_len: 0,
+            aggs: Vec::new(),
+            max_groups: max,
+        }
+    }
+
     /// Whether it only counts entries.
     pub fn counts_only(&self) -> bool {
-        self.aggs.is_empty() && self.filter == Cond::Const(true)
+        self.output == Output::Groups && self.aggs.is_empty() && self.filter == Cond::Const(true)
     }
 
     /// Bytes of one group's value: the count, then two words per aggregate.
@@ -310,6 +335,9 @@ impl ScanPlan {
                     reads.push((read.side, usize::from(read.offset) + usize::from(read.size)))
                 }
             }
+        }
+        if self.output == Output::Entries && per_cpu {
+            return Err("a scan in the kernel sees one CPU's value of a per-CPU map".into());
         }
         for (side, end) in reads {
             match side {
@@ -374,6 +402,12 @@ impl ScanPlan {
             a.alu_imm(Alu::Add, R1, 1);
             a.store(R9, MATCHED, R1, 8);
         }
+        if self.output == Output::Entries {
+            copy_entry(a, groups);
+            a.bind(reject);
+            a.ret(0);
+            return;
+        }
         let key = self.key_at() as i16;
         for part in &self.group {
             copy_part(a, part, key);
@@ -416,6 +450,23 @@ impl ScanPlan {
         a.bind(reject);
         a.ret(0);
     }
+}
+
+/// Copies the entry (key in r6, value in r7) into `out`, a map of the
+/// target's key and value sizes; a full map (E2BIG) or a failed insert
+/// stops the walk, the error kept in r9's scratch.
+fn copy_entry(a: &mut Asm, out: i32) {
+    let copied = a.label();
+    a.load_pseudo(R1, Pseudo::MapFd, out, 0);
+    a.alu_reg(Alu::Mov, R2, R6);
+    a.alu_reg(Alu::Mov, R3, R7);
+    // BPF_ANY: an entry the walk meets twice is kept once.
+    a.alu_imm(Alu::Mov, R4, 0);
+    a.call(MAP_UPDATE_ELEM);
+    a.jump_imm(Jmp::Eq, R0, 0, copied);
+    a.store(R9, ERROR, R0, 8);
+    a.ret(1);
+    a.bind(copied);
 }
 
 /// The members a condition reads: (side, end offset).

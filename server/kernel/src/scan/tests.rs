@@ -2,6 +2,7 @@
 //! equals what the entries hold.
 
 use super::*;
+use crate::MapOps;
 
 fn hash(n: u32) -> OwnedMap {
     // key: u32; value: u64 bytes, i32 delta, __be16 port, u8 proto, u8 flags
@@ -52,6 +53,7 @@ fn groups_and_aggregates_equal_the_entries() {
     let bytes = int(Side::Value, 0, 64, false, false);
     let low_flags = int(Side::Value, 15 * 8, 3, false, false);
     let plan = ScanPlan {
+        output: Output::Groups,
         // port != 0 && (delta < 0 || proto == 1)
         filter: Cond::All(vec![
             Cond::Not(Box::new(Cond::Cmp(port, CmpOp::Eq, 0))),
@@ -113,6 +115,7 @@ fn groups_and_aggregates_equal_the_entries() {
 fn a_scan_with_more_groups_than_allowed_says_it_overflowed() {
     let map = hash(50);
     let plan = ScanPlan {
+        output: Output::Groups,
         filter: Cond::Const(true),
         group: vec![GroupPart::Bytes {
             side: Side::Key,
@@ -130,4 +133,43 @@ fn a_scan_with_more_groups_than_allowed_says_it_overflowed() {
         .unwrap();
     assert!(out.overflowed);
     assert_eq!(out.groups.len(), 10);
+}
+
+#[test]
+fn a_scan_of_entries_copies_the_entries_it_takes() {
+    let map = hash(1000);
+    // delta >= 900 - 50: entries 900..999
+    let delta = int(Side::Value, 8 * 8, 32, true, false);
+    let plan = ScanPlan::entries(Cond::Cmp(delta, CmpOp::Ge, 850), 1000);
+    let p = ScanProgram::load(&open(&map), &plan).unwrap();
+    let out = p.run().unwrap();
+    assert_eq!(
+        (out.visited, out.matched, out.overflowed),
+        (1000, 100, false)
+    );
+    let m = Matches::new(out.entries, (4, 16), byte_order);
+    let mut got = Vec::new();
+    for i in 0..m.len() as u32 {
+        let key = (900 + i).to_ne_bytes();
+        let mut v = [0u8; 16];
+        m.lookup(&key, &mut v).unwrap();
+        let want = map.lookup(&key).unwrap().unwrap();
+        assert_eq!(v[..], want[..], "entry {}", 900 + i);
+        got.push(900 + i);
+    }
+    assert_eq!(got.len(), 100);
+    // Run again: the same entries, the output emptied between runs.
+    assert_eq!(p.run().unwrap().entries.count, 100);
+    // At most max_groups: the walk stops and says so.
+    let small = ScanProgram::load(&open(&map), &ScanPlan::entries(Cond::Const(true), 10)).unwrap();
+    let out = small.run().unwrap();
+    assert!(out.overflowed);
+    assert_eq!(out.entries.count, 10);
+}
+
+#[test]
+fn a_scan_of_entries_of_a_per_cpu_map_is_refused_before_loading() {
+    let map = OwnedMap::new(MapType::PERCPU_HASH, 4, 8, 4, "scan_test").unwrap();
+    let e = ScanProgram::load(&open(&map), &ScanPlan::entries(Cond::Const(true), 4)).unwrap_err();
+    assert!(e.to_string().contains("one CPU's value"), "{e}");
 }
