@@ -531,7 +531,10 @@ async fn random_filtered_dumps_in_the_kernel_send_the_batched_reads_entries() {
         .map(|(p, t, _)| random_map(&fs, p, *t, &mut rng))
         .collect();
     let daemon = Daemon::start_with(bpfmapd::Config {
-        types: vec![types(&["s/hash", "s/lru"], KEY), types(&["s/array"], "__u32")],
+        types: vec![
+            types(&["s/hash", "s/lru"], KEY),
+            types(&["s/array"], "__u32"),
+        ],
         ..Daemon::config(fs.path(), state.path())
     })
     .await;
@@ -587,7 +590,9 @@ async fn random_filtered_dumps_in_the_kernel_send_the_batched_reads_entries() {
             assert_eq!(got, want, "case {case} of {path}: {}", s.scan_note);
         }
     }
-    eprintln!("{in_kernel} of {cases} dumps walked inside the kernel, {partial} with part of the filter in user space");
+    eprintln!(
+        "{in_kernel} of {cases} dumps walked inside the kernel, {partial} with part of the filter in user space"
+    );
     assert!(in_kernel >= cases / 2, "only {in_kernel} of {cases}");
     assert!(partial > 0);
     daemon.stop().await;
@@ -643,7 +648,10 @@ async fn a_dump_in_the_kernel_resumes_from_its_cursors_exactly_once() {
         }
     }
     assert_eq!(pages, all.len().div_ceil(97));
-    assert_eq!(got, all, "every entry once, in key order, across {pages} calls");
+    assert_eq!(
+        got, all,
+        "every entry once, in key order, across {pages} calls"
+    );
     // A key-order cursor with another scan: refused, saying how to resume.
     let (_, mid, _) = dump(
         &mut c,
@@ -704,7 +712,10 @@ async fn a_dump_in_the_kernel_resumes_from_its_cursors_exactly_once() {
     .unwrap();
     assert!(!s.scanned_in_kernel && s.complete);
     first.extend(rest);
-    assert_eq!(first, array, "the array's entries once each, in index order");
+    assert_eq!(
+        first, array,
+        "the array's entries once each, in index order"
+    );
     // An unknown scan method.
     let e = dump(
         &mut c,

@@ -9,8 +9,8 @@ use bpfmap_kernel::{
 use bpfmap_proto::v1 as pb;
 
 use super::{
-    kernel::{ScanReport, Source},
     DEFAULT_CHUNK_BYTES, FIRST_CHUNK_BYTES, LARGE_PIPELINE, MAX_CHUNK, MAX_CHUNK_BYTES, PIPELINE,
+    kernel::{ScanReport, Source},
 };
 use crate::{
     cursor::Sealer,

@@ -187,7 +187,11 @@ pub(super) async fn decide(
         Err(why) => return Ok(batched(handle, why)),
     };
     let memory = (!out.overflowed)
-        .then(|| dumps.pool.try_reserve(out.entries.keys.len() + out.entries.values.len()))
+        .then(|| {
+            dumps
+                .pool
+                .try_reserve(out.entries.keys.len() + out.entries.values.len())
+        })
         .flatten();
     let Some(memory) = memory else {
         let why = if out.overflowed {

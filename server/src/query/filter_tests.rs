@@ -762,6 +762,9 @@ fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
     assert_eq!(c, Cond::Const(true));
     assert_eq!(
         why,
-        ["the filter reads text or bytes", "the filter computes arithmetic"]
+        [
+            "the filter reads text or bytes",
+            "the filter computes arithmetic"
+        ]
     );
 }

@@ -200,6 +200,11 @@ impl Asm {
         self.push(JMP | 0x80, Reg(0), 0, 0, helper);
     }
 
+    /// A call of the kernel function of BTF id `btf_id` (in vmlinux).
+    pub(super) fn call_kfunc(&mut self, btf_id: i32) {
+        self.push(JMP | 0x80, Reg(0), 2, 0, btf_id);
+    }
+
     pub(super) fn exit(&mut self) {
         self.push(JMP | 0x90, Reg(0), 0, 0, 0);
     }

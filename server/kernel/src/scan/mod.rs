@@ -38,6 +38,11 @@ const E2BIG: i64 = 7;
 /// The license the generated programs declare (they use no GPL-only
 /// helper).
 const LICENSE: &CStr = c"Apache-2.0";
+/// The license of the program that counts a hash map's elements: the
+/// kernel lets only programs of a GPL-compatible license call kernel
+/// functions, and that program's six instructions are offered under
+/// either license.
+const COUNT_LICENSE: &CStr = c"Dual MIT/GPL";
 
 /// Why a scan cannot run in the kernel.
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +68,9 @@ pub struct ScanProgram {
     groups: Option<(OwnedMap, MapHandle)>,
     /// Whether its condition takes every entry (matched = visited).
     unfiltered: bool,
+    /// Whether it counts a hash map's entries from the kernel's counters,
+    /// without walking them.
+    counter: bool,
 }
 
 /// One group of a scan: its key, its count, its aggregates' words.
@@ -92,13 +100,13 @@ pub fn walks(map_type: MapType) -> bool {
     matches!(map_type.0, 1 | 2 | 5 | 6 | 9 | 10)
 }
 
-/// Whether this kernel runs scan programs (a program that counts the
-/// entries of a map of its own); the reason when not.
+/// Whether this kernel runs scan programs (a program that walks a map of
+/// its own); the reason when not.
 pub fn supported() -> Result<(), String> {
-    let map = OwnedMap::new(MapType::HASH, 4, 4, 4, "bpfmapd_probe")
+    // An array of one: its count is a walk (a hash map's, on newer
+    // kernels, reads counters).
+    let map = OwnedMap::new(MapType::ARRAY, 4, 4, 1, "bpfmapd_probe")
         .map_err(|e| format!("cannot create a map: {e}"))?;
-    map.update(&1u32.to_ne_bytes(), &[0; 4])
-        .map_err(|e| format!("cannot write a map: {e}"))?;
     let handle = map
         .handle()
         .map_err(|e| format!("cannot open a map: {e}"))?;
@@ -163,6 +171,18 @@ impl ScanProgram {
                 .map_err(|e| SyscallError::invalid_input("dup", e.to_string()))?;
             Some((map, handle))
         };
+        if plan.counts_only()
+            && let Some(prog) = count_program(target, &scratch)
+        {
+            return Ok(Self {
+                plan: plan.clone(),
+                prog,
+                scratch,
+                groups: None,
+                unfiltered: true,
+                counter: true,
+            });
+        }
         let fds = (
             target.raw_fd(),
             groups.as_ref().map(|(m, _)| m.as_fd().as_raw_fd()),
@@ -188,7 +208,14 @@ impl ScanProgram {
             scratch,
             groups,
             unfiltered: plan.filter.clone().simplified() == Cond::Const(true),
+            counter: false,
         })
+    }
+
+    /// Whether it counts the entries from the kernel's counters of a hash
+    /// map's elements rather than by walking them.
+    pub fn counts_without_walking(&self) -> bool {
+        self.counter
     }
 
     /// Runs the scan once (blocking: the walk of the whole map), leaving
@@ -278,6 +305,49 @@ impl ScanProgram {
         }
         Ok(out)
     }
+}
+
+/// The BTF id of `bpf_map_sum_elem_count` in this kernel (Linux 6.6), if
+/// it has one (read once).
+fn sum_elem_count() -> Option<u32> {
+    static ID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        let vmlinux = aya_obj::btf::Btf::from_sys_fs().ok()?;
+        vmlinux
+            .id_by_type_name_kind("bpf_map_sum_elem_count", aya_obj::btf::BtfKind::Func)
+            .ok()
+    })
+}
+
+/// The program that counts the entries of `target`, a hash map, from the
+/// kernel's counters of its elements, when this kernel has them (hash
+/// maps count their elements since Linux 6.6, when the function that sums
+/// them came) and accepts the program; `None` otherwise (the entries are
+/// then counted by walking them).
+fn count_program(target: &MapHandle, scratch: &OwnedMap) -> Option<OwnedFd> {
+    // hash, percpu_hash, lru_hash, lru_percpu_hash
+    if !matches!(target.meta().map_type.0, 1 | 5 | 9 | 10) {
+        return None;
+    }
+    let kfunc = sum_elem_count()?;
+    let fds = (target.raw_fd(), scratch.as_fd().as_raw_fd());
+    let insns = ScanPlan::assemble_count(fds, kfunc).ok()?;
+    let mut b = BtfBuilder::new();
+    let long = b.add_int("long", 8, IntEncoding::Signed);
+    let ptr = b.add_ptr(0);
+    let proto = b.add_func_proto(long, &[("ctx", ptr)]);
+    let main = b.add_func("bpfmapd_count", proto, 1);
+    let btf = OwnedBtf::load(&b.to_bytes()).ok()?;
+    sys::prog_load(&sys::ProgLoad {
+        prog_type: PROG_TYPE_SYSCALL,
+        flags: BPF_F_SLEEPABLE,
+        insns: &insns,
+        license: COUNT_LICENSE,
+        name: "bpfmapd_count",
+        btf: btf.as_fd(),
+        funcs: &[[0, main]],
+    })
+    .ok()
 }
 
 /// The BTF of the program's two functions (the walk, global; its

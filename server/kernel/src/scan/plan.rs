@@ -384,6 +384,23 @@ impl ScanPlan {
         Ok((a.finish()?, callback))
     }
 
+    /// The program that counts a hash map's entries without walking it: it
+    /// sums the kernel's per-CPU counters of the map's elements (the kernel
+    /// function `bpf_map_sum_elem_count`, of BTF id `kfunc`, Linux 6.6)
+    /// into the scratch value's VISITED.
+    pub(super) fn assemble_count(
+        (target, scratch): (i32, i32),
+        kfunc: u32,
+    ) -> Result<Vec<u64>, super::asm::AsmError> {
+        let mut a = Asm::default();
+        a.load_pseudo(R1, Pseudo::MapFd, target, 0);
+        a.call_kfunc(kfunc as i32);
+        a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
+        a.store(R1, VISITED, R0, 8);
+        a.ret(0);
+        a.finish()
+    }
+
     /// The callback: (map, key, value, ctx) in r1-r4.
     fn callback(&self, a: &mut Asm, groups: i32, scratch: i32) {
         let filter = self.filter.clone().simplified();

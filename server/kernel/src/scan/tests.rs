@@ -173,3 +173,45 @@ fn a_scan_of_entries_of_a_per_cpu_map_is_refused_before_loading() {
     let e = ScanProgram::load(&open(&map), &ScanPlan::entries(Cond::Const(true), 4)).unwrap_err();
     assert!(e.to_string().contains("one CPU's value"), "{e}");
 }
+
+#[test]
+fn a_count_of_a_hash_map_reads_the_kernels_element_counters() {
+    for (map_type, flags) in [
+        (MapType::HASH, 0u32),
+        (MapType::HASH, BPF_F_NO_PREALLOC),
+        (MapType::LRU_HASH, 0),
+        (MapType::PERCPU_HASH, 0),
+        (MapType::LRU_PERCPU_HASH, 0),
+    ] {
+        let map = OwnedMap::create(&CreateMap {
+            map_type: map_type.0,
+            key_size: 4,
+            value_size: 8,
+            max_entries: 2000,
+            flags,
+            name: "scan_test",
+            ..Default::default()
+        })
+        .unwrap();
+        let value = vec![0u8; map.meta().kernel_value_size()];
+        for i in 0u32..1000 {
+            map.update(&i.to_ne_bytes(), &value).unwrap();
+        }
+        // Deleted, and replaced.
+        for i in 0u32..100 {
+            map.delete(&i.to_ne_bytes()).unwrap();
+        }
+        for i in 100u32..200 {
+            map.update(&i.to_ne_bytes(), &value).unwrap();
+        }
+        let p = ScanProgram::load(&open(&map), &ScanPlan::count()).unwrap();
+        assert!(p.counts_without_walking(), "{map_type:?}");
+        let out = p.run().unwrap();
+        assert_eq!((out.visited, out.matched), (900, 900), "{map_type:?}");
+    }
+    // An array is walked.
+    let array = OwnedMap::new(MapType::ARRAY, 4, 8, 64, "scan_test").unwrap();
+    let p = ScanProgram::load(&open(&array), &ScanPlan::count()).unwrap();
+    assert!(!p.counts_without_walking());
+    assert_eq!(p.run().unwrap().visited, 64);
+}
