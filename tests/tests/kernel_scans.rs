@@ -716,6 +716,30 @@ async fn a_dump_in_the_kernel_resumes_from_its_cursors_exactly_once() {
         first, array,
         "the array's entries once each, in index order"
     );
+    // bpfmapctl: --scan kernel prints the entries --scan batched prints,
+    // in key order.
+    let mut printed = Vec::new();
+    for scan in ["kernel", "batched"] {
+        let args = [
+            "--addr",
+            &daemon.addr(),
+            "dump",
+            "s/hash",
+            "--filter",
+            "value.proto < 3",
+            "--scan",
+            scan,
+        ];
+        let (r, out, err) = ctl(&args).await;
+        assert!(r.is_ok(), "{err}");
+        printed.push(out.lines().map(str::to_owned).collect::<Vec<_>>());
+    }
+    assert_eq!(printed[0].len(), all.len());
+    let mut batched = printed[1].clone();
+    batched.sort();
+    let mut kernel = printed[0].clone();
+    kernel.sort();
+    assert_eq!(kernel, batched);
     // An unknown scan method.
     let e = dump(
         &mut c,

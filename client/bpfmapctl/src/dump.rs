@@ -175,6 +175,11 @@ fn dump_options(args: &DumpArgs, start: &Start, decode: bool) -> FleetDumpOption
     if let Some(cursor) = &args.cursor {
         dump = dump.with_cursor(cursor);
     }
+    dump = match args.scan {
+        crate::ScanArg::Auto => dump,
+        crate::ScanArg::Kernel => dump.with_kernel_scan(),
+        crate::ScanArg::Batched => dump.with_batched_scan(),
+    };
     FleetDumpOptions::default()
         .with_dump(dump)
         .with_cursors(start.cursors.clone())

@@ -333,6 +333,20 @@ pub struct DumpArgs {
     /// "value" whole), in this order.
     #[arg(long, value_name = "PATH", value_delimiter = ',')]
     pub fields: Vec<String>,
+    /// How a filtered dump reads the map: auto (inside the kernel where
+    /// each entry still comes exactly once: arrays), kernel (hash maps
+    /// too, where an entry replaced during the walk can be missed; entries
+    /// in key-byte order) or batched.
+    #[arg(long, value_enum, default_value_t = ScanArg::Auto)]
+    pub scan: ScanArg,
+}
+
+/// `--scan`: how a filtered dump reads the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScanArg {
+    Auto,
+    Kernel,
+    Batched,
 }
 
 /// Whether stdout and stderr are terminals (the output format and the
