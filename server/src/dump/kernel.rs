@@ -25,7 +25,7 @@ use crate::{
     error::Error,
     limits::Reservation,
     model::MapRef,
-    query::{Query, scan::Sizes},
+    query::{Filter, Query, scan::Sizes},
 };
 
 /// What a dump reads: the map, or the entries a scan in the kernel took.
@@ -120,21 +120,81 @@ pub(super) async fn decide(
     (query, scan): (Option<&Query>, pb::ScanMethod),
     (position, key_order_cursor): (&Position, bool),
 ) -> Result<Decided, Error> {
-    let batched = |handle, note: String| Decided {
+    let meta = handle.meta().clone();
+    let filter = query
+        .and_then(|q| q.filter.as_ref())
+        .filter(|_| scan != pb::ScanMethod::ScanBatched);
+    let cond = match filter {
+        None => Err(String::new()),
+        Some(f) => match why_not(calls, &meta, scan, (position, key_order_cursor)) {
+            Some(why) => Err(why),
+            None => prefilter(f, &meta),
+        },
+    };
+    let (cond, left_out) = match cond {
+        Ok(c) => c,
+        Err(why) => return Ok(batched(handle, why)),
+    };
+    let (handle, taken) = take(calls, dumps, handle, cond).await?;
+    let (matches, report) = match taken {
+        Ok(taken) => taken,
+        Err(why) if key_order_cursor => {
+            return Err(Error::KernelWalkUnavailable(format!(
+                "this cursor resumes a dump of {map} walked inside the kernel, and that walk cannot run now ({why}); restart the dump"
+            )));
+        }
+        Err(why) => return Ok(batched(handle, why)),
+    };
+    Ok(Decided {
+        source: Source::Taken(matches),
+        report: ScanReport {
+            note: left_out
+                .first()
+                .map(|why| format!("part of the filter is tested in user space: {why}"))
+                .unwrap_or_default(),
+            ..report
+        },
+        key_order: !exact_in_kernel(&meta),
+    })
+}
+
+/// What of `filter` the kernel tests, and what it leaves to user space;
+/// why nothing when it can test nothing that takes fewer entries than all.
+fn prefilter(filter: &Filter, meta: &MapMeta) -> Result<(scan::Cond, Vec<String>), String> {
+    let sizes = Sizes {
+        key: meta.key_size as usize,
+        value: meta.value_size as usize,
+    };
+    let (cond, left_out) = filter.scan_prefilter(sizes);
+    match (cond, left_out.is_empty()) {
+        (scan::Cond::Const(true), true) => Err("the filter takes every entry".into()),
+        (scan::Cond::Const(true), false) => Err(left_out.join("; ")),
+        (cond, _) => Ok((cond, left_out)),
+    }
+}
+
+/// A dump read in batches, and why.
+fn batched(handle: MapHandle, note: String) -> Decided {
+    Decided {
         source: Source::Map(handle),
         report: ScanReport {
             note,
             ..ScanReport::default()
         },
         key_order: false,
-    };
-    let filter = query.and_then(|q| q.filter.as_ref());
-    let meta = handle.meta().clone();
-    let Some(filter) = filter.filter(|_| scan != pb::ScanMethod::ScanBatched) else {
-        return Ok(batched(handle, String::new()));
-    };
-    let exact = exact_in_kernel(&meta);
-    let why_not = if let Some(why) = calls.scans.unavailable(&meta) {
+    }
+}
+
+/// Why a filtered dump of a map like `meta`'s is read in batches whatever
+/// its filter: the kernel, the map, the scan asked for, the cursor's walk.
+fn why_not(
+    calls: &Calls,
+    meta: &MapMeta,
+    scan: pb::ScanMethod,
+    (position, key_order_cursor): (&Position, bool),
+) -> Option<String> {
+    let exact = exact_in_kernel(meta);
+    if let Some(why) = calls.scans.unavailable(meta) {
         Some(why)
     } else if meta.per_cpu() {
         Some("a scan in the kernel sees one CPU's value of a per-CPU map".into())
@@ -147,23 +207,19 @@ pub(super) async fn decide(
         Some("the cursor comes from a dump read in batches".into())
     } else {
         None
-    };
-    if let Some(why) = why_not {
-        return Ok(batched(handle, why));
     }
-    let sizes = Sizes {
-        key: meta.key_size as usize,
-        value: meta.value_size as usize,
-    };
-    let (cond, left_out) = filter.scan_prefilter(sizes);
-    if cond == scan::Cond::Const(true) {
-        let why = if left_out.is_empty() {
-            "the filter takes every entry".to_string()
-        } else {
-            left_out.join("; ")
-        };
-        return Ok(batched(handle, why));
-    }
+}
+
+/// The entries that `cond` takes, walked inside the kernel (on the
+/// blocking pool), sorted, with their memory; why not when the program
+/// cannot run, more match than a dump holds, or the memory is in use.
+async fn take(
+    calls: &Calls,
+    dumps: &Dumps,
+    handle: MapHandle,
+    cond: scan::Cond,
+) -> Result<(MapHandle, Result<(Matches, ScanReport), String>), Error> {
+    let meta = handle.meta().clone();
     let entry = (meta.key_size + meta.value_size).max(1) as usize;
     let max = (dumps.env.limits.pool / entry).clamp(1, meta.max_entries.max(1) as usize);
     let plan = ScanPlan::entries(cond, max as u32);
@@ -174,56 +230,39 @@ pub(super) async fn decide(
     })
     .await
     .map_err(|e| Error::Internal {
-        map: Some(map.clone()),
+        map: None,
         message: format!("a scan in the kernel panicked: {e}"),
     })?;
     let out = match ran {
-        Ok(out) => out,
-        Err(why) if key_order_cursor => {
-            return Err(Error::KernelWalkUnavailable(format!(
-                "this cursor resumes a dump of {map} walked inside the kernel, and that walk cannot run now ({why}); restart the dump"
-            )));
-        }
-        Err(why) => return Ok(batched(handle, why)),
-    };
-    let memory = (!out.overflowed)
-        .then(|| {
-            dumps
-                .pool
-                .try_reserve(out.entries.keys.len() + out.entries.values.len())
-        })
-        .flatten();
-    let Some(memory) = memory else {
-        let why = if out.overflowed {
-            format!(
+        Ok(out) if out.overflowed => {
+            let why = format!(
                 "more than {max} entries match, more than a dump walked inside the kernel holds (a quarter of limits.max_queued_bytes)"
-            )
-        } else {
-            "the server's memory for dumps is in use".to_string()
-        };
-        if key_order_cursor {
-            return Err(Error::ResourceExhausted(format!(
-                "this cursor resumes a dump of {map} walked inside the kernel, and {why}; restart the dump"
-            )));
+            );
+            return Ok((handle, Err(why)));
         }
-        return Ok(batched(handle, why));
+        Ok(out) => out,
+        Err(why) => return Ok((handle, Err(why))),
     };
-    let order = if exact {
+    let bytes = out.entries.keys.len() + out.entries.values.len();
+    let Some(memory) = dumps.pool.try_reserve(bytes) else {
+        return Ok((
+            handle,
+            Err("the server's memory for dumps is in use".into()),
+        ));
+    };
+    let order = if exact_in_kernel(&meta) {
         scan::index_order
     } else {
         scan::byte_order
     };
     let sizes = (meta.key_size as usize, meta.value_size as usize);
-    Ok(Decided {
-        source: Source::Taken(Matches::new(out.entries, sizes, order)),
-        report: ScanReport {
-            visited: Some(out.visited),
-            note: left_out
-                .first()
-                .map(|why| format!("part of the filter is tested in user space: {why}"))
-                .unwrap_or_default(),
-            memory: Some(memory),
-        },
-        key_order: !exact,
-    })
+    let report = ScanReport {
+        visited: Some(out.visited),
+        note: String::new(),
+        memory: Some(memory),
+    };
+    Ok((
+        handle,
+        Ok((Matches::new(out.entries, sizes, order), report)),
+    ))
 }

@@ -3,13 +3,13 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bpfmap_kernel::walk::Position;
+use bpfmap_kernel::{MapMeta, walk::Position};
 use bpfmap_proto::v1 as pb;
 
 use super::{DumpEnv, DumpJob, MAX_CHUNK, Options, kernel};
 use crate::{
     calls::Calls,
-    cursor::Sealer,
+    cursor::{Opened, Sealer},
     error::Error,
     limits::{Budget, Trimmer},
     maps::Decoder,
@@ -68,15 +68,7 @@ pub(crate) async fn start(
         None => (Position::Start, false),
         Some(c) => {
             calls.metrics.dump_resumed();
-            let key_order = key_order_digest.is_some() && c.check_query(key_order_digest).is_ok();
-            if !key_order {
-                c.check_query(digest)?;
-            } else if scan != pb::ScanMethod::ScanKernel {
-                return Err(Error::InvalidArgument(
-                    "this cursor comes from a dump walked inside the kernel (scan SCAN_KERNEL); resume it with the same scan".into(),
-                ));
-            }
-            (c.resume(&meta)?, key_order)
+            resume(c, &meta, scan, (digest, key_order_digest))?
         }
     };
     let decided = kernel::decide(
@@ -121,6 +113,26 @@ pub(crate) async fn start(
     )?;
     job.reserve_memory(&dumps.pool, POOL_WAIT).await?;
     Ok(job.with_slot(slot))
+}
+
+/// Where a cursor resumes, and whether it comes from a dump in key-byte
+/// order (walked inside the kernel with SCAN_KERNEL: it resumes only so).
+/// `digests`: the query's binding, and that of a dump in key-byte order.
+fn resume(
+    cursor: Opened,
+    meta: &MapMeta,
+    scan: pb::ScanMethod,
+    (digest, key_order_digest): (Option<[u8; 16]>, Option<[u8; 16]>),
+) -> Result<(Position, bool), Error> {
+    let key_order = key_order_digest.is_some() && cursor.check_query(key_order_digest).is_ok();
+    if !key_order {
+        cursor.check_query(digest)?;
+    } else if scan != pb::ScanMethod::ScanKernel {
+        return Err(Error::InvalidArgument(
+            "this cursor comes from a dump walked inside the kernel (scan SCAN_KERNEL); resume it with the same scan".into(),
+        ));
+    }
+    Ok((cursor.resume(meta)?, key_order))
 }
 
 /// The layout a dump asks for, and its chunk size checked.

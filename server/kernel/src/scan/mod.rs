@@ -25,7 +25,7 @@ pub use matches::{KeyOrder, Matches, byte_order, index_order};
 pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, Output, ScanPlan, Side};
 
 use crate::{
-    BtfBuilder, IntEncoding, MapHandle, MapType, OwnedBtf, OwnedMap,
+    BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType, OwnedBtf, OwnedMap,
     drain::Drainer,
     sys::{self, CreateMap, SyscallError},
     walk::Chunk,
@@ -150,26 +150,10 @@ impl ScanProgram {
             name: "bpfmapd_scan",
             ..Default::default()
         })?;
-        let (key_size, value_size) = match plan.output {
-            Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
-            Output::Entries => (meta.key_size, meta.value_size),
-        };
         let groups = if plan.counts_only() {
             None
         } else {
-            let map = OwnedMap::create(&CreateMap {
-                map_type: MapType::HASH.0,
-                key_size,
-                value_size,
-                max_entries: plan.max_groups.max(1),
-                flags: BPF_F_NO_PREALLOC,
-                name: "bpfmapd_groups",
-                ..Default::default()
-            })?;
-            let handle = map
-                .handle()
-                .map_err(|e| SyscallError::invalid_input("dup", e.to_string()))?;
-            Some((map, handle))
+            Some(output_map(plan, meta)?)
         };
         if plan.counts_only()
             && let Some(prog) = count_program(target, &scratch)
@@ -305,6 +289,28 @@ impl ScanProgram {
         }
         Ok(out)
     }
+}
+
+/// The hash map a program keeps its groups (or the entries it takes) in,
+/// and a writable handle to drain it.
+fn output_map(plan: &ScanPlan, target: &MapMeta) -> Result<(OwnedMap, MapHandle), SyscallError> {
+    let (key_size, value_size) = match plan.output {
+        Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
+        Output::Entries => (target.key_size, target.value_size),
+    };
+    let map = OwnedMap::create(&CreateMap {
+        map_type: MapType::HASH.0,
+        key_size,
+        value_size,
+        max_entries: plan.max_groups.max(1),
+        flags: BPF_F_NO_PREALLOC,
+        name: "bpfmapd_groups",
+        ..Default::default()
+    })?;
+    let handle = map
+        .handle()
+        .map_err(|e| SyscallError::invalid_input("dup", e.to_string()))?;
+    Ok((map, handle))
 }
 
 /// The BTF id of `bpf_map_sum_elem_count` in this kernel (Linux 6.6), if
