@@ -757,3 +757,85 @@ async fn a_dump_in_the_kernel_resumes_from_its_cursors_exactly_once() {
     );
     daemon.stop().await;
 }
+
+/// A map of `n` `__u32` keys whose values all have protocol 1.
+fn matching_map(fs: &BpfFs, path: &str, n: u32) -> OwnedMap {
+    let map = create_map(MapType::HASH, 4, VALUE_SIZE, n);
+    for i in 0..n {
+        let mut v = vec![0u8; VALUE_SIZE as usize];
+        v[..8].copy_from_slice(&u64::from(i).to_ne_bytes());
+        v[28] = 1;
+        update(&map, &i.to_ne_bytes(), &v);
+    }
+    fs.pin(&map, path);
+    map
+}
+
+/// The entries a walk inside the kernel takes are held for the whole call,
+/// from the pool for large entries (a quarter of limits.max_queued_bytes,
+/// 1 MiB here): a client that stops reading holds them, and another dump
+/// meanwhile reads in batches, saying so, with the same entries; once the
+/// client is gone the memory is back. More matches than the pool holds:
+/// read in batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dump_in_the_kernel_holds_its_entries_within_the_pool_whoever_stops_reading() {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    // 12,000 entries of 52 bytes: 624 KB, more than half the pool.
+    let _held = matching_map(&fs, "s/held", 12_000);
+    // 25,000: more than the pool holds (20,164 entries).
+    let _large = matching_map(&fs, "s/large", 25_000);
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        types: vec![types(&["s/held", "s/large"], "__u32")],
+        limits: bpfmapd::Limits {
+            max_queued_bytes: 4 << 20,
+            max_dumps: 4,
+            ..bpfmapd::Limits::default()
+        },
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let mut c = grpc(&daemon.addr()).await;
+    let req = |path: &str| pb::DumpMapRequest {
+        map: map_ref(path),
+        filter: "value.proto == 1".into(),
+        scan: pb::ScanMethod::ScanKernel as i32,
+        layout: pb::Layout::Packed as i32,
+        ..Default::default()
+    };
+    // A client that takes the first chunk and no more.
+    let mut stalled = c
+        .clone()
+        .dump_map(pb::DumpMapRequest {
+            chunk_size: 10,
+            ..req("s/held")
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stalled.message().await.unwrap().unwrap().packed.is_some());
+    let (entries, _, s) = dump(&mut c, req("s/held")).await.unwrap();
+    assert!(!s.scanned_in_kernel);
+    assert_eq!(s.scan_note, "the server's memory for dumps is in use");
+    assert_eq!(entries.len(), 12_000);
+    // Gone: its memory comes back once its producer notices.
+    drop(stalled);
+    let mut tries = 0;
+    loop {
+        let (entries, _, s) = dump(&mut c, req("s/held")).await.unwrap();
+        assert_eq!(entries.len(), 12_000);
+        if s.scanned_in_kernel {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 50, "the memory never came back: {}", s.scan_note);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (entries, _, s) = dump(&mut c, req("s/large")).await.unwrap();
+    assert_eq!(entries.len(), 25_000);
+    assert!(!s.scanned_in_kernel);
+    assert_eq!(
+        s.scan_note,
+        "more than 20164 entries match, more than a dump walked inside the kernel holds (a quarter of limits.max_queued_bytes)"
+    );
+    daemon.stop().await;
+}
