@@ -931,11 +931,20 @@ async fn bpfmapctl_through_the_relay_prints_what_direct_fan_out_prints() {
     }
     // One target of the relay's, by its name; one it does not know.
     let one = target_of(&hosts[1]);
+    let started = std::time::Instant::now();
     let (r, out, err) = ctl(&["--relay", &relay_url, "--target", &one, "dump", MAP]).await;
+    let took = started.elapsed();
     r.unwrap_or_else(|e| panic!("{e}: {err}"));
     let lines = json_lines(&out);
     assert_eq!(lines.len(), 50);
     assert!(lines.iter().all(|l| l["target"] == one.as_str()));
+    // The command ends with its target's end, not after retrying a
+    // finished call (it once waited 15.5 s for nothing); the margin is
+    // wide for a busy machine.
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "a 50-entry dump through the relay took {took:?}"
+    );
     let (r, _, _) = ctl(&["--relay", &relay_url, "--target", "10.9.9.9:1", "list"]).await;
     let e = r.unwrap_err().to_string();
     assert!(e.contains("not one of the relay's"), "{e}");

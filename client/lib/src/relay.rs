@@ -361,6 +361,11 @@ impl<T: Send + 'static> Run<T> {
                 },
                 Err(e) => e,
             };
+            // Every target has its report: how the stream ended changes
+            // nothing (a resumed call would only wait and find nothing).
+            if self.all_reported() {
+                return;
+            }
             let again = failure
                 .status()
                 .is_some_and(crate::RetryPolicy::should_retry);
@@ -382,8 +387,16 @@ impl<T: Send + 'static> Run<T> {
         }
     }
 
-    /// Reads one stream of the relay: `None` when the run was dropped, else
-    /// how the stream ended.
+    /// Whether every target has its report.
+    fn all_reported(&self) -> bool {
+        self.targets
+            .iter()
+            .all(|t| self.reported.contains(t.as_str()))
+    }
+
+    /// Reads one stream of the relay: `None` when the run was dropped or
+    /// every target has its report (the stream's end is not waited for),
+    /// else how the stream ended.
     async fn read<M>(
         &mut self,
         mut stream: Streaming<M>,
@@ -404,6 +417,9 @@ impl<T: Send + 'static> Run<T> {
                 if self.tx.send(event).await.is_err() {
                     return None;
                 }
+            }
+            if self.all_reported() {
+                return None;
             }
         }
     }
