@@ -60,7 +60,7 @@ pub struct Config {
     /// Deprecated spelling of `watch_files`, in seconds.
     pub watch_files_secs: Option<u64>,
     pub limits: Limits,
-    /// Authorization rules (`[[rule]]` tables); see deploy/README.md.
+    /// Authorization rules (`[[rule]]` tables); see deploy/docs/security.md.
     #[serde(rename = "rule")]
     pub rules: Vec<RuleConfig>,
     /// How members of matching maps are shown to every caller (`[[render]]`
@@ -74,7 +74,7 @@ pub struct Config {
     /// maps ever opened read-write.
     pub drain: DrainConfig,
     /// Maps served as Prometheus metrics on `metrics_listen` (`[[export]]`
-    /// tables); see deploy/README.md.
+    /// tables); see deploy/docs/metrics.md.
     #[serde(rename = "export")]
     pub exports: Vec<crate::export::ExportConfig>,
     /// How often the fill level of every exposed map (entries, max_entries,

@@ -42,7 +42,7 @@ const MAP: &str = "m";
 const ENTRIES: u32 = 200_000;
 /// Peak resident memory (VmHWM) allowed under any of these attacks.
 const RSS_BUDGET_MIB: u64 = 64;
-/// What deploy/README.md (bounded resources) documents for streams that
+/// What deploy/docs/operating.md (bounded resources) documents for streams that
 /// never read: the daemon's peak stays within its size before plus
 /// `limits.max_queued_bytes` (48 MiB by default).
 const QUEUED_MIB: u64 = 48;

@@ -94,7 +94,7 @@ use KeyWalk::{
 use WalkMethod::{BatchBucket as BUCKET, BatchKey as BKEY, KeyByKey as KBK, None as NONE};
 
 /// Every map type, indexed by its number in the kernel's enum bpf_map_type
-/// (what each can do: "Which maps can be dumped" in proto/README.md).
+/// (what each can do: "Which maps can be dumped" in proto/docs/dumps.md).
 const TYPES: [TypeRow; 34] = [
     row("unspec", NONE, false, STABLE),
     row("hash", BUCKET, false, STABLE),
