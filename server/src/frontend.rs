@@ -20,11 +20,11 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 pub use crate::access::{Policy, PolicyError};
 use crate::{
     config::Limits,
+    metrics::Metrics,
     net::{
         self, AcceptConfig, ConnRegistry, CountCalls, TlsFiles, accept_loop, accept_unix_loop,
         authenticate,
     },
-    ops::Metrics,
     rpc::health_service,
 };
 pub use crate::{
@@ -95,7 +95,7 @@ impl Frontend {
             ))),
             None => None,
         };
-        let metrics = Metrics::new(None);
+        let metrics = Metrics::new(Vec::new());
         let accept = accept_config(config.limits, tls, &metrics);
         let reporter = HealthReporter::new();
         for name in config.services.iter().copied().chain([""]) {

@@ -49,6 +49,7 @@ mod info;
 mod limits;
 mod lookup;
 mod maps;
+mod metrics;
 pub mod model;
 mod net;
 mod ops;
@@ -62,7 +63,7 @@ pub use access::RuleConfig;
 pub use config::{Args, Config, DrainConfig, Limits, LogFormat};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
-pub use export::{Buckets, Decoder, ExportConfig, ExportConfigError, ExportKind};
+pub use export::{Buckets, ExportConfig, ExportConfigError, ExportKind, LabelNames};
 pub use maps::{
     Demo, RenderConfig, TypesConfig, btf, flow_key, flow_types, flow_value, typed_flows,
 };

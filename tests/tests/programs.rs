@@ -626,7 +626,7 @@ async fn xdp_stats_deltas_of_anonymous_unions(daemon: &Daemon, net: &VethPair) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn syscount_and_runqlat_maps_become_metrics_with_configuration_alone() {
-    use bpfmapd::{Buckets, Decoder, ExportConfig, ExportKind};
+    use bpfmapd::{Buckets, ExportConfig, ExportKind, LabelNames};
     let (syscount, runqlat) = (
         require("syscount", "libbpf-tools"),
         require("runqlat", "libbpf-tools"),
@@ -641,7 +641,7 @@ async fn syscount_and_runqlat_maps_become_metrics_with_configuration_alone() {
     );
     calls.value = Some("value.count".into());
     calls.labels = vec!["syscall=key".into()];
-    calls.decode = [("key".to_owned(), Decoder::Named("syscall".into()))].into();
+    calls.names = [("key".to_owned(), LabelNames::Host("syscall".into()))].into();
     calls.min_interval = Duration::from_millis(200);
     let mut latency = ExportConfig::new(
         format!("name:hists@{}", rq.pid()),

@@ -20,8 +20,8 @@ use crate::{
     cursor::{self, SharedKeys},
     error::Error,
     maps::{Catalog, HoldersCache, KnownTypes, RenderRules, Resolved, TypeCache, TypeRules},
+    metrics::Metrics,
     model::{Caller, Declared, InnerKey, MapRef, MapRequest, Operation, Requested, Rpc},
-    ops::Metrics,
 };
 
 /// What every call shares.

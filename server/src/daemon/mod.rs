@@ -85,8 +85,8 @@ async fn run(args: Args, config: Config) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
-    crate::check_privileges(&config)?;
-    crate::prepare_roots(&config)?;
+    check_privileges(&config)?;
+    prepare_roots(&config)?;
     let demo = if config.demo {
         Some(Demo::start_live(&config.roots[0]).context("cannot start the demo")?)
     } else {

@@ -29,13 +29,14 @@ use crate::{
     cursor::{CursorKey, SharedKeys},
     drain::{DrainStats, Drains},
     dump::{DumpEnv, DumpLimits, DumpStats, Dumps, reader_permits},
-    export::Exporter,
+    export::{ExportStats, Exporter, ExporterParts},
     limits::{Budget, DumpSlots, LookupSlots, Trimmer, split_memory},
     lookup::Lookups,
     maps::{Catalog, RenderRules},
+    metrics::Metrics,
     model::SERVICE_NAME,
     net::{self, AcceptConfig, ConnRegistry, SharedTls},
-    ops::{self, Metrics, Reloader},
+    ops::{self, Exposition, Reloader},
     rpc::{MapServiceImpl, ServiceParts},
     scans::KernelScans,
     watch::{WatchLimits, WatchStats, Watches},
@@ -190,6 +191,7 @@ struct Core {
     slots: Arc<DumpSlots>,
     conns: ConnRegistry,
     metrics: Metrics,
+    export_stats: ExportStats,
     budget: Budget,
     dump_limits: DumpLimits,
     readers: Arc<tokio::sync::Semaphore>,
@@ -213,20 +215,23 @@ impl Core {
         } else {
             KernelScans::disabled()
         });
-        let metrics = Metrics::new(Some(Box::new(Live {
+        let export_stats = ExportStats::default();
+        let live = Live {
             scans: scans.clone(),
             stats: stats.clone(),
             slots: slots.clone(),
             conns: conns.clone(),
             watches: watch_stats.clone(),
             drains: drain_stats.clone(),
-        })));
+        };
+        let metrics = Metrics::new(vec![Box::new(live), Box::new(export_stats.clone())]);
         let (share, pool) = split_memory(limits.max_queued_bytes, limits.max_dumps);
         Self {
             stats,
             slots,
             conns,
             metrics,
+            export_stats,
             budget: Budget::new(pool),
             readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
             watch_stats,
@@ -293,8 +298,13 @@ impl Core {
         );
         let exporter = Exporter::new(
             &config.exports,
-            (calls.clone(), dumps.clone(), limits.max_groups),
-            watches.clone(),
+            ExporterParts {
+                calls: calls.clone(),
+                dumps: dumps.clone(),
+                max_groups: limits.max_groups,
+                watches: watches.clone(),
+                stats: self.export_stats.clone(),
+            },
         )?;
         let service = MapServiceImpl::new(ServiceParts {
             calls,
@@ -361,7 +371,11 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
                 );
             }
             let exports = Some(exporter.clone());
-            Some(serve_metrics(listen, (&core.metrics, exports), &stopping).await?)
+            let exposition = Exposition {
+                metrics: core.metrics.clone(),
+                exports,
+            };
+            Some(serve_metrics(listen, exposition, &stopping).await?)
         }
         None => None,
     };
@@ -463,18 +477,14 @@ fn spawn_audit_flush(stopping: &Stopping) {
 /// The Prometheus endpoint.
 async fn serve_metrics(
     listen: SocketAddr,
-    (metrics, exports): (&Metrics, Option<Exporter>),
+    exposition: Exposition,
     stopping: &Stopping,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen} (metrics_listen)"))?;
     let addr = listener.local_addr()?;
-    tokio::spawn(ops::serve_metrics(
-        listener,
-        (metrics.clone(), exports),
-        stopping.stop_dumps.subscribe(),
-    ));
+    tokio::spawn(exposition.serve(listener, stopping.stop_dumps.subscribe()));
     Ok(addr)
 }
 

@@ -14,7 +14,7 @@ use crate::{
     limits::{Budget, Trimmer},
     maps::Decoder,
     model::{Caller, MapRequest, Operation, Rpc},
-    query::Query,
+    query::{Query, QueryRequest},
 };
 
 /// How long a call waits for room in the memory pool.
@@ -60,8 +60,14 @@ pub(crate) async fn start(
     let opened = calls.open(caller, call, (map, &declared), decodes).await?;
     let meta = opened.handle.meta().clone();
     let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
-    let query = Query::of_request((&req.filter, &req.fields), &meta, (&shown, &opened.types))?
-        .map(Arc::new);
+    let reading = opened.types.reading(&shown);
+    let request = QueryRequest {
+        filter: &req.filter,
+        fields: &req.fields,
+        shown: &shown,
+        reading: reading.as_deref(),
+    };
+    let query = Query::of_request(request, &meta)?.map(Arc::new);
     let digest = query.as_ref().map(|q| q.digest());
     let key_order_digest = digest.map(kernel::key_order_digest);
     let (position, key_order_cursor) = match cursor {

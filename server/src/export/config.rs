@@ -5,7 +5,10 @@ use std::{collections::BTreeMap, time::Duration};
 
 use serde::Deserialize;
 
-use crate::model::{MapName, MapRef, MapRequest, Requested};
+use bpfmap_proto::typed::TypeError;
+
+use super::names::{LabelNames, UnknownNames};
+use crate::model::{InvalidPath, MapName, MapRef, MapRequest, Requested};
 
 /// One `[[export]]` table.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -34,11 +37,12 @@ pub struct ExportConfig {
     /// `[[render]]` tables.
     #[serde(default)]
     pub render: BTreeMap<String, String>,
-    /// Label members decoded from numbers (by member path, as in
-    /// `labels`): `syscall`, `ifname`, `ksym`, `cgroup`, or a table of
-    /// values (`{ "1" = "drop" }`).
-    #[serde(default)]
-    pub decode: BTreeMap<String, super::decode::Decoder>,
+    /// Names for the values of label members (by member path, as in
+    /// `labels`): the host's `syscall`, `ifname`, `ksym` or `cgroup`
+    /// names, or a table of values (`{ "1" = "drop" }`). `decode`, its
+    /// earlier name, is read too.
+    #[serde(default, alias = "decode")]
+    pub names: BTreeMap<String, LabelNames>,
     /// Only the entries for which this CEL expression is true.
     #[serde(default)]
     pub filter: String,
@@ -76,7 +80,7 @@ impl ExportConfig {
             value: None,
             labels: Vec::new(),
             render: BTreeMap::new(),
-            decode: BTreeMap::new(),
+            names: BTreeMap::new(),
             filter: String::new(),
             buckets: None,
             bucket_width: one(),
@@ -131,7 +135,50 @@ pub enum Buckets {
 pub struct ExportConfigError {
     index: usize,
     metric: String,
-    why: String,
+    why: ExportProblem,
+}
+
+/// What is wrong with an `[[export]]` table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ExportProblem {
+    #[error("{0:?} is not a metric name (letters, digits, '_' and ':', not starting with a digit)")]
+    MetricName(String),
+    #[error("names starting {0:?} are the daemon's own")]
+    Reserved(&'static str),
+    #[error("{0:?} leaves no name without `_total`")]
+    NoFamily(String),
+    #[error("a histogram needs `value`, the array of counts per bucket")]
+    HistogramWithoutValue,
+    #[error("a histogram needs `buckets` (\"exp2\" or \"linear\")")]
+    HistogramWithoutBuckets,
+    #[error("`buckets` is for histograms")]
+    BucketsWithoutHistogram,
+    #[error("bucket_width must be at least 1")]
+    NoBucketWidth,
+    #[error("max_series must be at least 1")]
+    NoSeries,
+    #[error("min_interval and timeout must be more than 0")]
+    NoTime,
+    #[error("a histogram's label cannot be named \"le\" (its buckets')")]
+    LabelNamedLe,
+    #[error("two labels are named {name:?}: name one NAME=PATH (\"dst={label}\")")]
+    SameLabelName { name: String, label: String },
+    #[error(
+        "label {label:?}: {name:?} is not a label name (letters, digits and '_', not starting with a digit or \"__\"); name it NAME=PATH"
+    )]
+    LabelName { label: String, name: String },
+    #[error("label {label:?}: {source}")]
+    LabelPath { label: String, source: TypeError },
+    #[error("names names {path:?}, which is not one of the labels")]
+    NamesNotALabel { path: String },
+    #[error("names {path:?}: {source}")]
+    Names { path: String, source: UnknownNames },
+    #[error("map {text:?}: {id:?} is not a map id")]
+    MapId { text: String, id: String },
+    #[error("map {text:?}: {source}")]
+    Map { text: String, source: InvalidPath },
+    #[error("[[export]] {other} already exports the family {family:?}")]
+    SameFamily { other: usize, family: String },
 }
 
 /// An export, checked: its map, its metric's family name and its labels'
@@ -153,68 +200,64 @@ const RESERVED: [&str; 3] = ["bpfmapd_", "grpc_", "process_"];
 pub(crate) fn check(exports: &[ExportConfig]) -> Result<Vec<Checked>, ExportConfigError> {
     let mut out: Vec<Checked> = Vec::new();
     for (index, e) in exports.iter().enumerate() {
-        let bad = |why: String| ExportConfigError {
+        let bad = |why: ExportProblem| ExportConfigError {
             index,
             metric: e.metric.clone(),
             why,
         };
         let checked = check_one(e).map_err(bad)?;
         if let Some(other) = out.iter().position(|c| c.family == checked.family) {
-            return Err(bad(format!(
-                "[[export]] {other} already exports the family {:?}",
-                checked.family
-            )));
+            return Err(bad(ExportProblem::SameFamily {
+                other,
+                family: checked.family,
+            }));
         }
         out.push(checked);
     }
     Ok(out)
 }
 
-fn check_one(e: &ExportConfig) -> Result<Checked, String> {
+fn check_one(e: &ExportConfig) -> Result<Checked, ExportProblem> {
     let family = family_of(e)?;
     match (e.kind, &e.value, e.buckets) {
-        (ExportKind::Histogram, None, _) => {
-            return Err("a histogram needs `value`, the array of counts per bucket".into());
-        }
-        (ExportKind::Histogram, _, None) => {
-            return Err("a histogram needs `buckets` (\"exp2\" or \"linear\")".into());
-        }
+        (ExportKind::Histogram, None, _) => return Err(ExportProblem::HistogramWithoutValue),
+        (ExportKind::Histogram, _, None) => return Err(ExportProblem::HistogramWithoutBuckets),
         (ExportKind::Counter | ExportKind::Gauge, _, Some(_)) => {
-            return Err("`buckets` is for histograms".into());
+            return Err(ExportProblem::BucketsWithoutHistogram);
         }
         _ => {}
     }
     if e.bucket_width == 0 {
-        return Err("bucket_width must be at least 1".into());
+        return Err(ExportProblem::NoBucketWidth);
     }
     if e.max_series == 0 {
-        return Err("max_series must be at least 1".into());
+        return Err(ExportProblem::NoSeries);
     }
     if e.min_interval.is_zero() || e.timeout.is_zero() {
-        return Err("min_interval and timeout must be more than 0".into());
+        return Err(ExportProblem::NoTime);
     }
     let mut labels: Vec<(String, String)> = Vec::new();
     for l in &e.labels {
         let (name, path) = label(l)?;
         if e.kind == ExportKind::Histogram && name == "le" {
-            return Err("a histogram's label cannot be named \"le\" (its buckets')".into());
+            return Err(ExportProblem::LabelNamedLe);
         }
         if labels.iter().any(|(n, _)| *n == name) {
-            return Err(format!(
-                "two labels are named {name:?}: name one NAME=PATH (\"dst={l}\")"
-            ));
+            return Err(ExportProblem::SameLabelName {
+                name,
+                label: l.clone(),
+            });
         }
         labels.push((name, path));
     }
-    for (path, decoder) in &e.decode {
+    for (path, names) in &e.names {
         if !labels.iter().any(|(_, p)| p == path) {
-            return Err(format!(
-                "decode names {path:?}, which is not one of the labels"
-            ));
+            return Err(ExportProblem::NamesNotALabel { path: path.clone() });
         }
-        decoder
-            .check()
-            .map_err(|why| format!("decode {path:?}: {why}"))?;
+        names.check().map_err(|source| ExportProblem::Names {
+            path: path.clone(),
+            source,
+        })?;
     }
     Ok(Checked {
         config: e.clone(),
@@ -225,7 +268,7 @@ fn check_one(e: &ExportConfig) -> Result<Checked, String> {
 }
 
 /// The family a metric name gives: a counter's `_total` taken off.
-fn family_of(e: &ExportConfig) -> Result<String, String> {
+fn family_of(e: &ExportConfig) -> Result<String, ExportProblem> {
     let name = e.metric.as_str();
     let valid = !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -233,26 +276,24 @@ fn family_of(e: &ExportConfig) -> Result<String, String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
     if !valid {
-        return Err(format!(
-            "{name:?} is not a metric name (letters, digits, '_' and ':', not starting with a digit)"
-        ));
+        return Err(ExportProblem::MetricName(name.to_owned()));
     }
     if let Some(prefix) = RESERVED.iter().find(|p| name.starts_with(**p)) {
-        return Err(format!("names starting {prefix:?} are the daemon's own"));
+        return Err(ExportProblem::Reserved(prefix));
     }
     let family = match e.kind {
         ExportKind::Counter => name.strip_suffix("_total").unwrap_or(name),
         _ => name,
     };
     if family.is_empty() {
-        return Err(format!("{name:?} leaves no name without `_total`"));
+        return Err(ExportProblem::NoFamily(name.to_owned()));
     }
     Ok(family.to_owned())
 }
 
 /// A label as written: `PATH` (named after its last member) or
 /// `NAME=PATH`.
-fn label(text: &str) -> Result<(String, String), String> {
+fn label(text: &str) -> Result<(String, String), ExportProblem> {
     let (name, path) = match text.split_once('=') {
         Some((n, p)) => (n.trim().to_owned(), p.trim().to_owned()),
         None => (default_name(text), text.trim().to_owned()),
@@ -262,11 +303,15 @@ fn label(text: &str) -> Result<(String, String), String> {
         && !name.starts_with("__")
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
     if !valid {
-        return Err(format!(
-            "label {text:?}: {name:?} is not a label name (letters, digits and '_', not starting with a digit or \"__\"); name it NAME=PATH"
-        ));
+        return Err(ExportProblem::LabelName {
+            label: text.to_owned(),
+            name,
+        });
     }
-    bpfmap_proto::typed::parse_path(&path).map_err(|e| format!("label {text:?}: {e}"))?;
+    bpfmap_proto::typed::parse_path(&path).map_err(|source| ExportProblem::LabelPath {
+        label: text.to_owned(),
+        source,
+    })?;
     Ok((name, path))
 }
 
@@ -282,16 +327,21 @@ fn default_name(path: &str) -> String {
 }
 
 /// The map an export names.
-fn map_request(text: &str) -> Result<MapRequest, String> {
+fn map_request(text: &str) -> Result<MapRequest, ExportProblem> {
+    let invalid = |source| ExportProblem::Map {
+        text: text.to_owned(),
+        source,
+    };
     let map = if let Some(id) = text.strip_prefix("id:") {
-        let id: u32 = id
-            .parse()
-            .map_err(|_| format!("map {text:?}: {id:?} is not a map id"))?;
+        let id: u32 = id.parse().map_err(|_| ExportProblem::MapId {
+            text: text.to_owned(),
+            id: id.to_owned(),
+        })?;
         Requested::Ref(MapRef::Id(id))
     } else if let Some(name) = text.strip_prefix("name:") {
-        Requested::Name(MapName::parse(name).map_err(|e| format!("map {text:?}: {e}"))?)
+        Requested::Name(MapName::parse(name).map_err(invalid)?)
     } else {
-        Requested::Ref(MapRef::parse(text).map_err(|e| format!("map {text:?}: {e}"))?)
+        Requested::Ref(MapRef::parse(text).map_err(invalid)?)
     };
     Ok(MapRequest {
         map,

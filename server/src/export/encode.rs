@@ -1,6 +1,7 @@
-//! The exposition of exports: OpenMetrics text (what Prometheus asks for
-//! first), and the Prometheus text format 0.0.4 for scrapers that do not
-//! ask for OpenMetrics, made from it.
+//! The exported maps' series as OpenMetrics text. Their values are exact
+//! integers (sums may pass 2^64), which prometheus-client's encoders, of
+//! 64-bit integers and floats, cannot write: the families are written
+//! here, and the metrics listener puts them beside the registry's.
 
 use std::fmt::Write as _;
 
@@ -27,7 +28,7 @@ pub(crate) struct Family<'a> {
     pub(crate) name: &'a str,
     pub(crate) help: &'a str,
     pub(crate) kind: ExportKind,
-    pub(crate) buckets: (Buckets, u64),
+    pub(crate) bounds: Bounds,
     pub(crate) label_names: Vec<&'a str>,
     pub(crate) series: &'a [Series],
 }
@@ -61,7 +62,7 @@ impl Family<'_> {
         let mut total = 0i128;
         for (i, c) in counts.iter().enumerate() {
             total += c;
-            let le = upper_bound(self.buckets, i);
+            let le = self.bounds.upper(i);
             self.sample(out, "_bucket", labels, Some(&le), &total.to_string());
         }
         self.sample(out, "_bucket", labels, Some("+Inf"), &total.to_string());
@@ -93,14 +94,24 @@ impl Family<'_> {
     }
 }
 
-/// The upper bound of bucket `i`, as `le` writes it: exp2's slot i counts
-/// values below 2^(i+1), linear's below (i+1) x width.
-pub(crate) fn upper_bound((buckets, width): (Buckets, u64), i: usize) -> String {
-    let bound: u128 = match buckets {
-        Buckets::Exp2 => 1u128.checked_shl(i as u32 + 1).unwrap_or(u128::MAX),
-        Buckets::Linear => (i as u128 + 1) * u128::from(width),
-    };
-    format!("{bound}.0")
+/// A histogram's bucket bounds: how its slots are spaced, and a linear
+/// histogram's width.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub(crate) buckets: Buckets,
+    pub(crate) width: u64,
+}
+
+impl Bounds {
+    /// The upper bound of bucket `i`, as `le` writes it: exp2's slot i
+    /// counts values below 2^(i+1), linear's below (i+1) x width.
+    pub(crate) fn upper(&self, i: usize) -> String {
+        let bound: u128 = match self.buckets {
+            Buckets::Exp2 => 1u128.checked_shl(i as u32 + 1).unwrap_or(u128::MAX),
+            Buckets::Linear => (i as u128 + 1) * u128::from(self.width),
+        };
+        format!("{bound}.0")
+    }
 }
 
 /// A label value as the text formats quote it.
@@ -113,44 +124,6 @@ pub(crate) fn escape_label(v: &str) -> String {
 /// A help text as the text formats write it.
 fn escape_help(v: &str) -> String {
     v.replace('\\', "\\\\").replace('\n', "\\n")
-}
-
-/// The OpenMetrics exposition `om` in the Prometheus text format 0.0.4: a
-/// counter's family is named after its `_total` samples, `_created`
-/// samples, `# UNIT` and `# EOF` are left out.
-pub(crate) fn to_text_format(om: &str) -> String {
-    let mut counters = std::collections::HashSet::new();
-    for line in om.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ")
-            && let Some(name) = rest.strip_suffix(" counter")
-        {
-            counters.insert(name.to_owned());
-        }
-    }
-    let created = |sample: &str| {
-        let name = sample.split(['{', ' ']).next().unwrap_or(sample);
-        name.strip_suffix("_created")
-            .is_some_and(|f| counters.contains(f) || om.contains(&format!("# TYPE {f} histogram")))
-    };
-    let mut out = String::with_capacity(om.len());
-    for line in om.lines() {
-        if line == "# EOF"
-            || line.starts_with("# UNIT ")
-            || (!line.starts_with('#') && created(line))
-        {
-            continue;
-        }
-        let renamed = ["# TYPE ", "# HELP "].iter().find_map(|p| {
-            let rest = line.strip_prefix(p)?;
-            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-            counters
-                .contains(name)
-                .then(|| format!("{p}{name}_total {tail}").trim_end().to_owned())
-        });
-        out.push_str(renamed.as_deref().unwrap_or(line));
-        out.push('\n');
-    }
-    out
 }
 
 #[cfg(test)]
@@ -168,7 +141,10 @@ mod tests {
             name: "ct_bytes",
             help: "Bytes\nper destination",
             kind: ExportKind::Counter,
-            buckets: (Buckets::Exp2, 1),
+            bounds: Bounds {
+                buckets: Buckets::Exp2,
+                width: 1,
+            },
             label_names: vec!["daddr"],
             series: &series,
         }
@@ -186,7 +162,10 @@ mod tests {
             name: "lat",
             help: "",
             kind: ExportKind::Histogram,
-            buckets: (Buckets::Exp2, 1),
+            bounds: Bounds {
+                buckets: Buckets::Exp2,
+                width: 1,
+            },
             label_names: vec![],
             series: &series,
         }
@@ -195,19 +174,15 @@ mod tests {
             out,
             "# TYPE lat histogram\nlat_bucket{le=\"2.0\"} 1\nlat_bucket{le=\"4.0\"} 1\nlat_bucket{le=\"8.0\"} 4\nlat_bucket{le=\"+Inf\"} 4\nlat_count 4\n"
         );
-        assert_eq!(upper_bound((Buckets::Linear, 10), 2), "30.0");
-        assert_eq!(
-            upper_bound((Buckets::Exp2, 1), 200),
-            format!("{}.0", u128::MAX)
-        );
-    }
-
-    #[test]
-    fn openmetrics_becomes_the_text_format() {
-        let om = "# HELP reqs Requests.\n# TYPE reqs counter\nreqs_total{a=\"1\"} 3\nreqs_created{a=\"1\"} 1.7e9\n# TYPE up gauge\n# UNIT up seconds\nup 1\n# EOF\n";
-        assert_eq!(
-            to_text_format(om),
-            "# HELP reqs_total Requests.\n# TYPE reqs_total counter\nreqs_total{a=\"1\"} 3\n# TYPE up gauge\nup 1\n"
-        );
+        let linear = Bounds {
+            buckets: Buckets::Linear,
+            width: 10,
+        };
+        assert_eq!(linear.upper(2), "30.0");
+        let exp2 = Bounds {
+            buckets: Buckets::Exp2,
+            width: 1,
+        };
+        assert_eq!(exp2.upper(200), format!("{}.0", u128::MAX));
     }
 }

@@ -11,13 +11,13 @@
 //! exposed map (map pressure) is served with them (`pressure`).
 
 mod config;
-mod decode;
 mod encode;
+mod names;
 mod pressure;
+mod stats;
 
 use std::{
-    fmt::Write as _,
-    sync::Arc,
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -33,11 +33,12 @@ use crate::{
 };
 
 pub use config::{Buckets, ExportConfig, ExportConfigError, ExportKind};
-pub use decode::Decoder;
-pub(crate) use encode::to_text_format;
+pub use names::LabelNames;
+pub(crate) use stats::ExportStats;
 
 use config::Checked;
-use encode::{Family, Series, SeriesValue};
+use encode::{Bounds, Family, Series, SeriesValue};
+use stats::Figures;
 
 /// Buckets summed per walk of a histogram's map (an aggregate takes at
 /// most 16 values, one of them the COUNT that orders the series).
@@ -56,38 +57,37 @@ struct Inner {
     max_groups: usize,
     watches: Arc<Watches>,
     exports: arc_swap::ArcSwap<Vec<Arc<Export>>>,
-    pressure: pressure::Pressure,
+    stats: ExportStats,
 }
 
-/// One export and its last scan.
+/// What exports read maps with, and where their figures go.
+#[derive(Debug)]
+pub(crate) struct ExporterParts {
+    /// What every call starts from.
+    pub(crate) calls: Calls,
+    /// The dump slots and memory their walks take.
+    pub(crate) dumps: Dumps,
+    /// limits.max_groups.
+    pub(crate) max_groups: usize,
+    /// The watches, whose recent scans may serve an export.
+    pub(crate) watches: Arc<Watches>,
+    /// The exports' figures and the maps' levels, in the registry.
+    pub(crate) stats: ExportStats,
+}
+
+/// One export, its last walk and its figures.
 #[derive(Debug)]
 struct Export {
     checked: Checked,
     last: tokio::sync::Mutex<Last>,
+    figures: Arc<Figures>,
 }
 
-/// What an export's scans left.
+/// What an export's last walk left.
 #[derive(Debug, Default)]
 struct Last {
     at: Option<Instant>,
     series: Arc<Vec<Series>>,
-    dropped: u64,
-    scans: u64,
-    /// Scans served by a watch's scan of the same map.
-    shared: u64,
-    failures: u64,
-    seconds: f64,
-}
-
-/// An export's figures at a scrape, for the daemon's own families.
-struct Figures {
-    name: String,
-    series: usize,
-    dropped: u64,
-    scans: u64,
-    shared: u64,
-    failures: u64,
-    seconds: f64,
 }
 
 /// Checks `exports` (what start and reload refuse).
@@ -96,22 +96,21 @@ pub(crate) fn check(exports: &[ExportConfig]) -> Result<(), ExportConfigError> {
 }
 
 impl Exporter {
-    /// The exports of `configs` (checked), reading maps through `calls`
-    /// and the dump slots of `dumps`, or taking the last scan of a watch
-    /// of the same map when it is recent enough.
+    /// The exports of `configs` (checked), reading maps with `parts`
+    /// (through its calls and dump slots, or taking the last scan of a
+    /// watch of the same map when it is recent enough).
     pub(crate) fn new(
         configs: &[ExportConfig],
-        (calls, dumps, max_groups): (Calls, Dumps, usize),
-        watches: Arc<Watches>,
+        parts: ExporterParts,
     ) -> Result<Self, ExportConfigError> {
         let exporter = Self {
             inner: Arc::new(Inner {
-                calls,
-                dumps,
-                max_groups,
-                watches,
+                calls: parts.calls,
+                dumps: parts.dumps,
+                max_groups: parts.max_groups,
+                watches: parts.watches,
                 exports: Default::default(),
-                pressure: Default::default(),
+                stats: parts.stats,
             }),
         };
         exporter.replace(configs)?;
@@ -131,63 +130,57 @@ impl Exporter {
                     .cloned()
                     .unwrap_or_else(|| {
                         Arc::new(Export {
+                            figures: Arc::new(Figures::new(&c.family)),
                             checked: c,
                             last: Default::default(),
                         })
                     })
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let figures = exports.iter().map(|e| e.figures.clone()).collect();
         self.inner.exports.store(Arc::new(exports));
+        self.inner.stats.set_exports(figures);
         Ok(())
     }
 
-    /// Every export's families, then the exports' own figures, in
-    /// OpenMetrics text (no `# EOF`); walks end by `deadline` (the
-    /// scraper's), the exports not walked by then served their last walk.
-    pub(crate) async fn encode(&self, deadline: Option<Instant>) -> String {
+    /// Every export's family, in OpenMetrics text (no `# EOF`); walks end
+    /// by `deadline` (the scraper's), the exports not walked by then
+    /// served their last walk. Their figures (the registry's) are then
+    /// those of this scrape.
+    pub(crate) async fn series(&self, deadline: Option<Instant>) -> String {
         let exports = self.inner.exports.load_full();
         let mut out = String::new();
-        let mut figures = Vec::new();
         for e in exports.iter() {
-            let (series, f) = e.current(&self.inner, deadline).await;
+            let series = e.current(&self.inner, deadline).await;
             let c = &e.checked;
             Family {
                 name: &c.family,
                 help: &c.config.help,
                 kind: c.config.kind,
-                buckets: (
-                    c.config.buckets.unwrap_or(Buckets::Exp2),
-                    c.config.bucket_width,
-                ),
+                bounds: Bounds {
+                    buckets: c.config.buckets.unwrap_or(Buckets::Exp2),
+                    width: c.config.bucket_width,
+                },
                 label_names: c.labels.iter().map(|(n, _)| n.as_str()).collect(),
                 series: &series,
             }
             .write(&mut out);
-            figures.push(f);
         }
-        if !figures.is_empty() {
-            write_figures(&mut out, &figures);
-        }
-        self.inner.pressure.write(&mut out);
         out
     }
 
     /// Reads the fill level of every exposed map every `every` (the first
     /// reading now), for the scrapes, until `stop`.
     pub(crate) fn spawn_pressure(&self, every: Duration, stop: tokio::sync::watch::Receiver<bool>) {
-        pressure::Pressure::spawn(self.inner.clone(), every, stop);
+        pressure::spawn(self.inner.clone(), every, stop);
     }
 }
 
 impl Export {
-    /// The series of the last scan, scanning again first when it is older
+    /// The series of the last walk, walking again first when it is older
     /// than `min_interval` and the scrape's `deadline` leaves time for it:
     /// a walk cut by the scrape's deadline leaves the last series served.
-    async fn current(
-        &self,
-        inner: &Inner,
-        deadline: Option<Instant>,
-    ) -> (Arc<Vec<Series>>, Figures) {
+    async fn current(&self, inner: &Inner, deadline: Option<Instant>) -> Arc<Vec<Series>> {
         let config = &self.checked.config;
         let mut last = self.last.lock().await;
         let fresh = last.at.is_some_and(|at| at.elapsed() < config.min_interval);
@@ -195,26 +188,27 @@ impl Export {
         if !fresh && left.is_none_or(|l| !l.is_zero()) {
             let budget = left.map_or(config.timeout, |l| l.min(config.timeout));
             let started = Instant::now();
-            let outcome = tokio::time::timeout(budget, self.scan(inner)).await;
-            last.scans += 1;
-            last.seconds = started.elapsed().as_secs_f64();
+            let outcome = tokio::time::timeout(budget, self.walk_all(inner)).await;
+            let f = &self.figures;
+            f.walks.fetch_add(1, Ordering::Relaxed);
+            f.set_seconds(started.elapsed().as_secs_f64());
             match outcome {
-                Ok(Ok(Scanned {
+                Ok(Ok(Walked {
                     series,
                     dropped,
                     shared,
                 })) => {
                     last.at = Some(Instant::now());
                     last.series = Arc::new(series);
-                    last.dropped += dropped;
-                    last.shared += u64::from(shared);
+                    f.dropped.fetch_add(dropped, Ordering::Relaxed);
+                    f.shared.fetch_add(u64::from(shared), Ordering::Relaxed);
                 }
                 Ok(Err(e)) => {
                     last.at = Some(Instant::now());
                     self.failed(&mut last, &e.to_string());
                 }
                 Err(_) if budget < config.timeout => {
-                    last.failures += 1;
+                    f.failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         export = %self.checked.family,
                         "export: the scrape's deadline cut the walk; the last series are served"
@@ -224,38 +218,31 @@ impl Export {
                     last.at = Some(Instant::now());
                     self.failed(
                         &mut last,
-                        &format!("the scan took longer than {:?}", config.timeout),
+                        &format!("the walk took longer than {:?}", config.timeout),
                     );
                 }
             }
         }
-        let figures = Figures {
-            name: self.checked.family.clone(),
-            series: last.series.len(),
-            dropped: last.dropped,
-            scans: last.scans,
-            shared: last.shared,
-            failures: last.failures,
-            seconds: last.seconds,
-        };
-        (last.series.clone(), figures)
+        let series = last.series.len() as u64;
+        self.figures.series.store(series, Ordering::Relaxed);
+        last.series.clone()
     }
 
-    /// A failed scan: no series (the map's entries are not known), logged.
+    /// A failed walk: no series (the map's entries are not known), logged.
     fn failed(&self, last: &mut Last, why: &str) {
-        last.failures += 1;
+        self.figures.failures.fetch_add(1, Ordering::Relaxed);
         last.series = Arc::new(Vec::new());
         tracing::warn!(
             export = %self.checked.family,
             map = %self.checked.config.map,
             error = %why,
-            "export: cannot scan the map"
+            "export: cannot walk the map"
         );
     }
 
     /// Walks the map (or takes a watch's recent scan of it): its series
     /// (the largest `max_series`), and how many it dropped.
-    async fn scan(&self, inner: &Inner) -> Result<Scanned, Error> {
+    async fn walk_all(&self, inner: &Inner) -> Result<Walked, Error> {
         let c = &self.checked;
         let value = c.config.value.clone();
         let plans: Vec<Vec<pb::Aggregate>> = match (c.config.kind, value) {
@@ -274,7 +261,7 @@ impl Export {
             (_, None) => vec![vec![count()]],
         };
         let mut merged: Vec<(Vec<u8>, Vec<String>, Vec<i128>)> = Vec::new();
-        let mut lookups = decode::Lookups::default();
+        let mut lookups = names::Lookups::default();
         let (mut dropped, mut shared) = (0, true);
         for aggregates in plans {
             let histogram = c.config.kind == ExportKind::Histogram;
@@ -310,7 +297,7 @@ impl Export {
                 },
             })
             .collect();
-        Ok(Scanned {
+        Ok(Walked {
             series,
             dropped,
             shared,
@@ -377,9 +364,9 @@ impl Export {
         }
     }
 
-    /// A group's label values, in the export's label order, decoded as
-    /// the table says.
-    fn labels_of(&self, g: &pb::Group, lookups: &mut decode::Lookups) -> Vec<String> {
+    /// A group's label values, in the export's label order, named as the
+    /// table says.
+    fn labels_of(&self, g: &pb::Group, lookups: &mut names::Lookups) -> Vec<String> {
         let fields = g.key.as_ref().map(|k| &k.fields);
         self.checked
             .labels
@@ -389,8 +376,8 @@ impl Export {
                     .and_then(|f| f.get(path))
                     .map(label_value)
                     .unwrap_or_default();
-                match self.checked.config.decode.get(path) {
-                    Some(decoder) => lookups.decode(decoder, &value),
+                match self.checked.config.names.get(path) {
+                    Some(names) => lookups.name(names, &value),
                     None => value,
                 }
             })
@@ -398,8 +385,8 @@ impl Export {
     }
 }
 
-/// What one scan of an export found.
-struct Scanned {
+/// What one walk of an export found.
+struct Walked {
     series: Vec<Series>,
     /// Series beyond max_series.
     dropped: u64,
@@ -462,69 +449,5 @@ fn label_value(v: &prost_types::Value) -> String {
         Some(Kind::BoolValue(b)) => b.to_string(),
         Some(Kind::NullValue(_)) | None => String::new(),
         Some(other) => format!("{other:?}"),
-    }
-}
-
-/// One of the exports' own families: name, type, help, and each export's
-/// value.
-type FigureFamily = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&Figures) -> String,
-);
-
-/// The exports' own families: series, dropped series, scans, scans a
-/// watch served, failures, scan time.
-fn write_figures(out: &mut String, figures: &[Figures]) {
-    let families: [FigureFamily; 6] = [
-        (
-            "bpfmapd_export_series",
-            "gauge",
-            "Series an export serves",
-            |f| f.series.to_string(),
-        ),
-        (
-            "bpfmapd_export_series_dropped",
-            "counter",
-            "Series an export dropped beyond its max_series",
-            |f| f.dropped.to_string(),
-        ),
-        (
-            "bpfmapd_export_scans",
-            "counter",
-            "Walks of an export's map",
-            |f| f.scans.to_string(),
-        ),
-        (
-            "bpfmapd_export_shared_scans",
-            "counter",
-            "Scans of an export served by a watch's scan of the same map within its min_interval",
-            |f| f.shared.to_string(),
-        ),
-        (
-            "bpfmapd_export_scan_failures",
-            "counter",
-            "Walks of an export's map that failed or took longer than its timeout",
-            |f| f.failures.to_string(),
-        ),
-        (
-            "bpfmapd_export_scan_seconds",
-            "gauge",
-            "How long an export's last walk took",
-            |f| format!("{:.6}", f.seconds),
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        let _ = writeln!(out, "# TYPE {name} {kind}\n# HELP {name} {help}.");
-        let suffix = if kind == "counter" { "_total" } else { "" };
-        for f in figures {
-            let _ = writeln!(
-                out,
-                "{name}{suffix}{{export=\"{}\"}} {}",
-                encode::escape_label(&f.name),
-                value(f)
-            );
-        }
     }
 }

@@ -3,95 +3,27 @@
 //! (counting entries walks each map once) and served from the last reading
 //! at every scrape, so a scrape never waits for a walk.
 
-use std::{fmt::Write as _, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use bpfmap_proto::v1 as pb;
 use tokio::sync::watch;
 
-use super::{Inner, count, encode::escape_label, exporter_caller};
+use super::{Inner, count, exporter_caller, stats::Level};
 use crate::aggregate;
 
-/// One map's fill level.
-#[derive(Debug, Clone)]
-struct Level {
-    map: String,
-    name: String,
-    kind: String,
-    max_entries: u64,
-    memory: u64,
-    /// `None` when the map cannot be walked (its type has no dump method)
-    /// or its walk failed.
-    entries: Option<u64>,
-}
-
-/// One of the pressure families: name, help, each map's value.
-type LevelFamily = (&'static str, &'static str, fn(&Level) -> Option<u64>);
-
-/// The last reading of every map.
-#[derive(Debug, Default)]
-pub(super) struct Pressure {
-    levels: std::sync::Mutex<Arc<Vec<Level>>>,
-}
-
-impl Pressure {
-    /// Reads every map's level now, then every `every`, until `stop`.
-    pub(super) fn spawn(inner: Arc<Inner>, every: Duration, mut stop: watch::Receiver<bool>) {
-        tokio::spawn(async move {
-            loop {
-                let levels = read(&inner).await;
-                *inner
-                    .pressure
-                    .levels
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Arc::new(levels);
-                tokio::select! {
-                    _ = tokio::time::sleep(every) => {}
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-            }
-        });
-    }
-
-    /// The last reading, in OpenMetrics text; nothing before the first.
-    pub(super) fn write(&self, out: &mut String) {
-        let levels = self
-            .levels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if levels.is_empty() {
-            return;
-        }
-        let families: [LevelFamily; 3] = [
-            (
-                "bpfmapd_map_entries",
-                "Entries in the map, at the last reading",
-                |l| l.entries,
-            ),
-            ("bpfmapd_map_max_entries", "The map's max_entries", |l| {
-                Some(l.max_entries)
-            }),
-            (
-                "bpfmapd_map_memory_bytes",
-                "The kernel's memory charge for the map",
-                |l| Some(l.memory),
-            ),
-        ];
-        for (name, help, value) in families {
-            let _ = writeln!(out, "# TYPE {name} gauge\n# HELP {name} {help}.");
-            for l in levels.iter() {
-                if let Some(v) = value(l) {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{map=\"{}\",name=\"{}\",type=\"{}\"}} {v}",
-                        escape_label(&l.map),
-                        escape_label(&l.name),
-                        escape_label(&l.kind)
-                    );
-                }
+/// Reads every exposed map's level now, then every `every`, until `stop`,
+/// into the exports' stats (the registry serves the last reading).
+pub(super) fn spawn(inner: Arc<Inner>, every: Duration, mut stop: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        loop {
+            let levels = read(&inner).await;
+            inner.stats.set_levels(levels);
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.wait_for(|s| *s) => return,
             }
         }
-    }
+    });
 }
 
 /// Every exposed map's level: the listing, and a COUNT walk of each map

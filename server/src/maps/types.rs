@@ -91,6 +91,21 @@ impl KnownTypes {
         }
     }
 
+    /// How a call reads the entries beyond the map's own BTF, when it
+    /// does: the renderings in force (`shown`'s: a filter's `key == 443`
+    /// means other bytes with `be16`) and types declared in C. `None` for
+    /// the map's types as they are. A cursor binds it.
+    pub(crate) fn reading(&self, shown: &MapLayout) -> Option<String> {
+        let mut text = String::new();
+        for (path, how) in shown.renderings().iter() {
+            text.push_str(&format!("render {path}={how};"));
+        }
+        if let Some(t) = self.types().filter(|t| t.declared) {
+            text.push_str(&format!("declared {:?} {:?};", t.key, t.value));
+        }
+        (!text.is_empty()).then_some(text)
+    }
+
     /// Fills MapInfo's type fields.
     pub(crate) fn fill(&self, info: &mut pb::MapInfo) {
         match self {

@@ -11,7 +11,7 @@ use std::{
 };
 
 use super::conn::{BodyProgress, CANCEL_WINDOW, CallGuard, ConnInfo, ConnState, Throttle};
-use crate::{limits::Held, model::Rpc, ops::Metrics};
+use crate::{limits::Held, metrics::Metrics, model::Rpc};
 
 /// A tower layer that counts the calls open on each connection (from the
 /// request until its response body is done or dropped), so that idle

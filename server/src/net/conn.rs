@@ -50,7 +50,7 @@ use super::{
     goaway::{self, Frames},
     tls::{self, SharedTls, Transport},
 };
-use crate::ops::Metrics;
+use crate::metrics::Metrics;
 
 /// What the service layer learns about a connection.
 #[derive(Debug, Clone, Default)]

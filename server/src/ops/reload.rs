@@ -12,7 +12,7 @@ use std::{
 
 use tokio::{sync::watch, task::JoinHandle};
 
-use super::Metrics;
+use crate::metrics::Metrics;
 use crate::{
     access::{Policy, SharedPolicy},
     config::Config,

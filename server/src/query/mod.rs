@@ -20,8 +20,6 @@ pub use bpfmap_proto::typed::{
 };
 use bpfmap_proto::v1 as pb;
 
-use crate::maps::KnownTypes;
-
 pub use aggregate::{Acc, AggregateError, MAX_AGGREGATES, Spec, Table};
 pub use filter::{
     Filter, FilterError, MAX_FILTER_DEPTH, MAX_FILTER_LEN, MAX_FILTER_NODES, MAX_LIST_ELEMENTS,
@@ -52,6 +50,23 @@ pub struct FilterTooCostly {
     pub limit: u32,
 }
 
+/// What a dump's or a watch's request asks of its entries, and how the
+/// call reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueryRequest<'a> {
+    /// The filter (CEL), empty for none.
+    pub(crate) filter: &'a str,
+    /// The fields kept, none for all.
+    pub(crate) fields: &'a [String],
+    /// The map's layout as the call shows it: with its renderings, whose
+    /// spellings the filter's literals may use, and which the projected
+    /// members keep.
+    pub(crate) shown: &'a MapLayout,
+    /// How the call reads entries beyond the map's own BTF (renderings,
+    /// declared types: `KnownTypes::reading`), which a cursor binds.
+    pub(crate) reading: Option<&'a str>,
+}
+
 /// What a dump asks beyond the walk: a filter, a projection.
 #[derive(Debug)]
 pub(crate) struct Query {
@@ -66,19 +81,22 @@ pub(crate) struct Query {
 }
 
 impl Query {
-    /// The query of a dump request, checked against the map's layout as
-    /// the call shows it (`shown`: with its renderings, whose spellings the
-    /// filter's literals may use, and which the projected members keep);
-    /// `None` when it asks for neither a filter nor fields.
+    /// The query of a request, checked against the map's layout as the
+    /// call shows it; `None` when it asks for neither a filter nor fields.
     pub(crate) fn of_request(
-        (filter, fields): (&str, &[String]),
+        req: QueryRequest<'_>,
         meta: &MapMeta,
-        (shown, types): (&MapLayout, &KnownTypes),
     ) -> Result<Option<Self>, QueryError> {
+        let QueryRequest {
+            filter,
+            fields,
+            shown,
+            reading,
+        } = req;
         if filter.is_empty() && fields.is_empty() {
             return Ok(None);
         }
-        let digest = digest(filter, fields, reading(shown, types).as_deref());
+        let digest = digest(filter, fields, reading);
         let filter = match filter {
             "" => None,
             f => Some(Filter::compile(f, shown)?),
@@ -183,20 +201,6 @@ fn cut(c: &mut Chunk, max: Option<u64>, ks: usize, vs: usize) -> usize {
         c.values.truncate(c.count * vs);
     }
     c.count
-}
-
-/// How a query reads the entries beyond the map's own BTF, when it does:
-/// the renderings in force (a filter's `key == 443` means other bytes with
-/// `be16`) and types declared in C. `None` for the map's types as they are.
-pub(crate) fn reading(shown: &MapLayout, types: &KnownTypes) -> Option<String> {
-    let mut text = String::new();
-    for (path, how) in shown.renderings().iter() {
-        text.push_str(&format!("render {path}={how};"));
-    }
-    if let Some(t) = types.types().filter(|t| t.declared) {
-        text.push_str(&format!("declared {:?} {:?};", t.key, t.value));
-    }
-    (!text.is_empty()).then_some(text)
 }
 
 /// The digest a cursor binds: the filter and the fields, in order, and how

@@ -15,7 +15,7 @@ use crate::{
     error::Error,
     maps::Decoder,
     model::{Caller, MapRequest, Operation, Rpc},
-    query::{Counter, Filter, Projection, Query, Spec},
+    query::{Counter, Filter, Projection, Query, QueryRequest, Spec},
 };
 
 /// What a watch shows of each entry: how entries are decoded, the integer
@@ -59,7 +59,7 @@ pub(crate) async fn start(
         false => None,
     };
     let shown = calls.layout(&opened, &req.render, !req.raw)?;
-    let reading = crate::query::reading(&shown, &opened.types);
+    let reading = opened.types.reading(&shown);
     let digest = digest(&req, interval, reading.as_deref());
     let (resume, resync) = match cursor {
         Some(c) => {
@@ -116,7 +116,16 @@ fn view(
     let meta = opened.handle.meta();
     let base = calls.query_layout(opened)?;
     let shown = calls.layout(opened, &req.render, !req.raw)?;
-    let query = Query::of_request((&req.filter, &req.fields), meta, (&shown, &opened.types))?;
+    let reading = opened.types.reading(&shown);
+    let query = Query::of_request(
+        QueryRequest {
+            filter: &req.filter,
+            fields: &req.fields,
+            shown: &shown,
+            reading: reading.as_deref(),
+        },
+        meta,
+    )?;
     let (filter, projection) = match query {
         Some(q) => (q.filter, q.projection),
         None => (None, None),

@@ -1,7 +1,7 @@
-//! Prometheus metrics (prometheus-client), served on `metrics_listen`
-//! (plaintext, off by default) with the maps of `[[export]]` tables: in the
-//! OpenMetrics text format to scrapers that ask for it (Prometheus does),
-//! in the Prometheus text format 0.0.4 to the others.
+//! The daemon's own metrics: one prometheus-client registry, which every
+//! part records into and the metrics listener (`ops::exposition`) encodes;
+//! what the daemon's state says at each scrape is read by collectors the
+//! composition root registers.
 //!
 //! gRPC calls in the usual naming (`grpc_server_started_total`,
 //! `grpc_server_handled_total`, `grpc_server_handling_seconds`, labelled by
@@ -21,12 +21,11 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use tokio::{net::TcpListener, sync::watch};
 
 use crate::model::Rpc;
 
 /// Why a TLS handshake failed (`reason` of bpfmapd_tls_handshake_failures).
-pub(super) const TLS_FAILURE_REASONS: [&str; 6] = [
+pub(crate) const TLS_FAILURE_REASONS: [&str; 6] = [
     "bad_certificate",
     "alert_received",
     "protocol",
@@ -37,7 +36,7 @@ pub(super) const TLS_FAILURE_REASONS: [&str; 6] = [
 
 /// Why the daemon closed a connection (`reason` of
 /// bpfmapd_connections_closed).
-pub(super) const CLOSE_REASONS: [&str; 5] =
+pub(crate) const CLOSE_REASONS: [&str; 5] =
     ["limit", "silent", "idle", "stalled", "cancelled_calls"];
 
 /// The labels of an RPC ("unknown" for a path that names none).
@@ -124,17 +123,17 @@ where
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(None)
+        Self::new(Vec::new())
     }
 }
 
 impl Metrics {
-    /// The daemon's metrics; `live` (the daemon's state, read at each
-    /// scrape) is wired by the composition root.
-    pub(crate) fn new(live: Option<Box<dyn Collector>>) -> Self {
+    /// The daemon's metrics; `collectors` (the daemon's state, read at
+    /// each scrape) are wired by the composition root.
+    pub(crate) fn new(collectors: Vec<Box<dyn Collector>>) -> Self {
         let mut registry = Registry::default();
-        if let Some(live) = live {
-            registry.register_collector(live);
+        for c in collectors {
+            registry.register_collector(c);
         }
         let started: Family<RpcLabels, Counter> = registered(
             &mut registry,
@@ -273,104 +272,6 @@ impl Metrics {
     }
 }
 
-/// The content type of each exposition format.
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// The exposition a scraper asks for in its `Accept` header: OpenMetrics
-/// when it names it, else the text format.
-async fn exposition(
-    metrics: &Metrics,
-    exports: Option<&crate::export::Exporter>,
-    (accept, deadline): (&str, Option<std::time::Instant>),
-) -> (&'static str, String) {
-    let mut body = metrics.encode();
-    if let Some(exports) = exports {
-        let families = exports.encode(deadline).await;
-        let at = body.rfind("# EOF").unwrap_or(body.len());
-        body.insert_str(at, &families);
-    }
-    if accept.contains("application/openmetrics-text") {
-        (OPENMETRICS, body)
-    } else {
-        (TEXT_FORMAT, crate::export::to_text_format(&body))
-    }
-}
-
-/// When a scrape must be answered: 90 % of the time Prometheus gives it
-/// (`X-Prometheus-Scrape-Timeout-Seconds`), if it says.
-fn deadline_of<B>(req: &hyper::Request<B>) -> Option<std::time::Instant> {
-    let seconds: f64 = req
-        .headers()
-        .get("x-prometheus-scrape-timeout-seconds")?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let budget = Duration::try_from_secs_f64(seconds * 0.9).ok()?;
-    std::time::Instant::now().checked_add(budget)
-}
-
-/// Serves `GET /metrics` on `listener` (HTTP/1.1, plaintext) until `stop`:
-/// the daemon's metrics and its exports.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    (metrics, exports): (Metrics, Option<crate::export::Exporter>),
-    mut stop: watch::Receiver<bool>,
-) {
-    use http_body_util::Full;
-    use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
-    loop {
-        let accepted = tokio::select! {
-            r = listener.accept() => r,
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (metrics, exports) = (metrics.clone(), exports.clone());
-        tokio::spawn(async move {
-            let service = service_fn(move |req: Request<Incoming>| {
-                let (metrics, exports) = (metrics.clone(), exports.clone());
-                async move {
-                    let response = if req.uri().path() == "/metrics" {
-                        let accept = req
-                            .headers()
-                            .get(hyper::header::ACCEPT)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("");
-                        let (content_type, body) =
-                            exposition(&metrics, exports.as_ref(), (accept, deadline_of(&req)))
-                                .await;
-                        Response::builder()
-                            .header("content-type", content_type)
-                            .body(Full::new(bytes::Bytes::from(body)))
-                    } else {
-                        Response::builder()
-                            .status(StatusCode::NOT_FOUND)
-                            .body(Full::new(bytes::Bytes::from_static(
-                                b"metrics are at /metrics\n",
-                            )))
-                    };
-                    Ok::<_, std::convert::Infallible>(response.expect("a valid response"))
-                }
-            });
-            let io = hyper_util::rt::TokioIo::new(tcp);
-            let _ = tokio::time::timeout(
-                Duration::from_secs(30),
-                hyper::server::conn::http1::Builder::new().serve_connection(io, service),
-            )
-            .await;
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,7 +289,7 @@ mod tests {
 
     #[test]
     fn the_exposition_has_the_grpc_and_daemon_metrics() {
-        let m = Metrics::new(None);
+        let m = Metrics::new(Vec::new());
         let rpc = Rpc::of_path("/bpfmap.v1.MapService/Lookup");
         m.started(rpc);
         m.handled(rpc, tonic::Code::NotFound, Duration::from_millis(3));

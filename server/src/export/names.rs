@@ -1,10 +1,10 @@
-//! Label decoders: what programs store as numbers, as people read them.
-//! `syscall` (a number to its name on this host's architecture, as
-//! syscount's keys), `ifname` (an ifindex to the interface's name),
-//! `ksym` (a kernel address to the symbol it falls in, from
-//! `/proc/kallsyms`), `cgroup` (a cgroup v2 id to its path under
-//! `/sys/fs/cgroup`), or a table given in the configuration. A value a
-//! decoder does not know is left as it is.
+//! Label names: what programs store as numbers, as people read them (an
+//! export table's `names`). `syscall` (a number to its name on this host's
+//! architecture, as syscount's keys), `ifname` (an ifindex to the
+//! interface's name), `ksym` (a kernel address to the symbol it falls in,
+//! from `/proc/kallsyms`), `cgroup` (a cgroup v2 id to its path under
+//! `/sys/fs/cgroup`), or a table given in the configuration. A value none
+//! names is left as it is.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -13,33 +13,35 @@ use std::{
 
 use serde::Deserialize;
 
-/// A decoder as a table names it.
+/// Where a label's values find their names, as a table says.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
-pub enum Decoder {
-    /// `syscall`, `ifname`, `ksym` or `cgroup`.
-    Named(String),
+pub enum LabelNames {
+    /// The host's names: `syscall`, `ifname`, `ksym` or `cgroup`.
+    Host(String),
     /// Values to what they stand for ("1" = "drop").
     Table(BTreeMap<String, String>),
 }
 
-/// The decoders by name.
-pub(crate) const NAMES: [&str; 4] = ["syscall", "ifname", "ksym", "cgroup"];
+/// The host's names a table can ask for.
+pub(crate) const HOST_NAMES: [&str; 4] = ["syscall", "ifname", "ksym", "cgroup"];
 
-impl Decoder {
-    /// Whether it is one (a named decoder this daemon has).
-    pub(crate) fn check(&self) -> Result<(), String> {
+/// Names a table asks for that the daemon does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a kind of names: syscall, ifname, ksym, cgroup or a table of values")]
+pub(crate) struct UnknownNames(String);
+
+impl LabelNames {
+    /// Whether the daemon has them.
+    pub(crate) fn check(&self) -> Result<(), UnknownNames> {
         match self {
-            Self::Named(n) if !NAMES.contains(&n.as_str()) => Err(format!(
-                "{n:?} is not a decoder: {} or a table of values",
-                NAMES.join(", ")
-            )),
+            Self::Host(n) if !HOST_NAMES.contains(&n.as_str()) => Err(UnknownNames(n.clone())),
             _ => Ok(()),
         }
     }
 }
 
-/// What the decoders of one walk read from the host, once per walk.
+/// What the names of one walk read from the host, once per walk.
 #[derive(Debug, Default)]
 pub(crate) struct Lookups {
     ifnames: Option<HashMap<u64, String>>,
@@ -48,11 +50,11 @@ pub(crate) struct Lookups {
 }
 
 impl Lookups {
-    /// `value` through `decoder`.
-    pub(crate) fn decode(&mut self, decoder: &Decoder, value: &str) -> String {
-        let decoded = match decoder {
-            Decoder::Table(t) => t.get(value).cloned(),
-            Decoder::Named(name) => {
+    /// The name of `value` in `names`, or `value` when it has none.
+    pub(crate) fn name(&mut self, names: &LabelNames, value: &str) -> String {
+        let named = match names {
+            LabelNames::Table(t) => t.get(value).cloned(),
+            LabelNames::Host(name) => {
                 let n = value.parse::<u64>().ok();
                 n.and_then(|n| match name.as_str() {
                     "syscall" => syscall(n),
@@ -67,7 +69,7 @@ impl Lookups {
                 })
             }
         };
-        decoded.unwrap_or_else(|| value.to_owned())
+        named.unwrap_or_else(|| value.to_owned())
     }
 }
 
@@ -147,20 +149,20 @@ mod tests {
     #[test]
     fn numbers_become_names_and_unknown_values_stay() {
         let mut l = Lookups::default();
-        let syscall = Decoder::Named("syscall".into());
+        let syscall = LabelNames::Host("syscall".into());
         // read is 0 on x86_64, 63 on aarch64.
         let read = if cfg!(target_arch = "aarch64") {
             "63"
         } else {
             "0"
         };
-        assert_eq!(l.decode(&syscall, read), "read");
-        assert_eq!(l.decode(&syscall, "99999"), "99999");
-        assert_eq!(l.decode(&syscall, "not a number"), "not a number");
-        assert_eq!(l.decode(&Decoder::Named("ifname".into()), "1"), "lo");
-        let table = Decoder::Table([("1".to_owned(), "drop".to_owned())].into());
-        assert_eq!(l.decode(&table, "1"), "drop");
-        assert_eq!(l.decode(&table, "2"), "2");
+        assert_eq!(l.name(&syscall, read), "read");
+        assert_eq!(l.name(&syscall, "99999"), "99999");
+        assert_eq!(l.name(&syscall, "not a number"), "not a number");
+        assert_eq!(l.name(&LabelNames::Host("ifname".into()), "1"), "lo");
+        let table = LabelNames::Table([("1".to_owned(), "drop".to_owned())].into());
+        assert_eq!(l.name(&table, "1"), "drop");
+        assert_eq!(l.name(&table, "2"), "2");
         let symbols = vec![(0x1000, "a".to_owned()), (0x2000, "b".to_owned())];
         assert_eq!(symbol(&symbols, 0x1fff).as_deref(), Some("a"));
         assert_eq!(symbol(&symbols, 0x2000).as_deref(), Some("b"));
@@ -177,11 +179,12 @@ mod tests {
             "/system.slice/a.service"
         );
         assert_eq!(ids[&ino("")], "/");
-        assert!(
-            Decoder::Named("sycall".into())
+        assert_eq!(
+            LabelNames::Host("sycall".into())
                 .check()
                 .unwrap_err()
-                .contains("not a decoder")
+                .to_string(),
+            "\"sycall\" is not a kind of names: syscall, ifname, ksym, cgroup or a table of values"
         );
     }
 }
