@@ -12,6 +12,7 @@
 //! folders, the path of one call.
 //! - [`model`]: the shared value types (map references, identities,
 //!   operations, RPC names); it uses no other module.
+//! - `metrics`: the daemon's registry, which every part records into.
 //! - `error`: what a call can fail with, in the daemon's terms (no gRPC).
 //! - `config`: the command line and the configuration file.
 //! - `cursor`: opaque, authenticated resume tokens.
@@ -23,10 +24,11 @@
 //!   its layouts, its cursor, the blocking pool).
 //! - `info`, `lookup`, `dump`, `aggregate`, `watch`, `drain`: one RPC's
 //!   domain each.
-//! - `wire`: domain values to `bpfmap.v1` messages.
+//! - `wire`: domain values to `bpfmap.v1` messages, and the response stream
+//!   a task of its own feeds.
+//! - `export`: maps as Prometheus metrics (`[[export]]`), map pressure.
 //! - `net`: connections, TLS, authentication of a connection's caller.
-//! - `ops`: metrics, reload, sd_notify, capabilities.
-//! - `feed`: a response stream fed by a task of its own, ending with its status.
+//! - `ops`: the metrics listener, reload, sd_notify, capabilities.
 //! - `rpc`: the gRPC handlers, the mapping of errors to statuses, health.
 //! - `daemon`: the composition root (start, stop, reload) and `main`.
 //! - [`frontend`]: the listener, TLS, connection limits, callers, health
@@ -43,7 +45,6 @@ mod drain;
 mod dump;
 mod error;
 mod export;
-mod feed;
 pub mod frontend;
 mod info;
 mod limits;

@@ -29,10 +29,10 @@ use tokio::sync::watch;
 use crate::{
     cursor::Sealer,
     error::Error,
-    feed::{self, Fed, Feed},
     maps::Decoder,
     model::{Identity, MapRef},
     wire,
+    wire::feed::{self, Fed, Feed},
 };
 
 use spool::Spooled;

@@ -20,10 +20,10 @@ use super::{
 use crate::{
     cursor::Sealer,
     error::Error,
-    feed::{self, Fed, Feed},
     maps::Decoder,
     query::{Acc, Counter, EntryRef, Filter, Projection, Spec},
     wire,
+    wire::feed::{self, Fed, Feed},
 };
 
 /// Entries a message of events holds at most (it also stays below

@@ -1,6 +1,11 @@
-//! Conversions between domain types and `bpfmap.v1` messages, in one place
-//! (for the handlers and the dump producer alike): nothing else builds a
-//! message field by field.
+//! What goes on the wire: the conversions between domain types and
+//! `bpfmap.v1` messages that several calls share (map references, map
+//! descriptions, entries and their sizes), and `feed`, the response stream
+//! a task of its own feeds. A domain whose answers are its own (a watch's
+//! events, a drain's chunks, an export's groups) builds those messages
+//! where it computes them.
+
+pub(crate) mod feed;
 
 use bpfmap_kernel::{MapMeta, WalkMethod, walk::Chunk};
 use bpfmap_proto::v1 as pb;
