@@ -34,7 +34,7 @@ pub fn parse_c_type(text: &str, what: &str) -> Result<TypeInfo, TypeError> {
         ));
     }
     let mut p = Parser {
-        tokens: tokenize(text).map_err(|e| err(what, e))?,
+        tokens: tokenize(text).map_err(|e| err(what, e.to_string()))?,
         at: 0,
         depth: 0,
     };
@@ -43,7 +43,7 @@ pub fn parse_c_type(text: &str, what: &str) -> Result<TypeInfo, TypeError> {
         p.optional(";");
         match p.peek() {
             None => Ok(t),
-            Some(tok) => Err(format!("unexpected {tok:?} after the type")),
+            Some(tok) => Err(DeclError::Trailing(tok.to_owned())),
         }
     });
     parsed.map(|t| t.info).map_err(|e| {
@@ -54,6 +54,64 @@ pub fn parse_c_type(text: &str, what: &str) -> Result<TypeInfo, TypeError> {
             ),
         )
     })
+}
+
+/// What is wrong with a declaration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum DeclError {
+    #[error("unexpected character {0:?}")]
+    Character(char),
+    #[error("unexpected {0:?} after the type")]
+    Trailing(String),
+    #[error("expected {wanted:?}{}", found_text(found))]
+    Expected {
+        wanted: String,
+        found: Option<String>,
+    },
+    #[error("no type given")]
+    NoType,
+    #[error("unknown type {0:?}")]
+    UnknownType(String),
+    #[error("{0:?} is not a C type")]
+    NotCType(String),
+    #[error("{0:?} is not a type bpfmapd reads")]
+    Unreadable(String),
+    #[error("an array needs a length")]
+    NoLength,
+    #[error("array length {0:?} is not a number of at most 2^32 - 1")]
+    Length(String),
+    #[error("the type is larger than {MAX_SIZE} bytes")]
+    TooLarge,
+    #[error("structs nest at most {MAX_NESTING} deep")]
+    Nesting,
+    #[error("a struct or union is not closed with \"}}\"")]
+    Unclosed,
+    #[error("a struct or union needs members")]
+    NoMembers,
+    #[error("unknown attribute {0:?}")]
+    Attribute(String),
+    #[error("an attribute is not closed")]
+    UnclosedAttribute,
+    #[error("a member needs a name (only structs, unions and bitfields are unnamed)")]
+    Unnamed,
+    #[error("{0}: a bitfield of width 0 has no name")]
+    NamedZeroWidth(String),
+    #[error("a bitfield needs a width")]
+    NoWidth,
+    #[error("bitfield width {0:?} is not a number")]
+    Width(String),
+    #[error("{0}: only integers are bitfields")]
+    NotInteger(String),
+    #[error("{name}: {bits} bits do not fit its type")]
+    TooWide { name: String, bits: u32 },
+}
+
+/// What an `Expected` found instead.
+fn found_text(found: &Option<String>) -> String {
+    match found {
+        Some(t) => format!(", found {t:?}"),
+        None => " at the end".into(),
+    }
 }
 
 /// A parsed type: its description and its alignment.
@@ -69,7 +127,7 @@ struct Parser {
     depth: usize,
 }
 
-fn tokenize(text: &str) -> Result<Vec<String>, String> {
+fn tokenize(text: &str) -> Result<Vec<String>, DeclError> {
     let mut out = Vec::new();
     let mut chars = text.char_indices().peekable();
     while let Some(&(i, c)) = chars.peek() {
@@ -90,7 +148,7 @@ fn tokenize(text: &str) -> Result<Vec<String>, String> {
             out.push(c.to_string());
             chars.next();
         } else {
-            return Err(format!("unexpected character {c:?}"));
+            return Err(DeclError::Character(c));
         }
     }
     Ok(out)
@@ -116,16 +174,18 @@ impl Parser {
         }
     }
 
-    fn expect(&mut self, tok: &str) -> Result<(), String> {
+    fn expect(&mut self, tok: &str) -> Result<(), DeclError> {
         match self.next() {
             Some(t) if t == tok => Ok(()),
-            Some(t) => Err(format!("expected {tok:?}, found {t:?}")),
-            None => Err(format!("expected {tok:?} at the end")),
+            found => Err(DeclError::Expected {
+                wanted: tok.to_owned(),
+                found,
+            }),
         }
     }
 
     /// A type without its array suffix: a record or a scalar.
-    fn type_name(&mut self) -> Result<Ty, String> {
+    fn type_name(&mut self) -> Result<Ty, DeclError> {
         while matches!(self.peek(), Some("const" | "volatile")) {
             self.at += 1;
         }
@@ -136,18 +196,16 @@ impl Parser {
                 self.record(union)
             }
             Some(_) => self.scalar(),
-            None => Err("no type given".into()),
+            None => Err(DeclError::NoType),
         }
     }
 
     /// `[N]...` after a type or a member's name.
-    fn array_suffix(&mut self, element: Ty) -> Result<Ty, String> {
+    fn array_suffix(&mut self, element: Ty) -> Result<Ty, DeclError> {
         let mut lengths = Vec::new();
         while self.optional("[") {
-            let n = self.next().ok_or("an array needs a length")?;
-            let n: u32 = n
-                .parse()
-                .map_err(|_| format!("array length {n:?} is not a number of at most 2^32 - 1"))?;
+            let n = self.next().ok_or(DeclError::NoLength)?;
+            let n: u32 = n.parse().map_err(|_| DeclError::Length(n.clone()))?;
             self.expect("]")?;
             lengths.push(n);
         }
@@ -156,7 +214,7 @@ impl Parser {
         for n in lengths.into_iter().rev() {
             let size = u64::from(t.info.size) * u64::from(n);
             if size > MAX_SIZE {
-                return Err(format!("the type is larger than {MAX_SIZE} bytes"));
+                return Err(DeclError::TooLarge);
             }
             t = Ty {
                 info: TypeInfo {
@@ -175,10 +233,10 @@ impl Parser {
 
     /// `{ members } [__attribute__((packed))]` (after `struct`/`union`,
     /// a tag name allowed and ignored).
-    fn record(&mut self, union: bool) -> Result<Ty, String> {
+    fn record(&mut self, union: bool) -> Result<Ty, DeclError> {
         self.depth += 1;
         if self.depth > MAX_NESTING {
-            return Err(format!("structs nest at most {MAX_NESTING} deep"));
+            return Err(DeclError::Nesting);
         }
         let mut packed = self.attributes()?;
         if self.peek().is_some_and(|t| t != "{") {
@@ -188,20 +246,20 @@ impl Parser {
         let mut members = Vec::new();
         while !self.optional("}") {
             if self.peek().is_none() {
-                return Err("a struct or union is not closed with \"}\"".into());
+                return Err(DeclError::Unclosed);
             }
             members.extend(self.members()?);
         }
         packed |= self.attributes()?;
         self.depth -= 1;
         if members.is_empty() {
-            return Err("a struct or union needs members".into());
+            return Err(DeclError::NoMembers);
         }
         lay_out(members, union, packed)
     }
 
     /// `__attribute__((packed))`, if there; whether it says packed.
-    fn attributes(&mut self) -> Result<bool, String> {
+    fn attributes(&mut self) -> Result<bool, DeclError> {
         let mut packed = false;
         while matches!(self.peek(), Some("__attribute__" | "__attribute")) {
             self.at += 1;
@@ -211,8 +269,8 @@ impl Parser {
                 match self.next().as_deref() {
                     Some("packed" | "__packed__") => packed = true,
                     Some(",") => {}
-                    Some(other) => return Err(format!("unknown attribute {other:?}")),
-                    None => return Err("an attribute is not closed".into()),
+                    Some(other) => return Err(DeclError::Attribute(other.to_owned())),
+                    None => return Err(DeclError::UnclosedAttribute),
                 }
             }
             self.expect(")")?;
@@ -223,7 +281,7 @@ impl Parser {
     /// One declaration of members: `TYPE DECLARATOR[, DECLARATOR...];`,
     /// each declarator `[NAME][[N]...] [: BITS]` (`__u8 ihl:4, version:4;`,
     /// an unnamed bitfield `__u32 :3;` pads).
-    fn members(&mut self) -> Result<Vec<Declared>, String> {
+    fn members(&mut self) -> Result<Vec<Declared>, DeclError> {
         let base = self.type_name()?;
         let mut out = Vec::new();
         loop {
@@ -237,7 +295,7 @@ impl Parser {
     }
 
     /// One declarator of a member of type `base`.
-    fn declarator(&mut self, base: &Ty) -> Result<Declared, String> {
+    fn declarator(&mut self, base: &Ty) -> Result<Declared, DeclError> {
         let name = match self.peek() {
             Some(t) if is_identifier(t) => self.next().unwrap_or_default(),
             _ => String::new(),
@@ -252,37 +310,36 @@ impl Parser {
             Some(type_info::Kind::Struct(_) | type_info::Kind::Union(_))
         );
         if name.is_empty() && bits.is_none() && !record {
-            return Err(
-                "a member needs a name (only structs, unions and bitfields are unnamed)".into(),
-            );
+            return Err(DeclError::Unnamed);
         }
         if bits == Some(0) && !name.is_empty() {
-            return Err(format!("{name}: a bitfield of width 0 has no name"));
+            return Err(DeclError::NamedZeroWidth(name));
         }
         Ok(Declared { name, ty, bits })
     }
 
     /// The width after `NAME :`.
-    fn bitfield_width(&mut self, name: &str, ty: &Ty) -> Result<u32, String> {
-        let n = self.next().ok_or("a bitfield needs a width")?;
-        let bits: u32 = n
-            .parse()
-            .map_err(|_| format!("bitfield width {n:?} is not a number"))?;
+    fn bitfield_width(&mut self, name: &str, ty: &Ty) -> Result<u32, DeclError> {
+        let n = self.next().ok_or(DeclError::NoWidth)?;
+        let bits: u32 = n.parse().map_err(|_| DeclError::Width(n.clone()))?;
         let integer = matches!(
             ty.info.kind,
             Some(type_info::Kind::Int(_) | type_info::Kind::Char(_) | type_info::Kind::Bool(_))
         );
         if !integer {
-            return Err(format!("{name}: only integers are bitfields"));
+            return Err(DeclError::NotInteger(name.to_owned()));
         }
         if bits > ty.info.size * 8 {
-            return Err(format!("{name}: {bits} bits do not fit its type"));
+            return Err(DeclError::TooWide {
+                name: name.to_owned(),
+                bits,
+            });
         }
         Ok(bits)
     }
 
     /// A scalar type: a run of C keywords, or one typedef name.
-    fn scalar(&mut self) -> Result<Ty, String> {
+    fn scalar(&mut self) -> Result<Ty, DeclError> {
         let mut words = Vec::new();
         while let Some(t) = self.peek() {
             if C_WORDS.contains(&t) {
@@ -293,8 +350,8 @@ impl Parser {
             }
         }
         if words.is_empty() {
-            let name = self.next().ok_or("no type given")?;
-            return named(&name).ok_or_else(|| format!("unknown type {name:?}"));
+            let name = self.next().ok_or(DeclError::NoType)?;
+            return named(&name).ok_or(DeclError::UnknownType(name));
         }
         c_type(&words)
     }
@@ -311,7 +368,7 @@ struct Declared {
 /// Lays members out as C does: each at its alignment (bitfields packed
 /// into their type's units), the record's size rounded up to its
 /// alignment; with `packed`, no padding.
-fn lay_out(members: Vec<Declared>, union: bool, packed: bool) -> Result<Ty, String> {
+fn lay_out(members: Vec<Declared>, union: bool, packed: bool) -> Result<Ty, DeclError> {
     let mut bit = 0u64; // next free bit
     let mut size = 0u64;
     let mut align = 1u64;
@@ -358,7 +415,7 @@ fn lay_out(members: Vec<Declared>, union: bool, packed: bool) -> Result<Ty, Stri
     }
     let size = size.div_ceil(align) * align;
     if size > MAX_SIZE {
-        return Err(format!("the type is larger than {MAX_SIZE} bytes"));
+        return Err(DeclError::TooLarge);
     }
     let record = RecordType { members: out };
     Ok(Ty {
@@ -385,16 +442,16 @@ const C_WORDS: [&str; 10] = [
 ];
 
 /// A C type spelled in keywords ("unsigned long long").
-fn c_type(words: &[String]) -> Result<Ty, String> {
+fn c_type(words: &[String]) -> Result<Ty, DeclError> {
     let count = |w: &str| words.iter().filter(|x| *x == w).count();
     let spelled = words.join(" ");
     let unsigned = count("unsigned") > 0;
     if count("unsigned") + count("signed") > 1 {
-        return Err(format!("{spelled:?} is not a C type"));
+        return Err(DeclError::NotCType(spelled));
     }
     let scalars = count("_Bool") + count("bool") + count("float") + count("double");
     if scalars > 0 && words.len() > 1 {
-        return Err(format!("{spelled:?} is not a type bpfmapd reads"));
+        return Err(DeclError::Unreadable(spelled));
     }
     let bytes = match (count("char"), count("short"), count("long"), count("int")) {
         _ if count("_Bool") + count("bool") == 1 && words.len() == 1 => {
@@ -414,7 +471,7 @@ fn c_type(words: &[String]) -> Result<Ty, String> {
         (0, 1, 0, 0 | 1) => 2,
         (0, 0, 1 | 2, 0 | 1) => 8,
         (0, 0, 0, 1) | (0, 0, 0, 0) if count("unsigned") + count("signed") + count("int") > 0 => 4,
-        _ => return Err(format!("{spelled:?} is not a C type")),
+        _ => return Err(DeclError::NotCType(spelled)),
     };
     Ok(int(&spelled, bytes, !unsigned, false))
 }
