@@ -1474,8 +1474,7 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
     let shape = bpfmapd::query::MapLayout::new(
         info.key_type.as_ref(),
         info.value_type.as_ref(),
-        (16, 16),
-        None,
+        bpfmap_proto::typed::MapShape::new(16, 16),
     )
     .expect("the flows' layout");
     group_table_rate(n, (&keys, &values), &shape, report);

@@ -6,7 +6,7 @@
 //! bytes given; every decoded value must be valid JSON.
 
 use bpfmap_proto::{
-    typed::{JsonWriter, Layout, MapLayout},
+    typed::{JsonWriter, Layout, MapLayout, MapShape},
     v1::TypeInfo,
 };
 use prost::Message as _;
@@ -209,9 +209,13 @@ pub const FILTER_SEEDS: &[&str] = &[
 pub fn filter_layout(which: u8) -> MapLayout {
     let (key, value) = (shapes::flow_key(), shapes::stats());
     match which % 3 {
-        0 => MapLayout::new(Some(&key), Some(&value), (16, 48), None),
-        1 => MapLayout::new(Some(&key), Some(&value), (16, 48), Some(3)),
-        _ => Ok(MapLayout::untyped((8, 16), None)),
+        0 => MapLayout::new(Some(&key), Some(&value), MapShape::new(16, 48)),
+        1 => MapLayout::new(
+            Some(&key),
+            Some(&value),
+            MapShape::new(16, 48).with_cpus(Some(3)),
+        ),
+        _ => Ok(MapLayout::untyped(MapShape::new(8, 16))),
     }
     .expect("the fuzz shapes are valid")
 }

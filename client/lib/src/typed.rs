@@ -72,7 +72,7 @@
 use std::{collections::BTreeMap, fmt};
 
 pub use bpfmap_proto::typed::{
-    EncodeError, JsonWriter, Layout, MapLayout, Rendering, Renderings, Sink, TypeError,
+    EncodeError, JsonWriter, Layout, MapLayout, MapShape, Rendering, Renderings, Sink, TypeError,
     ValueBuilder, write_json_string,
 };
 
@@ -115,17 +115,12 @@ impl MapTypes {
         renderings: &Renderings,
     ) -> Result<Option<Self>, Error> {
         let cpus = info.per_cpu.then_some(info.possible_cpus as usize);
-        let sizes = (info.key_size as usize, info.value_size as usize);
+        let shape = MapShape::new(info.key_size as usize, info.value_size as usize).with_cpus(cpus);
         // A map without types has bytes, which renderings can show.
         if info.value_type.is_none() && renderings.is_empty() {
             return Ok(None);
         }
-        let layout = MapLayout::new(
-            info.key_type.as_ref(),
-            info.value_type.as_ref(),
-            sizes,
-            cpus,
-        )?;
+        let layout = MapLayout::new(info.key_type.as_ref(), info.value_type.as_ref(), shape)?;
         Self::rendered(layout, renderings).map(Some)
     }
 
@@ -265,8 +260,8 @@ impl Projection {
         let (key, value) = (empty("key"), empty("value"));
         let key = self.key_type().unwrap_or(&key);
         let value = self.value_type().unwrap_or(&value);
-        let sizes = (key.size as usize, value.size as usize);
-        let layout = MapLayout::new(Some(key), Some(value), sizes, None)?;
+        let shape = MapShape::new(key.size as usize, value.size as usize);
+        let layout = MapLayout::new(Some(key), Some(value), shape)?;
         MapTypes::rendered(layout, &renderings)
     }
 

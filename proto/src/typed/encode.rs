@@ -219,7 +219,10 @@ pub(crate) fn node(
             let raw = integer(v, size * 8, *signed, path)?;
             IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
         }
-        Node::Rendered { how, node, size } => how.encode(node, *size, v, (out, offset), path)?,
+        Node::Rendered { how, node, size } => {
+            let member = out.get_mut(offset..).unwrap_or_default();
+            how.encode(node, *size, v, member, path)?
+        }
         Node::Char { signed } => {
             let raw = match &v.kind {
                 Some(Kind::StringValue(s)) if s.len() == 1 => u128::from(s.as_bytes()[0]),
@@ -247,7 +250,10 @@ pub(crate) fn node(
             element,
             element_size,
             length,
-        } => array((element, *element_size, *length), v, out, offset, path)?,
+        } => {
+            let member = out.get_mut(offset..).unwrap_or_default();
+            array(element, *element_size, *length, v, member, path)?
+        }
         Node::Pointer { size } => {
             let raw = integer(v, size * 8, false, path)?;
             put(out, offset, *size, raw);
@@ -327,12 +333,15 @@ fn record(
     Ok(())
 }
 
-/// An array: a list of its length, or a string for an array of char.
+/// An array of `length` elements of `element_size` bytes: a list of its
+/// length, or a string for an array of char, into `out` (the array's bytes
+/// and what follows them).
 fn array(
-    (element, element_size, length): (&Node, usize, usize),
+    element: &Node,
+    element_size: usize,
+    length: usize,
     v: &Value,
     out: &mut [u8],
-    offset: usize,
     path: &mut String,
 ) -> Result<(), EncodeError> {
     if element.is_char()
@@ -349,7 +358,7 @@ fn array(
             );
         }
         let bytes = s.as_bytes();
-        if let Some(dst) = out.get_mut(offset..offset + bytes.len()) {
+        if let Some(dst) = out.get_mut(..bytes.len()) {
             dst.copy_from_slice(bytes);
         }
         return Ok(());
@@ -369,7 +378,7 @@ fn array(
     for (i, item) in list.values.iter().enumerate() {
         let len = path.len();
         path.push_str(&format!("[{i}]"));
-        self::node(element, item, out, offset + i * element_size, path)?;
+        self::node(element, item, out, i * element_size, path)?;
         path.truncate(len);
     }
     Ok(())

@@ -10,6 +10,32 @@ use super::{
 };
 use crate::v1::TypeInfo;
 
+/// What a map is beyond its types: its key and value sizes, and the
+/// possible CPUs of a per-CPU map (`None` otherwise), whose values are one
+/// CPU's value each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapShape {
+    pub key_size: usize,
+    pub value_size: usize,
+    pub cpus: Option<usize>,
+}
+
+impl MapShape {
+    /// A map of keys and values of these sizes, not per-CPU.
+    pub fn new(key_size: usize, value_size: usize) -> Self {
+        Self {
+            key_size,
+            value_size,
+            cpus: None,
+        }
+    }
+
+    /// The same, per-CPU over `cpus` possible CPUs when `Some`.
+    pub fn with_cpus(self, cpus: Option<usize>) -> Self {
+        Self { cpus, ..self }
+    }
+}
+
 /// A map's types, resolved once for a call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MapLayout {
@@ -28,25 +54,23 @@ pub struct MapLayout {
 impl MapLayout {
     /// The layouts of a map's key and value types as the map describes
     /// them (`value` one CPU's value for per-CPU maps), checked against its
-    /// sizes (`key_size`, `value_size`). A map without a value type is
-    /// untyped (its key too, whatever `key` says); a typed map without a
-    /// key type (the keyless BTF of a global data section) has its key
-    /// shown as an unsigned integer of its size (the index, 0), or as hex.
-    /// `cpus`: the possible CPUs of a per-CPU map.
+    /// `shape`. A map without a value type is untyped (its key too,
+    /// whatever `key` says); a typed map without a key type (the keyless
+    /// BTF of a global data section) has its key shown as an unsigned
+    /// integer of its size (the index, 0), or as hex.
     pub fn new(
         key: Option<&TypeInfo>,
         value: Option<&TypeInfo>,
-        (key_size, value_size): (usize, usize),
-        cpus: Option<usize>,
+        shape: MapShape,
     ) -> Result<Self, TypeError> {
         let Some(value) = value else {
-            return Ok(Self::untyped((key_size, value_size), cpus));
+            return Ok(Self::untyped(shape));
         };
         let key = key
             .map(|k| Layout::new(k, "key").map(Arc::new))
             .transpose()?;
         let value = Arc::new(Layout::new(value, "value")?);
-        Self::of_layouts(key, value, (key_size, value_size), cpus)
+        Self::of_layouts(key, value, shape)
     }
 
     /// The same from layouts already made (and kept) from the
@@ -54,9 +78,13 @@ impl MapLayout {
     pub fn of_layouts(
         key: Option<Arc<Layout>>,
         value: Arc<Layout>,
-        (key_size, value_size): (usize, usize),
-        cpus: Option<usize>,
+        shape: MapShape,
     ) -> Result<Self, TypeError> {
+        let MapShape {
+            key_size,
+            value_size,
+            cpus,
+        } = shape;
         check_size(&value, value_size, "value")?;
         let key_typed = key.is_some();
         let key = match key {
@@ -79,13 +107,13 @@ impl MapLayout {
     }
 
     /// The layout of a map without types: its keys and values are bytes.
-    pub fn untyped((key_size, value_size): (usize, usize), cpus: Option<usize>) -> Self {
+    pub fn untyped(shape: MapShape) -> Self {
         Self {
-            key: Arc::new(Layout::opaque(key_size)),
-            value: Arc::new(Layout::opaque(value_size)),
+            key: Arc::new(Layout::opaque(shape.key_size)),
+            value: Arc::new(Layout::opaque(shape.value_size)),
             key_typed: false,
             typed: false,
-            cpus,
+            cpus: shape.cpus,
             renderings: Renderings::default(),
         }
     }

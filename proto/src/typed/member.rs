@@ -285,7 +285,7 @@ impl<'a> Member<'a> {
         };
         let mut buf = vec![0u8; *size];
         let mut path = self.path.clone();
-        if let Err(e) = how.encode(node, *size, v, (&mut buf, 0), &mut path) {
+        if let Err(e) = how.encode(node, *size, v, &mut buf, &mut path) {
             return Some(Err(e));
         }
         let at_start = Member {
@@ -775,6 +775,7 @@ pub(crate) fn describe(node: &Node, size: usize) -> pb::TypeInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::typed::MapShape;
     use crate::v1::{ArrayType, IntType, Member as PbMember, RecordType, TypeInfo};
 
     fn int(name: &str, size: u32) -> TypeInfo {
@@ -820,7 +821,7 @@ mod tests {
             vec![("", 0, inner), ("counters", 64, counters)],
         );
         let key = int("__u32", 4);
-        let l = MapLayout::new(Some(&key), Some(&value), (4, 24), None).unwrap();
+        let l = MapLayout::new(Some(&key), Some(&value), MapShape::new(4, 24)).unwrap();
         let m = l.member("value.counters[2]").unwrap();
         assert_eq!((m.bit_offset(), m.size()), (64 + 64, 4));
         assert_eq!(l.member("value.bytes").unwrap().bit_offset(), 0);
@@ -843,7 +844,7 @@ mod tests {
 
     #[test]
     fn untyped_maps_have_bytes_and_no_members() {
-        let l = MapLayout::untyped((16, 8), Some(2));
+        let l = MapLayout::untyped(MapShape::new(16, 8).with_cpus(Some(2)));
         let key = l.member("key").unwrap();
         assert_eq!(
             (key.kind(), key.size(), key.typed()),

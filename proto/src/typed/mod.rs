@@ -60,7 +60,7 @@ use std::{collections::HashSet, fmt};
 pub use declare::parse_c_type;
 pub use encode::EncodeError;
 pub use int::IntField;
-pub use map_layout::MapLayout;
+pub use map_layout::{MapLayout, MapShape};
 pub use member::{
     BytesMember, Counter, EntryRef, IntMember, Literal, MAX_COUNTERS, MAX_PATH, Member, MemberKind,
     Root, Step, parse as parse_path,
@@ -612,12 +612,7 @@ impl Compiler {
             let bit_offset = m.bit_offset as usize;
             let bitfield_size = m.bitfield_size as usize;
             let (node, member_size) = self.node(ty, &member_path, depth + 1)?;
-            let end_bits = end_bits(
-                &member_path,
-                &node,
-                member_size,
-                (bit_offset, bitfield_size),
-            )?;
+            let end_bits = end_bits(&member_path, &node, member_size, bit_offset, bitfield_size)?;
             if end_bits > size * 8 {
                 return Err(err(
                     &member_path,
@@ -667,7 +662,8 @@ fn end_bits(
     path: &str,
     node: &Node,
     size: usize,
-    (bit_offset, bitfield_size): (usize, usize),
+    bit_offset: usize,
+    bitfield_size: usize,
 ) -> Result<usize, TypeError> {
     if bitfield_size > 0 {
         if bitfield_size > 64 || bitfield_size > size * 8 {

@@ -129,7 +129,7 @@ pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sin
             sink.end_array();
         }
         Node::Opaque { size } => sink.hex(slice(bytes, offset, *size)),
-        Node::Rendered { how, node, size } => how.render(node, *size, (bytes, offset), sink),
+        Node::Rendered { how, node, size } => how.render(node, slice(bytes, offset, *size), sink),
         // Integers, chars, enums, bools and pointers are read above.
         _ => sink.null(),
     }

@@ -14,7 +14,6 @@ use prost_types::{Value, value::Kind};
 use super::{
     EncodeError, IntField, Layout, Member, Node, Sink, TypeError, encode, err, kind_name,
     member::{self, Root},
-    render::slice,
 };
 
 /// How a member is shown. Addresses and network-order numbers are read
@@ -109,16 +108,8 @@ impl Rendering {
         (!kind_ok).then(|| format!("{name} cannot show {kind}"))
     }
 
-    /// `node` (of `size` bytes) at `offset` of `bytes`, shown this way into
-    /// `sink`.
-    pub(crate) fn render(
-        self,
-        node: &Node,
-        size: usize,
-        (bytes, offset): (&[u8], usize),
-        sink: &mut impl Sink,
-    ) {
-        let b = slice(bytes, offset, size);
+    /// `node`, whose bytes are `b`, shown this way into `sink`.
+    pub(crate) fn render(self, node: &Node, b: &[u8], sink: &mut impl Sink) {
         match self {
             Self::Ipv4 => match <[u8; 4]>::try_from(b) {
                 Ok(a) => sink.string(&Ipv4Addr::from(a).to_string()),
@@ -141,8 +132,8 @@ impl Rendering {
                     big_endian,
                     ..
                 } => {
-                    let v = IntField::whole(offset, *size, *signed, *big_endian)
-                        .raw(bytes)
+                    let v = IntField::whole(0, *size, *signed, *big_endian)
+                        .raw(b)
                         .unwrap_or(0);
                     sink.string(&format!("{v:#x}"));
                 }
@@ -180,21 +171,21 @@ impl Rendering {
         }
     }
 
-    /// Encodes `v`, the shown form (or whatever `node` accepts), into the
-    /// member's bytes.
+    /// Encodes `v`, the shown form (or whatever `node` accepts), into
+    /// `out`, the member's bytes (and what follows them).
     pub(crate) fn encode(
         self,
         node: &Node,
         size: usize,
         v: &Value,
-        (out, offset): (&mut [u8], usize),
+        out: &mut [u8],
         path: &mut String,
     ) -> Result<(), EncodeError> {
         if let Self::Be16 | Self::Be32 = self {
-            return self.encode_network_number(v, (out, offset), path);
+            return self.encode_network_number(v, out, path);
         }
         let Some(Kind::StringValue(text)) = &v.kind else {
-            return encode::node(node, v, out, offset, path);
+            return encode::node(node, v, out, 0, path);
         };
         let bytes = self.parse(node, size, text, path)?;
         match (self, node) {
@@ -212,11 +203,11 @@ impl Rendering {
                 let raw = bytes
                     .iter()
                     .fold(0u128, |acc, &x| (acc << 8) | u128::from(x));
-                IntField::whole(offset, *size, *signed, *big_endian).write(out, raw);
+                IntField::whole(0, *size, *signed, *big_endian).write(out, raw);
             }
             // Everything else holds the bytes in memory order.
             _ => {
-                if let Some(dst) = out.get_mut(offset..offset + bytes.len()) {
+                if let Some(dst) = out.get_mut(..bytes.len()) {
                     dst.copy_from_slice(&bytes);
                 }
             }
@@ -229,12 +220,12 @@ impl Rendering {
     fn encode_network_number(
         self,
         v: &Value,
-        (out, offset): (&mut [u8], usize),
+        out: &mut [u8],
         path: &str,
     ) -> Result<(), EncodeError> {
         let width = if self == Self::Be16 { 2 } else { 4 };
         let raw = encode::integer(v, width * 8, false, path)?;
-        let field = IntField::whole(offset, width, false, true);
+        let field = IntField::whole(0, width, false, true);
         field.write(out, raw);
         Ok(())
     }

@@ -666,10 +666,10 @@ fn rendered(t: &TypeInfo, root: &str, r: &Renderings) -> Result<Layout, TypeErro
     let other = u(1);
     let size = t.size as usize;
     if root == "key" {
-        let l = MapLayout::new(Some(t), Some(&other), (size, 1), None)?;
+        let l = MapLayout::new(Some(t), Some(&other), MapShape::new(size, 1))?;
         Ok(l.with_renderings(r)?.key().clone())
     } else {
-        let l = MapLayout::new(Some(&other), Some(t), (1, size), None)?;
+        let l = MapLayout::new(Some(&other), Some(t), MapShape::new(1, size))?;
         Ok(l.with_renderings(r)?.value().clone())
     }
 }
@@ -808,7 +808,7 @@ fn ipv6_unions_mac_arrays_and_whole_keys_render() {
         [0xde, 0xad, 0x01]
     );
     // Renderings under the other root do not apply.
-    let both = MapLayout::new(Some(&ct_tuple()), Some(&ct_tuple()), (14, 14), None)
+    let both = MapLayout::new(Some(&ct_tuple()), Some(&ct_tuple()), MapShape::new(14, 14))
         .unwrap()
         .with_renderings(&renderings(&[("value.daddr", "ipv4")]))
         .unwrap();
@@ -835,7 +835,7 @@ fn network_order_numbers_and_text_render_and_encode_back() {
     let addr = rendered(&u(4), "key", &renderings(&[("key", "be32")])).unwrap();
     assert_eq!(decode_layout(&addr, &[10, 0, 0, 1]), json!(167772161));
     // bpftrace's comm keys: untyped bytes up to the first NUL.
-    let untyped = MapLayout::untyped((16, 8), Some(2))
+    let untyped = MapLayout::untyped(MapShape::new(16, 8).with_cpus(Some(2)))
         .with_renderings(&renderings(&[("key", "string")]))
         .unwrap();
     let mut comm = [0u8; 16];
@@ -861,7 +861,7 @@ fn network_order_numbers_and_text_render_and_encode_back() {
     );
     let e = rendered(&u(4), "key", &renderings(&[("key", "string")])).unwrap_err();
     assert_eq!(e.to_string(), "key: string cannot show an integer");
-    let e = MapLayout::untyped((16, 8), None)
+    let e = MapLayout::untyped(MapShape::new(16, 8))
         .with_renderings(&renderings(&[("key.comm", "string")]))
         .unwrap_err();
     assert_eq!(

@@ -21,7 +21,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bpfmap_proto::v1 as pb;
+use bpfmap_proto::{
+    typed::{MapLayout, MapShape},
+    v1 as pb,
+};
 
 use crate::{
     aggregate,
@@ -345,13 +348,9 @@ impl Export {
     async fn slots(&self, inner: &Inner, path: &str) -> Result<usize, Error> {
         let caller = exporter_caller();
         let info = crate::info::get(&inner.calls, &caller, self.checked.map.clone()).await?;
-        let layout = bpfmap_proto::typed::MapLayout::new(
-            info.key_type.as_ref(),
-            info.value_type.as_ref(),
-            (info.key_size as usize, info.value_size as usize),
-            None,
-        )
-        .map_err(|e| Error::InvalidArgument(format!("the map's types: {e}")))?;
+        let shape = MapShape::new(info.key_size as usize, info.value_size as usize);
+        let layout = MapLayout::new(info.key_type.as_ref(), info.value_type.as_ref(), shape)
+            .map_err(|e| Error::InvalidArgument(format!("the map's types: {e}")))?;
         let member = layout
             .member(path)
             .map_err(|e| Error::InvalidArgument(e.to_string()))?;

@@ -9,7 +9,8 @@ use std::{borrow::Cow, sync::Arc};
 
 use bpfmap_proto::{
     typed::{
-        Layout, MapLayout, Projection, Renderings, Sink, TypeError, ValueBuilder, ValueWriter,
+        Layout, MapLayout, MapShape, Projection, Renderings, Sink, TypeError, ValueBuilder,
+        ValueWriter,
     },
     v1 as pb,
 };
@@ -130,18 +131,19 @@ impl KnownTypes {
         meta: &MapMeta,
         renderings: &Renderings,
     ) -> Result<MapLayout, Error> {
-        let sizes = (meta.key_size as usize, meta.value_size as usize);
         let cpus = meta.per_cpu().then_some(meta.possible_cpus as usize);
+        let shape = MapShape::new(meta.key_size as usize, meta.value_size as usize).with_cpus(cpus);
         let layout = match self {
             Self::Typed(t) => {
-                MapLayout::of_layouts(t.key_layout.clone(), t.value_layout.clone(), sizes, cpus)
-                    .map_err(|e| Error::Internal {
+                MapLayout::of_layouts(t.key_layout.clone(), t.value_layout.clone(), shape).map_err(
+                    |e| Error::Internal {
                         map: Some(map.clone()),
                         message: format!("its types do not fit it: {e}"),
-                    })?
+                    },
+                )?
             }
             // Bytes, which renderings of the whole key or value can show.
-            Self::None | Self::Unavailable(_) => MapLayout::untyped(sizes, cpus),
+            Self::None | Self::Unavailable(_) => MapLayout::untyped(shape),
         };
         layout
             .with_renderings(renderings)

@@ -6,6 +6,7 @@ use bpfmap_proto::v1::{self as pb, TypeInfo, aggregate::Op};
 
 use super::*;
 use crate::query::testing as t;
+use bpfmap_proto::typed::MapShape;
 
 fn agg(op: Op, field: &str) -> pb::Aggregate {
     pb::Aggregate {
@@ -413,7 +414,7 @@ fn the_order_is_non_negative_for_counts_and_unsigned_sums_only() {
 
 #[test]
 fn untyped_maps_aggregate_and_group_by_whole_keys_and_values() {
-    let shape = MapLayout::untyped((4, 8), None);
+    let shape = MapLayout::untyped(MapShape::new(4, 8));
     let req = request(&[], vec![agg(Op::Sum, "value"), agg(Op::Max, "key")]);
     let spec = Spec::new(&req, &shape, 10).unwrap();
     let mut table = spec.table();
@@ -437,7 +438,7 @@ fn untyped_maps_aggregate_and_group_by_whole_keys_and_values() {
         e,
         "group_by: key.x: the map has no types (BTF): its key is bytes"
     );
-    let wide = MapLayout::untyped((4, 16), None);
+    let wide = MapLayout::untyped(MapShape::new(4, 16));
     let req = request(&[], vec![agg(Op::Sum, "value")]);
     let Err(AggregateError::Invalid(e)) = Spec::new(&req, &wide, 10) else {
         panic!("a 16-byte untyped value summed");

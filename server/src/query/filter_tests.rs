@@ -5,6 +5,7 @@ use bpfmap_proto::v1::TypeInfo;
 
 use super::*;
 use crate::query::testing::{self as t, at};
+use bpfmap_proto::typed::MapShape;
 
 /// A map of `struct flow_key` to `struct everything`.
 struct Map {
@@ -640,7 +641,7 @@ fn per_cpu_sums_refuse_what_cannot_be_summed() {
 
 /// A map without types: 8-byte keys, 16-byte values.
 fn untyped() -> (MapLayout, Vec<u8>, Vec<u8>) {
-    let shape = MapLayout::untyped((8, 16), None);
+    let shape = MapLayout::untyped(MapShape::new(8, 16));
     let key = 0x0102_0304_0506_0708u64.to_le_bytes().to_vec();
     let mut value = vec![0u8; 16];
     value[4..6].copy_from_slice(&443u16.to_be_bytes());

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bpfmap_kernel::{MapMeta, walk::Chunk};
 pub use bpfmap_proto::typed::{
-    Counter, EntryRef, MAX_COUNTERS, MAX_FIELDS, MapLayout, Projection, ProjectionError,
+    Counter, EntryRef, MAX_COUNTERS, MAX_FIELDS, MapLayout, MapShape, Projection, ProjectionError,
 };
 use bpfmap_proto::v1 as pb;
 

@@ -152,7 +152,7 @@ fn fields_that_do_not_fit_are_refused_naming_them() {
         e.starts_with("value.comm: per-CPU values are summed"),
         "{e}"
     );
-    let untyped = MapLayout::untyped((4, 8), None);
+    let untyped = MapLayout::untyped(MapShape::new(4, 8));
     assert_eq!(
         Projection::new(&fields(&["key.x"]), &untyped)
             .unwrap_err()

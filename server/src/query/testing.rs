@@ -6,7 +6,7 @@ use bpfmap_proto::v1::{
     type_info::Kind,
 };
 
-use super::MapLayout;
+use super::{MapLayout, MapShape};
 
 pub(crate) fn int(name: &str, size: u32, signed: bool) -> TypeInfo {
     TypeInfo {
@@ -209,13 +209,8 @@ pub(crate) fn everything() -> TypeInfo {
 
 /// The layout of a map of `key` to `value` (per-CPU with `cpus`).
 pub(crate) fn layout(key: &TypeInfo, value: &TypeInfo, cpus: Option<usize>) -> MapLayout {
-    MapLayout::new(
-        Some(key),
-        Some(value),
-        (key.size as usize, value.size as usize),
-        cpus,
-    )
-    .expect("a valid layout")
+    let shape = MapShape::new(key.size as usize, value.size as usize).with_cpus(cpus);
+    MapLayout::new(Some(key), Some(value), shape).expect("a valid layout")
 }
 
 /// The bytes of a flow key.
