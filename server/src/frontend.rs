@@ -69,6 +69,30 @@ pub struct FrontendConfig<'a> {
     pub health_listen: Option<SocketAddr>,
 }
 
+/// The health service of a server: its reporter, and the services it
+/// reports on ("" is added).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Health<'a> {
+    pub(crate) reporter: &'a HealthReporter,
+    pub(crate) services: &'a [&'static str],
+}
+
+/// A server's listeners, what it serves on them and within which limits.
+#[derive(Debug)]
+pub(crate) struct Listening<'a> {
+    pub(crate) listener: TcpListener,
+    /// A Unix socket beside it, if there is one.
+    pub(crate) unix: Option<UnixListener>,
+    /// The services, with health and reflection.
+    pub(crate) routes: Routes,
+    /// The HTTP/2 bounds.
+    pub(crate) limits: &'a Limits,
+    /// The connection settings.
+    pub(crate) accept: AcceptConfig,
+    /// Told NOT_SERVING once draining closes the listener.
+    pub(crate) health: Health<'a>,
+}
+
 /// A front door serving: its address, and how to stop it.
 #[derive(Debug)]
 pub struct Frontend {
@@ -105,19 +129,21 @@ impl Frontend {
         }
         let (draining, _) = watch::channel(false);
         let conns = ConnRegistry::default();
-        let routes = with_health_and_reflection(
+        let health = Health {
+            reporter: &reporter,
+            services: config.services,
+        };
+        let routes =
+            with_health_and_reflection(routes, health, config.descriptors, draining.subscribe())?;
+        let listening = Listening {
+            listener,
+            unix: None,
             routes,
-            (&reporter, config.services),
-            config.descriptors,
-            draining.subscribe(),
-        )?;
-        let task = serve_routes(
-            (listener, None),
-            (routes, config.limits, accept),
-            (&reporter, config.services),
-            &draining,
-            conns.clone(),
-        );
+            limits: config.limits,
+            accept,
+            health,
+        };
+        let task = serve_routes(listening, &draining, conns.clone());
         let (health_addr, health) = match config.health_listen {
             Some(listen) => {
                 let (addr, task) = serve_health(listen, &reporter, &draining).await?;
@@ -237,29 +263,36 @@ fn reflection(
 /// is set) and reflection of `descriptors`, advertising `services`.
 pub(crate) fn with_health_and_reflection(
     routes: Routes,
-    (reporter, services): (&HealthReporter, &[&'static str]),
+    health: Health<'_>,
     descriptors: &[&'static [u8]],
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Routes> {
+    let services = health.services;
     Ok(routes
-        .add_service(health_service(reporter.clone(), stop))
+        .add_service(health_service(health.reporter.clone(), stop))
         .add_service(authenticated(reflection(descriptors, services).build_v1()?))
         .add_service(authenticated(
             reflection(descriptors, services).build_v1alpha()?,
         )))
 }
 
-/// Serves `routes` behind the connection limits on the connections of
-/// `listener` (and `unix`), until `draining` is set: then health says
-/// NOT_SERVING once the listener is closed, and each connection ends
-/// (GOAWAY) once its calls are done.
+/// Serves what `listening` says behind the connection limits on the
+/// connections of its listeners (recorded in `conns`), until `draining` is
+/// set: then health says NOT_SERVING once the listener is closed, and each
+/// connection ends (GOAWAY) once its calls are done.
 pub(crate) fn serve_routes(
-    (listener, unix): (TcpListener, Option<UnixListener>),
-    (routes, limits, accept): (Routes, &Limits, AcceptConfig),
-    (reporter, services): (&HealthReporter, &[&'static str]),
+    listening: Listening<'_>,
     draining: &watch::Sender<bool>,
     conns: ConnRegistry,
 ) -> ServeTask {
+    let Listening {
+        listener,
+        unix,
+        routes,
+        limits,
+        accept,
+        health,
+    } = listening;
     let service = tower::ServiceBuilder::new()
         .layer(CountCalls(accept.metrics.clone()))
         .service(routes);
@@ -285,7 +318,7 @@ pub(crate) fn serve_routes(
     // once the accept loop has ended its stream of connections): a client
     // told NOT_SERVING that connects again is refused (UNAVAILABLE), never
     // taken into the backlog of a listener about to close and reset.
-    let (reporter, services) = (reporter.clone(), services.to_vec());
+    let (reporter, services) = (health.reporter.clone(), health.services.to_vec());
     let mut told = draining.subscribe();
     tokio::spawn(async move {
         let _ = told.wait_for(|d| *d).await;

@@ -6,7 +6,7 @@ use bpfmap_kernel::MapType;
 use bpfmap_proto::v1 as pb;
 
 use crate::{
-    calls::{Calls, blocking},
+    calls::{Call, Calls, blocking},
     error::Error,
     maps::{Catalog, Holders, Listed},
     model::{Caller, MapRef, MapRequest, Operation, Rpc, quote},
@@ -97,9 +97,9 @@ pub(crate) async fn get(
     map: MapRequest,
 ) -> Result<pb::MapInfo, Error> {
     calls.accepting()?;
-    let call = (Operation::List, Rpc::GetMap);
+    let call = Call::new(Operation::List, Rpc::GetMap);
     let (map, declared) = calls.resolve(caller, call, map).await?;
-    let opened = calls.open(caller, call, (map, &declared), true).await?;
+    let opened = calls.open(caller, call, map, &declared, true).await?;
     let mut info = (&opened.map, opened.handle.meta()).into_proto();
     opened.types.fill(&mut info);
     info.render = calls

@@ -655,7 +655,8 @@ impl Counters {
     fn measure(
         &mut self,
         v: &Variant,
-        (runs, concurrent): (u64, bool),
+        runs: u64,
+        concurrent: bool,
         grace: Grace,
         collector_cpu: Option<usize>,
     ) -> Outcome {
@@ -804,7 +805,7 @@ fn loss(object: &[u8]) {
     let collector_cpu = cpus.map(|(_, c)| c);
     loss_header();
     for v in &VARIANTS {
-        let o = counters.measure(v, (runs, false), grace, collector_cpu);
+        let o = counters.measure(v, runs, false, grace, collector_cpu);
         loss_row(&format!("{}, no drain", v.label), &o, "");
         if o.lost() != 0 {
             println!(
@@ -813,7 +814,7 @@ fn loss(object: &[u8]) {
             );
         }
         let mut rounds: Vec<Outcome> = (0..LOSS_ROUNDS)
-            .map(|_| counters.measure(v, (runs, true), grace, collector_cpu))
+            .map(|_| counters.measure(v, runs, true, grace, collector_cpu))
             .collect();
         rounds.sort_by_key(|o| o.lost() * 1_000_000 / o.runs as i64);
         let pct = |o: &Outcome| 100.0 * o.lost() as f64 / o.runs as f64;

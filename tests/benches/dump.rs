@@ -758,11 +758,11 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
     let flows = bpfmapd::typed_flows(n).unwrap();
     typed_case(
         n,
-        (
-            "flows",
-            "demo/flows types: 16-byte struct key, 16-byte struct value",
-            &flows,
-        ),
+        TypedMap {
+            name: "flows",
+            what: "demo/flows types: 16-byte struct key, 16-byte struct value",
+            map: &flows,
+        },
         rt,
         report,
     );
@@ -770,22 +770,25 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
     let ct = cilium_ct4(n);
     typed_case(
         n,
-        (
-            "cilium_ct4",
-            "Cilium's ipv4_ct_tuple -> ct_entry: 14 and 56 bytes, network order, bitfields",
-            &ct,
-        ),
+        TypedMap {
+            name: "cilium_ct4",
+            what: "Cilium's ipv4_ct_tuple -> ct_entry: 14 and 56 bytes, network order, bitfields",
+            map: &ct,
+        },
         rt,
         report,
     );
 }
 
-fn typed_case(
-    n: u32,
-    (name, what, map): (&str, &str, &OwnedMap),
-    rt: &tokio::runtime::Runtime,
-    report: &mut Report,
-) {
+/// A typed map of the dump benchmark: its pin name, what it is, the map.
+struct TypedMap<'a> {
+    name: &'a str,
+    what: &'a str,
+    map: &'a OwnedMap,
+}
+
+fn typed_case(n: u32, typed: TypedMap<'_>, rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let TypedMap { name, what, map } = typed;
     let fs = BpfFs::new();
     fs.pin(map, name);
     let path = fs.path().join(name);
@@ -1477,7 +1480,7 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
         bpfmap_proto::typed::MapShape::new(16, 16),
     )
     .expect("the flows' layout");
-    group_table_rate(n, (&keys, &values), &shape, report);
+    group_table_rate(n, &keys, &values, &shape, report);
     let filters = [
         ONE_PERCENT,
         "key.proto == \"IPPROTO_UDP\"",
@@ -1522,7 +1525,8 @@ fn filter_rates(n: u32, map: &OwnedMap, info: &pb::MapInfo, report: &mut Report)
 /// thread: what AggregateMap adds to the walk.
 fn group_table_rate(
     n: u32,
-    (keys, values): (&[u8], &[u8]),
+    keys: &[u8],
+    values: &[u8],
     shape: &bpfmapd::query::MapLayout,
     report: &mut Report,
 ) {

@@ -301,10 +301,17 @@ pub fn layout(n: usize, faults: &[(Kind, usize)]) -> Vec<Kind> {
 pub struct Host {
     pub kind: Kind,
     pub target: Target,
-    /// Its map's first key and how many it holds ([`Tally`]).
-    pub keys: (u64, u64),
+    /// The keys its map holds ([`Tally`]).
+    pub keys: KeyRange,
     pub process: Option<DaemonProcess>,
     ns: Option<NetNs>,
+}
+
+/// The keys of a host's map: `count` keys from `first` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRange {
+    pub first: u64,
+    pub count: u64,
 }
 
 /// A fleet of daemon processes with every fault of [`FAULTS`] at once,
@@ -353,7 +360,7 @@ impl FaultyFleet {
                 None => loopback[i],
             };
             let keys = if *kind == Kind::Dead {
-                (0, 0)
+                KeyRange { first: 0, count: 0 }
             } else {
                 let (first, entries) = (n * 1_000_000, kind.entries(n));
                 let max_entries = (entries as u32).next_power_of_two().max(64);
@@ -365,7 +372,10 @@ impl FaultyFleet {
                     max_entries,
                 );
                 maps.push(m);
-                (first, entries)
+                KeyRange {
+                    first,
+                    count: entries,
+                }
             };
             specs.push((n, *kind, std::net::SocketAddr::new(ip, port), keys, ns));
         }
@@ -533,10 +543,10 @@ pub struct Tally {
 }
 
 impl Tally {
-    pub fn new((first, entries): (u64, u64)) -> Self {
+    pub fn new(keys: KeyRange) -> Self {
         Self {
-            first,
-            seen: vec![false; entries as usize],
+            first: keys.first,
+            seen: vec![false; keys.count as usize],
             delivered: 0,
             wrong: Vec::new(),
         }

@@ -842,13 +842,13 @@ async fn two_hundred_daemons_with_every_fault_at_once_each_named_with_its_cause(
         let t = &host.target;
         assert_eq!(r.code(), Code::Ok, "{:?} {t}: {}", host.kind, text(r));
         assert!(r.complete, "{t}");
-        assert_eq!(r.entries, host.keys.1, "{t}");
+        assert_eq!(r.entries, host.keys.count, "{t}");
         assert!(
             tally.exact(),
             "{:?} {t}: {} entries delivered, not its map's {} each once: {:?}",
             host.kind,
             tally.delivered,
-            host.keys.1,
+            host.keys.count,
             tally.wrong
         );
         if host.kind == Kind::Restarted {

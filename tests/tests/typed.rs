@@ -21,7 +21,9 @@ fn typed_map(
     fs: &BpfFs,
     rel: &str,
     map_type: MapType,
-    (key_size, value_size, max_entries): (u32, u32, u32),
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
     build: impl FnOnce(&mut BtfBuilder) -> (u32, u32),
 ) -> OwnedMap {
     let mut b = BtfBuilder::new();
@@ -171,7 +173,7 @@ fn everything_json() -> Json {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rule_reads_the_same_through_the_daemon_the_library_the_cli_and_grpcurl() {
     let (fs, _state, daemon, client) = setup().await;
-    let map = typed_map(&fs, "typed/all", MapType::HASH, (4, 144, 8), everything);
+    let map = typed_map(&fs, "typed/all", MapType::HASH, 4, 144, 8, everything);
     update(&map, &7u32.to_le_bytes(), &everything_bytes());
     let want = everything_json();
 
@@ -405,13 +407,7 @@ async fn a_typed_fleet_dump_gives_each_target_its_types_over_one_connection() {
     };
     let typed_daemon = start(&typed_fs, &typed_state, "127.0.0.41").await;
     let untyped_daemon = start(&untyped_fs, &untyped_state, "127.0.0.42").await;
-    let map = typed_map(
-        &typed_fs,
-        "flows",
-        MapType::HASH,
-        (16, 16, 4096),
-        flow_types,
-    );
+    let map = typed_map(&typed_fs, "flows", MapType::HASH, 16, 16, 4096, flow_types);
     let mut want_typed = BTreeMap::new();
     for i in 0..3000u32 {
         let key = flow(0x0a00_0000 + i, 0xc0a8_0001, 1024, 443, 6);
@@ -502,7 +498,7 @@ async fn a_typed_fleet_dump_gives_each_target_its_types_over_one_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_keys_that_do_not_fit_are_refused_naming_the_member() {
     let (fs, _state, daemon, client) = setup().await;
-    let map = typed_map(&fs, "flows", MapType::HASH, (16, 16, 64), flow_types);
+    let map = typed_map(&fs, "flows", MapType::HASH, 16, 16, 64, flow_types);
     let mut value = 10u64.to_le_bytes().to_vec();
     value.extend_from_slice(&1500u64.to_le_bytes());
     update(&map, &flow(167772160, 3232235521, 1024, 443, 6), &value);
@@ -663,13 +659,7 @@ fn counter_types(b: &mut BtfBuilder) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_cpu_values_decode_one_per_cpu_or_summed_exactly() {
     let (fs, _state, daemon, client) = setup().await;
-    let map = typed_map(
-        &fs,
-        "pcpu",
-        MapType::PERCPU_ARRAY,
-        (4, 24, 2),
-        counter_types,
-    );
+    let map = typed_map(&fs, "pcpu", MapType::PERCPU_ARRAY, 4, 24, 2, counter_types);
     let cpus = bpfmap_kernel::possible_cpus() as usize;
     let mut values = Vec::new();
     for cpu in 0..cpus {
@@ -883,7 +873,7 @@ async fn without_cap_sys_admin_typed_maps_are_served_untyped_and_the_log_says_wh
     use bpfmap_tests::process::{DaemonProcess, Launch, free_addr};
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
-    let map = typed_map(&fs, "flows", MapType::HASH, (16, 16, 64), flow_types);
+    let map = typed_map(&fs, "flows", MapType::HASH, 16, 16, 64, flow_types);
     let caps = "-all,+bpf,+dac_read_search";
     let daemon = DaemonProcess::launch(
         daemon_bin!(),

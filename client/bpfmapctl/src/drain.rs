@@ -343,16 +343,31 @@ fn worth_retrying(e: &Error) -> bool {
     )
 }
 
+/// One target's drain: its client (or why it has none), the map, the
+/// options of every call, and the interval between calls.
+struct TargetDrain<'a> {
+    client: Result<Client, Error>,
+    target: Target,
+    map: &'a MapName,
+    base: &'a DrainOptions,
+    interval: Option<Duration>,
+}
+
 /// One target: calls until its daemon is done (or, with an interval,
 /// until stopped); the error it stops on goes to `shared.failed`. Errors
 /// writing stdout or the ack file end the whole command.
 async fn drain_target(
     shared: &RefCell<Shared<'_>>,
-    (client, target): (Result<Client, Error>, Target),
-    (map, base): (&MapName, &DrainOptions),
-    interval: Option<Duration>,
+    drain: TargetDrain<'_>,
     turns: &tokio::sync::Semaphore,
 ) -> anyhow::Result<()> {
+    let TargetDrain {
+        client,
+        target,
+        map,
+        base,
+        interval,
+    } = drain;
     let client = match client {
         Ok(c) => c,
         Err(e) => {
@@ -475,14 +490,14 @@ pub(crate) async fn run(
     let turns = tokio::sync::Semaphore::new(setup.options.concurrency().max(1));
     let drains = futures::future::try_join_all(setup.targets.iter().map(|t| {
         let client = Client::connect_lazy(&t.url(tls), setup.connect.clone());
-        let (map, options) = (&map, &options);
-        drain_target(
-            &shared,
-            (client, t.clone()),
-            (map, options),
-            args.interval,
-            &turns,
-        )
+        let drain = TargetDrain {
+            client,
+            target: t.clone(),
+            map: &map,
+            base: &options,
+            interval: args.interval,
+        };
+        drain_target(&shared, drain, &turns)
     }));
     let stopped = tokio::select! {
         ended = drains => {

@@ -493,7 +493,7 @@ pub async fn run_with(
         Command::Dump(args) => dump::run(setup, io, args, saved).await,
         Command::Top(args) => match args.interval {
             Some(every) => {
-                watching::top(setup, io, args, (every, cli.per_cpu), terminals.stdout).await
+                watching::top(setup, io, args, every, cli.per_cpu, terminals.stdout).await
             }
             None => top::run(setup, io, args, cli.per_cpu).await,
         },

@@ -404,7 +404,8 @@ impl LiveTop {
         &self,
         out: &mut dyn std::io::Write,
         rows: &[(Vec<u8>, Row, usize)],
-        (limit, when): (usize, Option<f64>),
+        limit: usize,
+        when: Option<f64>,
     ) -> anyhow::Result<()> {
         let merged = self.merged();
         for (k, row, hosts) in rows.iter().take(limit) {
@@ -451,7 +452,8 @@ pub(crate) async fn top(
     setup: Setup,
     io: Io<'_>,
     args: TopArgs,
-    (interval, per_cpu): (Duration, PerCpu),
+    interval: Duration,
+    per_cpu: PerCpu,
     terminal: bool,
 ) -> anyhow::Result<()> {
     let map = setup.map_name(&args.map)?;
@@ -515,7 +517,7 @@ pub(crate) async fn top(
                     .unwrap_or_default()
                     .as_secs_f64()
             });
-            view.write_lines(io.out, &rows, (limit, when))?;
+            view.write_lines(io.out, &rows, limit, when)?;
         }
         let mut snap = snapshot(&args, &view, interval, total);
         snap.rows = rows.into_iter().map(|(_, r, _)| r).collect();

@@ -13,7 +13,7 @@ use bpfmap_kernel::MapMeta;
 use bpfmap_proto::v1 as pb;
 
 use crate::{
-    calls::{Calls, blocking},
+    calls::{Call, Calls, blocking},
     dump::Dumps,
     error::Error,
     limits::{Slot, TrimGuard},
@@ -59,7 +59,7 @@ pub(crate) async fn prepare(
     calls.accepting()?;
     crate::dump::scan_method(req.scan)?;
     let started = Instant::now();
-    let call = (Operation::Aggregate, Rpc::AggregateMap);
+    let call = Call::new(Operation::Aggregate, Rpc::AggregateMap);
     let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     // The daemon's own walks (exports, map pressure: one at a time per
@@ -69,7 +69,7 @@ pub(crate) async fn prepare(
         _ => Some(dumps.env.slots.try_acquire(caller)?),
     };
     let trim = dumps.trimmer.enter();
-    let opened = calls.open(caller, call, (map, &declared), true).await?;
+    let opened = calls.open(caller, call, map, &declared, true).await?;
     let shown = calls.layout(&opened, &req.render, true)?;
     let spec = Spec::new(&req, &shown, max_groups).map_err(Error::from)?;
     let filter = match req.filter.as_str() {

@@ -24,6 +24,20 @@ use crate::{
     model::{Caller, Declared, InnerKey, MapRef, MapRequest, Operation, Requested, Rpc},
 };
 
+/// What a call does to its map (what the policy decides on), and through
+/// which RPC (what a denial is counted under).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Call {
+    pub(crate) op: Operation,
+    pub(crate) rpc: Rpc,
+}
+
+impl Call {
+    pub(crate) const fn new(op: Operation, rpc: Rpc) -> Self {
+        Self { op, rpc }
+    }
+}
+
 /// What every call shares.
 #[derive(Debug, Clone)]
 pub(crate) struct Calls {
@@ -77,7 +91,7 @@ impl Calls {
     pub(crate) async fn resolve(
         &self,
         caller: &Caller,
-        call: (Operation, Rpc),
+        call: Call,
         requested: MapRequest,
     ) -> Result<(MapRef, Declared), Error> {
         let MapRequest { map, declared } = requested;
@@ -101,12 +115,12 @@ impl Calls {
     async fn resolve_ref(
         &self,
         caller: &Caller,
-        call: (Operation, Rpc),
+        call: Call,
         requested: Requested,
     ) -> Result<MapRef, Error> {
         match requested {
             Requested::Inner { outer, key } => {
-                let outer = self.resolve_outer(caller, call.0, *outer).await?;
+                let outer = self.resolve_outer(caller, call.op, *outer).await?;
                 let key = match key {
                     InnerKey::Bytes(b) => b,
                     InnerKey::Json(v) => self.outer_key(caller, call, &outer, &v).await?,
@@ -116,7 +130,7 @@ impl Calls {
                     key,
                 })
             }
-            r => self.resolve_outer(caller, call.0, r).await,
+            r => self.resolve_outer(caller, call.op, r).await,
         }
     }
 
@@ -148,13 +162,13 @@ impl Calls {
     async fn outer_key(
         &self,
         caller: &Caller,
-        call: (Operation, Rpc),
+        call: Call,
         outer: &MapRef,
         key: &prost_types::Value,
     ) -> Result<Vec<u8>, Error> {
         let declared = Declared::default();
         let opened = self
-            .open(caller, call, (outer.clone(), &declared), true)
+            .open(caller, call, outer.clone(), &declared, true)
             .await?;
         let layout = self.layout(&opened, &HashMap::new(), true)?;
         let key_layout = opened.types.key_layout(outer, &layout)?;
@@ -165,19 +179,14 @@ impl Calls {
 
     /// PERMISSION_DENIED unless the policy allows `op` on `map` (checked
     /// before the map is opened, so a denial says nothing about existence).
-    pub(crate) fn authorize(
-        &self,
-        caller: &Caller,
-        (op, rpc): (Operation, Rpc),
-        map: &MapRef,
-    ) -> Result<(), Error> {
-        if self.policy.load().allows(&caller.identity, op, map) {
+    pub(crate) fn authorize(&self, caller: &Caller, call: Call, map: &MapRef) -> Result<(), Error> {
+        if self.policy.load().allows(&caller.identity, call.op, map) {
             return Ok(());
         }
-        self.metrics.denied(rpc);
+        self.metrics.denied(call.rpc);
         Err(Error::PermissionDenied {
             identity: caller.identity.clone(),
-            operation: op,
+            operation: call.op,
             map: map.clone(),
         })
     }
@@ -190,8 +199,9 @@ impl Calls {
     pub(crate) async fn open(
         &self,
         caller: &Caller,
-        call: (Operation, Rpc),
-        (map, declared): (MapRef, &Declared),
+        call: Call,
+        map: MapRef,
+        declared: &Declared,
         types: bool,
     ) -> Result<Opened, Error> {
         self.authorize(caller, call, &map)?;
@@ -232,14 +242,14 @@ impl Calls {
     pub(crate) fn authorize_target(
         &self,
         caller: &Caller,
-        call: (Operation, Rpc),
+        call: Call,
         map: &MapRef,
         target: &MapRef,
     ) -> Result<(), Error> {
         self.authorize(caller, call, target)
             .map_err(|_| Error::PermissionDenied {
                 identity: caller.identity.clone(),
-                operation: call.0,
+                operation: call.op,
                 map: map.clone(),
             })
     }
@@ -327,7 +337,7 @@ impl Typer {
             .or(Declared::implied(meta));
         self.cache
             .map_types(meta)
-            .declared((&self.declared, &configured), map, meta)
+            .declared(&self.declared, &configured, map, meta)
     }
 }
 

@@ -15,10 +15,7 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
-use tokio::{
-    net::{TcpListener, UnixListener},
-    sync::watch,
-};
+use tokio::{net::TcpListener, sync::watch};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
 use super::Running;
@@ -42,7 +39,7 @@ use crate::{
     watch::{WatchLimits, WatchStats, Watches},
 };
 
-use crate::frontend::{self, ServeTask};
+use crate::frontend::{self, Health, Listening, ServeTask};
 
 /// The configured renderings; with the demo, its own first.
 fn render_rules(config: &Config) -> anyhow::Result<RenderRules> {
@@ -355,13 +352,24 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         None => None,
     };
     let (unix_listener, unix_file) = unix.unzip();
-    tasks.push(serve_main(
-        (listener, unix_listener),
-        (service, limits, accept),
-        &reporter,
-        &stopping,
+    let health = Health {
+        reporter: &reporter,
+        services: &[SERVICE_NAME],
+    };
+    let listening = Listening {
+        listener,
+        unix: unix_listener,
+        routes: map_routes(service, limits, health, &stopping)?,
+        limits,
+        accept,
+        health,
+    };
+    spawn_audit_flush(&stopping);
+    tasks.push(frontend::serve_routes(
+        listening,
+        &stopping.draining,
         core.conns.clone(),
-    )?);
+    ));
     let metrics_addr = match config.metrics_listen {
         Some(listen) => {
             if !config.map_pressure_interval.is_zero() {
@@ -430,32 +438,22 @@ async fn serve_health(
     Ok(addr)
 }
 
-/// The main listener: MapService, health and reflection, behind the
-/// connection limits, on the connections the accept loop hands over.
-fn serve_main(
-    (listener, unix): (TcpListener, Option<UnixListener>),
-    (service, limits, accept): (MapServiceImpl, &Limits, AcceptConfig),
-    reporter: &HealthReporter,
+/// MapService, with health and reflection, as the main listener serves it.
+fn map_routes(
+    service: MapServiceImpl,
+    limits: &Limits,
+    health: Health<'_>,
     stopping: &Stopping,
-    conns: ConnRegistry,
-) -> anyhow::Result<ServeTask> {
+) -> anyhow::Result<tonic::service::Routes> {
     let map_service = MapServiceServer::new(service)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
-    let routes = frontend::with_health_and_reflection(
+    frontend::with_health_and_reflection(
         tonic::service::Routes::new(frontend::authenticated(map_service)),
-        (reporter, &[SERVICE_NAME]),
+        health,
         &[bpfmap_proto::v1::FILE_DESCRIPTOR_SET],
         stopping.stop_dumps.subscribe(),
-    )?;
-    spawn_audit_flush(stopping);
-    Ok(frontend::serve_routes(
-        (listener, unix),
-        (routes, limits, accept),
-        (reporter, &[SERVICE_NAME]),
-        &stopping.draining,
-        conns,
-    ))
+    )
 }
 
 /// The audit lines of failed calls held back: summaries written each

@@ -7,11 +7,11 @@ use bpfmap_proto::v1 as pb;
 
 use super::{DEFAULT_CHUNK, DrainCall, Drains, Spool, identity_digest, parse_position};
 use crate::{
-    calls::{Calls, Opened, blocking},
+    calls::{Call, Calls, Opened, blocking},
     cursor::Sealer,
     dump::{Dumps, MAX_CHUNK},
     error::Error,
-    maps::{Decoder, KnownTypes, Resolved},
+    maps::{Decoder, Decoding, KnownTypes, Resolved},
     model::{Caller, Declared, MapRef, MapRequest, Operation, Rpc},
 };
 
@@ -21,13 +21,14 @@ const DRAIN_CURSORS: [u8; 16] = *b"DrainMap chunks.";
 /// A DrainMap call ready to run.
 pub(crate) async fn start(
     calls: &Calls,
-    (drains, dumps): (&std::sync::Arc<Drains>, &Dumps),
+    drains: &std::sync::Arc<Drains>,
+    dumps: &Dumps,
     caller: &Caller,
     map: MapRequest,
     req: pb::DrainMapRequest,
 ) -> Result<DrainCall, Error> {
     calls.accepting()?;
-    let call = (Operation::Drain, Rpc::DrainMap);
+    let call = Call::new(Operation::Drain, Rpc::DrainMap);
     let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     drains.check_drainable(&map)?;
@@ -39,15 +40,19 @@ pub(crate) async fn start(
     }
     let ack = acknowledged(calls, caller, &map, &req.ack)?;
     let busy = drains.start(&map).await?;
-    let opened = open_writable(calls, drains, caller, (map, &declared)).await?;
+    let opened = open_writable(calls, drains, caller, map, &declared).await?;
     let meta = opened.handle.meta().clone();
     let layout = calls.layout(&opened, &Default::default(), !req.raw)?;
     let decoder = Decoder::for_request(
         &opened.map,
         &meta,
-        (&opened.types, &layout),
-        (req.raw, req.per_cpu),
-        false,
+        &opened.types,
+        &layout,
+        Decoding {
+            raw: req.raw,
+            per_cpu: req.per_cpu,
+            packed: false,
+        },
     )?;
     let dir = drains.spool_dir(&opened.map);
     let (spool, acknowledged) = blocking(move || {
@@ -119,7 +124,8 @@ async fn open_writable(
     calls: &Calls,
     drains: &Drains,
     caller: &Caller,
-    (map, declared): (MapRef, &Declared),
+    map: MapRef,
+    declared: &Declared,
 ) -> Result<Opened, Error> {
     let (catalog, typer, r) = (calls.catalog.clone(), calls.typer(declared), map.clone());
     let (resolved, types): (Resolved, KnownTypes) = blocking(move || {
@@ -130,7 +136,12 @@ async fn open_writable(
     .await?;
     if let Some(target) = &resolved.target {
         drains.check_drainable(target)?;
-        calls.authorize_target(caller, (Operation::Drain, Rpc::DrainMap), &map, target)?;
+        calls.authorize_target(
+            caller,
+            Call::new(Operation::Drain, Rpc::DrainMap),
+            &map,
+            target,
+        )?;
     }
     let map_type = resolved.handle.meta().map_type;
     bpfmap_kernel::drain::drainable(map_type).map_err(|why| {

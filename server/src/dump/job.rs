@@ -115,7 +115,8 @@ impl<M: MapOps> DumpJob<M> {
     /// larger than the largest message the server sends.
     pub(crate) fn new(
         map: MapRef,
-        (ops, meta): (M, MapMeta),
+        ops: M,
+        meta: MapMeta,
         position: Position,
         options: Options,
         sealer: Sealer,

@@ -354,11 +354,20 @@ impl<M: MapOps> Producer<M> {
         let mut want = remaining.map_or(next, |r| r.min(u64::from(next)) as u32);
         self.next = next.saturating_mul(4).min(self.chunk.steady);
         if self.large {
-            wait_until_drained(&self.share, &self.tx, &mut self.env, self.slot.as_ref()).await?;
+            let waiter = Waiter {
+                tx: &self.tx,
+                env: &mut self.env,
+                slot: self.slot.as_ref(),
+            };
+            wait_until_drained(&self.share, waiter).await?;
             return Ok((want, None));
         }
         let bytes = want as usize * self.per_entry;
-        let waiter = (&self.tx, &mut self.env, self.slot.as_ref());
+        let waiter = Waiter {
+            tx: &self.tx,
+            env: &mut self.env,
+            slot: self.slot.as_ref(),
+        };
         let r = reserve(&self.share, bytes, self.per_entry, waiter).await?;
         want = want.min((r.bytes() / self.per_entry).max(1) as u32);
         Ok((want, Some(r)))
@@ -430,7 +439,11 @@ impl<M: MapOps> Producer<M> {
         }
         self.last_queued = Instant::now();
         drop(turn);
-        let waiter = (&self.tx, &mut self.env, self.slot.as_ref());
+        let waiter = Waiter {
+            tx: &self.tx,
+            env: &mut self.env,
+            slot: self.slot.as_ref(),
+        };
         if !send(waiter, msg, reservation).await? {
             return Ok(false);
         }
@@ -466,7 +479,16 @@ impl<M: MapOps> Producer<M> {
         };
         // The slot is kept until the summary is queued: its memory share
         // still holds what the client has not taken.
-        send((&self.tx, &mut self.env, self.slot.as_ref()), last, None).await?;
+        send(
+            Waiter {
+                tx: &self.tx,
+                env: &mut self.env,
+                slot: self.slot.as_ref(),
+            },
+            last,
+            None,
+        )
+        .await?;
         Ok(())
     }
 }
@@ -547,8 +569,9 @@ async fn reserve(
     share: &Arc<Share>,
     want: usize,
     floor: usize,
-    (tx, env, slot): Waiter<'_>,
+    waiter: Waiter<'_>,
 ) -> Result<Reservation, Error> {
+    let Waiter { tx, env, slot } = waiter;
     let deadline = tokio::time::Instant::now() + env.stall_timeout;
     loop {
         if let Some(r) = share.try_reserve(want, floor) {
@@ -570,12 +593,8 @@ async fn reserve(
 
 /// Waits (at most the stall timeout) until nothing this dump produced is
 /// queued any more.
-async fn wait_until_drained(
-    share: &Arc<Share>,
-    tx: &mpsc::Sender<Queued>,
-    env: &mut DumpEnv,
-    slot: Option<&Slot>,
-) -> Result<(), Error> {
+async fn wait_until_drained(share: &Arc<Share>, waiter: Waiter<'_>) -> Result<(), Error> {
+    let Waiter { tx, env, slot } = waiter;
     let deadline = tokio::time::Instant::now() + env.stall_timeout;
     while tx.capacity() < tx.max_capacity() {
         let stall = env.stall_timeout;
@@ -593,10 +612,11 @@ async fn wait_until_drained(
 /// Queues one message, waiting at most the stall timeout for room. `false`
 /// when the client went away.
 async fn send(
-    (tx, env, slot): Waiter<'_>,
+    waiter: Waiter<'_>,
     msg: pb::DumpMapResponse,
     reservation: Option<Reservation>,
 ) -> Result<bool, Error> {
+    let Waiter { tx, env, slot } = waiter;
     let stall = env.stall_timeout;
     tokio::select! {
         r = tx.send((msg, reservation)) => Ok(r.is_ok()),
@@ -609,7 +629,11 @@ async fn send(
 
 /// What a producer waiting for its client needs: its queue, the shared
 /// environment, and its slot (which may expire while it waits).
-type Waiter<'a> = (&'a mpsc::Sender<Queued>, &'a mut DumpEnv, Option<&'a Slot>);
+struct Waiter<'a> {
+    tx: &'a mpsc::Sender<Queued>,
+    env: &'a mut DumpEnv,
+    slot: Option<&'a Slot>,
+}
 
 struct ActiveGuard(Arc<DumpStats>);
 
@@ -677,7 +701,8 @@ mod tests {
         };
         let job = DumpJob::new(
             map,
-            (script, meta),
+            script,
+            meta,
             Position::Start,
             options,
             sealer,

@@ -8,11 +8,11 @@ use bpfmap_proto::v1 as pb;
 
 use super::{DumpEnv, DumpJob, MAX_CHUNK, Options, kernel};
 use crate::{
-    calls::Calls,
+    calls::{Call, Calls},
     cursor::{Opened, Sealer},
     error::Error,
     limits::{Budget, Trimmer},
-    maps::Decoder,
+    maps::{Decoder, Decoding},
     model::{Caller, MapRequest, Operation, Rpc},
     query::{Query, QueryRequest},
 };
@@ -46,7 +46,7 @@ pub(crate) async fn start(
 ) -> Result<DumpJob, Error> {
     calls.accepting()?;
     let (map, declared) = calls
-        .resolve(caller, (Operation::Dump, Rpc::DumpMap), map)
+        .resolve(caller, Call::new(Operation::Dump, Rpc::DumpMap), map)
         .await?;
     let layout = layout_of(&req)?;
     let scan = kernel::scan_method(req.scan)?;
@@ -54,10 +54,10 @@ pub(crate) async fn start(
     let packed = layout == pb::Layout::Packed;
     let queried = !req.filter.is_empty() || !req.fields.is_empty();
     let decodes = !(packed || req.raw) || req.per_cpu != pb::PerCpu::Each as i32 || queried;
-    let call = (Operation::Dump, Rpc::DumpMap);
+    let call = Call::new(Operation::Dump, Rpc::DumpMap);
     calls.authorize(caller, call, &map)?;
     let slot = dumps.env.slots.try_acquire(caller)?;
-    let opened = calls.open(caller, call, (map, &declared), decodes).await?;
+    let opened = calls.open(caller, call, map, &declared, decodes).await?;
     let meta = opened.handle.meta().clone();
     let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
     let reading = opened.types.reading(&shown);
@@ -74,7 +74,7 @@ pub(crate) async fn start(
         None => (Position::Start, false),
         Some(c) => {
             calls.metrics.dump_resumed();
-            resume(c, &meta, scan, (digest, key_order_digest))?
+            resume(c, &meta, scan, digest, key_order_digest)?
         }
     };
     let decided = kernel::decide(
@@ -96,9 +96,13 @@ pub(crate) async fn start(
         None => Decoder::for_request(
             &opened.map,
             &meta,
-            (&opened.types, &shown),
-            (req.raw, req.per_cpu),
-            packed,
+            &opened.types,
+            &shown,
+            Decoding {
+                raw: req.raw,
+                per_cpu: req.per_cpu,
+                packed,
+            },
         )?,
     };
     let options = Options {
@@ -111,7 +115,8 @@ pub(crate) async fn start(
     };
     let mut job = DumpJob::new(
         opened.map,
-        (decided.source, meta),
+        decided.source,
+        meta,
         position,
         options,
         sealer,
@@ -128,7 +133,8 @@ fn resume(
     cursor: Opened,
     meta: &MapMeta,
     scan: pb::ScanMethod,
-    (digest, key_order_digest): (Option<[u8; 16]>, Option<[u8; 16]>),
+    digest: Option<[u8; 16]>,
+    key_order_digest: Option<[u8; 16]>,
 ) -> Result<(Position, bool), Error> {
     let key_order = key_order_digest.is_some() && cursor.check_query(key_order_digest).is_ok();
     if !key_order {

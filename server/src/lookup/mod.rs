@@ -8,11 +8,11 @@ use bpfmap_kernel::{MapHandle, MapMeta};
 use bpfmap_proto::{typed::MapLayout, v1 as pb};
 
 use crate::{
-    calls::{Calls, blocking},
+    calls::{Call, Calls, blocking},
     dump::{DumpLimits, MAX_CHUNK_BYTES, POOL_WAIT},
     error::Error,
     limits::{Budget, Held, LookupSlots, Trimmer},
-    maps::{Decoder, KnownTypes},
+    maps::{Decoder, Decoding, KnownTypes},
     model::{Caller, MapRef, MapRequest, Operation, Rpc},
     wire::{self, IntoProto as _, LookupOutcome},
 };
@@ -46,28 +46,36 @@ pub(crate) async fn run(
     mut req: pb::LookupRequest,
 ) -> Result<(Vec<pb::LookupResult>, Held), Error> {
     calls.accepting()?;
-    let call = (Operation::Lookup, Rpc::Lookup);
+    let call = Call::new(Operation::Lookup, Rpc::Lookup);
     let (map, declared) = calls.resolve(caller, call, map).await?;
     check_key_count(&req)?;
     let slot = lookups.slots.try_acquire()?;
     let trim = lookups.trimmer.enter();
     let decodes = !req.raw || req.per_cpu != pb::PerCpu::Each as i32;
     let with_types = decodes || !req.json_keys.is_empty();
-    let opened = calls
-        .open(caller, call, (map, &declared), with_types)
-        .await?;
+    let opened = calls.open(caller, call, map, &declared, with_types).await?;
     let layout = calls.layout(&opened, &req.render, !req.raw || !req.json_keys.is_empty())?;
     let (map, handle, types) = (opened.map, opened.handle, opened.types);
     let meta = handle.meta();
-    let decoder =
-        Decoder::for_request(&map, meta, (&types, &layout), (req.raw, req.per_cpu), false)?;
-    encode_json_keys(&map, (&types, &layout), &mut req)?;
+    let decoder = Decoder::for_request(
+        &map,
+        meta,
+        &types,
+        &layout,
+        Decoding {
+            raw: req.raw,
+            per_cpu: req.per_cpu,
+            packed: false,
+        },
+    )?;
+    encode_json_keys(&map, &types, &layout, &mut req)?;
     for (i, k) in req.keys.iter().enumerate() {
         Error::check_key_size(&map, meta, Some(i), k)?;
     }
     let bytes = response_bytes(
         &lookups.limits,
-        (&map, meta),
+        &map,
+        meta,
         decoder.as_ref(),
         req.keys.len(),
     )?;
@@ -87,7 +95,8 @@ pub(crate) async fn run(
 /// is read: every value has the map's fixed size.
 fn response_bytes(
     limits: &DumpLimits,
-    (map, meta): (&MapRef, &MapMeta),
+    map: &MapRef,
+    meta: &MapMeta,
     decoder: Option<&Decoder>,
     keys: usize,
 ) -> Result<usize, Error> {
@@ -138,7 +147,8 @@ fn check_key_count(req: &pb::LookupRequest) -> Result<(), Error> {
 /// byte keys.
 fn encode_json_keys(
     map: &MapRef,
-    (types, layout): (&KnownTypes, &MapLayout),
+    types: &KnownTypes,
+    layout: &MapLayout,
     req: &mut pb::LookupRequest,
 ) -> Result<(), Error> {
     if req.json_keys.is_empty() {

@@ -1440,8 +1440,10 @@ mod tests {
     fn typed_map(
         btf: &OwnedBtf,
         map_type: MapType,
-        (key_size, value_size): (u32, u32),
-        (key, value): (u32, u32),
+        key_size: u32,
+        value_size: u32,
+        key: u32,
+        value: u32,
     ) -> OwnedMap {
         OwnedMap::create(&CreateMap {
             map_type: map_type.0,
@@ -1466,13 +1468,8 @@ mod tests {
     fn map_types_read_back_from_the_kernel_describe_every_case() {
         let rich = rich_btf();
         let btf = load(&rich.raw);
-        let hash = typed_map(&btf, MapType::HASH, (8, 272), (rich.key, rich.value));
-        let per_cpu = typed_map(
-            &btf,
-            MapType::PERCPU_ARRAY,
-            (4, 64),
-            (rich.u32_t, rich.ints),
-        );
+        let hash = typed_map(&btf, MapType::HASH, 8, 272, rich.key, rich.value);
+        let per_cpu = typed_map(&btf, MapType::PERCPU_ARRAY, 4, 64, rich.u32_t, rich.ints);
         drop(btf);
 
         let cache = TypeCache::new();
@@ -1501,7 +1498,7 @@ mod tests {
             ],
         );
         let btf = load(&b.to_bytes());
-        let map = typed_map(&btf, MapType::ARRAY, (4, 8), (u32_, legacy));
+        let map = typed_map(&btf, MapType::ARRAY, 4, 8, u32_, legacy);
         let t = typed(TypeCache::new().map_types(map.meta()));
         let uint = || int("unsigned int", 4, false);
         assert_same(
@@ -1518,7 +1515,8 @@ mod tests {
         );
     }
 
-    fn meta(btf_id: u32, (key_size, value_size): (u32, u32), (key, value): (u32, u32)) -> MapMeta {
+    /// A hash map's description: its BTF, its sizes and its type ids.
+    fn meta(btf_id: u32, key_size: u32, value_size: u32, key: u32, value: u32) -> MapMeta {
         MapMeta {
             id: 1,
             name: "fake".into(),
@@ -1589,10 +1587,10 @@ mod tests {
         let rich = rich_btf();
         let (cache, reads) = fake_cache(rich.raw.clone(), false, None);
         assert!(matches!(
-            cache.map_types(&meta(0, (8, 272), (0, 0))),
+            cache.map_types(&meta(0, 8, 272, 0, 0)),
             KnownTypes::None
         ));
-        let why = unavailable(cache.map_types(&meta(7, (8, 272), (0, 0))));
+        let why = unavailable(cache.map_types(&meta(7, 8, 272, 0, 0)));
         assert!(why.contains("no value type"), "{why}");
         assert_eq!(
             reads.load(Ordering::Relaxed),
@@ -1600,26 +1598,26 @@ mod tests {
             "nothing to read for these"
         );
 
-        let why = unavailable(cache.map_types(&meta(7, (4, 272), (rich.key, rich.value))));
+        let why = unavailable(cache.map_types(&meta(7, 4, 272, rich.key, rich.value)));
         assert_eq!(
             why,
             "the key type __u64 is 8 bytes but the map's keys are 4 bytes"
         );
-        let why = unavailable(cache.map_types(&meta(7, (8, 270), (rich.key, rich.value))));
+        let why = unavailable(cache.map_types(&meta(7, 8, 270, rich.key, rich.value)));
         assert_eq!(
             why,
             "the value type all is 272 bytes but the map's values are 270 bytes"
         );
-        typed(cache.map_types(&meta(7, (8, 272), (rich.key, rich.value))));
-        typed(cache.map_types(&meta(7, (8, 64), (rich.key, rich.ints))));
+        typed(cache.map_types(&meta(7, 8, 272, rich.key, rich.value)));
+        typed(cache.map_types(&meta(7, 8, 64, rich.key, rich.ints)));
         assert_eq!(reads.load(Ordering::Relaxed), 1, "one read per BTF object");
 
-        let why = unavailable(failing_cache(libc::EPERM).map_types(&meta(7, (8, 272), (1, 2))));
+        let why = unavailable(failing_cache(libc::EPERM).map_types(&meta(7, 8, 272, 1, 2)));
         assert_eq!(why, NEEDS_CAP_SYS_ADMIN);
-        let why = unavailable(failing_cache(libc::ENOENT).map_types(&meta(7, (8, 272), (1, 2))));
+        let why = unavailable(failing_cache(libc::ENOENT).map_types(&meta(7, 8, 272, 1, 2)));
         assert_eq!(why, "BTF object 7 no longer exists");
 
-        let why = unavailable(cache.map_types(&meta(8, (8, 272), (rich.key, 9999))));
+        let why = unavailable(cache.map_types(&meta(8, 8, 272, rich.key, 9999)));
         assert!(
             why.starts_with("the value type cannot be described: type [9999] does not exist"),
             "{why}"
@@ -1630,7 +1628,7 @@ mod tests {
     fn keyless_maps_have_a_value_type_only() {
         let rich = rich_btf();
         let (cache, _) = fake_cache(rich.raw, false, None);
-        let t = typed(cache.map_types(&meta(3, (0, 64), (0, rich.ints))));
+        let t = typed(cache.map_types(&meta(3, 0, 64, 0, rich.ints)));
         assert_eq!(t.key, None);
         assert_eq!(t.value, expected_ints());
     }
@@ -1682,7 +1680,7 @@ mod tests {
         // Module BTF from the kernel is parsed on vmlinux, read once.
         let (cache, reads) = fake_cache(split.clone(), true, Some(base));
         for id in [1, 2] {
-            let t = typed(cache.map_types(&meta(id, (4, 8), (1, s))));
+            let t = typed(cache.map_types(&meta(id, 4, 8, 1, s)));
             assert_eq!(t.value, expected_split());
         }
         assert_eq!(
@@ -1691,7 +1689,7 @@ mod tests {
             "two objects, one base"
         );
         let (cache, _) = fake_cache(split, true, None);
-        let why = unavailable(cache.map_types(&meta(1, (4, 8), (1, s))));
+        let why = unavailable(cache.map_types(&meta(1, 4, 8, 1, s)));
         assert!(why.contains("vmlinux BTF: no vmlinux here"), "{why}");
     }
 
@@ -2059,7 +2057,7 @@ mod tests {
         let rich = rich_btf();
         let btf = load(&rich.raw);
         let info = btf.info().expect("info");
-        let map = typed_map(&btf, MapType::HASH, (8, 272), (rich.key, rich.value));
+        let map = typed_map(&btf, MapType::HASH, 8, 272, rich.key, rich.value);
         drop(btf);
         assert_eq!(map.meta().btf_id, info.id);
         let read = kernel::read_btf(info.id).expect("read by id");

@@ -79,7 +79,7 @@ impl Catalog {
                     )));
                 }
                 let outer_map = self.open_as(outer, false)?;
-                let handle = open_inner(r, (outer, &outer_map.handle), key)?;
+                let handle = open_inner(r, outer, &outer_map.handle, key)?;
                 // An outer map reached through a symlink: the inner map is
                 // allowed what the symlink's target is.
                 let target = outer_map.target.map(|t| MapRef::Inner {
@@ -344,7 +344,8 @@ fn candidates(maps: &[(u32, &MapRef)], holders: &Holders) -> String {
 /// applies).
 fn open_inner(
     r: &MapRef,
-    (outer, outer_map): (&MapRef, &MapHandle),
+    outer: &MapRef,
+    outer_map: &MapHandle,
     key: &[u8],
 ) -> Result<MapHandle, Error> {
     let meta = outer_map.meta();

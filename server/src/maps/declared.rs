@@ -111,7 +111,8 @@ impl KnownTypes {
     /// than it fits leaves the others as they are.
     pub(crate) fn declared(
         self,
-        (request, configured): (&Declared, &Declared),
+        request: &Declared,
+        configured: &Declared,
         map: &MapRef,
         meta: &MapMeta,
     ) -> Result<Self, Error> {

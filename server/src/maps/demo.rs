@@ -252,7 +252,8 @@ pub struct Demo {
 
 fn create(
     map_type: MapType,
-    (key_size, value_size): (u32, u32),
+    key_size: u32,
+    value_size: u32,
     max_entries: u32,
     name: &str,
     btf: Option<MapBtf<'_>>,
@@ -287,7 +288,8 @@ pub fn typed_flows(n: u32) -> anyhow::Result<OwnedMap> {
     let types = DemoTypes::load()?;
     let map = create(
         MapType::HASH,
-        (16, 16),
+        16,
+        16,
         n.max(1),
         "flows",
         Some(types.btf.for_map(types.flow_key, types.flow_stats)),
@@ -342,7 +344,8 @@ impl Demo {
         let flows = fill_flows(
             create(
                 MapType::HASH,
-                (16, 16),
+                16,
+                16,
                 FLOW_SLOTS,
                 "flows",
                 typed(types.flow_key, types.flow_stats),
@@ -358,7 +361,8 @@ impl Demo {
 
         let counters = create(
             MapType::PERCPU_ARRAY,
-            (4, 64),
+            4,
+            64,
             COUNTER_SETS,
             "cpu_counters",
             typed(types.u32_t, types.cpu_counters),
@@ -366,17 +370,19 @@ impl Demo {
         demo.pin(&counters, "cpu_counters")?;
         let recent = create(
             MapType::LRU_HASH,
-            (4, 8),
+            4,
+            8,
             1024,
             "recent",
             typed(types.u32_t, types.u64_t),
         )?;
         demo.pin(&recent, "recent")?;
-        let events = create(MapType::QUEUE, (0, 8), 64, "events", None)?;
+        let events = create(MapType::QUEUE, 0, 8, 64, "events", None)?;
         demo.pin(&events, "events")?;
         let drainable = create(
             MapType::HASH,
-            (16, 16),
+            16,
+            16,
             DRAINABLE_SLOTS,
             "drainable",
             typed(types.flow_key, types.flow_stats),
@@ -387,7 +393,15 @@ impl Demo {
         demo.writer = Some(
             thread::Builder::new()
                 .name("demo-writer".into())
-                .spawn(move || write_loop(&counters, &recent, (flows, &drainable), &stop))?,
+                .spawn(move || {
+                    let maps = Written {
+                        counters: &counters,
+                        recent: &recent,
+                        flows,
+                        drainable: &drainable,
+                    };
+                    write_loop(maps, &stop)
+                })?,
         );
         tracing::info!(dir = %dir.display(), live, "demo maps pinned: flows, cpu_counters, recent, events, drainable");
         Ok(demo)
@@ -513,12 +527,21 @@ impl LiveFlows {
     }
 }
 
-fn write_loop(
-    counters: &OwnedMap,
-    recent: &OwnedMap,
-    (mut flows, drainable): (Option<LiveFlows>, &OwnedMap),
-    stop: &AtomicBool,
-) {
+/// The demo's maps the writer changes.
+struct Written<'a> {
+    counters: &'a OwnedMap,
+    recent: &'a OwnedMap,
+    flows: Option<LiveFlows>,
+    drainable: &'a OwnedMap,
+}
+
+fn write_loop(maps: Written<'_>, stop: &AtomicBool) {
+    let Written {
+        counters,
+        recent,
+        mut flows,
+        drainable,
+    } = maps;
     let cpus = possible_cpus() as usize;
     let mut tick: u64 = 0;
     let mut drainable_next: u32 = 0;

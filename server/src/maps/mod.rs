@@ -18,5 +18,5 @@ pub use demo::{Demo, flow_key, flow_types, flow_value, typed_flows};
 pub(crate) use holders::{Holders, HoldersCache};
 pub use render::RenderConfig;
 pub(crate) use render::RenderRules;
-pub(crate) use types::Decoder;
+pub(crate) use types::{Decoder, Decoding};
 pub(crate) use types::{KnownTypes, MapTypes};

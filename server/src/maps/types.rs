@@ -63,6 +63,17 @@ impl MapTypes {
     }
 }
 
+/// What a request asks of the decoding of its entries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decoding {
+    /// Bytes only, nothing decoded.
+    pub(crate) raw: bool,
+    /// How per-CPU values are shown (`pb::PerCpu`, as the request gives it).
+    pub(crate) per_cpu: i32,
+    /// The entries go in the packed layout.
+    pub(crate) packed: bool,
+}
+
 /// What is known of a map's types; cheap to clone.
 #[derive(Debug, Clone)]
 pub enum KnownTypes {
@@ -202,17 +213,22 @@ enum ValueDecoding {
 }
 
 impl Decoder {
-    /// The decoding a request asks for (`raw`, `per_cpu`) on a map with
-    /// `types` shown as `layout` says; `None` when nothing is decoded.
-    /// INVALID_ARGUMENT (or FAILED_PRECONDITION for types that cannot be
-    /// read) for a sum that cannot be made.
+    /// The decoding a request asks for on a map with `types` shown as
+    /// `layout` says; `None` when nothing is decoded. INVALID_ARGUMENT (or
+    /// FAILED_PRECONDITION for types that cannot be read) for a sum that
+    /// cannot be made.
     pub(crate) fn for_request(
         map: &MapRef,
         meta: &MapMeta,
-        (types, layout): (&KnownTypes, &MapLayout),
-        (raw, per_cpu): (bool, i32),
-        packed: bool,
+        types: &KnownTypes,
+        layout: &MapLayout,
+        asked: Decoding,
     ) -> Result<Option<Self>, Error> {
+        let Decoding {
+            raw,
+            per_cpu,
+            packed,
+        } = asked;
         // A map without types decodes when renderings show its key or value.
         let layouts = (layout.typed() || !layout.renderings().is_empty()).then_some(layout);
         let per_cpu = pb::PerCpu::try_from(per_cpu).map_err(|_| {
@@ -341,7 +357,8 @@ impl Decoder {
     pub(crate) fn write_encoded(
         &self,
         meta: &MapMeta,
-        (key, value): (&[u8], &[u8]),
+        key: &[u8],
+        value: &[u8],
         out: &mut Vec<u8>,
     ) {
         if let Some(l) = &self.key {

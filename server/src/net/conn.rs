@@ -235,11 +235,13 @@ struct ConnRegistryInner {
     next: AtomicU64,
 }
 
-/// A connection's place in the registry; leaves it on drop.
+/// A connection's place in the registry, and its state; leaves the
+/// registry on drop.
 #[derive(Debug)]
 struct Registration {
     id: u64,
     registry: Arc<ConnRegistryInner>,
+    state: Arc<ConnState>,
 }
 
 impl Drop for Registration {
@@ -258,7 +260,7 @@ impl ConnRegistry {
         self.inner.conns.lock().expect("registry lock").len()
     }
 
-    fn register(&self, max: usize, max_cancelled: u32) -> Option<(Registration, Arc<ConnState>)> {
+    fn register(&self, max: usize, max_cancelled: u32) -> Option<Registration> {
         let mut conns = self.inner.conns.lock().expect("registry lock");
         if conns.len() >= max {
             return None;
@@ -266,13 +268,11 @@ impl ConnRegistry {
         let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnState::new(max_cancelled));
         conns.insert(id, Arc::downgrade(&state));
-        Some((
-            Registration {
-                id,
-                registry: self.inner.clone(),
-            },
+        Some(Registration {
+            id,
+            registry: self.inner.clone(),
             state,
-        ))
+        })
     }
 
     /// Closes every open connection.
@@ -595,7 +595,7 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        let Some((registration, state)) =
+        let Some(registration) =
             registry.register(config.max_connections, config.max_cancelled_calls)
         else {
             config.metrics.closed("limit");
@@ -618,7 +618,7 @@ pub(crate) async fn accept_loop(
         tokio::spawn(handshake(
             tcp,
             remote,
-            (registration, state),
+            registration,
             config.clone(),
             tx.clone(),
         ));
@@ -630,7 +630,7 @@ pub(crate) async fn accept_loop(
 async fn handshake(
     tcp: TcpStream,
     remote: SocketAddr,
-    (registration, state): (Registration, Arc<ConnState>),
+    registration: Registration,
     config: AcceptConfig,
     tx: mpsc::Sender<io::Result<Conn>>,
 ) {
@@ -665,20 +665,16 @@ async fn handshake(
     let info = ConnInfo {
         remote: Some(remote),
         transport,
-        state: Some(state.clone()),
+        state: Some(registration.state.clone()),
     };
-    let conn = Conn::ready(io, info, (registration, state), &config);
+    let conn = Conn::ready(io, info, registration, &config);
     let _ = tx.send(Ok(conn)).await;
 }
 
 impl Conn {
     /// A connection ready for HTTP/2, watched from now on.
-    fn ready(
-        io: Io,
-        info: ConnInfo,
-        (registration, state): (Registration, Arc<ConnState>),
-        config: &AcceptConfig,
-    ) -> Self {
+    fn ready(io: Io, info: ConnInfo, registration: Registration, config: &AcceptConfig) -> Self {
+        let state = registration.state.clone();
         let peer = match (&info.remote, &info.transport) {
             (Some(addr), _) => addr.to_string(),
             (None, Transport::Unix { pid: Some(pid), .. }) => format!("pid:{pid}"),
@@ -744,7 +740,7 @@ pub(crate) async fn accept_unix_loop(
         let info = ConnInfo {
             remote: None,
             transport,
-            state: Some(registered.1.clone()),
+            state: Some(registered.state.clone()),
         };
         let conn = Conn::ready(Io::Unix(stream), info, registered, &config);
         if tx.send(Ok(conn)).await.is_err() {
@@ -831,8 +827,9 @@ mod tests {
     #[test]
     fn the_registry_caps_connections_and_forgets_closed_ones() {
         let r = ConnRegistry::default();
-        let (a, sa) = r.register(2, 0).unwrap();
-        let (_b, _sb) = r.register(2, 0).unwrap();
+        let a = r.register(2, 0).unwrap();
+        let sa = a.state.clone();
+        let _b = r.register(2, 0).unwrap();
         assert!(r.register(2, 0).is_none(), "over the limit");
         assert_eq!(r.len(), 2);
         drop(a);

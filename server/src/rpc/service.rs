@@ -147,7 +147,7 @@ impl MapService for MapServiceImpl {
         let req = request.into_inner();
         let p = &self.0;
         let call = match map {
-            Ok(map) => draining::start(&p.calls, (&p.drains, &p.dumps), &caller, map, req).await,
+            Ok(map) => draining::start(&p.calls, &p.drains, &p.dumps, &caller, map, req).await,
             Err(e) => Err(e),
         };
         streamed(call, audit, |call, audit| {
@@ -164,7 +164,7 @@ impl MapService for MapServiceImpl {
         let req = request.into_inner();
         let p = &self.0;
         let started = match map {
-            Ok(map) => watch::start(&p.calls, (&p.watches, p.max_groups), &caller, map, req).await,
+            Ok(map) => watch::start(&p.calls, &p.watches, p.max_groups, &caller, map, req).await,
             Err(e) => Err(e),
         };
         let stats = p.watches.stats.clone();

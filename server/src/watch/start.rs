@@ -10,10 +10,10 @@ use bpfmap_proto::v1 as pb;
 
 use super::{ScanKey, Ticket, Watch, Watches, parse_position};
 use crate::{
-    calls::{Calls, Opened},
+    calls::{Call, Calls, Opened},
     cursor::{CursorError, Sealer},
     error::Error,
-    maps::Decoder,
+    maps::{Decoder, Decoding},
     model::{Caller, MapRequest, Operation, Rpc},
     query::{Counter, Filter, Projection, Query, QueryRequest, Spec},
 };
@@ -31,7 +31,8 @@ struct View {
 /// A WatchMap call checked and joined to its map's scanner.
 pub(crate) async fn start(
     calls: &Calls,
-    (watches, max_groups): (&Arc<Watches>, usize),
+    watches: &Arc<Watches>,
+    max_groups: usize,
     caller: &Caller,
     map: MapRequest,
     req: pb::WatchMapRequest,
@@ -44,10 +45,12 @@ pub(crate) async fn start(
     } else {
         Operation::Dump
     };
-    let (map, declared) = calls.resolve(caller, (op, Rpc::WatchMap), map).await?;
+    let (map, declared) = calls
+        .resolve(caller, Call::new(op, Rpc::WatchMap), map)
+        .await?;
     let cursor = calls.cursor(&req.cursor, caller, &map)?;
     let opened = calls
-        .open(caller, (op, Rpc::WatchMap), (map, &declared), true)
+        .open(caller, Call::new(op, Rpc::WatchMap), map, &declared, true)
         .await?;
     let meta = opened.handle.meta().clone();
     // A map that cannot be iterated is refused now.
@@ -154,9 +157,13 @@ fn view(
             let decoder = Decoder::for_request(
                 &opened.map,
                 meta,
-                (&opened.types, &layout),
-                (req.raw, req.per_cpu),
-                false,
+                &opened.types,
+                &layout,
+                Decoding {
+                    raw: req.raw,
+                    per_cpu: req.per_cpu,
+                    packed: false,
+                },
             )?;
             View {
                 decoder,

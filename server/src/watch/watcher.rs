@@ -425,7 +425,7 @@ impl Watcher {
                     value: prev,
                     stride: value_stride,
                 };
-                deltas(&w.counters, (&now, &before), secs, &mut ev);
+                deltas(&w.counters, &now, &before, secs, &mut ev);
             }
             out.push(ev);
         }
@@ -850,7 +850,8 @@ fn same_rates(a: &[f64], b: &[f64]) -> bool {
 /// The delta and rate of every counter between two values of an entry.
 fn deltas(
     counters: &[Counter],
-    (now, before): (&EntryRef<'_>, &EntryRef<'_>),
+    now: &EntryRef<'_>,
+    before: &EntryRef<'_>,
     secs: f64,
     ev: &mut pb::WatchEvent,
 ) {

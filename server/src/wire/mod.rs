@@ -275,7 +275,7 @@ pub(crate) fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> V
                 let mut wire = Vec::with_capacity(meta.wire_value_size());
                 meta.append_wire_values(kernel_value, &mut wire);
                 if let Some(d) = decoder {
-                    d.write_encoded(meta, (&key, &wire), &mut decoded);
+                    d.write_encoded(meta, &key, &wire, &mut decoded);
                 }
                 (
                     Vec::new(),
@@ -283,7 +283,7 @@ pub(crate) fn entries(meta: &MapMeta, c: &Chunk, decoder: Option<&Decoder>) -> V
                 )
             } else {
                 if let Some(d) = decoder {
-                    d.write_encoded(meta, (&key, kernel_value), &mut decoded);
+                    d.write_encoded(meta, &key, kernel_value, &mut decoded);
                 }
                 (kernel_value.to_vec(), Vec::new())
             };
