@@ -1,7 +1,8 @@
 //! The shape of the code: the modules of each crate import each other
-//! without cycles (`crate::` paths, test modules left out; a name the
-//! crate root re-exports, `crate::Watch`, counts as an import of the module
-//! it comes from), and `unsafe` code lives in the kernel crate only.
+//! without cycles (`crate::` paths, test modules left out; a name any module
+//! re-exports, `crate::Watch` or `crate::ops::Metrics`, counts as an import
+//! of the module that defines it), and `unsafe` code lives in the kernel
+//! crate only.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -91,66 +92,256 @@ fn without_tests(text: &str) -> String {
     out
 }
 
-/// The `crate::` paths a text names ("dump::CursorKey", "model").
+/// A use tree ("a::{b, c::{d as e, *}}"), expanded: each leaf's full path
+/// and the name it is known by ("*" for a glob, "" for `self` of a
+/// group's root).
+fn expand(text: &str) -> Vec<(String, String)> {
+    fn words(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut word = String::new();
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c.is_alphanumeric() || c == '_' {
+                word.push(c);
+                continue;
+            }
+            if !word.is_empty() {
+                out.push(std::mem::take(&mut word));
+            }
+            match c {
+                ':' if chars.peek() == Some(&':') => {
+                    chars.next();
+                    out.push("::".into());
+                }
+                '{' | '}' | ',' | '*' => out.push(c.to_string()),
+                _ => {}
+            }
+        }
+        if !word.is_empty() {
+            out.push(word);
+        }
+        out
+    }
+    fn tree(t: &[String], at: &mut usize, prefix: &str, out: &mut Vec<(String, String)>) {
+        let mut path = prefix.to_owned();
+        loop {
+            match t.get(*at).map(String::as_str) {
+                Some("{") => {
+                    *at += 1;
+                    while !matches!(t.get(*at).map(String::as_str), Some("}") | None) {
+                        tree(t, at, &path, out);
+                        if t.get(*at).map(String::as_str) == Some(",") {
+                            *at += 1;
+                        }
+                    }
+                    *at += 1;
+                    return;
+                }
+                Some("*") => {
+                    *at += 1;
+                    out.push((path, "*".into()));
+                    return;
+                }
+                Some("self") if t.get(*at + 1).map(String::as_str) != Some("::") => {
+                    *at += 1;
+                    let name = path.rsplit("::").next().unwrap_or("").to_owned();
+                    out.push((path, name));
+                    return;
+                }
+                Some(w) if w != "::" && w != "," && w != "}" => {
+                    *at += 1;
+                    if !path.is_empty() {
+                        path.push_str("::");
+                    }
+                    path.push_str(w);
+                    match t.get(*at).map(String::as_str) {
+                        Some("::") => *at += 1,
+                        Some("as") => {
+                            let alias = t.get(*at + 1).cloned().unwrap_or_default();
+                            *at += 2;
+                            out.push((path, alias));
+                            return;
+                        }
+                        _ => {
+                            let name = w.to_owned();
+                            out.push((path, name));
+                            return;
+                        }
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+    let t = words(tree_text(text));
+    let mut out = Vec::new();
+    let mut at = 0;
+    tree(&t, &mut at, "", &mut out);
+    out
+}
+
+/// A use tree's text without what follows it.
+fn tree_text(text: &str) -> &str {
+    let mut depth = 0i32;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &text[..=i];
+                }
+            }
+            ';' if depth == 0 => return &text[..i],
+            c if depth == 0 && !(c.is_alphanumeric() || c == '_' || c == ':' || c == '*') => {
+                return &text[..i];
+            }
+            _ => {}
+        }
+    }
+    text
+}
+
+/// The paths, from the crate root, that a module's text names with
+/// `crate::` (use trees expanded).
 fn crate_paths(text: &str) -> Vec<String> {
     let mut paths = Vec::new();
-    let word = |c: char| c.is_alphanumeric() || c == '_' || c == ':';
     for (at, _) in text.match_indices("crate::") {
         if text[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
             continue;
         }
         let rest = &text[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find(';').unwrap_or(group.len());
-            paths.extend(
-                group[..end]
-                    .split(|c: char| !word(c))
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned),
-            );
-        } else {
-            let end = rest.find(|c: char| !word(c)).unwrap_or(rest.len());
-            paths.push(rest[..end].trim_end_matches(':').to_owned());
-        }
+        paths.extend(expand(rest).into_iter().map(|(p, _)| p));
     }
     paths
 }
 
-/// The names a crate root re-exports from its modules (`pub use
-/// watch::{Scan, Watch}`: "Watch" -> "watch").
-fn reexports(root: &str, modules: &BTreeMap<String, PathBuf>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for statement in root.split(';') {
-        let code: Vec<&str> = statement
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.starts_with("//") && !l.starts_with("#["))
-            .collect();
-        let code = code.join(" ");
-        let code = code.trim();
-        let Some(rest) = ["pub use ", "pub(crate) use "]
-            .iter()
-            .find_map(|p| code.strip_prefix(p))
-        else {
-            continue;
-        };
-        let module = rest.split("::").next().unwrap_or("").trim();
-        if !modules.contains_key(module) || module.is_empty() {
-            continue;
+/// What a module re-exports (`pub use`, `pub(crate) use`, ...): each name
+/// to the path (from the crate root) it stands for, and the paths of its
+/// glob re-exports.
+#[derive(Debug, Default)]
+struct Reexports {
+    named: BTreeMap<String, String>,
+    globs: Vec<String>,
+}
+
+/// A path written in `module` (relative: `super::`, `self::`, a child's
+/// name; or from `crate::`) as a path from the crate root; `None` when it
+/// leaves the crate.
+fn absolute(module: &str, path: &str, modules: &BTreeMap<String, PathBuf>) -> Option<String> {
+    let mut parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
+    let mut base: Vec<&str> = module.split("::").filter(|p| !p.is_empty()).collect();
+    if parts.first() == Some(&"crate") {
+        return Some(parts[1..].join("::"));
+    }
+    while let Some(first) = parts.first() {
+        match *first {
+            "self" => {
+                parts.remove(0);
+            }
+            "super" => {
+                parts.remove(0);
+                base.pop();
+            }
+            _ => break,
         }
-        for item in rest[module.len()..].split([',', '{', '}']) {
-            let item = item.trim().trim_start_matches("::");
-            let name = item.rsplit(" as ").next().unwrap_or("");
-            let name = name.rsplit("::").next().unwrap_or("").trim();
-            if !name.is_empty() && name != "self" {
-                out.insert(name.to_owned(), module.to_owned());
+    }
+    let full = base
+        .iter()
+        .chain(&parts)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("::");
+    let first = full.split("::").next().unwrap_or("");
+    modules.contains_key(first).then_some(full)
+}
+
+/// Every module's re-exports.
+fn reexports(
+    texts: &BTreeMap<String, String>,
+    modules: &BTreeMap<String, PathBuf>,
+) -> BTreeMap<String, Reexports> {
+    let mut out = BTreeMap::new();
+    for (module, text) in texts {
+        let mut r = Reexports::default();
+        for statement in text.split(';') {
+            let code = statement.trim_start();
+            let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+                .iter()
+                .find_map(|p| code.rsplit_once(p).map(|(_, r)| r))
+            else {
+                continue;
+            };
+            for (path, name) in expand(rest) {
+                let Some(full) = absolute(module, &path, modules) else {
+                    continue;
+                };
+                if name == "*" {
+                    r.globs.push(full);
+                } else if !name.is_empty() {
+                    r.named.insert(name, full);
+                }
             }
         }
+        out.insert(module.clone(), r);
     }
     out
 }
 
-/// Module -> the modules it imports (never its own parent or children).
+/// Whether a module's text defines `item`.
+fn defines(text: &str, item: &str) -> bool {
+    [
+        "struct", "enum", "fn", "trait", "type", "const", "static", "mod", "union",
+    ]
+    .iter()
+    .any(|kw| {
+        text.match_indices(&format!("{kw} {item}")).any(|(at, m)| {
+            let after = text[at + m.len()..].chars().next();
+            !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    })
+}
+
+/// The module that defines what `path` (from the crate root) names,
+/// following re-exports to the file that defines the name.
+fn resolve(
+    path: &str,
+    modules: &BTreeMap<String, PathBuf>,
+    texts: &BTreeMap<String, String>,
+    reexported: &BTreeMap<String, Reexports>,
+    depth: usize,
+) -> Option<String> {
+    let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
+    let k = (0..=parts.len())
+        .rev()
+        .find(|k| modules.contains_key(&parts[..*k].join("::")))?;
+    let module = parts[..k].join("::");
+    let Some(item) = parts.get(k) else {
+        return Some(module);
+    };
+    if depth > 8 {
+        return Some(module);
+    }
+    let r = &reexported[&module];
+    if let Some(target) = r.named.get(*item) {
+        let tail: Vec<&str> = std::iter::once(target.as_str())
+            .chain(parts[k + 1..].iter().copied())
+            .collect();
+        return resolve(&tail.join("::"), modules, texts, reexported, depth + 1).or(Some(module));
+    }
+    if !defines(&texts[&module], item) {
+        for g in &r.globs {
+            if texts.get(g).is_some_and(|t| defines(t, item)) {
+                return Some(g.clone());
+            }
+        }
+    }
+    Some(module)
+}
+
+/// Module -> the modules it imports (never its own parent or children), a
+/// name imported through re-exports counted as an import of the module
+/// that defines it.
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     sources(src, &mut files);
@@ -158,29 +349,26 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         .iter()
         .map(|f| (module_of(src, f), f.clone()))
         .collect();
-    let root = modules
-        .get("")
-        .map(|f| fs::read_to_string(f).expect("the crate root"))
-        .unwrap_or_default();
-    let reexported = reexports(&root, &modules);
+    let texts: BTreeMap<String, String> = modules
+        .iter()
+        .map(|(name, file)| {
+            let text = without_tests(&fs::read_to_string(file).expect("a source file"));
+            // Comments (intra-doc links among them) import nothing.
+            let code: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .collect();
+            (name.clone(), code.join("\n"))
+        })
+        .collect();
+    let reexported = reexports(&texts, &modules);
     let mut edges = BTreeMap::new();
-    for (name, file) in &modules {
-        let text = without_tests(&fs::read_to_string(file).expect("a source file"));
-        // Comments (intra-doc links among them) import nothing.
-        let text: String = text
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
+    for (name, text) in &texts {
         let mut targets = BTreeSet::new();
-        for path in crate_paths(&text) {
-            let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
-            let target = (1..=parts.len())
-                .rev()
-                .map(|k| parts[..k].join("::"))
-                .find(|cand| modules.contains_key(cand))
-                .or_else(|| reexported.get(*parts.first()?).cloned());
-            let Some(target) = target else { continue };
+        for path in crate_paths(text) {
+            let Some(target) = resolve(&path, &modules, &texts, &reexported, 0) else {
+                continue;
+            };
             let related = *name == target
                 || name.starts_with(&format!("{target}::"))
                 || target.starts_with(&format!("{name}::"));
@@ -251,24 +439,47 @@ fn the_cycle_check_finds_a_cycle() {
     assert_eq!(cycle(&edges, "a").unwrap(), ["a", "b", "c", "a"]);
     assert_eq!(cycle(&edges, "d"), None);
     assert_eq!(
-        crate_paths("use crate::{access::Policy, model::{Caller, MapRef}};\nx(crate::dump::spawn)"),
+        crate_paths(
+            "use crate::{access::Policy, model::{Caller, MapRef as R}};\nx(crate::dump::spawn)"
+        ),
         [
             "access::Policy",
-            "model::",
-            "Caller",
-            "MapRef",
+            "model::Caller",
+            "model::MapRef",
             "dump::spawn"
         ]
     );
-    let modules: BTreeMap<String, PathBuf> = ["", "watch", "client"]
+    let modules: BTreeMap<String, PathBuf> = ["", "ops", "ops::metrics", "watch", "calls"]
         .into_iter()
         .map(|m| (m.to_owned(), PathBuf::new()))
         .collect();
-    let root = "mod watch;\n/// Watches.\npub use watch::{Scan, Watch as W, x::Y};\npub use client::Client;";
-    let names = reexports(root, &modules);
-    assert_eq!(names["W"], "watch");
-    assert_eq!(names["Y"], "watch");
-    assert_eq!(names["Client"], "client");
+    let texts: BTreeMap<String, String> = [
+        ("", "mod ops;\npub use watch::{Scan, Watch as W};"),
+        (
+            "ops",
+            "mod metrics;\npub(crate) use metrics::Metrics;\npub use self::metrics::*;",
+        ),
+        (
+            "ops::metrics",
+            "pub(crate) struct Metrics;\npub struct Gauge;",
+        ),
+        ("watch", "pub struct Scan;\npub struct Watch;"),
+        (
+            "calls",
+            "use crate::{ops::Metrics, W};\nuse crate::ops::Gauge;",
+        ),
+    ]
+    .into_iter()
+    .map(|(m, t)| (m.to_owned(), t.to_owned()))
+    .collect();
+    let r = reexports(&texts, &modules);
+    assert_eq!(r["ops"].named["Metrics"], "ops::metrics::Metrics");
+    assert_eq!(r[""].named["W"], "watch::Watch");
+    let to = |p: &str| resolve(p, &modules, &texts, &r, 0).unwrap();
+    // Through a named re-export, a crate-root alias, and a glob.
+    assert_eq!(to("ops::Metrics"), "ops::metrics");
+    assert_eq!(to("W"), "watch");
+    assert_eq!(to("ops::Gauge"), "ops::metrics");
     let stripped = without_tests("a\n#[cfg(test)]\nmod tests {\n use crate::x; { }\n}\nb");
     assert!(
         !stripped.contains("crate::x") && stripped.contains('b'),
