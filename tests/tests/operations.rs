@@ -958,3 +958,47 @@ async fn a_change_is_reloaded_once_by_sighup_or_the_file_watch() {
     tokio::time::sleep(Duration::from_millis(3500)).await;
     assert_eq!(reloads(), 2);
 }
+
+/// A log written to a file (journald, `bpfmapd 2> log`) carries no terminal
+/// colour codes: only a terminal gets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_log_written_to_a_file_has_no_colour_codes() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let addr = free_addr("127.0.0.1");
+    let config = state.path().join("bpfmapd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"{addr}\"\nroots = [\"{}\"]\nstate_dir = \"{}\"\nmount_bpffs = false\nlog_format = \"text\"\n",
+            fs.path().display(),
+            state.path().display()
+        ),
+    )
+    .unwrap();
+    let log_path = state.path().join("bpfmapd.log");
+    let mut child = std::process::Command::new(daemon_bin!())
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the daemon did not listen: {}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("bpfmapd listening"), "{log}");
+    assert!(
+        !log.contains('\x1b'),
+        "colour codes in a log file:\n{log:?}"
+    );
+}

@@ -143,10 +143,7 @@ impl Rendering {
                 Some(v) => sink.int(i64::from(v)),
                 None => sink.null(),
             },
-            Self::String => {
-                let text = b.iter().position(|&c| c == 0).map_or(b, |n| &b[..n]);
-                sink.string(&String::from_utf8_lossy(text));
-            }
+            Self::String => sink.string(&escaped_text(b)),
         }
     }
 
@@ -251,16 +248,20 @@ impl Rendering {
             Self::Mac => parse_mac(text).map_or_else(|| self.bad(text, path), Ok)?,
             Self::Hex => parse_hex(node, size, text, path)?,
             Self::String => {
-                if text.len() > size || text.contains('\0') {
+                let bytes = match unescaped(text) {
+                    Ok(b) => b,
+                    Err(why) => return encode::fail(path, format!("{text:?}: {why}")),
+                };
+                if bytes.len() > size {
                     return encode::fail(
                         path,
                         format!(
-                            "a string of {} bytes does not fit {size} bytes (without NULs)",
-                            text.len()
+                            "a string of {} bytes does not fit {size} bytes",
+                            bytes.len()
                         ),
                     );
                 }
-                text.as_bytes().to_vec()
+                bytes
             }
             Self::Be16 | Self::Be32 => return self.bad(text, path),
         };
@@ -281,6 +282,59 @@ impl Rendering {
             format!("expected {} like {example}, got {text:?}", self.name()),
         )
     }
+}
+
+/// The text the string rendering shows for `b`: its bytes without the
+/// NULs that end them, printable characters as they are, a backslash as
+/// `\\`, and every other byte (of a control character, of what is not
+/// UTF-8, a NUL before other bytes) as `\xNN`. Safe on a terminal, and
+/// different bytes never show the same text.
+pub(crate) fn escaped_text(b: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let end = b.iter().rposition(|&c| c != 0).map_or(0, |i| i + 1);
+    let mut out = String::with_capacity(end);
+    let escape = |out: &mut String, bytes: &[u8]| {
+        for byte in bytes {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    };
+    for chunk in b[..end].utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => escape(&mut out, c.encode_utf8(&mut [0; 4]).as_bytes()),
+                c => out.push(c),
+            }
+        }
+        escape(&mut out, chunk.invalid());
+    }
+    out
+}
+
+/// The bytes a string rendering's text stands for: [`escaped_text`]
+/// undone (`\\` and `\xNN` are its only escapes).
+pub(crate) fn unescaped(text: &str) -> Result<Vec<u8>, &'static str> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        match bytes.next() {
+            Some(b'\\') => out.push(b'\\'),
+            Some(b'x') => {
+                let digits = [bytes.next(), bytes.next()];
+                let hex = |d: Option<u8>| (d? as char).to_digit(16);
+                match digits.map(hex) {
+                    [Some(hi), Some(lo)] => out.push((hi * 16 + lo) as u8),
+                    _ => return Err("\\x takes two hex digits (\\x1b)"),
+                }
+            }
+            _ => return Err("a backslash starts \\\\ (a backslash) or \\xNN (a byte)"),
+        }
+    }
+    Ok(out)
 }
 
 /// A MAC address's 6 bytes ("02:42:ac:11:00:02", or with dashes).
@@ -450,4 +504,35 @@ pub(crate) fn apply(target: &mut Layout, m: &Member<'_>, how: Rendering) -> Resu
         size,
     };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_renderings_are_safe_on_a_terminal_and_tell_bytes_apart() {
+        let cases: [(&[u8], &str); 8] = [
+            (b"bash\0\0\0\0", "bash"),
+            (b"\x1b[31mEVIL\x1b[0m\0", "\\x1b[31mEVIL\\x1b[0m"),
+            (b"a\\b", "a\\\\b"),
+            (b"caf\xc3\xa9", "café"),
+            (b"\xff\xfe\x14\0", "\\xff\\xfe\\x14"),
+            (b"\xff\xfd\x14\0", "\\xff\\xfd\\x14"),
+            (b"ab\0cd\0", "ab\\x00cd"),
+            // A C1 control character (CSI) is escaped byte by byte.
+            (b"\xc2\x9b2J", "\\xc2\\x9b2J"),
+        ];
+        for (bytes, shown) in cases {
+            assert_eq!(escaped_text(bytes), shown, "{bytes:?}");
+            let back = unescaped(shown).unwrap();
+            let end = bytes.iter().rposition(|&c| c != 0).map_or(0, |i| i + 1);
+            assert_eq!(back, &bytes[..end], "{shown:?}");
+        }
+        assert_eq!(
+            unescaped("a\\q").unwrap_err(),
+            "a backslash starts \\\\ (a backslash) or \\xNN (a byte)"
+        );
+        assert!(unescaped("\\x1").is_err());
+    }
 }

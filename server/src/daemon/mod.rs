@@ -47,10 +47,12 @@ pub fn main() -> ExitCode {
         };
     }
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // Logs go to stderr (journald and kubectl logs collect it).
+    // Logs go to stderr (journald and kubectl logs collect it), in colour
+    // only on a terminal.
     match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt()
             .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .init(),
         LogFormat::Json => tracing_subscriber::fmt()
