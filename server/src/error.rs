@@ -103,6 +103,19 @@ pub(crate) enum Error {
         /// Its type.
         map_type: MapType,
     },
+    /// A type declared for a side of a map whose BTF gives that side's
+    /// type: declarations are for maps without types.
+    #[error(
+        "map {map} has types: its BTF gives its {side} type ({name}), which a declaration cannot replace; leave the {side} type undeclared"
+    )]
+    TypedByBtf {
+        /// The reference.
+        map: MapRef,
+        /// "key" or "value".
+        side: &'static str,
+        /// The BTF type's name.
+        name: String,
+    },
     /// The map's types are needed and it has none that can be used.
     #[error("map {map} has no types: {why}")]
     Untyped {

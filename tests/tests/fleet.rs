@@ -603,7 +603,10 @@ async fn bpfmapctl_reads_a_fleet_found_by_dns_and_names_each_failure() {
         "hex",
         "lookup",
         MAP,
-        &faster_hex::hex_string(&2_000_000u64.to_le_bytes()),
+        &format!(
+            "hex:{}",
+            faster_hex::hex_string(&2_000_000u64.to_le_bytes())
+        ),
     ]))
     .await;
     r.unwrap();

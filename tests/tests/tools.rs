@@ -4,7 +4,7 @@
 use base64::Engine as _;
 use bpfmap_client::Value;
 use bpfmap_tests::*;
-use serde_json::Value as Json;
+use serde_json::{Value as Json, json};
 
 fn b64(s: &Json) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
@@ -160,13 +160,34 @@ async fn bpfmapctl_prints_json_lines() {
 
     let (r, lines, _) = ctl_at(
         &addr,
-        &["lookup", "m", "0500000000000000", "ff00000000000000"],
+        &[
+            "lookup",
+            "m",
+            "hex:0500000000000000",
+            "hex:ff00000000000000",
+        ],
     )
     .await;
     r.unwrap();
     assert_eq!(lines[0]["found"], true);
     assert_eq!(lines[0]["value"], "0f00000000000000");
     assert_eq!(lines[1]["found"], false);
+    // One grammar: digits are a number whatever their length (16 digits on
+    // an 8-byte key too), 0x a number in hex, hex: the bytes.
+    let (r, lines, err) = ctl_at(&addr, &["lookup", "m", "5", "0x5", "1000000000000005"]).await;
+    r.unwrap_or_else(|e| panic!("{e}: {err}"));
+    let found: Vec<&Json> = lines.iter().map(|l| &l["found"]).collect();
+    assert_eq!(
+        found,
+        [&json!(true), &json!(true), &json!(false)],
+        "{lines:?}"
+    );
+    assert_eq!(lines[0]["key"], "0500000000000000");
+    let (r, _, _) = ctl_at(&addr, &["lookup", "m", "0102"]).await;
+    assert_eq!(
+        r.unwrap_err().to_string(),
+        "key \"0102\" could be the number 102 or the bytes 0102: write 102 for the number, or hex:0102 for the bytes"
+    );
 
     let (r, _, _) = ctl_at(&addr, &["show", "missing"]).await;
     let e = r.unwrap_err().to_string();
@@ -177,6 +198,6 @@ async fn bpfmapctl_prints_json_lines() {
     let e = r.unwrap_err().to_string();
     assert!(e.starts_with("INVALID_ARGUMENT: cursor"), "{e}");
     let (r, _, _) = ctl_at(&addr, &["lookup", "m", "zz"]).await;
-    assert!(r.unwrap_err().to_string().contains("not a hex string"));
+    assert!(r.unwrap_err().to_string().contains("is not a key"));
     daemon.stop().await;
 }

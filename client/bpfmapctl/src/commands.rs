@@ -10,7 +10,7 @@ use futures::StreamExt as _;
 use crate::{
     ListArgs, RenderArg,
     drive::{self, Io, drive},
-    keys::{is_decimal, parse_key},
+    keys::parse_key,
     output::Printer,
     render_pairs,
     setup::Setup,
@@ -54,18 +54,17 @@ pub(crate) async fn lookup(
 ) -> anyhow::Result<()> {
     let map = setup.map_name(map)?;
     let fleet = setup.fleet();
-    // Renderings that do not fit a target's types are refused before the
-    // lookup; a decimal key needs the key size.
-    let decimal = keys.iter().any(|k| is_decimal(k));
-    let (mut types, key_size) = if setup.decode || !render.is_empty() || decimal {
-        map_types(&fleet, &map, render).await?
-    } else {
-        (HashMap::new(), None)
-    };
     let keys = keys
         .iter()
-        .map(|k| parse_key(k, key_size))
+        .map(|k| parse_key(k))
         .collect::<anyhow::Result<Vec<Key>>>()?;
+    // Renderings that do not fit a target's types are refused before the
+    // lookup.
+    let mut types = if setup.decode || !render.is_empty() {
+        map_types(&fleet, &map, render).await?
+    } else {
+        HashMap::new()
+    };
     if !setup.decode {
         types.clear();
     }
@@ -112,14 +111,12 @@ async fn map_types(
     fleet: &bpfmap_client::Fleet,
     map: &MapName,
     render: &[RenderArg],
-) -> anyhow::Result<(HashMap<Target, MapTypes>, Option<usize>)> {
+) -> anyhow::Result<HashMap<Target, MapTypes>> {
     let mut run = fleet.get_map(map);
     let mut types = HashMap::new();
-    let mut key_size = None;
     let total = fleet.targets().len();
     while let Some(event) = run.next().await {
         if let FleetEvent::Answer { target, answer } = event {
-            key_size.get_or_insert(answer.key_size() as usize);
             match answer.types_with(render_pairs(render)) {
                 Ok(Some(t)) => {
                     types.insert(target, t);
@@ -137,5 +134,5 @@ async fn map_types(
             }
         }
     }
-    Ok((types, key_size))
+    Ok(types)
 }

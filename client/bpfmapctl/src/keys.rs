@@ -1,45 +1,94 @@
-//! Keys from the command line: JSON, decimal numbers or hex, as `lookup`
-//! and `--inner` take them.
+//! Keys typed by hand (`lookup`, `--inner`), one grammar where each
+//! spelling has one meaning:
+//!
+//! - a decimal number, `7` or `-1`: the integer (of an integer or enum key,
+//!   an array's index), encoded by the daemon through the key's type;
+//! - `0x` and hex digits, `0xffff888188fb9bc0`: the same, a number written
+//!   in hex (as tables show hex numbers and pointers);
+//! - `hex:` and two hex digits per byte, `hex:0a000001`: the key's bytes,
+//!   in memory order;
+//! - JSON, an argument starting with `{`, `[` or `"` (or anything after
+//!   `json:`): `{"pid":42}`, `"bash"`, encoded through the key's type.
+//!
+//! A spelling that could mean two things is refused with both readings:
+//! a number with leading zeros (`0102`: the number 102, or the bytes 01
+//! 02?), hex digits without a prefix (`0a0b`).
 
 use bpfmap_client::Key;
 
-use crate::{output, usage};
+use crate::usage;
 
-/// Whether a key argument is a decimal number.
-pub(crate) fn is_decimal(arg: &str) -> bool {
-    !arg.is_empty() && arg.len() <= 20 && arg.bytes().all(|b| b.is_ascii_digit())
+/// Largest integer a JSON number carries exactly (2^53).
+const EXACT: u128 = 1 << 53;
+
+/// A key from the command line, as the module's grammar says.
+pub(crate) fn parse_key(arg: &str) -> anyhow::Result<Key> {
+    if let Some(json) = arg.strip_prefix("json:") {
+        return json_key(json);
+    }
+    if arg.starts_with(['{', '[', '"']) {
+        return json_key(arg);
+    }
+    if let Some(hex) = arg.strip_prefix("hex:") {
+        return faster_hex::hex_decode_vec(hex.as_bytes())
+            .map(Key::Bytes)
+            .map_err(|_| {
+                usage(format!(
+                    "key {arg:?}: hex: takes the key's bytes as two hex digits each (hex:0a000001)"
+                ))
+            });
+    }
+    if let Some(digits) = arg.strip_prefix("0x") {
+        return match u128::from_str_radix(digits, 16) {
+            Ok(n) => Ok(number(n, false)),
+            Err(_) => Err(usage(format!(
+                "key {arg:?}: 0x starts a number in hex (0x1bb); the key's bytes are hex:{digits}"
+            ))),
+        };
+    }
+    let (negative, digits) = match arg.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, arg),
+    };
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        if digits.len() > 1 && digits.starts_with('0') {
+            let number = digits.trim_start_matches('0');
+            let number = if number.is_empty() { "0" } else { number };
+            return Err(usage(format!(
+                "key {arg:?} could be the number {number} or the bytes {arg}: write {number} for the number, or hex:{arg} for the bytes"
+            )));
+        }
+        let n: u128 = digits
+            .parse()
+            .map_err(|_| usage(format!("key {arg:?} is too large a number")))?;
+        return Ok(number(n, negative));
+    }
+    if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(usage(format!(
+            "key {arg:?}: write hex:{arg} for the key's bytes, or 0x{arg} for a number in hex"
+        )));
+    }
+    Err(usage(format!(
+        "key {arg:?} is not a key: write a number (42, 0x2a), the key's bytes (hex:2a000000) or JSON ({{\"pid\":42}}, '\"bash\"')"
+    )))
 }
 
-/// A key from the command line: JSON (an argument starting with `{`, `[`
-/// or `"`, or anything after `json:`); a decimal number (an integer key or
-/// an index, encoded by the daemon through the key's type), unless it has
-/// exactly twice as many digits as the key has bytes (`key_size`), which
-/// reads as hex; hex otherwise (`0x` forces hex).
-pub(crate) fn parse_key(arg: &str, key_size: Option<usize>) -> anyhow::Result<Key> {
-    let text = match arg.strip_prefix("json:") {
-        Some(rest) => rest,
-        None if arg.starts_with(['{', '[', '"']) => arg,
-        None if is_decimal(arg) && key_size.is_none_or(|n| arg.len() != 2 * n) => {
-            // As JSON writes it (no leading zeros); beyond 2^53 as a
-            // decimal string, which the daemon reads exactly.
-            let n: u128 = arg
-                .parse()
-                .map_err(|e| usage(format!("key {arg:?}: {e}")))?;
-            return Ok(Key::Json(to_proto_value(&match u64::try_from(n) {
-                Ok(n) => serde_json::Value::from(n),
-                Err(_) => serde_json::Value::from(n.to_string()),
-            })));
-        }
-        None => {
-            let hex = arg.strip_prefix("0x").unwrap_or(arg);
-            return output::unhex(hex)
-                .map(Key::Bytes)
-                .map_err(|e| usage(e.to_string()));
-        }
-    };
+fn json_key(text: &str) -> anyhow::Result<Key> {
     serde_json::from_str::<serde_json::Value>(text)
         .map(|v| Key::Json(to_proto_value(&v)))
         .map_err(|e| usage(format!("key {text:?} is not valid JSON: {e}")))
+}
+
+/// A number as the daemon reads a JSON key: a JSON number up to 2^53, a
+/// decimal string beyond (read exactly).
+fn number(n: u128, negative: bool) -> Key {
+    let value = match (negative, n <= EXACT) {
+        (false, true) => serde_json::Value::from(n as u64),
+        (true, true) => serde_json::Value::from(-(n as i64)),
+        (false, false) => serde_json::Value::from(n.to_string()),
+        (true, false) => serde_json::Value::from(format!("-{n}")),
+    };
+    Key::Json(to_proto_value(&value))
 }
 
 pub(crate) fn to_proto_value(v: &serde_json::Value) -> prost_types::Value {
@@ -50,7 +99,7 @@ pub(crate) fn to_proto_value(v: &serde_json::Value) -> prost_types::Value {
         // Integers beyond 2^53 keep every digit as strings, which the
         // daemon reads as exactly.
         serde_json::Value::Number(n) => match n.as_f64() {
-            Some(f) if n.is_f64() || f.abs() <= 9_007_199_254_740_992.0 => Kind::NumberValue(f),
+            Some(f) if n.is_f64() || f.abs() <= EXACT as f64 => Kind::NumberValue(f),
             _ => Kind::StringValue(n.to_string()),
         },
         serde_json::Value::String(s) => Kind::StringValue(s.clone()),
@@ -71,33 +120,52 @@ pub(crate) fn to_proto_value(v: &serde_json::Value) -> prost_types::Value {
 mod tests {
     use super::*;
 
+    fn error(arg: &str) -> String {
+        parse_key(arg).unwrap_err().to_string()
+    }
+
     #[test]
-    fn keys_are_hex_json_or_decimal_numbers() {
-        assert_eq!(parse_key("0a0b", None).unwrap(), Key::Bytes(vec![10, 11]));
-        assert_eq!(parse_key("json:7", None).unwrap(), Key::Json(7u32.into()));
-        // A port index as xdp-filter keeps it: decimal, whatever the key.
+    fn each_spelling_of_a_key_has_one_meaning() {
+        // Decimal, whatever its length: an 8-digit pid is a pid.
         assert_eq!(
-            parse_key("47873", Some(4)).unwrap(),
-            Key::Json(47873u32.into())
+            parse_key("12345678").unwrap(),
+            Key::Json(12345678u32.into())
         );
-        // Exactly the key's bytes in hex digits reads as hex; 0x forces it.
+        assert_eq!(parse_key("47873").unwrap(), Key::Json(47873u32.into()));
+        assert_eq!(parse_key("0").unwrap(), Key::Json(0u32.into()));
+        assert_eq!(parse_key("-14").unwrap(), Key::Json((-14i32).into()));
+        // A pointer pasted as a table shows it: the number.
         assert_eq!(
-            parse_key("01000000", Some(4)).unwrap(),
-            Key::Bytes(vec![1, 0, 0, 0])
+            parse_key("0xffff888188fb9bc0").unwrap(),
+            Key::Json("18446612688663190464".into())
         );
-        assert_eq!(
-            parse_key("01000000", Some(8)).unwrap(),
-            Key::Json(1_000_000u32.into())
-        );
-        assert_eq!(parse_key("0x0100", None).unwrap(), Key::Bytes(vec![1, 0]));
-        let Key::Json(v) = parse_key(r#"{"big": 18446744073709551615}"#, None).unwrap() else {
+        assert_eq!(parse_key("0x1bb").unwrap(), Key::Json(443u32.into()));
+        // Bytes only when asked for.
+        assert_eq!(parse_key("hex:0a0b").unwrap(), Key::Bytes(vec![10, 11]));
+        assert_eq!(parse_key("json:7").unwrap(), Key::Json(7u32.into()));
+        assert_eq!(parse_key("\"bash\"").unwrap(), Key::Json("bash".into()));
+        let Key::Json(v) = parse_key(r#"{"big": 18446744073709551615}"#).unwrap() else {
             panic!("a JSON key")
         };
         let prost_types::value::Kind::StructValue(s) = v.kind.unwrap() else {
             panic!("an object")
         };
         assert_eq!(s.fields["big"], "18446744073709551615".into());
-        assert!(parse_key("json:{", None).is_err());
-        assert!(parse_key("zz", None).is_err());
+    }
+
+    #[test]
+    fn doubtful_spellings_are_refused_with_both_readings() {
+        assert_eq!(
+            error("0102"),
+            "key \"0102\" could be the number 102 or the bytes 0102: write 102 for the number, or hex:0102 for the bytes"
+        );
+        assert_eq!(
+            error("0a0b"),
+            "key \"0a0b\": write hex:0a0b for the key's bytes, or 0x0a0b for a number in hex"
+        );
+        assert!(error("0xzz").contains("0x starts a number in hex"));
+        assert!(error("hex:abc").contains("two hex digits each"));
+        assert!(error("json:{").contains("is not valid JSON"));
+        assert!(error("bash").contains("is not a key"));
     }
 }

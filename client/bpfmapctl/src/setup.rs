@@ -91,11 +91,11 @@ impl Setup {
     }
 
     /// The map a command names: `s`, or its inner map at `--inner KEY`
-    /// (JSON, a decimal number, or hex as `lookup` takes keys).
+    /// (a key as `lookup` takes them).
     pub(crate) fn map_name(&self, s: &str) -> anyhow::Result<MapName> {
         let mut map = map_name(s)?;
         if let Some(key) = &self.inner {
-            let key = match crate::keys::parse_key(key, None)? {
+            let key = match crate::keys::parse_key(key)? {
                 Key::Bytes(b) => InnerKey::Bytes(b),
                 Key::Json(v) => InnerKey::Json(v),
                 _ => return Err(usage(format!("--inner {key:?} is not a key"))),

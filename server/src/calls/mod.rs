@@ -205,6 +205,9 @@ impl Calls {
         types: bool,
     ) -> Result<Opened, Error> {
         self.authorize(caller, call, &map)?;
+        // Declared types are checked against the map whatever the call
+        // decodes: one that cannot apply is refused, never ignored.
+        let types = types || !declared.is_empty();
         let (catalog, typer, r) = (self.catalog.clone(), self.typer(declared), map.clone());
         let (resolved, read_types): (Resolved, KnownTypes) = blocking(move || {
             let resolved = catalog.open(&r)?;

@@ -129,13 +129,18 @@ impl KnownTypes {
         ];
         let asked = [request.key.as_ref(), request.value.as_ref()];
         let set = [configured.key.as_ref(), configured.value.as_ref()];
+        let btf = [btf_key.as_ref(), btf_value.as_ref()];
         let typed = [btf_key.is_some(), btf_value.is_some()];
         for (i, (decl, side, size)) in sides.iter_mut().enumerate() {
             if let Some(d) = asked[i] {
-                if typed[i] {
-                    return Err(Error::Untyped {
+                if let Some(t) = btf[i] {
+                    return Err(Error::TypedByBtf {
                         map: map.clone(),
-                        why: format!("none needs declaring: its BTF gives its {side} type"),
+                        side,
+                        name: match t.name.as_str() {
+                            "" => format!("an unnamed type of {} bytes", t.size),
+                            name => name.to_owned(),
+                        },
                     });
                 }
                 check_size(map, side, d, *size)?;

@@ -182,11 +182,9 @@ impl KnownTypes {
                 })
         };
         match self {
-            Self::Typed(_) if layout.key_typed() => Ok(Cow::Borrowed(layout.key())),
-            Self::Typed(_) => Err(Error::Untyped {
-                map: map.clone(),
-                why: "it has no keys".into(),
-            }),
+            // A typed map's key, or the index of one without a key type
+            // (global data: its one entry's key is 0).
+            Self::Typed(_) => Ok(Cow::Borrowed(layout.key())),
             Self::None => untyped(
                 "it carries no BTF; give keys as bytes, or render the whole key (\"key\": \"string\")".into(),
             ),

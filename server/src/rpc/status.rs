@@ -40,7 +40,8 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::NotIterable { .. }
         | Error::Unsized { .. }
         | Error::LookupUnsupported { .. }
-        | Error::Untyped { .. } => Code::FailedPrecondition,
+        | Error::Untyped { .. }
+        | Error::TypedByBtf { .. } => Code::FailedPrecondition,
         Error::ResumeKeyDeleted(_) | Error::MapChanged(_) | Error::DrainBusy(_) => Code::Aborted,
         Error::NotDrainable(_) | Error::KernelWalkUnavailable(_) => Code::FailedPrecondition,
         Error::SpoolCorrupt(_) => Code::DataLoss,
@@ -76,6 +77,7 @@ pub(crate) fn reason(e: &Error) -> &'static str {
         Error::Unsized { .. } => "MAP_NOT_SIZED",
         Error::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
         Error::Untyped { .. } => "MAP_UNTYPED",
+        Error::TypedByBtf { .. } => "MAP_TYPED",
         Error::Cursor(c) => match c {
             CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
             CursorError::OtherMap { .. } => "CURSOR_OTHER_MAP",
