@@ -52,9 +52,9 @@ mod maps;
 pub mod model;
 mod net;
 mod ops;
+mod programs;
 pub mod query;
 mod rpc;
-mod scans;
 mod watch;
 mod wire;
 

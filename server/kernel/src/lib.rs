@@ -22,7 +22,7 @@ pub mod fake;
 mod handle;
 pub mod holders;
 mod owned;
-pub mod scan;
+pub mod program;
 mod sys;
 pub mod walk;
 

@@ -195,8 +195,8 @@ impl<O: MapOps> Walker<O> {
 
     /// A walk of entries read as the kernel's generic batch reads them
     /// (the token is the last key delivered), whatever the map's type: the
-    /// entries a scan in the kernel took
-    /// (`scan::Matches`), in their order.
+    /// entries a walk inside the kernel took (`program::Matches`), in
+    /// their order.
     pub fn by_key(ops: O, meta: MapMeta, pos: Position) -> Result<Self, WalkError> {
         if let Position::After(token) = &pos
             && token.len() != meta.key_size as usize

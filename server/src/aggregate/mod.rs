@@ -113,7 +113,7 @@ fn kernel_plan(
         return KernelPlan::Off;
     }
     let meta = handle.meta();
-    if let Some(why) = calls.scans.unavailable(meta) {
+    if let Some(why) = calls.programs.unavailable(meta) {
         return KernelPlan::Cannot(why);
     }
     let sizes = Sizes {
@@ -121,7 +121,7 @@ fn kernel_plan(
         value: meta.value_size as usize,
     };
     match crate::query::scan::plan(spec, filter, sizes, max_groups) {
-        Ok(plan) => KernelPlan::Plan(calls.scans.clone(), plan),
+        Ok(plan) => KernelPlan::Plan(calls.programs.clone(), plan),
         Err(why) => KernelPlan::Cannot(why),
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bpfmap_kernel::{
     MapHandle,
-    scan::{AggOp, ScanOutput, ScanPlan},
+    program::{AggOp, WalkOutput, WalkPlan},
     walk::Position,
 };
 use bpfmap_proto::v1 as pb;
@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use crate::{
     error::Error,
     model::MapRef,
+    programs::WalkPrograms,
     query::{CostMeter, EntryRef, Filter, Spec, Table},
-    scans::KernelScans,
     watch::Scanner,
 };
 
@@ -48,7 +48,7 @@ pub(super) enum KernelPlan {
     /// The call asked for batched reads (SCAN_BATCHED).
     Off,
     /// The program's plan, and the daemon's programs.
-    Plan(Arc<KernelScans>, ScanPlan),
+    Plan(Arc<WalkPrograms>, WalkPlan),
     /// Why it cannot.
     Cannot(String),
 }
@@ -63,9 +63,9 @@ impl AggregateWalk {
         let note = match &self.kernel {
             KernelPlan::Off => String::new(),
             KernelPlan::Cannot(why) => why.clone(),
-            KernelPlan::Plan(scans, plan) => {
+            KernelPlan::Plan(programs, plan) => {
                 self.check()?;
-                match scans.run(&self.handle, plan) {
+                match programs.run(&self.handle, plan) {
                     Ok(out) => return self.kernel_groups(out, plan),
                     Err(why) => why,
                 }
@@ -81,11 +81,11 @@ impl AggregateWalk {
         ))
     }
 
-    /// The groups a scan in the kernel found.
+    /// The groups a walk inside the kernel found.
     fn kernel_groups(
         &self,
-        out: ScanOutput,
-        plan: &ScanPlan,
+        out: WalkOutput,
+        plan: &WalkPlan,
     ) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
         let mut table = self.spec.table();
         let (visited, matched) = if plan.counts_only() {

@@ -1,4 +1,4 @@
-//! Filtered dumps walked inside the kernel: a scan program tests the
+//! Filtered dumps walked inside the kernel: a walk program tests the
 //! filter (what of it the kernel can test) on every entry and copies the
 //! entries it takes; the dump then walks those, sorted by key, with the
 //! filter tested again in user space, and with cursors of the same form
@@ -14,7 +14,7 @@
 
 use bpfmap_kernel::{
     MapHandle, MapMeta, MapOps, MapType, SyscallError,
-    scan::{self, Matches, ScanPlan},
+    program::{self, Matches, WalkPlan},
     walk::Position,
 };
 use bpfmap_proto::v1 as pb;
@@ -28,7 +28,8 @@ use crate::{
     query::{Filter, Query, scan::Sizes},
 };
 
-/// What a dump reads: the map, or the entries a scan in the kernel took.
+/// What a dump reads: the map, or the entries a walk inside the kernel
+/// took.
 #[derive(Debug)]
 pub(crate) enum Source {
     Map(MapHandle),
@@ -160,15 +161,15 @@ pub(super) async fn decide(
 
 /// What of `filter` the kernel tests, and what it leaves to user space;
 /// why nothing when it can test nothing that takes fewer entries than all.
-fn prefilter(filter: &Filter, meta: &MapMeta) -> Result<(scan::Cond, Vec<String>), String> {
+fn prefilter(filter: &Filter, meta: &MapMeta) -> Result<(program::Cond, Vec<String>), String> {
     let sizes = Sizes {
         key: meta.key_size as usize,
         value: meta.value_size as usize,
     };
-    let (cond, left_out) = filter.scan_prefilter(sizes);
+    let (cond, left_out) = filter.kernel_prefilter(sizes);
     match (cond, left_out.is_empty()) {
-        (scan::Cond::Const(true), true) => Err("the filter takes every entry".into()),
-        (scan::Cond::Const(true), false) => Err(left_out.join("; ")),
+        (program::Cond::Const(true), true) => Err("the filter takes every entry".into()),
+        (program::Cond::Const(true), false) => Err(left_out.join("; ")),
         (cond, _) => Ok((cond, left_out)),
     }
 }
@@ -194,7 +195,7 @@ fn why_not(
     (position, key_order_cursor): (&Position, bool),
 ) -> Option<String> {
     let exact = exact_in_kernel(meta);
-    if let Some(why) = calls.scans.unavailable(meta) {
+    if let Some(why) = calls.programs.unavailable(meta) {
         Some(why)
     } else if meta.per_cpu() {
         Some("a scan in the kernel sees one CPU's value of a per-CPU map".into())
@@ -217,15 +218,15 @@ async fn take(
     calls: &Calls,
     dumps: &Dumps,
     handle: MapHandle,
-    cond: scan::Cond,
+    cond: program::Cond,
 ) -> Result<(MapHandle, Result<(Matches, ScanReport), String>), Error> {
     let meta = handle.meta().clone();
     let entry = (meta.key_size + meta.value_size).max(1) as usize;
     let max = (dumps.env.limits.pool / entry).clamp(1, meta.max_entries.max(1) as usize);
-    let plan = ScanPlan::entries(cond, max as u32);
-    let scans = calls.scans.clone();
+    let plan = WalkPlan::entries(cond, max as u32);
+    let programs = calls.programs.clone();
     let (handle, ran) = tokio::task::spawn_blocking(move || {
-        let ran = scans.run(&handle, &plan);
+        let ran = programs.run(&handle, &plan);
         (handle, ran)
     })
     .await
@@ -251,9 +252,9 @@ async fn take(
         ));
     };
     let order = if exact_in_kernel(&meta) {
-        scan::index_order
+        program::index_order
     } else {
-        scan::byte_order
+        program::byte_order
     };
     let sizes = (meta.key_size as usize, meta.value_size as usize);
     let report = ScanReport {

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use bpfmap_kernel::scan::{AggOp, GroupPart, Side};
+use bpfmap_kernel::program::{AggOp, GroupPart, Side};
 use bpfmap_proto::{
     aggregate::{self as values, Op},
     typed::{EntryRef, IntMember, MapLayout, Projection, Root, Source},
@@ -216,9 +216,9 @@ impl Spec {
         self.aggs.len()
     }
 
-    /// The group key's parts, its length and the aggregates of a scan in
-    /// the kernel, or why they are computed in user space.
-    pub(crate) fn scan_parts(
+    /// The group key's parts, its length and the aggregates of a walk
+    /// inside the kernel, or why they are computed in user space.
+    pub(crate) fn kernel_parts(
         &self,
         sizes: Sizes,
     ) -> Result<(Vec<GroupPart>, u16, Vec<AggOp>), String> {
@@ -351,7 +351,7 @@ impl Table<'_> {
         true
     }
 
-    /// Adds a group computed elsewhere (a scan in the kernel): its key,
+    /// Adds a group computed elsewhere (a walk inside the kernel): its key,
     /// its count, each aggregate's value. `false` once the table is full.
     pub fn add_group(&mut self, key: Vec<u8>, count: u64, values: Vec<Option<i128>>) -> bool {
         if !self.groups.contains_key(&key) && self.groups.len() >= self.spec.max_groups {

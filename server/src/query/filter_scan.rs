@@ -1,9 +1,9 @@
-//! A compiled filter as the condition of a scan in the kernel: member
+//! A compiled filter as the condition of a walk inside the kernel: member
 //! against constant comparisons (of any width, sign, byte order, and of
 //! bitfields), `in` on lists of integers, `&&`, `||`, `!`. What else a
 //! filter does stays in user space.
 
-use bpfmap_kernel::scan::{CmpOp, Cond};
+use bpfmap_kernel::program::{CmpOp, Cond};
 
 use super::{Cmp, Filter, Node, flip};
 use crate::query::scan::{Sizes, int_read};
@@ -12,9 +12,9 @@ use crate::query::scan::{Sizes, int_read};
 const MAX_IN: usize = 64;
 
 impl Filter {
-    /// The condition of a scan in the kernel, or why the filter is
+    /// The condition of a walk inside the kernel, or why the filter is
     /// evaluated in user space.
-    pub(crate) fn scan_cond(&self, sizes: Sizes) -> Result<Cond, String> {
+    pub(crate) fn kernel_cond(&self, sizes: Sizes) -> Result<Cond, String> {
         cond(&self.root, sizes)
     }
 
@@ -22,7 +22,7 @@ impl Filter {
     /// and perhaps others (the filter is then tested again in user space):
     /// the filter with what the kernel cannot test left out. The reasons
     /// for what was left out, none when the condition is the filter.
-    pub(crate) fn scan_prefilter(&self, sizes: Sizes) -> (Cond, Vec<String>) {
+    pub(crate) fn kernel_prefilter(&self, sizes: Sizes) -> (Cond, Vec<String>) {
         let mut left_out = Vec::new();
         let c = relaxed(&self.root, sizes, true, &mut left_out).simplified();
         (c, left_out)

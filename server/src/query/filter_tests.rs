@@ -740,13 +740,13 @@ fn a_filter_holds_at_most_eight_regular_expressions() {
 
 #[test]
 fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
-    use bpfmap_kernel::scan::Cond;
+    use bpfmap_kernel::program::Cond;
     let map = Map::everything();
     let sizes = crate::query::scan::Sizes {
         key: 64,
         value: 4096,
     };
-    let pre = |source: &str| map.compile(source).unwrap().scan_prefilter(sizes);
+    let pre = |source: &str| map.compile(source).unwrap().kernel_prefilter(sizes);
     // All of it: no reason.
     let (c, why) = pre("key.dport == 443 && value.u8 > 3");
     assert!(matches!(c, Cond::All(ref cs) if cs.len() == 2), "{c:?}");

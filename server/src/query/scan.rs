@@ -1,9 +1,9 @@
-//! Questions as scans in the kernel: a filter, groups and aggregates
-//! translated into a [`ScanPlan`], or the reason they cannot be (a member
+//! Questions as walks inside the kernel: a filter, groups and aggregates
+//! translated into a [`WalkPlan`], or the reason they cannot be (a member
 //! the generated program does not read: text, wider than 64 bits, one
 //! CPU's value; a filter with arithmetic, strings or regular expressions).
 
-use bpfmap_kernel::scan::{IntRead, ScanPlan, Side};
+use bpfmap_kernel::program::{IntRead, Side, WalkPlan};
 use bpfmap_proto::typed::{IntMember, Root};
 
 use super::{Filter, Spec};
@@ -38,21 +38,23 @@ pub(crate) fn plan(
     filter: Option<&Filter>,
     sizes: Sizes,
     max_groups: usize,
-) -> Result<ScanPlan, String> {
+) -> Result<WalkPlan, String> {
     let filter = match filter {
-        None => bpfmap_kernel::scan::Cond::Const(true),
-        Some(f) => f.scan_cond(sizes)?,
+        None => bpfmap_kernel::program::Cond::Const(true),
+        Some(f) => f.kernel_cond(sizes)?,
     };
-    let (group, key_len, aggs) = spec.scan_parts(sizes)?;
+    let (group, key_len, aggs) = spec.kernel_parts(sizes)?;
     // Only COUNT, no filter, no groups: the program counts what it visits.
-    if filter == bpfmap_kernel::scan::Cond::Const(true)
+    if filter == bpfmap_kernel::program::Cond::Const(true)
         && group.is_empty()
-        && aggs.iter().all(|a| *a == bpfmap_kernel::scan::AggOp::Count)
+        && aggs
+            .iter()
+            .all(|a| *a == bpfmap_kernel::program::AggOp::Count)
     {
-        return Ok(ScanPlan::count());
+        return Ok(WalkPlan::count());
     }
-    Ok(ScanPlan {
-        output: bpfmap_kernel::scan::Output::Groups,
+    Ok(WalkPlan {
+        output: bpfmap_kernel::program::Output::Groups,
         filter,
         group,
         key_len,

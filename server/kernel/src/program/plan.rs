@@ -1,4 +1,4 @@
-//! What a scan in the kernel computes, in terms of bytes and bits of a
+//! What a walk inside the kernel computes, in terms of bytes and bits of a
 //! map's keys and values, and the code that computes it.
 
 use super::asm::{Alu, Asm, Jmp, Label, Pseudo, R0, R1, R2, R3, R4, R6, R7, R8, R9, Reg};
@@ -10,7 +10,7 @@ pub enum Side {
     Value,
 }
 
-/// An integer member as a scan reads it: one load of 1, 2, 4 or 8 bytes,
+/// An integer member as a walk program reads it: one load of 1, 2, 4 or 8 bytes,
 /// swapped from network order, shifted and cut to its bits, sign-extended
 /// to 64 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,7 +125,7 @@ impl CmpOp {
     }
 }
 
-/// Which entries a scan takes.
+/// Which entries a walk takes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Cond {
     Const(bool),
@@ -226,7 +226,7 @@ pub enum GroupPart {
     Int { read: IntRead, out: u16, size: u8 },
 }
 
-/// What a scan keeps of the entries its condition takes.
+/// What a walk keeps of the entries its condition takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Output {
     /// Their groups, with aggregates per group (or only how many entries
@@ -236,18 +236,18 @@ pub enum Output {
     Entries,
 }
 
-/// What a scan computes: the entries a condition takes, grouped by a key
+/// What a walk inside the kernel computes: the entries a condition takes, grouped by a key
 /// made of members, with aggregates per group; without aggregates, only
 /// how many entries there are; or the entries themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ScanPlan {
+pub struct WalkPlan {
     pub output: Output,
     pub filter: Cond,
     pub group: Vec<GroupPart>,
     /// The group key's length (the parts end within it).
     pub key_len: u16,
     pub aggs: Vec<AggOp>,
-    /// Groups (entries) beyond which the scan stops, reporting the
+    /// Groups (entries) beyond which the walk stops, reporting the
     /// overflow.
     pub max_groups: u32,
 }
@@ -264,7 +264,7 @@ const FOR_EACH_MAP_ELEM: i32 = 164;
 const BPF_NOEXIST: i32 = 1;
 const ENOENT: i32 = 2;
 
-impl ScanPlan {
+impl WalkPlan {
     /// Counts the entries, nothing else.
     pub fn count() -> Self {
         Self {
@@ -317,7 +317,7 @@ impl ScanPlan {
 
     /// Whether every member it reads is within a map of these sizes whose
     /// values are per-CPU (`per_cpu`: then no value member can be read: a
-    /// scan sees one CPU's value); the reason when it is not.
+    /// walk program sees one CPU's value); the reason when it is not.
     pub fn check(&self, key_size: usize, value_size: usize, per_cpu: bool) -> Result<(), String> {
         let mut reads: Vec<(Side, usize)> = Vec::new();
         cond_reads(&self.filter, &mut reads);

@@ -1,6 +1,6 @@
-//! Scans inside the kernel: a program generated for one map and one
-//! question ([`ScanPlan`]: which entries, grouped how, with which
-//! aggregates), loaded as a syscall program and run once per scan with
+//! Walks inside the kernel: a walk program generated for one map and one
+//! question ([`WalkPlan`]: which entries, grouped how, with which
+//! aggregates), loaded as a syscall program and run once per walk with
 //! `BPF_PROG_TEST_RUN`. It walks the map with `bpf_for_each_map_elem` and
 //! keeps only the answer: its groups in a hash map of its own, its figures
 //! in a one-element array. The verifier checks every program; one it
@@ -8,7 +8,7 @@
 //! before.
 //!
 //! The walk holds no bucket lock: an entry replaced (deleted and inserted
-//! again) while the scan runs can be missed or seen twice; an entry
+//! again) while the walk runs can be missed or seen twice; an entry
 //! updated in place is seen once. Needs Linux 5.13 (syscall programs,
 //! `bpf_for_each_map_elem`) and CAP_BPF.
 
@@ -22,7 +22,7 @@ use std::{
 };
 
 pub use matches::{KeyOrder, Matches, byte_order, index_order};
-pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, Output, ScanPlan, Side};
+pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, Output, Side, WalkPlan};
 
 use crate::{
     BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType, OwnedBtf, OwnedMap,
@@ -44,9 +44,9 @@ const LICENSE: &CStr = c"Apache-2.0";
 /// either license.
 const COUNT_LICENSE: &CStr = c"Dual MIT/GPL";
 
-/// Why a scan cannot run in the kernel.
+/// Why a walk program cannot be loaded.
 #[derive(Debug, thiserror::Error)]
-pub enum ScanLoadError {
+pub enum LoadError {
     /// The map or the question is beyond what a generated program does.
     #[error("{0}")]
     Unsupported(String),
@@ -58,10 +58,10 @@ pub enum ScanLoadError {
     Sys(#[from] SyscallError),
 }
 
-/// A scan program, loaded for one map.
+/// A walk program, loaded for one map.
 #[derive(Debug)]
-pub struct ScanProgram {
-    plan: ScanPlan,
+pub struct WalkProgram {
+    plan: WalkPlan,
     prog: OwnedFd,
     scratch: OwnedMap,
     /// The groups, and a writable handle to drain them.
@@ -73,9 +73,10 @@ pub struct ScanProgram {
     counter: bool,
 }
 
-/// One group of a scan: its key, its count, its aggregates' words.
+/// One group a walk program found: its key, its count, its aggregates'
+/// words.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ScanGroup {
+pub struct WalkGroup {
     pub key: Vec<u8>,
     pub count: u64,
     pub words: Vec<(u64, u64)>,
@@ -83,12 +84,12 @@ pub struct ScanGroup {
 
 /// What one run found.
 #[derive(Debug, Clone, Default)]
-pub struct ScanOutput {
+pub struct WalkOutput {
     /// Entries the walk visited.
     pub visited: u64,
     /// Entries the condition took.
     pub matched: u64,
-    pub groups: Vec<ScanGroup>,
+    pub groups: Vec<WalkGroup>,
     /// The entries taken ([`Output::Entries`]), each once, in no order.
     pub entries: Chunk,
     /// The groups (entries) reached `max_groups` and the walk stopped.
@@ -100,8 +101,8 @@ pub fn walks(map_type: MapType) -> bool {
     matches!(map_type.0, 1 | 2 | 5 | 6 | 9 | 10)
 }
 
-/// Whether this kernel runs scan programs (a program that walks a map of
-/// its own); the reason when not.
+/// Whether this kernel runs walk programs (one that walks a map of its
+/// own); the reason when not.
 pub fn supported() -> Result<(), String> {
     // An array of one: its count is a walk (a hash map's, on newer
     // kernels, reads counters).
@@ -110,8 +111,8 @@ pub fn supported() -> Result<(), String> {
     let handle = map
         .handle()
         .map_err(|e| format!("cannot open a map: {e}"))?;
-    let p = ScanProgram::load(&handle, &ScanPlan::count()).map_err(|e| match e {
-        ScanLoadError::Refused { error, .. } => {
+    let p = WalkProgram::load(&handle, &WalkPlan::count()).map_err(|e| match e {
+        LoadError::Refused { error, .. } => {
             format!("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")
         }
         e => e.to_string(),
@@ -126,12 +127,12 @@ pub fn supported() -> Result<(), String> {
     }
 }
 
-impl ScanProgram {
+impl WalkProgram {
     /// Generates, loads and checks the program of `plan` over `target`.
-    pub fn load(target: &MapHandle, plan: &ScanPlan) -> Result<Self, ScanLoadError> {
+    pub fn load(target: &MapHandle, plan: &WalkPlan) -> Result<Self, LoadError> {
         let meta = target.meta();
         if !walks(meta.map_type) {
-            return Err(ScanLoadError::Unsupported(format!(
+            return Err(LoadError::Unsupported(format!(
                 "bpf_for_each_map_elem does not walk {} maps",
                 meta.map_type
             )));
@@ -141,7 +142,7 @@ impl ScanProgram {
             meta.value_size as usize,
             meta.per_cpu(),
         )
-        .map_err(ScanLoadError::Unsupported)?;
+        .map_err(LoadError::Unsupported)?;
         let scratch = OwnedMap::create(&CreateMap {
             map_type: MapType::ARRAY.0,
             key_size: 4,
@@ -174,7 +175,7 @@ impl ScanProgram {
         );
         let (insns, callback) = plan
             .assemble(fds)
-            .map_err(|e| ScanLoadError::Unsupported(e.to_string()))?;
+            .map_err(|e| LoadError::Unsupported(e.to_string()))?;
         let (btf, funcs) = functions(callback as u32)?;
         let prog = sys::prog_load(&sys::ProgLoad {
             prog_type: PROG_TYPE_SYSCALL,
@@ -185,7 +186,7 @@ impl ScanProgram {
             btf: btf.as_fd(),
             funcs: &funcs,
         })
-        .map_err(|(error, log)| ScanLoadError::Refused { error, log })?;
+        .map_err(|(error, log)| LoadError::Refused { error, log })?;
         Ok(Self {
             plan: plan.clone(),
             prog,
@@ -202,9 +203,9 @@ impl ScanProgram {
         self.counter
     }
 
-    /// Runs the scan once (blocking: the walk of the whole map), leaving
+    /// Runs the walk once (blocking: the walk of the whole map), leaving
     /// its groups map empty for the next run.
-    pub fn run(&self) -> Result<ScanOutput, SyscallError> {
+    pub fn run(&self) -> Result<WalkOutput, SyscallError> {
         let zero = 0u32.to_ne_bytes();
         self.scratch
             .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
@@ -230,7 +231,7 @@ impl ScanProgram {
             Output::Groups => (self.groups_of(&drained), Chunk::default()),
             Output::Entries => (Vec::new(), drained),
         };
-        Ok(ScanOutput {
+        Ok(WalkOutput {
             visited,
             matched: if self.unfiltered {
                 visited
@@ -244,7 +245,7 @@ impl ScanProgram {
     }
 
     /// The groups in what the groups map held.
-    fn groups_of(&self, drained: &Chunk) -> Vec<ScanGroup> {
+    fn groups_of(&self, drained: &Chunk) -> Vec<WalkGroup> {
         let Some((_, handle)) = &self.groups else {
             return Vec::new();
         };
@@ -257,7 +258,7 @@ impl ScanProgram {
             .map(|i| {
                 let v = &drained.values[i * vs..(i + 1) * vs];
                 let word = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().expect("8"));
-                ScanGroup {
+                WalkGroup {
                     key: drained.keys[i * ks..i * ks + key_len].to_vec(),
                     count: word(0),
                     words: (0..self.plan.aggs.len())
@@ -293,7 +294,7 @@ impl ScanProgram {
 
 /// The hash map a program keeps its groups (or the entries it takes) in,
 /// and a writable handle to drain it.
-fn output_map(plan: &ScanPlan, target: &MapMeta) -> Result<(OwnedMap, MapHandle), SyscallError> {
+fn output_map(plan: &WalkPlan, target: &MapMeta) -> Result<(OwnedMap, MapHandle), SyscallError> {
     let (key_size, value_size) = match plan.output {
         Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
         Output::Entries => (target.key_size, target.value_size),
@@ -337,7 +338,7 @@ fn count_program(target: &MapHandle, scratch: &OwnedMap) -> Option<OwnedFd> {
     }
     let kfunc = sum_elem_count()?;
     let fds = (target.raw_fd(), scratch.as_fd().as_raw_fd());
-    let insns = ScanPlan::assemble_count(fds, kfunc).ok()?;
+    let insns = WalkPlan::assemble_count(fds, kfunc).ok()?;
     let mut b = BtfBuilder::new();
     let long = b.add_int("long", 8, IntEncoding::Signed);
     let ptr = b.add_ptr(0);

@@ -1,6 +1,7 @@
-//! The entries a scan took, in an order of their keys, read as a map: a
-//! dump walks them with the same [`Walker`](crate::walk::Walker) and the
-//! same cursors (the last key delivered) as a map read in batches.
+//! The entries a walk inside the kernel took, in an order of their keys,
+//! read as a map: a dump walks them with the same
+//! [`Walker`](crate::walk::Walker) and the same cursors (the last key
+//! delivered) as a map read in batches.
 
 use std::cmp::Ordering;
 
