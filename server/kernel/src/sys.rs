@@ -19,7 +19,9 @@ use std::{
     path::Path,
 };
 
-use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_map_info};
+use aya_obj::generated::{
+    BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_map_info, bpf_prog_info,
+};
 
 /// A failed syscall: which command, and the errno it returned.
 #[derive(Debug, thiserror::Error)]
@@ -199,21 +201,104 @@ pub(super) fn access_mode(fd: BorrowedFd<'_>) -> SysResult<libc::c_int> {
 
 /// The next map id after `start` (`BPF_MAP_GET_NEXT_ID`); `None` at the end.
 pub(super) fn map_get_next_id(start: u32) -> SysResult<Option<u32>> {
+    get_next_id("BPF_MAP_GET_NEXT_ID", bpf_cmd::BPF_MAP_GET_NEXT_ID, start)
+}
+
+/// The next program id after `start` (`BPF_PROG_GET_NEXT_ID`); `None` at
+/// the end. Needs CAP_SYS_ADMIN.
+pub(super) fn prog_get_next_id(start: u32) -> SysResult<Option<u32>> {
+    get_next_id("BPF_PROG_GET_NEXT_ID", bpf_cmd::BPF_PROG_GET_NEXT_ID, start)
+}
+
+/// The next id after `start` of the objects `cmd` walks (one of the
+/// `BPF_*_GET_NEXT_ID` commands); `None` at the end.
+fn get_next_id(call: &'static str, cmd: bpf_cmd, start: u32) -> SysResult<Option<u32>> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_6.__bindgen_anon_1.start_id = start;
     // SAFETY: no pointers in the attribute.
-    match unsafe {
-        bpf(
-            "BPF_MAP_GET_NEXT_ID",
-            bpf_cmd::BPF_MAP_GET_NEXT_ID,
-            &mut attr,
-        )
-    } {
+    match unsafe { bpf(call, cmd, &mut attr) } {
         // SAFETY: reading a u32 field of the union the kernel just wrote.
         Ok(_) => Ok(Some(unsafe { attr.__bindgen_anon_6.next_id })),
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// A descriptor of a loaded program. Only [`prog_get_fd_by_id`] makes one,
+/// so it always refers to a program: the kernel reads and writes a
+/// `bpf_prog_info` for it.
+#[derive(Debug)]
+pub(super) struct ProgFd(OwnedFd);
+
+/// Opens a program by kernel id (`BPF_PROG_GET_FD_BY_ID`). Needs
+/// CAP_SYS_ADMIN.
+pub(super) fn prog_get_fd_by_id(id: u32) -> SysResult<ProgFd> {
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_6.__bindgen_anon_1.prog_id = id;
+    // SAFETY: no pointers in the attribute.
+    let ret = unsafe {
+        bpf(
+            "BPF_PROG_GET_FD_BY_ID",
+            bpf_cmd::BPF_PROG_GET_FD_BY_ID,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: BPF_PROG_GET_FD_BY_ID returns a new descriptor.
+    Ok(ProgFd(unsafe { owned_fd(ret) }))
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` for a program, without its arrays: among the
+/// rest, how many maps it uses (`nr_map_ids`, for [`prog_map_ids`]).
+pub(super) fn prog_info(fd: &ProgFd) -> SysResult<bpf_prog_info> {
+    let mut info = MaybeUninit::<bpf_prog_info>::zeroed();
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.0.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = ptr(info.as_mut_ptr());
+    // SAFETY: `fd` is a program (see `ProgFd`), so the kernel fills `info`
+    // as a bpf_prog_info, a writable one of exactly info_len bytes; its
+    // array pointers are all 0, so the kernel writes no array.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: the buffer was zero-initialised (a valid bpf_prog_info: plain
+    // integers) and the kernel wrote at most info_len bytes of it.
+    Ok(unsafe { info.assume_init() })
+}
+
+/// The ids of the maps a program uses: `BPF_OBJ_GET_INFO_BY_FD` with room
+/// for `count` of them (its `nr_map_ids`, from [`prog_info`]). A program
+/// given more maps since (`BPF_PROG_BIND_MAP`) has its first `count`
+/// returned.
+pub(super) fn prog_map_ids(fd: &ProgFd, count: u32) -> SysResult<Vec<u32>> {
+    let mut ids = vec![0u32; count as usize];
+    // SAFETY: bpf_prog_info is plain integers: all-zero is a valid value.
+    let mut info: bpf_prog_info = unsafe { mem::zeroed() };
+    info.nr_map_ids = count;
+    info.map_ids = ptr(ids.as_mut_ptr());
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.0.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = ptr(&mut info as *mut bpf_prog_info);
+    // SAFETY: `fd` is a program (see `ProgFd`): the kernel fills `info`, a
+    // writable bpf_prog_info of exactly info_len bytes, and copies at most
+    // nr_map_ids u32s to map_ids, which points to `ids`, `count` u32s long.
+    // Every other array pointer is 0.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
+    // The kernel says how many the program has; it copied no more than
+    // `count`.
+    ids.truncate(info.nr_map_ids.min(count) as usize);
+    Ok(ids)
 }
 
 /// Whether `fd` refers to a BPF map (and not a program, link or BTF object).
