@@ -1146,7 +1146,7 @@ mod tests {
     #[test]
     fn a_stack_trace_walk_under_churn_delivers_each_stable_id_exactly_once() {
         let meta = MapMeta {
-            map_type: MapType(7), // stack_trace: key by key, ids ascending
+            map_type: MapType::STACK_TRACE, // key by key, ids ascending
             ..trie_meta()
         };
         assert_eq!(meta.walk_method(), WalkMethod::KeyByKey);

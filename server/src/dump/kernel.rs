@@ -256,7 +256,7 @@ async fn take(
     } else {
         program::byte_order
     };
-    let sizes = (meta.key_size as usize, meta.value_size as usize);
+
     let report = ScanReport {
         visited: Some(out.visited),
         note: String::new(),
@@ -264,6 +264,14 @@ async fn take(
     };
     Ok((
         handle,
-        Ok((Matches::new(out.entries, sizes, order), report)),
+        Ok((
+            Matches::new(
+                out.entries,
+                meta.key_size as usize,
+                meta.value_size as usize,
+                order,
+            ),
+            report,
+        )),
     ))
 }

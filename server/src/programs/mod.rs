@@ -176,14 +176,21 @@ impl WalkPrograms {
 mod tests {
     use bpfmap_kernel::{
         MapType, OwnedMap,
-        program::{CmpOp, Cond, IntRead, Side, WalkPlan},
+        program::{CmpOp, Cond, IntRead, IntSpec, Side, WalkPlan},
     };
 
     use super::*;
 
     /// The plan that counts the entries whose key is below `k`.
     fn below(k: i128) -> WalkPlan {
-        let key = IntRead::new(Side::Key, (0, 32), (false, false), 4).unwrap();
+        let member = IntSpec {
+            side: Side::Key,
+            bit_offset: 0,
+            bits: 32,
+            signed: false,
+            big_endian: false,
+        };
+        let key = IntRead::new(member, 4).unwrap();
         WalkPlan {
             output: bpfmap_kernel::program::Output::Groups,
             filter: Cond::Cmp(key, CmpOp::Lt, k),

@@ -3,7 +3,7 @@
 //! the generated program does not read: text, wider than 64 bits, one
 //! CPU's value; a filter with arithmetic, strings or regular expressions).
 
-use bpfmap_kernel::program::{IntRead, Side, WalkPlan};
+use bpfmap_kernel::program::{IntRead, IntSpec, Side, WalkPlan};
 use bpfmap_proto::typed::{IntMember, Root};
 
 use super::{Filter, Spec};
@@ -23,13 +23,15 @@ pub(crate) fn int_read(m: &IntMember, sizes: Sizes) -> Result<IntRead, String> {
         Root::Cpu(_) => return Err("one CPU's value is read in user space".into()),
     };
     let f = m.field();
-    IntRead::new(
+    let member = IntSpec {
         side,
-        (f.bit_offset(), f.bits()),
-        (f.signed(), f.big_endian()),
-        size,
-    )
-    .ok_or_else(|| format!("a {}-bit member is read in user space", f.bits()))
+        bit_offset: f.bit_offset(),
+        bits: f.bits(),
+        signed: f.signed(),
+        big_endian: f.big_endian(),
+    };
+    IntRead::new(member, size)
+        .ok_or_else(|| format!("a {}-bit member is read in user space", f.bits()))
 }
 
 /// The plan of an aggregate with `filter`, or why it stays in user space.

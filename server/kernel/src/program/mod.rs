@@ -22,7 +22,10 @@ use std::{
 };
 
 pub use matches::{KeyOrder, Matches, byte_order, index_order};
-pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, Output, Side, WalkPlan};
+pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, IntSpec, Output, Side, WalkPlan};
+
+use aya_obj::generated::{BPF_F_NO_PREALLOC, BPF_F_SLEEPABLE, bpf_prog_type};
+use plan::MapFds;
 
 use crate::{
     BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType, OwnedBtf, OwnedMap,
@@ -32,10 +35,6 @@ use crate::{
     walk::Chunk,
 };
 
-const PROG_TYPE_SYSCALL: u32 = 31;
-const BPF_F_SLEEPABLE: u32 = 1 << 4;
-const BPF_F_NO_PREALLOC: u32 = 1;
-const E2BIG: i64 = 7;
 /// The license the generated programs declare (they use no GPL-only
 /// helper).
 const LICENSE: &CStr = c"Apache-2.0";
@@ -99,7 +98,15 @@ pub struct WalkOutput {
 
 /// Map types `bpf_for_each_map_elem` walks.
 pub fn walks(map_type: MapType) -> bool {
-    matches!(map_type.0, 1 | 2 | 5 | 6 | 9 | 10)
+    matches!(
+        map_type,
+        MapType::HASH
+            | MapType::ARRAY
+            | MapType::PERCPU_HASH
+            | MapType::PERCPU_ARRAY
+            | MapType::LRU_HASH
+            | MapType::LRU_PERCPU_HASH
+    )
 }
 
 /// Whether this kernel runs walk programs (one that walks a map of its
@@ -169,17 +176,17 @@ impl WalkProgram {
                 counter: true,
             });
         }
-        let fds = (
-            target.raw_fd(),
-            groups.as_ref().map(|(m, _)| m.as_fd().as_raw_fd()),
-            scratch.as_fd().as_raw_fd(),
-        );
+        let fds = MapFds {
+            target: target.raw_fd(),
+            groups: groups.as_ref().map(|(m, _)| m.as_fd().as_raw_fd()),
+            scratch: scratch.as_fd().as_raw_fd(),
+        };
         let (insns, callback) = plan
             .assemble(fds)
             .map_err(|e| LoadError::Unsupported(e.to_string()))?;
         let (btf, funcs) = functions(callback as u32)?;
         let prog = sys::prog_load(&sys::ProgLoad {
-            prog_type: PROG_TYPE_SYSCALL,
+            prog_type: bpf_prog_type::BPF_PROG_TYPE_SYSCALL as u32,
             flags: BPF_F_SLEEPABLE,
             insns: &insns,
             license: LICENSE,
@@ -221,7 +228,7 @@ impl WalkProgram {
                 .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
         };
         let error = word(plan::ERROR) as i64;
-        if error != 0 && error != -E2BIG {
+        if error != 0 && error != -i64::from(libc::E2BIG) {
             return Err(SyscallError {
                 call: "bpf_map_update_elem (in the scan program)",
                 io_error: std::io::Error::from_raw_os_error(-error as i32),
@@ -241,7 +248,7 @@ impl WalkProgram {
             },
             groups,
             entries,
-            overflowed: error == -E2BIG,
+            overflowed: error == -i64::from(libc::E2BIG),
         })
     }
 
@@ -353,13 +360,15 @@ fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> 
 /// them came) and accepts the program; `None` otherwise (the entries are
 /// then counted by walking them).
 fn count_program(target: &MapHandle, scratch: &OwnedMap) -> Option<OwnedFd> {
-    // hash, percpu_hash, lru_hash, lru_percpu_hash
-    if !matches!(target.meta().map_type.0, 1 | 5 | 9 | 10) {
+    if !matches!(
+        target.meta().map_type,
+        MapType::HASH | MapType::PERCPU_HASH | MapType::LRU_HASH | MapType::LRU_PERCPU_HASH
+    ) {
         return None;
     }
     let kfunc = sum_elem_count()?;
-    let fds = (target.raw_fd(), scratch.as_fd().as_raw_fd());
-    let insns = WalkPlan::assemble_count(fds, kfunc).ok()?;
+    let insns =
+        WalkPlan::assemble_count(target.raw_fd(), scratch.as_fd().as_raw_fd(), kfunc).ok()?;
     let mut b = BtfBuilder::new();
     let long = b.add_int("long", 8, IntEncoding::Signed);
     let ptr = b.add_ptr(0);
@@ -367,7 +376,7 @@ fn count_program(target: &MapHandle, scratch: &OwnedMap) -> Option<OwnedFd> {
     let main = b.add_func("bpfmapd_count", proto, 1);
     let btf = OwnedBtf::load(&b.to_bytes()).ok()?;
     sys::prog_load(&sys::ProgLoad {
-        prog_type: PROG_TYPE_SYSCALL,
+        prog_type: bpf_prog_type::BPF_PROG_TYPE_SYSCALL as u32,
         flags: BPF_F_SLEEPABLE,
         insns: &insns,
         license: COUNT_LICENSE,

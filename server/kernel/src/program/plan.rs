@@ -1,6 +1,8 @@
 //! What a walk inside the kernel computes, in terms of bytes and bits of a
 //! map's keys and values, and the code that computes it.
 
+use aya_obj::generated::{BPF_NOEXIST, bpf_func_id};
+
 use super::asm::{Alu, Asm, Jmp, Label, Pseudo, R0, R1, R2, R3, R4, R6, R7, R8, R9, Reg};
 
 /// Which half of an entry a member is in.
@@ -24,17 +26,34 @@ pub struct IntRead {
     big_endian: bool,
 }
 
+/// An integer member of an entry: where it lies and how it is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntSpec {
+    /// The half of the entry it is in.
+    pub side: Side,
+    /// Its first bit in that half.
+    pub bit_offset: usize,
+    /// Its width in bits.
+    pub bits: usize,
+    /// Whether it is signed.
+    pub signed: bool,
+    /// Whether it is in network byte order.
+    pub big_endian: bool,
+}
+
 impl IntRead {
-    /// The integer of `bits` bits at bit `bit_offset` of `side` (whose size
-    /// is `side_size`), or `None` when one load cannot read it: wider than
-    /// 64 bits, a network-order integer of an odd width, a bitfield that
-    /// straddles what a load can reach.
-    pub fn new(
-        side: Side,
-        (bit_offset, bits): (usize, usize),
-        (signed, big_endian): (bool, bool),
-        side_size: usize,
-    ) -> Option<Self> {
+    /// How a walk program reads `member`, in a side of `side_size` bytes,
+    /// or `None` when one load cannot read it: wider than 64 bits, a
+    /// network-order integer of an odd width, a bitfield that straddles
+    /// what a load can reach.
+    pub fn new(member: IntSpec, side_size: usize) -> Option<Self> {
+        let IntSpec {
+            side,
+            bit_offset,
+            bits,
+            signed,
+            big_endian,
+        } = member;
         if bits == 0 || bits > 64 {
             return None;
         }
@@ -194,7 +213,8 @@ pub enum AggOp {
 impl AggOp {
     /// Its value in a group, from the two words the program keeps: a SUM's
     /// 128 bits (low, high), a MIN's or MAX's 64.
-    pub fn value(&self, count: u64, (low, high): (u64, u64)) -> i128 {
+    pub fn value(&self, count: u64, words: (u64, u64)) -> i128 {
+        let (low, high) = words;
         match self {
             Self::Count => i128::from(count),
             Self::Sum(_) => ((u128::from(high) << 64) | u128::from(low)) as i128,
@@ -258,11 +278,20 @@ pub(super) const MATCHED: i16 = 8;
 pub(super) const ERROR: i16 = 16;
 pub(super) const ZERO: i16 = 24;
 
-const MAP_LOOKUP_ELEM: i32 = 1;
-const MAP_UPDATE_ELEM: i32 = 2;
-const FOR_EACH_MAP_ELEM: i32 = 164;
-const BPF_NOEXIST: i32 = 1;
-const ENOENT: i32 = 2;
+const MAP_LOOKUP_ELEM: i32 = bpf_func_id::BPF_FUNC_map_lookup_elem as i32;
+const MAP_UPDATE_ELEM: i32 = bpf_func_id::BPF_FUNC_map_update_elem as i32;
+const FOR_EACH_MAP_ELEM: i32 = bpf_func_id::BPF_FUNC_for_each_map_elem as i32;
+
+/// The descriptors a program's instructions name its maps by.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MapFds {
+    /// The map it walks.
+    pub(super) target: i32,
+    /// Its groups (or the entries it takes); none when it only counts.
+    pub(super) groups: Option<i32>,
+    /// Its one-element array of figures.
+    pub(super) scratch: i32,
+}
 
 impl WalkPlan {
     /// Counts the entries, nothing else.
@@ -355,33 +384,28 @@ impl WalkPlan {
         Ok(())
     }
 
-    /// The program: `main` walks `target` with its callback, which groups
-    /// the entries it takes in `groups` (map descriptors), keeping figures
-    /// in `scratch`. Returns the instructions and where the callback
+    /// The program: `main` walks the target map with its callback, which
+    /// groups the entries it takes in the groups map, keeping figures in
+    /// the scratch value. Returns the instructions and where the callback
     /// starts.
-    pub(super) fn assemble(
-        &self,
-        (target, groups, scratch): (i32, Option<i32>, i32),
-    ) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
+    pub(super) fn assemble(&self, fds: MapFds) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
         let mut a = Asm::default();
-        a.load_pseudo(R1, Pseudo::MapFd, target, 0);
-        let func_at = a.here();
-        // Patched below, once the callback's place is known.
-        a.load_pseudo(R2, Pseudo::Func, 0, 0);
+        let callback = a.label();
+        a.load_pseudo(R1, Pseudo::MapFd, fds.target, 0);
+        a.load_func(R2, callback);
         a.alu_imm(Alu::Mov, R3, 0);
         a.alu_imm(Alu::Mov, R4, 0);
         a.call(FOR_EACH_MAP_ELEM);
-        a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
+        a.load_pseudo(R1, Pseudo::MapValue, fds.scratch, 0);
         a.store(R1, VISITED, R0, 8);
         a.ret(0);
-        let callback = a.here();
-        a.insns[func_at] =
-            (a.insns[func_at] & 0xffff_ffff) | (u64::from((callback - func_at - 1) as u32) << 32);
-        match groups {
-            Some(groups) if !self.counts_only() => self.callback(&mut a, groups, scratch),
+        let callback_at = a.here();
+        a.bind(callback);
+        match fds.groups {
+            Some(groups) if !self.counts_only() => self.callback(&mut a, groups, fds.scratch),
             _ => a.ret(0),
         }
-        Ok((a.finish()?, callback))
+        Ok((a.finish()?, callback_at))
     }
 
     /// The program that counts a hash map's entries without walking it: it
@@ -389,7 +413,8 @@ impl WalkPlan {
     /// function `bpf_map_sum_elem_count`, of BTF id `kfunc`, Linux 6.6)
     /// into the scratch value's VISITED.
     pub(super) fn assemble_count(
-        (target, scratch): (i32, i32),
+        target: i32,
+        scratch: i32,
         kfunc: u32,
     ) -> Result<Vec<u64>, super::asm::AsmError> {
         let mut a = Asm::default();
@@ -443,7 +468,7 @@ impl WalkPlan {
         a.alu_imm(Alu::Add, R2, i32::from(key));
         a.alu_reg(Alu::Mov, R3, R9);
         a.alu_imm(Alu::Add, R3, i32::from(ZERO));
-        a.alu_imm(Alu::Mov, R4, BPF_NOEXIST);
+        a.alu_imm(Alu::Mov, R4, BPF_NOEXIST as i32);
         a.call(MAP_UPDATE_ELEM);
         a.jump_imm(Jmp::Eq, R0, 0, again);
         // The groups are full (E2BIG) or the insert failed: stop.
@@ -452,7 +477,7 @@ impl WalkPlan {
         a.bind(again);
         lookup(a);
         a.jump_imm(Jmp::Ne, R0, 0, found);
-        a.alu_imm(Alu::Mov, R1, -ENOENT);
+        a.alu_imm(Alu::Mov, R1, -libc::ENOENT);
         a.store(R9, ERROR, R1, 8);
         a.ret(1);
         a.bind(found);

@@ -27,7 +27,14 @@ fn open(map: &OwnedMap) -> MapHandle {
 
 fn int(side: Side, bit_offset: usize, bits: usize, signed: bool, be: bool) -> IntRead {
     let size = if side == Side::Key { 4 } else { 16 };
-    IntRead::new(side, (bit_offset, bits), (signed, be), size).unwrap()
+    let member = IntSpec {
+        side,
+        bit_offset,
+        bits,
+        signed,
+        big_endian: be,
+    };
+    IntRead::new(member, size).unwrap()
 }
 
 #[test]
@@ -147,7 +154,7 @@ fn a_walk_of_entries_copies_the_entries_it_takes() {
         (out.visited, out.matched, out.overflowed),
         (1000, 100, false)
     );
-    let m = Matches::new(out.entries, (4, 16), byte_order);
+    let m = Matches::new(out.entries, 4, 16, byte_order);
     let mut got = Vec::new();
     for i in 0..m.len() as u32 {
         let key = (900 + i).to_ne_bytes();
