@@ -13,7 +13,7 @@ use std::{
     },
 };
 
-use crate::{MapOps, SysResult, SyscallError, drain::DrainOps};
+use crate::{MapOps, SysResult, SyscallError, drain::DrainOps, sys::BatchBuffers};
 
 /// A syscall error with `errno`, as the kernel would report it.
 pub fn err(errno: i32) -> SyscallError {
@@ -88,13 +88,14 @@ impl ScriptedMap {
 impl ScriptedMap {
     /// Answers one batch call from the script. The hash path writes the
     /// token back on ENOSPC; `enospc_token` says whether to.
-    fn answer(
-        &self,
-        (in_batch, out_batch): (Option<&[u8]>, &mut [u8]),
-        (keys, values): (&mut [u8], &mut [u8]),
-        count: &mut u32,
-        enospc_token: bool,
-    ) -> SysResult<()> {
+    fn answer(&self, b: BatchBuffers<'_>, enospc_token: bool) -> SysResult<()> {
+        let BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        } = b;
         self.calls
             .lock()
             .expect("script")
@@ -135,7 +136,14 @@ impl MapOps for ScriptedMap {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        self.answer((in_batch, out_batch), (keys, values), count, false)
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        self.answer(b, false)
     }
 
     fn get_next_key(&self, _key: Option<&[u8]>, _next: &mut [u8]) -> SysResult<()> {
@@ -160,7 +168,14 @@ impl DrainOps for ScriptedMap {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        self.answer((in_batch, out_batch), (keys, values), count, true)
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        self.answer(b, true)
     }
 }
 

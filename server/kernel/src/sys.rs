@@ -328,6 +328,20 @@ pub(super) fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
     Ok(unsafe { info.assume_init() })
 }
 
+/// The buffers of a batch read (`BPF_MAP_LOOKUP_BATCH`,
+/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`): the position token to continue
+/// after (none: from the first entry), room for the token the kernel
+/// returns, for keys and for values, and `count`: the capacity on entry,
+/// the entries copied on return.
+#[derive(Debug)]
+pub(super) struct BatchBuffers<'a> {
+    pub(super) in_batch: Option<&'a [u8]>,
+    pub(super) out_batch: &'a mut [u8],
+    pub(super) keys: &'a mut [u8],
+    pub(super) values: &'a mut [u8],
+    pub(super) count: &'a mut u32,
+}
+
 /// `BPF_MAP_LOOKUP_BATCH`. `count` holds the capacity on entry and the number
 /// of entries copied on return, also when the call fails with ENOENT (the end
 /// of the map).
@@ -337,25 +351,9 @@ pub(super) fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
 /// (4 for hash-family maps, the key size otherwise), and `keys` and `values`
 /// must hold `*count` keys and `*count` kernel-sized values of that map.
 /// `in_batch`, when given, must be as large as the token.
-pub(super) unsafe fn lookup_batch(
-    fd: BorrowedFd<'_>,
-    in_batch: Option<&[u8]>,
-    out_batch: &mut [u8],
-    keys: &mut [u8],
-    values: &mut [u8],
-    count: &mut u32,
-) -> SysResult<()> {
+pub(super) unsafe fn lookup_batch(fd: BorrowedFd<'_>, b: BatchBuffers<'_>) -> SysResult<()> {
     // SAFETY: the caller's guarantees are those of `read_batch`.
-    unsafe {
-        read_batch(
-            ("BPF_MAP_LOOKUP_BATCH", bpf_cmd::BPF_MAP_LOOKUP_BATCH),
-            fd,
-            in_batch,
-            out_batch,
-            (keys, values),
-            count,
-        )
-    }
+    unsafe { read_batch("BPF_MAP_LOOKUP_BATCH", bpf_cmd::BPF_MAP_LOOKUP_BATCH, fd, b) }
 }
 
 /// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`: as [`lookup_batch`], and the entries
@@ -374,24 +372,15 @@ pub(super) unsafe fn lookup_batch(
 /// As [`lookup_batch`].
 pub(super) unsafe fn lookup_and_delete_batch(
     fd: BorrowedFd<'_>,
-    in_batch: Option<&[u8]>,
-    out_batch: &mut [u8],
-    keys: &mut [u8],
-    values: &mut [u8],
-    count: &mut u32,
+    b: BatchBuffers<'_>,
 ) -> SysResult<()> {
     // SAFETY: the caller's guarantees are those of `read_batch`.
     unsafe {
         read_batch(
-            (
-                "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
-                bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
-            ),
+            "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
+            bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
             fd,
-            in_batch,
-            out_batch,
-            (keys, values),
-            count,
+            b,
         )
     }
 }
@@ -402,25 +391,23 @@ pub(super) unsafe fn lookup_and_delete_batch(
 /// # Safety
 /// As [`lookup_batch`].
 unsafe fn read_batch(
-    (call, cmd): (&'static str, bpf_cmd),
+    call: &'static str,
+    cmd: bpf_cmd,
     fd: BorrowedFd<'_>,
-    in_batch: Option<&[u8]>,
-    out_batch: &mut [u8],
-    (keys, values): (&mut [u8], &mut [u8]),
-    count: &mut u32,
+    b: BatchBuffers<'_>,
 ) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.batch.map_fd = fd.as_raw_fd() as u32;
-    attr.batch.in_batch = in_batch.map_or(0, |b| ptr(b.as_ptr()));
-    attr.batch.out_batch = ptr(out_batch.as_mut_ptr());
-    attr.batch.keys = ptr(keys.as_mut_ptr());
-    attr.batch.values = ptr(values.as_mut_ptr());
-    attr.batch.count = *count;
+    attr.batch.in_batch = b.in_batch.map_or(0, |t| ptr(t.as_ptr()));
+    attr.batch.out_batch = ptr(b.out_batch.as_mut_ptr());
+    attr.batch.keys = ptr(b.keys.as_mut_ptr());
+    attr.batch.values = ptr(b.values.as_mut_ptr());
+    attr.batch.count = *b.count;
     // SAFETY: the caller guarantees the buffers fit `count` elements of the map.
     let ret = unsafe { bpf(call, cmd, &mut attr) };
     // SAFETY: reading a u32 field of the union; the kernel writes `count`
     // back in both success and failure (or leaves it as it was).
-    *count = unsafe { attr.batch.count };
+    *b.count = unsafe { attr.batch.count };
     ret.map(drop)
 }
 
