@@ -63,7 +63,7 @@ fn kernel_support() -> Result<(), String> {
     static SUPPORT: OnceLock<Result<(), String>> = OnceLock::new();
     SUPPORT
         .get_or_init(|| {
-            let r = program::supported();
+            let r = program::supported().map_err(|e| e.to_string());
             if let Err(e) = &r {
                 tracing::info!(reason = %e, "scans in the kernel are unavailable; aggregates read maps in batches");
             }

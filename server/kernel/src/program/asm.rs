@@ -127,9 +127,11 @@ enum Field {
 
 /// Why assembled code cannot be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum AsmError {
+pub enum AsmError {
+    /// A jump farther than its 16-bit offset reaches.
     #[error("a jump spans more than 32,767 instructions")]
     TooFar,
+    /// A label used and never bound.
     #[error("a jump to a label never placed")]
     Unbound,
 }

@@ -11,27 +11,35 @@
 //! again) while the walk runs can be missed or seen twice; an entry
 //! updated in place is seen once. Needs Linux 5.13 (syscall programs,
 //! `bpf_for_each_map_elem`) and CAP_BPF.
+//!
+//! Everything a walk program asks of the kernel (creating, writing,
+//! reading and draining its own maps; loading it, with the verifier's log;
+//! running it) goes through [`ProgramOps`]: the running [`Kernel`], or in
+//! unit tests a script
+//! ([`ScriptedKernel`](crate::fake::ScriptedKernel)) that refuses, fails
+//! and stops where the kernel will not on demand.
 
 mod asm;
 mod matches;
-mod plan;
+mod ops;
+pub(crate) mod plan;
 
-use std::{
-    ffi::CStr,
-    os::fd::{AsFd, AsRawFd, OwnedFd},
+use std::{ffi::CStr, io, os::fd::RawFd};
+
+pub use asm::AsmError;
+pub use matches::{KeyOrder, Matches, byte_order, index_order};
+pub use ops::{Kernel, ProgramLoad, ProgramMap, ProgramOps};
+pub use plan::{
+    AggOp, CmpOp, Cond, GroupPart, IntRead, IntSpec, Output, PlanError, Side, WalkPlan,
 };
 
-pub use matches::{KeyOrder, Matches, byte_order, index_order};
-pub use plan::{AggOp, CmpOp, Cond, GroupPart, IntRead, IntSpec, Output, Side, WalkPlan};
-
-use aya_obj::generated::{BPF_F_NO_PREALLOC, BPF_F_SLEEPABLE, bpf_prog_type};
+use aya_obj::generated::BPF_F_NO_PREALLOC;
 use plan::MapFds;
 
 use crate::{
-    BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType, OwnedBtf, OwnedMap,
-    btf::{Btf, Type},
-    drain::Drainer,
-    sys::{self, CreateMap, SyscallError},
+    BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType,
+    drain::{DrainError, Drainer},
+    sys::{CreateMap, SyscallError},
     walk::Chunk,
 };
 
@@ -47,25 +55,110 @@ const COUNT_LICENSE: &CStr = c"Dual MIT/GPL";
 /// Why a walk program cannot be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    /// The map or the question is beyond what a generated program does.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The verifier refused the program (its log kept).
+    /// `bpf_for_each_map_elem` does not walk maps of this type.
+    #[error("bpf_for_each_map_elem does not walk {0} maps")]
+    NotWalked(MapType),
+    /// The question reads what a program cannot on this map.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The program's code cannot be assembled.
+    #[error(transparent)]
+    Asm(#[from] AsmError),
+    /// The kernel refused the program (`BPF_PROG_LOAD`: the verifier, or
+    /// the kernel before it), its log kept.
     #[error("the kernel's verifier refused the scan program: {error}")]
-    Refused { error: SyscallError, log: String },
-    /// Creating its maps or BTF failed.
+    Refused {
+        /// The error `BPF_PROG_LOAD` returned.
+        error: SyscallError,
+        /// The verifier's log (the end of it when it is long).
+        log: String,
+    },
+    /// Creating its maps or loading its BTF failed.
     #[error(transparent)]
     Sys(#[from] SyscallError),
 }
 
-/// A walk program, loaded for one map.
+/// Why a run of a walk program failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Writing or reading its scratch value, or the test run, failed.
+    #[error(transparent)]
+    Sys(#[from] SyscallError),
+    /// Its output map could not be drained.
+    #[error("BPF_MAP_LOOKUP_AND_DELETE_BATCH failed: {0}")]
+    Drain(DrainError),
+    /// The program stopped on an error of its own: inserting into its
+    /// output map failed with `errno` (other than E2BIG, a full map, which
+    /// is [`WalkOutput::overflowed`]).
+    #[error(
+        "bpf_map_update_elem (in the scan program) failed: {}",
+        io::Error::from_raw_os_error(*errno)
+    )]
+    Program {
+        /// The errno the program wrote in its scratch value.
+        errno: i32,
+    },
+}
+
+/// Why this kernel runs no walk program (the answer of [`supported`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Unsupported {
+    /// The probe's map could not be created.
+    #[error("cannot create a map: {0}")]
+    CreateMap(SyscallError),
+    /// The kernel refused the probe's program.
+    #[error("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")]
+    Refused {
+        /// The error `BPF_PROG_LOAD` returned.
+        error: SyscallError,
+        /// The verifier's log.
+        log: String,
+    },
+    /// The probe's program could not be loaded otherwise.
+    #[error(transparent)]
+    Load(LoadError),
+    /// The probe's program counted its map of one entry wrong.
+    #[error("a scan program counted {0} entries of a map of 1")]
+    Miscounted(u64),
+    /// The probe's program could not run.
+    #[error("cannot run a scan program: {0}")]
+    Run(RunError),
+}
+
+/// The map a walk program walks: the descriptor its instructions name it
+/// by, and what the kernel says about it.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    fd: RawFd,
+    meta: &'a MapMeta,
+}
+
+impl<'a> Target<'a> {
+    /// An open map.
+    pub fn of(map: &'a MapHandle) -> Self {
+        Self {
+            fd: map.raw_fd(),
+            meta: map.meta(),
+        }
+    }
+
+    /// A map known by the number of its descriptor, for a [`ProgramOps`]
+    /// other than the kernel (a script) that resolves it.
+    pub fn new(fd: RawFd, meta: &'a MapMeta) -> Self {
+        Self { fd, meta }
+    }
+}
+
+/// A walk program, loaded for one map (by the running kernel, unless `O`
+/// is another [`ProgramOps`]).
 #[derive(Debug)]
-pub struct WalkProgram {
+pub struct WalkProgram<O: ProgramOps = Kernel> {
+    ops: O,
     plan: WalkPlan,
-    prog: OwnedFd,
-    scratch: OwnedMap,
-    /// The groups, and a writable handle to drain them.
-    groups: Option<(OwnedMap, MapHandle)>,
+    prog: O::Program,
+    scratch: O::Map,
+    /// The groups (or the entries taken), drained after each run.
+    groups: Option<O::Map>,
     /// Whether its condition takes every entry (matched = visited).
     unfiltered: bool,
     /// Whether it counts a hash map's entries from the kernel's counters,
@@ -111,47 +204,58 @@ pub fn walks(map_type: MapType) -> bool {
 
 /// Whether this kernel runs walk programs (one that walks a map of its
 /// own); the reason when not.
-pub fn supported() -> Result<(), String> {
-    // An array of one: its count is a walk (a hash map's, on newer
-    // kernels, reads counters).
-    let map = OwnedMap::new(MapType::ARRAY, 4, 4, 1, "bpfmapd_probe")
-        .map_err(|e| format!("cannot create a map: {e}"))?;
-    let handle = map
-        .handle()
-        .map_err(|e| format!("cannot open a map: {e}"))?;
-    let p = WalkProgram::load(&handle, &WalkPlan::count()).map_err(|e| match e {
-        LoadError::Refused { error, .. } => {
-            format!("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")
-        }
-        e => e.to_string(),
+pub fn supported() -> Result<(), Unsupported> {
+    supported_with(Kernel)
+}
+
+/// Whether the kernel behind `ops` runs walk programs: a program that
+/// counts an array of one entry (an array's count is a walk; a hash map's,
+/// on newer kernels, reads counters) loads, runs and counts 1.
+pub fn supported_with<O: ProgramOps>(ops: O) -> Result<(), Unsupported> {
+    let map = ops
+        .create_map(&CreateMap {
+            map_type: MapType::ARRAY.0,
+            key_size: 4,
+            value_size: 4,
+            max_entries: 1,
+            name: "bpfmapd_probe",
+            ..Default::default()
+        })
+        .map_err(Unsupported::CreateMap)?;
+    let target = Target::new(map.fd(), map.meta());
+    let p = WalkProgram::load_with(&ops, target, &WalkPlan::count()).map_err(|e| match e {
+        LoadError::Refused { error, log } => Unsupported::Refused { error, log },
+        e => Unsupported::Load(e),
     })?;
     match p.run() {
         Ok(out) if out.visited == 1 => Ok(()),
-        Ok(out) => Err(format!(
-            "a scan program counted {} entries of a map of 1",
-            out.visited
-        )),
-        Err(e) => Err(format!("cannot run a scan program: {e}")),
+        Ok(out) => Err(Unsupported::Miscounted(out.visited)),
+        Err(e) => Err(Unsupported::Run(e)),
     }
 }
 
 impl WalkProgram {
     /// Generates, loads and checks the program of `plan` over `target`.
     pub fn load(target: &MapHandle, plan: &WalkPlan) -> Result<Self, LoadError> {
-        let meta = target.meta();
+        Self::load_with(Kernel, Target::of(target), plan)
+    }
+}
+
+impl<O: ProgramOps> WalkProgram<O> {
+    /// Generates the program of `plan` over `target` and loads it through
+    /// `ops`: refused before any call when the map's type is not walked or
+    /// the plan reads past its key or value.
+    pub fn load_with(ops: O, target: Target<'_>, plan: &WalkPlan) -> Result<Self, LoadError> {
+        let meta = target.meta;
         if !walks(meta.map_type) {
-            return Err(LoadError::Unsupported(format!(
-                "bpf_for_each_map_elem does not walk {} maps",
-                meta.map_type
-            )));
+            return Err(LoadError::NotWalked(meta.map_type));
         }
         plan.check(
             meta.key_size as usize,
             meta.value_size as usize,
             meta.per_cpu(),
-        )
-        .map_err(LoadError::Unsupported)?;
-        let scratch = OwnedMap::create(&CreateMap {
+        )?;
+        let scratch = ops.create_map(&CreateMap {
             map_type: MapType::ARRAY.0,
             key_size: 4,
             value_size: plan.scratch_size() as u32,
@@ -162,12 +266,13 @@ impl WalkProgram {
         let groups = if plan.counts_only() {
             None
         } else {
-            Some(output_map(plan, meta)?)
+            Some(ops.create_map(&output_map(plan, meta))?)
         };
         if plan.counts_only()
-            && let Some(prog) = count_program(target, &scratch)
+            && let Some(prog) = count_program(&ops, target, &scratch)
         {
             return Ok(Self {
+                ops,
                 plan: plan.clone(),
                 prog,
                 scratch,
@@ -177,25 +282,21 @@ impl WalkProgram {
             });
         }
         let fds = MapFds {
-            target: target.raw_fd(),
-            groups: groups.as_ref().map(|(m, _)| m.as_fd().as_raw_fd()),
-            scratch: scratch.as_fd().as_raw_fd(),
+            target: target.fd,
+            groups: groups.as_ref().map(ProgramMap::fd),
+            scratch: scratch.fd(),
         };
-        let (insns, callback) = plan
-            .assemble(fds)
-            .map_err(|e| LoadError::Unsupported(e.to_string()))?;
-        let (btf, funcs) = functions(callback as u32)?;
-        let prog = sys::prog_load(&sys::ProgLoad {
-            prog_type: bpf_prog_type::BPF_PROG_TYPE_SYSCALL as u32,
-            flags: BPF_F_SLEEPABLE,
-            insns: &insns,
-            license: LICENSE,
+        let (insns, callback) = plan.assemble(fds)?;
+        let (btf, funcs) = functions(callback as u32);
+        let prog = ops.load(&ProgramLoad {
             name: "bpfmapd_scan",
-            btf: btf.as_fd(),
+            license: LICENSE,
+            insns: &insns,
+            btf: &btf,
             funcs: &funcs,
-        })
-        .map_err(|(error, log)| LoadError::Refused { error, log })?;
+        })?;
         Ok(Self {
+            ops,
             plan: plan.clone(),
             prog,
             scratch,
@@ -212,12 +313,12 @@ impl WalkProgram {
     }
 
     /// Runs the walk once (blocking: the walk of the whole map), leaving
-    /// its groups map empty for the next run.
-    pub fn run(&self) -> Result<WalkOutput, SyscallError> {
+    /// its groups map empty for the next run (also when the run failed).
+    pub fn run(&self) -> Result<WalkOutput, RunError> {
         let zero = 0u32.to_ne_bytes();
         self.scratch
             .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
-        let ran = sys::prog_test_run(self.prog.as_fd());
+        let ran = self.ops.test_run(&self.prog);
         let drained = self.drain()?;
         ran?;
         let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
@@ -228,10 +329,10 @@ impl WalkProgram {
                 .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
         };
         let error = word(plan::ERROR) as i64;
-        if error != 0 && error != -i64::from(libc::E2BIG) {
-            return Err(SyscallError {
-                call: "bpf_map_update_elem (in the scan program)",
-                io_error: std::io::Error::from_raw_os_error(-error as i32),
+        let full = -i64::from(libc::E2BIG);
+        if error != 0 && error != full {
+            return Err(RunError::Program {
+                errno: -error as i32,
             });
         }
         let visited = word(plan::VISITED);
@@ -248,19 +349,16 @@ impl WalkProgram {
             },
             groups,
             entries,
-            overflowed: error == -i64::from(libc::E2BIG),
+            overflowed: error == full,
         })
     }
 
     /// The groups in what the groups map held.
     fn groups_of(&self, drained: &Chunk) -> Vec<WalkGroup> {
-        let Some((_, handle)) = &self.groups else {
+        let Some(map) = &self.groups else {
             return Vec::new();
         };
-        let (ks, vs) = (
-            handle.meta().key_size as usize,
-            handle.meta().value_size as usize,
-        );
+        let (ks, vs) = (map.meta().key_size as usize, map.meta().value_size as usize);
         let key_len = usize::from(self.plan.key_len);
         (0..drained.count)
             .map(|i| {
@@ -278,17 +376,13 @@ impl WalkProgram {
     }
 
     /// Reads and deletes every entry of the groups map.
-    fn drain(&self) -> Result<Chunk, SyscallError> {
-        let Some((_, handle)) = &self.groups else {
+    fn drain(&self) -> Result<Chunk, RunError> {
+        let Some(map) = &self.groups else {
             return Ok(Chunk::default());
         };
-        let mut drainer = Drainer::new(handle).map_err(|e| {
-            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
-        })?;
+        let mut drainer = Drainer::with_ops(map, map.meta().clone()).map_err(RunError::Drain)?;
         let mut out = Chunk::default();
-        while let Some(c) = drainer.next_chunk(4096).map_err(|e| {
-            SyscallError::invalid_input("BPF_MAP_LOOKUP_AND_DELETE_BATCH", e.to_string())
-        })? {
+        while let Some(c) = drainer.next_chunk(4096).map_err(RunError::Drain)? {
             if c.count == 0 {
                 break;
             }
@@ -300,14 +394,13 @@ impl WalkProgram {
     }
 }
 
-/// The hash map a program keeps its groups (or the entries it takes) in,
-/// and a writable handle to drain it.
-fn output_map(plan: &WalkPlan, target: &MapMeta) -> Result<(OwnedMap, MapHandle), SyscallError> {
+/// The hash map a program keeps its groups (or the entries it takes) in.
+fn output_map(plan: &WalkPlan, target: &MapMeta) -> CreateMap<'static> {
     let (key_size, value_size) = match plan.output {
         Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
         Output::Entries => (target.key_size, target.value_size),
     };
-    let map = OwnedMap::create(&CreateMap {
+    CreateMap {
         map_type: MapType::HASH.0,
         key_size,
         value_size,
@@ -315,43 +408,7 @@ fn output_map(plan: &WalkPlan, target: &MapMeta) -> Result<(OwnedMap, MapHandle)
         flags: BPF_F_NO_PREALLOC,
         name: "bpfmapd_groups",
         ..Default::default()
-    })?;
-    let handle = map
-        .handle()
-        .map_err(|e| SyscallError::invalid_input("dup", e.to_string()))?;
-    Ok((map, handle))
-}
-
-/// The kernel's BTF.
-const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
-
-/// The BTF id of the function `bpf_map_sum_elem_count` in this kernel
-/// (Linux 6.6), if it has one: looked up once, in the kernel's BTF read
-/// and parsed once (about 6 MB, 10 ms).
-fn sum_elem_count() -> Option<u32> {
-    static ID: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *ID.get_or_init(|| {
-        let raw = read_bounded(VMLINUX.as_ref(), crate::MAX_BTF_SIZE).ok()?;
-        let vmlinux = Btf::parse(&raw, None).ok()?;
-        vmlinux.find("bpf_map_sum_elem_count", |t| matches!(t, Type::Func(_)))
-    })
-}
-
-/// The bytes of the file at `path`, at most `max` of them (an error past
-/// that).
-fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> {
-    use std::io::Read as _;
-    let mut raw = Vec::new();
-    std::fs::File::open(path)?
-        .take(max as u64 + 1)
-        .read_to_end(&mut raw)?;
-    if raw.len() > max {
-        return Err(std::io::Error::other(format!(
-            "{} is larger than {max} bytes",
-            path.display()
-        )));
     }
-    Ok(raw)
 }
 
 /// The program that counts the entries of `target`, a hash map, from the
@@ -359,29 +416,29 @@ fn read_bounded(path: &std::path::Path, max: usize) -> std::io::Result<Vec<u8>> 
 /// maps count their elements since Linux 6.6, when the function that sums
 /// them came) and accepts the program; `None` otherwise (the entries are
 /// then counted by walking them).
-fn count_program(target: &MapHandle, scratch: &OwnedMap) -> Option<OwnedFd> {
+fn count_program<O: ProgramOps>(
+    ops: &O,
+    target: Target<'_>,
+    scratch: &O::Map,
+) -> Option<O::Program> {
     if !matches!(
-        target.meta().map_type,
+        target.meta.map_type,
         MapType::HASH | MapType::PERCPU_HASH | MapType::LRU_HASH | MapType::LRU_PERCPU_HASH
     ) {
         return None;
     }
-    let kfunc = sum_elem_count()?;
-    let insns =
-        WalkPlan::assemble_count(target.raw_fd(), scratch.as_fd().as_raw_fd(), kfunc).ok()?;
+    let kfunc = ops.sum_elem_count()?;
+    let insns = WalkPlan::assemble_count(target.fd, scratch.fd(), kfunc).ok()?;
     let mut b = BtfBuilder::new();
     let long = b.add_int("long", 8, IntEncoding::Signed);
     let ptr = b.add_ptr(0);
     let proto = b.add_func_proto(long, &[("ctx", ptr)]);
     let main = b.add_func("bpfmapd_count", proto, 1);
-    let btf = OwnedBtf::load(&b.to_bytes()).ok()?;
-    sys::prog_load(&sys::ProgLoad {
-        prog_type: bpf_prog_type::BPF_PROG_TYPE_SYSCALL as u32,
-        flags: BPF_F_SLEEPABLE,
-        insns: &insns,
-        license: COUNT_LICENSE,
+    ops.load(&ProgramLoad {
         name: "bpfmapd_count",
-        btf: btf.as_fd(),
+        license: COUNT_LICENSE,
+        insns: &insns,
+        btf: &b.to_bytes(),
         funcs: &[[0, main]],
     })
     .ok()
@@ -389,7 +446,7 @@ fn count_program(target: &MapHandle, scratch: &OwnedMap) -> Option<OwnedFd> {
 
 /// The BTF of the program's two functions (the walk, global; its
 /// callback, static, as the verifier wants a callback) and their records.
-fn functions(callback: u32) -> Result<(OwnedBtf, [[u32; 2]; 2]), SyscallError> {
+fn functions(callback: u32) -> (Vec<u8>, [[u32; 2]; 2]) {
     let mut b = BtfBuilder::new();
     let long = b.add_int("long", 8, IntEncoding::Signed);
     let ptr = b.add_ptr(0);
@@ -400,9 +457,10 @@ fn functions(callback: u32) -> Result<(OwnedBtf, [[u32; 2]; 2]), SyscallError> {
         &[("map", ptr), ("key", ptr), ("value", ptr), ("ctx", ptr)],
     );
     let each = b.add_func("bpfmapd_each", each_proto, 0);
-    let btf = OwnedBtf::load(&b.to_bytes())?;
-    Ok((btf, [[0, main], [callback, each]]))
+    (b.to_bytes(), [[0, main], [callback, each]])
 }
 
+#[cfg(test)]
+mod fake_tests;
 #[cfg(test)]
 mod tests;

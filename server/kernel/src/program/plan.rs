@@ -272,10 +272,27 @@ pub struct WalkPlan {
     pub max_groups: u32,
 }
 
+/// Why a plan cannot run on a map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// It reads a per-CPU map's value, or takes its entries.
+    #[error("a scan in the kernel sees one CPU's value of a per-CPU map")]
+    PerCpuValue,
+    /// A member past the end of the key.
+    #[error("a member beyond the key")]
+    BeyondKey,
+    /// A member past the end of the value.
+    #[error("a member beyond the value")]
+    BeyondValue,
+    /// The group key makes the scratch value too large.
+    #[error("the group key is too long")]
+    KeyTooLong,
+}
+
 /// Offsets in the scratch value the program and user space share.
-pub(super) const VISITED: i16 = 0;
-pub(super) const MATCHED: i16 = 8;
-pub(super) const ERROR: i16 = 16;
+pub(crate) const VISITED: i16 = 0;
+pub(crate) const MATCHED: i16 = 8;
+pub(crate) const ERROR: i16 = 16;
 pub(super) const ZERO: i16 = 24;
 
 const MAP_LOOKUP_ELEM: i32 = bpf_func_id::BPF_FUNC_map_lookup_elem as i32;
@@ -347,7 +364,12 @@ impl WalkPlan {
     /// Whether every member it reads is within a map of these sizes whose
     /// values are per-CPU (`per_cpu`: then no value member can be read: a
     /// walk program sees one CPU's value); the reason when it is not.
-    pub fn check(&self, key_size: usize, value_size: usize, per_cpu: bool) -> Result<(), String> {
+    pub fn check(
+        &self,
+        key_size: usize,
+        value_size: usize,
+        per_cpu: bool,
+    ) -> Result<(), PlanError> {
         let mut reads: Vec<(Side, usize)> = Vec::new();
         cond_reads(&self.filter, &mut reads);
         for a in &self.aggs {
@@ -366,20 +388,18 @@ impl WalkPlan {
             }
         }
         if self.output == Output::Entries && per_cpu {
-            return Err("a scan in the kernel sees one CPU's value of a per-CPU map".into());
+            return Err(PlanError::PerCpuValue);
         }
         for (side, end) in reads {
             match side {
-                Side::Value if per_cpu => {
-                    return Err("a scan in the kernel sees one CPU's value of a per-CPU map".into());
-                }
-                Side::Key if end > key_size => return Err("a member beyond the key".into()),
-                Side::Value if end > value_size => return Err("a member beyond the value".into()),
+                Side::Value if per_cpu => return Err(PlanError::PerCpuValue),
+                Side::Key if end > key_size => return Err(PlanError::BeyondKey),
+                Side::Value if end > value_size => return Err(PlanError::BeyondValue),
                 _ => {}
             }
         }
         if self.scratch_size() > 0x7000 {
-            return Err("the group key is too long".into());
+            return Err(PlanError::KeyTooLong);
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! equals what the entries hold.
 
 use super::*;
-use crate::MapOps;
+use crate::{MapOps, OwnedMap};
 
 fn hash(n: u32) -> OwnedMap {
     // key: u32; value: u64 bytes, i32 delta, __be16 port, u8 proto, u8 flags

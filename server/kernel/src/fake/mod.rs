@@ -1,8 +1,16 @@
-//! A scripted stand-in for a hash map's batch reads, for unit tests of the
-//! walker and of what is built on it: each call answers what the script
-//! says next, so that the error paths the kernel will not produce on demand
-//! (ENOSPC, EINTR, a failure after some entries) can be reached. The same
-//! script answers drains ([`DrainOps`]).
+//! Scripted stand-ins for the kernel, for unit tests of what is built on
+//! it: each call answers what the script says next, so that the error
+//! paths the kernel will not produce on demand can be reached.
+//!
+//! [`ScriptedMap`] answers a hash map's batch reads (ENOSPC, EINTR, a
+//! failure after some entries) for the walker, and its drains
+//! ([`DrainOps`]); [`ScriptedKernel`] answers what a walk program asks of
+//! the kernel ([`ProgramOps`](crate::program::ProgramOps)): a verifier
+//! that refuses, a test run that fails, a program that stops on an error.
+
+mod kernel;
+
+pub use kernel::{Call, Loaded, Run, ScriptedKernel, ScriptedProgram, ScriptedProgramMap};
 
 use std::{
     collections::VecDeque,
