@@ -119,7 +119,7 @@ pub(crate) async fn get(
         ))
     })
     .await?;
-    info.kernel_scans_unavailable = unavailable.unwrap_or_default();
+    info.kernel_scans_unavailable = unavailable.map(|u| u.to_string()).unwrap_or_default();
     // Only the pins the caller may see.
     let policy = calls.policy.load();
     let pins: Vec<String> = pins

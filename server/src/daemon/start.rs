@@ -345,9 +345,15 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         None => None,
     };
     let (unix_listener, unix_file) = unix.unzip();
+    let listeners = Listeners {
+        tcp: listener,
+        unix: unix_listener,
+    };
     tasks.push(serve_main(
-        (listener, unix_listener),
-        (service, limits, accept),
+        listeners,
+        service,
+        limits,
+        accept,
         &reporter,
         &stopping,
         core.conns.clone(),
@@ -361,7 +367,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
                 );
             }
             let exports = Some(exporter.clone());
-            Some(serve_metrics(listen, (&core.metrics, exports), &stopping).await?)
+            Some(serve_metrics(listen, &core.metrics, exports, &stopping).await?)
         }
         None => None,
     };
@@ -416,11 +422,19 @@ async fn serve_health(
     Ok(addr)
 }
 
+/// The main listener's sockets: TCP, and the Unix socket when configured.
+struct Listeners {
+    tcp: TcpListener,
+    unix: Option<UnixListener>,
+}
+
 /// The main listener: MapService, health and reflection, behind the
 /// connection limits, on the connections the accept loop hands over.
 fn serve_main(
-    (listener, unix): (TcpListener, Option<UnixListener>),
-    (service, limits, accept): (MapServiceImpl, &Limits, AcceptConfig),
+    listeners: Listeners,
+    service: MapServiceImpl,
+    limits: &Limits,
+    accept: AcceptConfig,
     reporter: &HealthReporter,
     stopping: &Stopping,
     conns: ConnRegistry,
@@ -436,7 +450,7 @@ fn serve_main(
     )?;
     spawn_audit_flush(stopping);
     Ok(frontend::serve_routes(
-        (listener, unix),
+        (listeners.tcp, listeners.unix),
         (routes, limits, accept),
         (reporter, &[SERVICE_NAME]),
         &stopping.draining,
@@ -463,7 +477,8 @@ fn spawn_audit_flush(stopping: &Stopping) {
 /// The Prometheus endpoint.
 async fn serve_metrics(
     listen: SocketAddr,
-    (metrics, exports): (&Metrics, Option<Exporter>),
+    metrics: &Metrics,
+    exports: Option<Exporter>,
     stopping: &Stopping,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(listen)

@@ -15,8 +15,8 @@ use std::{
 };
 
 use bpfmap_kernel::{
-    MapHandle, MapMeta,
-    program::{self, LoadError, WalkOutput, WalkPlan, WalkProgram},
+    MapHandle, MapMeta, MapType, SyscallError,
+    program::{self, LoadError, RunError, Unsupported, WalkOutput, WalkPlan, WalkProgram},
 };
 
 /// Programs kept loaded.
@@ -58,18 +58,46 @@ struct Cached {
     used: Instant,
 }
 
+/// Why a walk program does not run for a map and a question: said to the
+/// caller (a summary's note) and the map read in batches.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unavailable {
+    /// The daemon runs none (`kernel_scans = false`).
+    #[error("scans in the kernel are turned off")]
+    TurnedOff,
+    /// This kernel runs none (probed once).
+    #[error(transparent)]
+    Kernel(&'static Unsupported),
+    /// `bpf_for_each_map_elem` does not walk maps of this type.
+    #[error("bpf_for_each_map_elem does not walk {0} maps")]
+    NotWalked(MapType),
+    /// The verifier refused this plan's program for this map before.
+    #[error("the kernel's verifier refused this scan's program")]
+    RefusedBefore,
+    /// The verifier refused this plan's program for this map now.
+    #[error("the kernel's verifier refused this scan's program ({0})")]
+    Refused(SyscallError),
+    /// The program could not be loaded otherwise.
+    #[error(transparent)]
+    Load(LoadError),
+    /// The program failed while it ran.
+    #[error("the scan program failed: {0}")]
+    Failed(RunError),
+}
+
 /// Whether this kernel runs walk programs (probed once).
-fn kernel_support() -> Result<(), String> {
-    static SUPPORT: OnceLock<Result<(), String>> = OnceLock::new();
+fn kernel_support() -> Result<(), &'static Unsupported> {
+    static SUPPORT: OnceLock<Result<(), Unsupported>> = OnceLock::new();
     SUPPORT
         .get_or_init(|| {
-            let r = program::supported().map_err(|e| e.to_string());
+            let r = program::supported();
             if let Err(e) = &r {
                 tracing::info!(reason = %e, "scans in the kernel are unavailable; aggregates read maps in batches");
             }
             r
         })
-        .clone()
+        .as_ref()
+        .map(|_| ())
 }
 
 impl WalkPrograms {
@@ -83,15 +111,14 @@ impl WalkPrograms {
 
     /// Why aggregates of a map like `meta`'s cannot run in the kernel,
     /// whatever they ask; `None` when they can.
-    pub(crate) fn unavailable(&self, meta: &MapMeta) -> Option<String> {
+    pub(crate) fn unavailable(&self, meta: &MapMeta) -> Option<Unavailable> {
         if self.disabled {
-            return Some("scans in the kernel are turned off".into());
+            return Some(Unavailable::TurnedOff);
         }
         if let Err(e) = kernel_support() {
-            return Some(e);
+            return Some(Unavailable::Kernel(e));
         }
-        (!program::walks(meta.map_type))
-            .then(|| format!("bpf_for_each_map_elem does not walk {} maps", meta.map_type))
+        (!program::walks(meta.map_type)).then_some(Unavailable::NotWalked(meta.map_type))
     }
 
     /// Number of programs loaded.
@@ -101,10 +128,14 @@ impl WalkPrograms {
 
     /// Runs `plan` over `handle`'s map in the kernel (blocking), or says
     /// why it cannot (the caller then reads the map in batches).
-    pub(crate) fn run(&self, handle: &MapHandle, plan: &WalkPlan) -> Result<WalkOutput, String> {
+    pub(crate) fn run(
+        &self,
+        handle: &MapHandle,
+        plan: &WalkPlan,
+    ) -> Result<WalkOutput, Unavailable> {
         let result = self.program(handle, plan).and_then(|p| {
             let p = p.lock().expect("walk program");
-            p.run().map_err(|e| format!("the scan program failed: {e}"))
+            p.run().map_err(Unavailable::Failed)
         });
         match &result {
             Ok(_) => self.stats.runs.fetch_add(1, Ordering::Relaxed),
@@ -118,7 +149,7 @@ impl WalkPrograms {
         &self,
         handle: &MapHandle,
         plan: &WalkPlan,
-    ) -> Result<Arc<Mutex<WalkProgram>>, String> {
+    ) -> Result<Arc<Mutex<WalkProgram>>, Unavailable> {
         if let Some(why) = self.unavailable(handle.meta()) {
             return Err(why);
         }
@@ -137,7 +168,7 @@ impl WalkPrograms {
         }
         let refused_key = (map.0, map.1, plan.clone());
         if self.refused.lock().expect("refused").contains(&refused_key) {
-            return Err("the kernel's verifier refused this scan's program".into());
+            return Err(Unavailable::RefusedBefore);
         }
         let program = match WalkProgram::load(handle, plan) {
             Ok(p) => Arc::new(Mutex::new(p)),
@@ -149,11 +180,9 @@ impl WalkPrograms {
                 }
                 refused.insert(refused_key);
                 tracing::warn!(map = meta.id, %error, verifier_log = %log, "the kernel's verifier refused a scan program; this aggregate reads the map in batches");
-                return Err(format!(
-                    "the kernel's verifier refused this scan's program ({error})"
-                ));
+                return Err(Unavailable::Refused(error));
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(Unavailable::Load(e)),
         };
         self.stats.loads.fetch_add(1, Ordering::Relaxed);
         let mut programs = self.programs.lock().expect("walk programs");
@@ -238,7 +267,8 @@ mod tests {
         let map = OwnedMap::new(MapType::HASH, 4, 4, 4, "scans_test").unwrap();
         let programs = WalkPrograms::disabled();
         let e = programs.run(&map.handle().unwrap(), &below(1)).unwrap_err();
-        assert_eq!(e, "scans in the kernel are turned off");
+        assert!(matches!(e, Unavailable::TurnedOff), "{e:?}");
+        assert_eq!(e.to_string(), "scans in the kernel are turned off");
         assert_eq!(programs.stats.fallbacks.load(Ordering::Relaxed), 1);
         assert_eq!(programs.loaded(), 0);
     }
