@@ -20,7 +20,7 @@ use std::{
 };
 
 use aya_obj::generated::{
-    BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_map_info, bpf_prog_info,
+    BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_func_info, bpf_map_info, bpf_prog_info,
 };
 
 /// A failed syscall: which command, and the errno it returned.
@@ -79,8 +79,6 @@ pub type SysResult<T> = Result<T, SyscallError>;
 /// `ENOTSUPP` (524): the kernel-internal "operation not supported" that the
 /// BPF syscall leaks to user space.
 pub const ENOTSUPP: i32 = 524;
-
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 fn zeroed_attr() -> bpf_attr {
     // SAFETY: bpf_attr is a plain C union of integers and arrays; all-zero is
@@ -818,10 +816,10 @@ pub fn is_bpffs(path: &Path) -> SysResult<bool> {
     let st = unsafe { buf.assume_init() };
     #[allow(
         clippy::unnecessary_cast,
-        reason = "f_type is i64 on x86_64 but u32 or i32 elsewhere"
+        reason = "f_type and the magic are i64 on x86_64 but u32 or i32 elsewhere"
     )]
-    let f_type = st.f_type as i64;
-    Ok(f_type == BPF_FS_MAGIC)
+    let (f_type, bpffs) = (st.f_type as i64, libc::BPF_FS_MAGIC as i64);
+    Ok(f_type == bpffs)
 }
 
 /// `mount -t bpf bpf PATH` (mode 0700 at the root).
@@ -911,9 +909,12 @@ pub(super) struct ProgLoad<'a> {
     pub(super) license: &'a CStr,
     pub(super) name: &'a str,
     pub(super) btf: BorrowedFd<'a>,
-    /// (instruction offset, BTF FUNC type id) per function.
+    /// (instruction offset, BTF FUNC type id) per function: a
+    /// `bpf_func_info` each.
     pub(super) funcs: &'a [[u32; 2]],
 }
+
+const _: () = assert!(mem::size_of::<bpf_func_info>() == mem::size_of::<[u32; 2]>());
 
 /// Bytes of the verifier's log kept when it refuses a program.
 const VERIFIER_LOG: usize = 256 << 10;
@@ -929,7 +930,7 @@ pub(super) fn prog_load(p: &ProgLoad<'_>) -> Result<OwnedFd, (SyscallError, Stri
         attr.__bindgen_anon_3.insns = ptr(p.insns.as_ptr());
         attr.__bindgen_anon_3.license = ptr(p.license.as_ptr());
         attr.__bindgen_anon_3.prog_btf_fd = p.btf.as_raw_fd() as u32;
-        attr.__bindgen_anon_3.func_info_rec_size = 8;
+        attr.__bindgen_anon_3.func_info_rec_size = mem::size_of::<bpf_func_info>() as u32;
         attr.__bindgen_anon_3.func_info = ptr(p.funcs.as_ptr());
         attr.__bindgen_anon_3.func_info_cnt = p.funcs.len() as u32;
         let mut name = [0 as libc::c_char; 16];
