@@ -110,11 +110,16 @@ pub(crate) async fn get(
         .collect();
     info.memlock = opened.handle.memlock().unwrap_or(0);
     let (catalog, holders, id) = (calls.catalog.clone(), calls.holders.clone(), info.id);
-    let (scans, meta) = (calls.scans.clone(), opened.handle.meta().clone());
-    let (pins, holders, unavailable) =
-        blocking(move || Ok((catalog.pins_of(id), holders.get(), scans.unavailable(&meta))))
-            .await?;
-    info.kernel_scans_unavailable = unavailable.unwrap_or_default();
+    let (programs, meta) = (calls.programs.clone(), opened.handle.meta().clone());
+    let (pins, holders, unavailable) = blocking(move || {
+        Ok((
+            catalog.pins_of(id),
+            holders.get(),
+            programs.unavailable(&meta),
+        ))
+    })
+    .await?;
+    info.kernel_scans_unavailable = unavailable.map(|u| u.to_string()).unwrap_or_default();
     // Only the pins the caller may see.
     let policy = calls.policy.load();
     let pins: Vec<String> = pins

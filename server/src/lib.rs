@@ -54,9 +54,9 @@ mod metrics;
 pub mod model;
 mod net;
 mod ops;
+mod programs;
 pub mod query;
 mod rpc;
-mod scans;
 mod watch;
 mod wire;
 

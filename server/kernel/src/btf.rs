@@ -570,26 +570,45 @@ impl Words<'_> {
     }
 }
 
-/// The section `offset` bytes after the header, of `size` bytes, as a range
-/// of `raw`.
-fn section(
-    raw: &[u8],
-    hdr_len: u32,
-    (offset, size): (u32, u32),
-    what: &'static str,
-) -> Result<std::ops::Range<usize>, BtfError> {
-    let start = u64::from(hdr_len) + u64::from(offset);
-    let end = start + u64::from(size);
-    if end > raw.len() as u64 {
-        return Err(BtfError::SectionPastEnd {
-            section: what,
-            offset,
-            size,
-            len: raw.len(),
-        });
+/// Where the header places a section: `offset` bytes after the header,
+/// `size` bytes long.
+#[derive(Clone, Copy)]
+struct SectionAt {
+    offset: u32,
+    size: u32,
+}
+
+impl SectionAt {
+    /// The two words at `at` of the header `h`.
+    fn read(h: &[u8; HEADER_LEN], at: usize) -> Self {
+        let word = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        Self {
+            offset: word(at),
+            size: word(at + 4),
+        }
     }
-    // Both within `raw.len()`, so within usize.
-    Ok(start as usize..end as usize)
+
+    /// The section as a range of `raw`, whose header is `hdr_len` bytes.
+    fn range(
+        self,
+        raw: &[u8],
+        hdr_len: u32,
+        what: &'static str,
+    ) -> Result<std::ops::Range<usize>, BtfError> {
+        let Self { offset, size } = self;
+        let start = u64::from(hdr_len) + u64::from(offset);
+        let end = start + u64::from(size);
+        if end > raw.len() as u64 {
+            return Err(BtfError::SectionPastEnd {
+                section: what,
+                offset,
+                size,
+                len: raw.len(),
+            });
+        }
+        // Both within `raw.len()`, so within usize.
+        Ok(start as usize..end as usize)
+    }
 }
 
 /// Bytes a record of `kind` with `vlen` entries takes after its
@@ -871,22 +890,16 @@ impl Btf {
         }
         let h = header;
         let hdr_len = u32::from_ne_bytes([h[4], h[5], h[6], h[7]]);
-        let types_at = (
-            u32::from_ne_bytes([h[8], h[9], h[10], h[11]]),
-            u32::from_ne_bytes([h[12], h[13], h[14], h[15]]),
-        );
-        let strings_at = (
-            u32::from_ne_bytes([h[16], h[17], h[18], h[19]]),
-            u32::from_ne_bytes([h[20], h[21], h[22], h[23]]),
-        );
+        let types_at = SectionAt::read(h, 8);
+        let strings_at = SectionAt::read(h, 16);
         if (hdr_len as usize) < HEADER_LEN || u64::from(hdr_len) > raw.len() as u64 {
             return Err(BtfError::HeaderLen {
                 hdr_len,
                 len: raw.len(),
             });
         }
-        let type_sec = section(raw, hdr_len, types_at, "type")?;
-        let str_sec = section(raw, hdr_len, strings_at, "string")?;
+        let type_sec = types_at.range(raw, hdr_len, "type")?;
+        let str_sec = strings_at.range(raw, hdr_len, "string")?;
         let strings = raw.get(str_sec).unwrap_or_default();
         let types = raw.get(type_sec).unwrap_or_default();
 
@@ -984,6 +997,34 @@ impl Btf {
                 id,
                 last: self.last_id(),
             })
+    }
+
+    /// The id of the first type named `name` of the kind `kind` tells
+    /// (`|t| matches!(t, Type::Func(_))`), the base's types first; `None`
+    /// when there is none. Names are compared as bytes, without decoding
+    /// the others: a look-up in vmlinux's BTF reads each name once.
+    pub fn find(&self, name: &str, kind: impl Fn(&Type) -> bool) -> Option<u32> {
+        self.find_dyn(name, &kind)
+    }
+
+    fn find_dyn(&self, name: &str, kind: &dyn Fn(&Type) -> bool) -> Option<u32> {
+        if let Some(id) = self.base().and_then(|b| b.find_dyn(name, kind)) {
+            return Some(id);
+        }
+        self.types()
+            .find(|(_, t)| self.name_is(t.name_off(), name) && kind(t))
+            .map(|(id, _)| id)
+    }
+
+    /// Whether this object's own string at `offset` is `name` (false for
+    /// an offset outside its string section).
+    fn name_is(&self, offset: u32, name: &str) -> bool {
+        let inner = &*self.inner;
+        offset
+            .checked_sub(inner.str_start)
+            .and_then(|at| inner.strings.get(at as usize..))
+            .and_then(|tail| tail.strip_prefix(name.as_bytes()))
+            .is_some_and(|rest| rest.first() == Some(&0))
     }
 
     /// The string at `offset`: the empty name for 0, then the base's
@@ -1762,6 +1803,36 @@ mod tests {
     }
 
     #[test]
+    fn types_are_found_by_name_and_kind() {
+        let mut base = BtfBuilder::new();
+        let long = base.add_int("long", 8, IntEncoding::Signed);
+        let proto = base.add_func_proto(long, &[]);
+        let s = base.add_struct("count", 8, &[BtfMember::new("n", long, 0)]);
+        let f = base.add_func("count", proto, 1);
+        let base_btf = parse(&base.to_bytes());
+        let func = |t: &Type| matches!(t, Type::Func(_));
+        assert_eq!(base_btf.find("count", func), Some(f));
+        assert_eq!(
+            base_btf.find("count", |t| matches!(t, Type::Struct(_))),
+            Some(s)
+        );
+        assert_eq!(
+            base_btf.find("coun", func),
+            None,
+            "a prefix is not the name"
+        );
+        assert_eq!(base_btf.find("counts", func), None);
+        assert_eq!(base_btf.find("long", func), None, "not a function");
+        // Split BTF finds the base's types, and its own.
+        let mut split = BtfBuilder::new_split(base_btf.last_id(), base_btf.str_len());
+        let own = split.add_func("sum", proto, 1);
+        let btf = Btf::parse(&split.to_bytes(), Some(&base_btf)).expect("split");
+        assert_eq!(btf.find("count", func), Some(f));
+        assert_eq!(btf.find("sum", func), Some(own));
+        assert_eq!(base_btf.find("sum", func), None);
+    }
+
+    #[test]
     fn the_kernels_vmlinux_btf_parses() {
         const PATH: &str = "/sys/kernel/btf/vmlinux";
         let Ok(raw) = std::fs::read(PATH) else {
@@ -1793,5 +1864,16 @@ mod tests {
         for (_, t) in btf.types() {
             btf.name(t.name_off()).expect("name");
         }
+        // A look-up by name and kind finds what a walk of every type does.
+        let func = |t: &Type| matches!(t, Type::Func(_));
+        let walked = btf
+            .types()
+            .find(|(_, t)| func(t) && named(&btf, t) == "bpf_map_sum_elem_count")
+            .map(|(id, _)| id);
+        assert_eq!(btf.find("bpf_map_sum_elem_count", func), walked);
+        assert!(
+            btf.find("iphdr", |t| matches!(t, Type::Struct(_)))
+                .is_some()
+        );
     }
 }

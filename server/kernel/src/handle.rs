@@ -12,8 +12,10 @@ use std::{
 };
 
 use super::{
-    BtfInfo, LookupError, MapMeta, MapOps, OpenError, SysResult, SyscallError, drain::DrainOps,
-    elem_unsupported, sys,
+    BtfInfo, LookupError, MapMeta, MapOps, OpenError, SysResult, SyscallError,
+    drain::DrainOps,
+    elem_unsupported,
+    sys::{self, BatchBuffers},
 };
 
 /// Reads a BTF object by kernel id ([`MapMeta::btf_id`]): its raw data (at
@@ -72,22 +74,16 @@ fn check_at_least(call: &'static str, what: &str, got: usize, needed: usize) -> 
 
 /// Checks the buffers of a batch call (`BPF_MAP_LOOKUP_BATCH`,
 /// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`) against the map's sizes.
-fn check_batch(
-    call: &'static str,
-    m: &MapMeta,
-    (in_batch, out_batch): (Option<&[u8]>, &[u8]),
-    (keys, values): (&[u8], &[u8]),
-    count: u32,
-) -> SysResult<()> {
+pub(super) fn check_batch(call: &'static str, m: &MapMeta, b: &BatchBuffers<'_>) -> SysResult<()> {
     sized(call, m)?;
     let token = m.token_size().max(4);
-    if let Some(b) = in_batch {
-        check_at_least(call, "in_batch", b.len(), token)?;
+    if let Some(t) = b.in_batch {
+        check_at_least(call, "in_batch", t.len(), token)?;
     }
-    check_at_least(call, "out_batch", out_batch.len(), token)?;
-    let n = count as usize;
-    check_at_least(call, "keys", keys.len(), n * m.key_size as usize)?;
-    check_at_least(call, "values", values.len(), n * m.kernel_value_size())
+    check_at_least(call, "out_batch", b.out_batch.len(), token)?;
+    let n = *b.count as usize;
+    check_at_least(call, "keys", b.keys.len(), n * m.key_size as usize)?;
+    check_at_least(call, "values", b.values.len(), n * m.kernel_value_size())
 }
 
 impl MapHandle {
@@ -215,15 +211,16 @@ impl MapOps for MapHandle {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        check_batch(
-            "BPF_MAP_LOOKUP_BATCH",
-            &self.meta,
-            (in_batch, out_batch),
-            (keys, values),
-            *count,
-        )?;
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        check_batch("BPF_MAP_LOOKUP_BATCH", &self.meta, &b)?;
         // SAFETY: the buffers were just checked against this map's sizes.
-        unsafe { sys::lookup_batch(self.fd.as_fd(), in_batch, out_batch, keys, values, count) }
+        unsafe { sys::lookup_batch(self.fd.as_fd(), b) }
     }
 
     fn get_next_key(&self, key: Option<&[u8]>, next: &mut [u8]) -> SysResult<()> {
@@ -261,17 +258,16 @@ impl DrainOps for MapHandle {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        check_batch(
-            "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
-            &self.meta,
-            (in_batch, out_batch),
-            (keys, values),
-            *count,
-        )?;
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        check_batch("BPF_MAP_LOOKUP_AND_DELETE_BATCH", &self.meta, &b)?;
         // SAFETY: the buffers were just checked against this map's sizes.
-        unsafe {
-            sys::lookup_and_delete_batch(self.fd.as_fd(), in_batch, out_batch, keys, values, count)
-        }
+        unsafe { sys::lookup_and_delete_batch(self.fd.as_fd(), b) }
     }
 }
 

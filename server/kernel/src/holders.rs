@@ -8,6 +8,10 @@ use std::{
     path::Path,
 };
 
+use aya_obj::generated::{bpf_prog_info, bpf_prog_type};
+
+use crate::sys::{self, SyscallError};
+
 /// A loaded program and the maps it uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProgramUse {
@@ -21,34 +25,71 @@ pub struct ProgramUse {
     pub map_ids: Vec<u32>,
 }
 
+/// Why no program can be listed (EPERM without CAP_SYS_ADMIN).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot list programs: {0}")]
+pub struct ProgramsError(pub SyscallError);
+
 /// Every loaded program (`BPF_PROG_GET_NEXT_ID`, needs CAP_SYS_ADMIN) with
-/// the maps it uses. A program unloaded during the scan is left out; the
-/// error is why programs cannot be listed at all.
-pub fn programs() -> Result<Vec<ProgramUse>, String> {
+/// the maps it uses. A program unloaded while they are listed is left out;
+/// the error is why programs cannot be listed at all.
+pub fn programs() -> Result<Vec<ProgramUse>, ProgramsError> {
     let mut out = Vec::new();
-    for info in aya::programs::loaded_programs() {
-        let info = match info {
-            Ok(info) => info,
-            // The first call failing means none can be listed (EPERM
-            // without CAP_SYS_ADMIN); a later one, a program just unloaded.
-            Err(e) if out.is_empty() => return Err(format!("cannot list programs: {e}")),
+    let mut id = 0;
+    loop {
+        // The first call failing means none can be listed (EPERM without
+        // CAP_SYS_ADMIN); a later one, a program just unloaded.
+        id = match sys::prog_get_next_id(id) {
+            Ok(Some(next)) => next,
+            Ok(None) => break,
+            Err(e) if out.is_empty() => return Err(ProgramsError(e)),
+            Err(_) => break,
+        };
+        let (fd, info) = match open_program(id) {
+            Ok(opened) => opened,
+            Err(e) if out.is_empty() => return Err(ProgramsError(e)),
             Err(_) => continue,
         };
-        let Ok(map_ids) = info.map_ids() else {
-            continue; // unloaded between the two calls
+        let map_ids = match info.nr_map_ids {
+            0 => Vec::new(),
+            n => match sys::prog_map_ids(&fd, n) {
+                Ok(ids) => ids,
+                Err(_) => continue,
+            },
         };
-        let prog_type = format!("{:?}", info.program_type());
         out.push(ProgramUse {
-            id: info.id(),
-            name: String::from_utf8_lossy(info.name()).into_owned(),
-            prog_type: prog_type
-                .strip_prefix("BPF_PROG_TYPE_")
-                .unwrap_or(&prog_type)
-                .to_ascii_lowercase(),
-            map_ids: map_ids.unwrap_or_default(),
+            id: info.id,
+            name: String::from_utf8_lossy(&name_bytes(&info.name)).into_owned(),
+            prog_type: type_name(info.type_),
+            map_ids,
         });
     }
     Ok(out)
+}
+
+/// Program `id` and what the kernel says about it (how many maps it uses,
+/// not which).
+fn open_program(id: u32) -> Result<(sys::ProgFd, bpf_prog_info), SyscallError> {
+    let fd = sys::prog_get_fd_by_id(id)?;
+    let info = sys::prog_info(&fd)?;
+    Ok((fd, info))
+}
+
+/// A kernel object name's bytes: up to its last non-NUL byte.
+fn name_bytes(name: &[libc::c_char; 16]) -> Vec<u8> {
+    let len = name.iter().rposition(|&c| c != 0).map_or(0, |at| at + 1);
+    name[..len].iter().map(|&c| c as u8).collect()
+}
+
+/// A program type as bpftool names it ("xdp", "kprobe"); a type newer than
+/// this daemon is "__max_bpf_prog_type".
+fn type_name(prog_type: u32) -> String {
+    let t = bpf_prog_type::try_from(prog_type).unwrap_or(bpf_prog_type::__MAX_BPF_PROG_TYPE);
+    let debug = format!("{t:?}");
+    debug
+        .strip_prefix("BPF_PROG_TYPE_")
+        .unwrap_or(&debug)
+        .to_ascii_lowercase()
 }
 
 /// A process and the maps it holds descriptors to.
@@ -149,6 +190,50 @@ fn fdinfo_field(text: &str, name: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn program_types_are_named_as_bpftool_names_them() {
+        assert_eq!(type_name(bpf_prog_type::BPF_PROG_TYPE_XDP as u32), "xdp");
+        assert_eq!(
+            type_name(bpf_prog_type::BPF_PROG_TYPE_SYSCALL as u32),
+            "syscall"
+        );
+        assert_eq!(type_name(1000), "__max_bpf_prog_type");
+    }
+
+    #[test]
+    fn program_names_end_at_their_last_byte() {
+        let mut name = [0 as libc::c_char; 16];
+        for (d, s) in name.iter_mut().zip(b"sys_enter") {
+            *d = *s as libc::c_char;
+        }
+        assert_eq!(name_bytes(&name), b"sys_enter");
+        assert_eq!(name_bytes(&[0; 16]), b"");
+    }
+
+    #[test]
+    fn loaded_programs_are_listed_with_their_maps() {
+        // The daemon's own walk program, loaded for a map of its own.
+        let map = crate::OwnedMap::new(crate::MapType::ARRAY, 4, 4, 1, "holders_test")
+            .expect("an array: these tests need root and BPF");
+        let handle = map.handle().unwrap();
+        let _p =
+            crate::program::WalkProgram::load(&handle, &crate::program::WalkPlan::count()).unwrap();
+        let listed = programs().expect("programs, as root");
+        let walk = listed
+            .iter()
+            .find(|p| p.map_ids.contains(&map.id()))
+            .unwrap_or_else(|| panic!("no program uses map {}: {listed:?}", map.id()));
+        assert_eq!(
+            (walk.name.as_str(), walk.prog_type.as_str()),
+            ("bpfmapd_scan", "syscall")
+        );
+        assert_eq!(
+            walk.map_ids.len(),
+            2,
+            "the map and the program's scratch value"
+        );
+    }
 
     #[test]
     fn fdinfo_fields_are_read_by_name() {

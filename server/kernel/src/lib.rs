@@ -22,11 +22,13 @@ pub mod fake;
 mod handle;
 pub mod holders;
 mod owned;
-pub mod scan;
+pub mod program;
 mod sys;
 pub mod walk;
 
 use std::{borrow::Cow, fmt, sync::OnceLock};
+
+use aya_obj::generated::bpf_map_type;
 
 pub use btf_build::{BtfBuilder, BtfMember, IntEncoding};
 pub use handle::{MapHandle, read_btf};
@@ -132,36 +134,48 @@ const TYPES: [TypeRow; 34] = [
     row("arena", NONE, false, STABLE),
 ];
 
-/// A kernel map type (its number in enum bpf_map_type).
+/// A kernel map type (its number in enum bpf_map_type); the constants are
+/// the kernel's (`aya_obj::generated::bpf_map_type`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MapType(pub u32);
 
 #[allow(missing_docs, reason = "the kernel's names")]
 impl MapType {
-    pub const HASH: Self = Self(1);
-    pub const ARRAY: Self = Self(2);
-    pub const PROG_ARRAY: Self = Self(3);
-    pub const PERF_EVENT_ARRAY: Self = Self(4);
-    pub const PERCPU_HASH: Self = Self(5);
-    pub const PERCPU_ARRAY: Self = Self(6);
-    pub const STACK_TRACE: Self = Self(7);
-    pub const CGROUP_ARRAY: Self = Self(8);
-    pub const LRU_HASH: Self = Self(9);
-    pub const LRU_PERCPU_HASH: Self = Self(10);
-    pub const LPM_TRIE: Self = Self(11);
-    pub const ARRAY_OF_MAPS: Self = Self(12);
-    pub const HASH_OF_MAPS: Self = Self(13);
-    pub const DEVMAP: Self = Self(14);
-    pub const SOCKMAP: Self = Self(15);
-    pub const CPUMAP: Self = Self(16);
-    pub const XSKMAP: Self = Self(17);
-    pub const SOCKHASH: Self = Self(18);
-    pub const QUEUE: Self = Self(22);
-    pub const STACK: Self = Self(23);
-    pub const CGROUP_STORAGE: Self = Self(19);
-    pub const DEVMAP_HASH: Self = Self(25);
-    pub const RINGBUF: Self = Self(27);
-    pub const BLOOM_FILTER: Self = Self(30);
+    pub const HASH: Self = Self(bpf_map_type::BPF_MAP_TYPE_HASH as u32);
+    pub const ARRAY: Self = Self(bpf_map_type::BPF_MAP_TYPE_ARRAY as u32);
+    pub const PROG_ARRAY: Self = Self(bpf_map_type::BPF_MAP_TYPE_PROG_ARRAY as u32);
+    pub const PERF_EVENT_ARRAY: Self = Self(bpf_map_type::BPF_MAP_TYPE_PERF_EVENT_ARRAY as u32);
+    pub const PERCPU_HASH: Self = Self(bpf_map_type::BPF_MAP_TYPE_PERCPU_HASH as u32);
+    pub const PERCPU_ARRAY: Self = Self(bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY as u32);
+    pub const STACK_TRACE: Self = Self(bpf_map_type::BPF_MAP_TYPE_STACK_TRACE as u32);
+    pub const CGROUP_ARRAY: Self = Self(bpf_map_type::BPF_MAP_TYPE_CGROUP_ARRAY as u32);
+    pub const LRU_HASH: Self = Self(bpf_map_type::BPF_MAP_TYPE_LRU_HASH as u32);
+    pub const LRU_PERCPU_HASH: Self = Self(bpf_map_type::BPF_MAP_TYPE_LRU_PERCPU_HASH as u32);
+    pub const LPM_TRIE: Self = Self(bpf_map_type::BPF_MAP_TYPE_LPM_TRIE as u32);
+    pub const ARRAY_OF_MAPS: Self = Self(bpf_map_type::BPF_MAP_TYPE_ARRAY_OF_MAPS as u32);
+    pub const HASH_OF_MAPS: Self = Self(bpf_map_type::BPF_MAP_TYPE_HASH_OF_MAPS as u32);
+    pub const DEVMAP: Self = Self(bpf_map_type::BPF_MAP_TYPE_DEVMAP as u32);
+    pub const SOCKMAP: Self = Self(bpf_map_type::BPF_MAP_TYPE_SOCKMAP as u32);
+    pub const CPUMAP: Self = Self(bpf_map_type::BPF_MAP_TYPE_CPUMAP as u32);
+    pub const XSKMAP: Self = Self(bpf_map_type::BPF_MAP_TYPE_XSKMAP as u32);
+    pub const SOCKHASH: Self = Self(bpf_map_type::BPF_MAP_TYPE_SOCKHASH as u32);
+    pub const CGROUP_STORAGE: Self = Self(bpf_map_type::BPF_MAP_TYPE_CGROUP_STORAGE as u32);
+    pub const REUSEPORT_SOCKARRAY: Self =
+        Self(bpf_map_type::BPF_MAP_TYPE_REUSEPORT_SOCKARRAY as u32);
+    pub const PERCPU_CGROUP_STORAGE: Self =
+        Self(bpf_map_type::BPF_MAP_TYPE_PERCPU_CGROUP_STORAGE as u32);
+    pub const QUEUE: Self = Self(bpf_map_type::BPF_MAP_TYPE_QUEUE as u32);
+    pub const STACK: Self = Self(bpf_map_type::BPF_MAP_TYPE_STACK as u32);
+    pub const SK_STORAGE: Self = Self(bpf_map_type::BPF_MAP_TYPE_SK_STORAGE as u32);
+    pub const DEVMAP_HASH: Self = Self(bpf_map_type::BPF_MAP_TYPE_DEVMAP_HASH as u32);
+    pub const STRUCT_OPS: Self = Self(bpf_map_type::BPF_MAP_TYPE_STRUCT_OPS as u32);
+    pub const RINGBUF: Self = Self(bpf_map_type::BPF_MAP_TYPE_RINGBUF as u32);
+    pub const INODE_STORAGE: Self = Self(bpf_map_type::BPF_MAP_TYPE_INODE_STORAGE as u32);
+    pub const TASK_STORAGE: Self = Self(bpf_map_type::BPF_MAP_TYPE_TASK_STORAGE as u32);
+    pub const BLOOM_FILTER: Self = Self(bpf_map_type::BPF_MAP_TYPE_BLOOM_FILTER as u32);
+    pub const USER_RINGBUF: Self = Self(bpf_map_type::BPF_MAP_TYPE_USER_RINGBUF as u32);
+    pub const CGRP_STORAGE: Self = Self(bpf_map_type::BPF_MAP_TYPE_CGRP_STORAGE as u32);
+    pub const ARENA: Self = Self(bpf_map_type::BPF_MAP_TYPE_ARENA as u32);
 }
 
 impl MapType {
@@ -510,4 +524,35 @@ pub fn map_ids() -> impl Iterator<Item = SysResult<u32>> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_of_types_follows_the_kernels_numbering() {
+        let named = [
+            (MapType::HASH, "hash"),
+            (MapType::ARRAY, "array"),
+            (MapType::PERCPU_HASH, "percpu_hash"),
+            (MapType::LRU_PERCPU_HASH, "lru_percpu_hash"),
+            (MapType::LPM_TRIE, "lpm_trie"),
+            (MapType::CGROUP_STORAGE, "cgroup_storage"),
+            (MapType::PERCPU_CGROUP_STORAGE, "percpu_cgroup_storage"),
+            (MapType::QUEUE, "queue"),
+            (MapType::DEVMAP_HASH, "devmap_hash"),
+            (MapType::RINGBUF, "ringbuf"),
+            (MapType::BLOOM_FILTER, "bloom_filter"),
+            (MapType::ARENA, "arena"),
+        ];
+        for (t, name) in named {
+            assert_eq!(t.name(), name, "{t:?}");
+            assert_eq!(MapType::by_name(name), Some(t));
+        }
+        assert_eq!(
+            MapType::names().count(),
+            bpf_map_type::__MAX_BPF_MAP_TYPE as usize - 1
+        );
+    }
 }

@@ -12,7 +12,12 @@ use std::{
     path::Path,
 };
 
-use super::{BtfInfo, MapBtf, MapMeta, MapType, SysResult, SyscallError, sys};
+use super::{
+    BtfInfo, MapBtf, MapMeta, MapType, SysResult, SyscallError,
+    drain::DrainOps,
+    handle::check_batch,
+    sys::{self, BatchBuffers},
+};
 
 /// A map created by this process, writable, with its sizes checked on every
 /// write.
@@ -146,6 +151,34 @@ impl OwnedMap {
 impl AsFd for OwnedMap {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+}
+
+/// A map this process created is drained through its own descriptor,
+/// which is writable.
+impl DrainOps for OwnedMap {
+    fn is_writable(&self) -> bool {
+        true
+    }
+
+    fn lookup_and_delete_batch(
+        &self,
+        in_batch: Option<&[u8]>,
+        out_batch: &mut [u8],
+        keys: &mut [u8],
+        values: &mut [u8],
+        count: &mut u32,
+    ) -> SysResult<()> {
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        check_batch("BPF_MAP_LOOKUP_AND_DELETE_BATCH", &self.meta, &b)?;
+        // SAFETY: the buffers were just checked against this map's sizes.
+        unsafe { sys::lookup_and_delete_batch(self.fd.as_fd(), b) }
     }
 }
 

@@ -19,7 +19,9 @@ use std::{
     path::Path,
 };
 
-use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_map_info};
+use aya_obj::generated::{
+    BPF_F_RDONLY, bpf_attr, bpf_btf_info, bpf_cmd, bpf_func_info, bpf_map_info, bpf_prog_info,
+};
 
 /// A failed syscall: which command, and the errno it returned.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +79,6 @@ pub type SysResult<T> = Result<T, SyscallError>;
 /// `ENOTSUPP` (524): the kernel-internal "operation not supported" that the
 /// BPF syscall leaks to user space.
 pub const ENOTSUPP: i32 = 524;
-
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 fn zeroed_attr() -> bpf_attr {
     // SAFETY: bpf_attr is a plain C union of integers and arrays; all-zero is
@@ -199,21 +199,104 @@ pub(super) fn access_mode(fd: BorrowedFd<'_>) -> SysResult<libc::c_int> {
 
 /// The next map id after `start` (`BPF_MAP_GET_NEXT_ID`); `None` at the end.
 pub(super) fn map_get_next_id(start: u32) -> SysResult<Option<u32>> {
+    get_next_id("BPF_MAP_GET_NEXT_ID", bpf_cmd::BPF_MAP_GET_NEXT_ID, start)
+}
+
+/// The next program id after `start` (`BPF_PROG_GET_NEXT_ID`); `None` at
+/// the end. Needs CAP_SYS_ADMIN.
+pub(super) fn prog_get_next_id(start: u32) -> SysResult<Option<u32>> {
+    get_next_id("BPF_PROG_GET_NEXT_ID", bpf_cmd::BPF_PROG_GET_NEXT_ID, start)
+}
+
+/// The next id after `start` of the objects `cmd` walks (one of the
+/// `BPF_*_GET_NEXT_ID` commands); `None` at the end.
+fn get_next_id(call: &'static str, cmd: bpf_cmd, start: u32) -> SysResult<Option<u32>> {
     let mut attr = zeroed_attr();
     attr.__bindgen_anon_6.__bindgen_anon_1.start_id = start;
     // SAFETY: no pointers in the attribute.
-    match unsafe {
-        bpf(
-            "BPF_MAP_GET_NEXT_ID",
-            bpf_cmd::BPF_MAP_GET_NEXT_ID,
-            &mut attr,
-        )
-    } {
+    match unsafe { bpf(call, cmd, &mut attr) } {
         // SAFETY: reading a u32 field of the union the kernel just wrote.
         Ok(_) => Ok(Some(unsafe { attr.__bindgen_anon_6.next_id })),
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// A descriptor of a loaded program. Only [`prog_get_fd_by_id`] makes one,
+/// so it always refers to a program: the kernel reads and writes a
+/// `bpf_prog_info` for it.
+#[derive(Debug)]
+pub(super) struct ProgFd(OwnedFd);
+
+/// Opens a program by kernel id (`BPF_PROG_GET_FD_BY_ID`). Needs
+/// CAP_SYS_ADMIN.
+pub(super) fn prog_get_fd_by_id(id: u32) -> SysResult<ProgFd> {
+    let mut attr = zeroed_attr();
+    attr.__bindgen_anon_6.__bindgen_anon_1.prog_id = id;
+    // SAFETY: no pointers in the attribute.
+    let ret = unsafe {
+        bpf(
+            "BPF_PROG_GET_FD_BY_ID",
+            bpf_cmd::BPF_PROG_GET_FD_BY_ID,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: BPF_PROG_GET_FD_BY_ID returns a new descriptor.
+    Ok(ProgFd(unsafe { owned_fd(ret) }))
+}
+
+/// `BPF_OBJ_GET_INFO_BY_FD` for a program, without its arrays: among the
+/// rest, how many maps it uses (`nr_map_ids`, for [`prog_map_ids`]).
+pub(super) fn prog_info(fd: &ProgFd) -> SysResult<bpf_prog_info> {
+    let mut info = MaybeUninit::<bpf_prog_info>::zeroed();
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.0.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = ptr(info.as_mut_ptr());
+    // SAFETY: `fd` is a program (see `ProgFd`), so the kernel fills `info`
+    // as a bpf_prog_info, a writable one of exactly info_len bytes; its
+    // array pointers are all 0, so the kernel writes no array.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: the buffer was zero-initialised (a valid bpf_prog_info: plain
+    // integers) and the kernel wrote at most info_len bytes of it.
+    Ok(unsafe { info.assume_init() })
+}
+
+/// The ids of the maps a program uses: `BPF_OBJ_GET_INFO_BY_FD` with room
+/// for `count` of them (its `nr_map_ids`, from [`prog_info`]). A program
+/// given more maps since (`BPF_PROG_BIND_MAP`) has its first `count`
+/// returned.
+pub(super) fn prog_map_ids(fd: &ProgFd, count: u32) -> SysResult<Vec<u32>> {
+    let mut ids = vec![0u32; count as usize];
+    // SAFETY: bpf_prog_info is plain integers: all-zero is a valid value.
+    let mut info: bpf_prog_info = unsafe { mem::zeroed() };
+    info.nr_map_ids = count;
+    info.map_ids = ptr(ids.as_mut_ptr());
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.0.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = ptr(&mut info as *mut bpf_prog_info);
+    // SAFETY: `fd` is a program (see `ProgFd`): the kernel fills `info`, a
+    // writable bpf_prog_info of exactly info_len bytes, and copies at most
+    // nr_map_ids u32s to map_ids, which points to `ids`, `count` u32s long.
+    // Every other array pointer is 0.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
+    // The kernel says how many the program has; it copied no more than
+    // `count`.
+    ids.truncate(info.nr_map_ids.min(count) as usize);
+    Ok(ids)
 }
 
 /// Whether `fd` refers to a BPF map (and not a program, link or BTF object).
@@ -243,6 +326,20 @@ pub(super) fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
     Ok(unsafe { info.assume_init() })
 }
 
+/// The buffers of a batch read (`BPF_MAP_LOOKUP_BATCH`,
+/// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`): the position token to continue
+/// after (none: from the first entry), room for the token the kernel
+/// returns, for keys and for values, and `count`: the capacity on entry,
+/// the entries copied on return.
+#[derive(Debug)]
+pub(super) struct BatchBuffers<'a> {
+    pub(super) in_batch: Option<&'a [u8]>,
+    pub(super) out_batch: &'a mut [u8],
+    pub(super) keys: &'a mut [u8],
+    pub(super) values: &'a mut [u8],
+    pub(super) count: &'a mut u32,
+}
+
 /// `BPF_MAP_LOOKUP_BATCH`. `count` holds the capacity on entry and the number
 /// of entries copied on return, also when the call fails with ENOENT (the end
 /// of the map).
@@ -252,25 +349,9 @@ pub(super) fn map_info(fd: BorrowedFd<'_>) -> SysResult<bpf_map_info> {
 /// (4 for hash-family maps, the key size otherwise), and `keys` and `values`
 /// must hold `*count` keys and `*count` kernel-sized values of that map.
 /// `in_batch`, when given, must be as large as the token.
-pub(super) unsafe fn lookup_batch(
-    fd: BorrowedFd<'_>,
-    in_batch: Option<&[u8]>,
-    out_batch: &mut [u8],
-    keys: &mut [u8],
-    values: &mut [u8],
-    count: &mut u32,
-) -> SysResult<()> {
+pub(super) unsafe fn lookup_batch(fd: BorrowedFd<'_>, b: BatchBuffers<'_>) -> SysResult<()> {
     // SAFETY: the caller's guarantees are those of `read_batch`.
-    unsafe {
-        read_batch(
-            ("BPF_MAP_LOOKUP_BATCH", bpf_cmd::BPF_MAP_LOOKUP_BATCH),
-            fd,
-            in_batch,
-            out_batch,
-            (keys, values),
-            count,
-        )
-    }
+    unsafe { read_batch("BPF_MAP_LOOKUP_BATCH", bpf_cmd::BPF_MAP_LOOKUP_BATCH, fd, b) }
 }
 
 /// `BPF_MAP_LOOKUP_AND_DELETE_BATCH`: as [`lookup_batch`], and the entries
@@ -289,24 +370,15 @@ pub(super) unsafe fn lookup_batch(
 /// As [`lookup_batch`].
 pub(super) unsafe fn lookup_and_delete_batch(
     fd: BorrowedFd<'_>,
-    in_batch: Option<&[u8]>,
-    out_batch: &mut [u8],
-    keys: &mut [u8],
-    values: &mut [u8],
-    count: &mut u32,
+    b: BatchBuffers<'_>,
 ) -> SysResult<()> {
     // SAFETY: the caller's guarantees are those of `read_batch`.
     unsafe {
         read_batch(
-            (
-                "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
-                bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
-            ),
+            "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
+            bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
             fd,
-            in_batch,
-            out_batch,
-            (keys, values),
-            count,
+            b,
         )
     }
 }
@@ -317,25 +389,23 @@ pub(super) unsafe fn lookup_and_delete_batch(
 /// # Safety
 /// As [`lookup_batch`].
 unsafe fn read_batch(
-    (call, cmd): (&'static str, bpf_cmd),
+    call: &'static str,
+    cmd: bpf_cmd,
     fd: BorrowedFd<'_>,
-    in_batch: Option<&[u8]>,
-    out_batch: &mut [u8],
-    (keys, values): (&mut [u8], &mut [u8]),
-    count: &mut u32,
+    b: BatchBuffers<'_>,
 ) -> SysResult<()> {
     let mut attr = zeroed_attr();
     attr.batch.map_fd = fd.as_raw_fd() as u32;
-    attr.batch.in_batch = in_batch.map_or(0, |b| ptr(b.as_ptr()));
-    attr.batch.out_batch = ptr(out_batch.as_mut_ptr());
-    attr.batch.keys = ptr(keys.as_mut_ptr());
-    attr.batch.values = ptr(values.as_mut_ptr());
-    attr.batch.count = *count;
+    attr.batch.in_batch = b.in_batch.map_or(0, |t| ptr(t.as_ptr()));
+    attr.batch.out_batch = ptr(b.out_batch.as_mut_ptr());
+    attr.batch.keys = ptr(b.keys.as_mut_ptr());
+    attr.batch.values = ptr(b.values.as_mut_ptr());
+    attr.batch.count = *b.count;
     // SAFETY: the caller guarantees the buffers fit `count` elements of the map.
     let ret = unsafe { bpf(call, cmd, &mut attr) };
     // SAFETY: reading a u32 field of the union; the kernel writes `count`
     // back in both success and failure (or leaves it as it was).
-    *count = unsafe { attr.batch.count };
+    *b.count = unsafe { attr.batch.count };
     ret.map(drop)
 }
 
@@ -746,10 +816,10 @@ pub fn is_bpffs(path: &Path) -> SysResult<bool> {
     let st = unsafe { buf.assume_init() };
     #[allow(
         clippy::unnecessary_cast,
-        reason = "f_type is i64 on x86_64 but u32 or i32 elsewhere"
+        reason = "f_type and the magic are i64 on x86_64 but u32 or i32 elsewhere"
     )]
-    let f_type = st.f_type as i64;
-    Ok(f_type == BPF_FS_MAGIC)
+    let (f_type, bpffs) = (st.f_type as i64, libc::BPF_FS_MAGIC as i64);
+    Ok(f_type == bpffs)
 }
 
 /// `mount -t bpf bpf PATH` (mode 0700 at the root).
@@ -839,9 +909,12 @@ pub(super) struct ProgLoad<'a> {
     pub(super) license: &'a CStr,
     pub(super) name: &'a str,
     pub(super) btf: BorrowedFd<'a>,
-    /// (instruction offset, BTF FUNC type id) per function.
+    /// (instruction offset, BTF FUNC type id) per function: a
+    /// `bpf_func_info` each.
     pub(super) funcs: &'a [[u32; 2]],
 }
+
+const _: () = assert!(mem::size_of::<bpf_func_info>() == mem::size_of::<[u32; 2]>());
 
 /// Bytes of the verifier's log kept when it refuses a program.
 const VERIFIER_LOG: usize = 256 << 10;
@@ -857,7 +930,7 @@ pub(super) fn prog_load(p: &ProgLoad<'_>) -> Result<OwnedFd, (SyscallError, Stri
         attr.__bindgen_anon_3.insns = ptr(p.insns.as_ptr());
         attr.__bindgen_anon_3.license = ptr(p.license.as_ptr());
         attr.__bindgen_anon_3.prog_btf_fd = p.btf.as_raw_fd() as u32;
-        attr.__bindgen_anon_3.func_info_rec_size = 8;
+        attr.__bindgen_anon_3.func_info_rec_size = mem::size_of::<bpf_func_info>() as u32;
         attr.__bindgen_anon_3.func_info = ptr(p.funcs.as_ptr());
         attr.__bindgen_anon_3.func_info_cnt = p.funcs.len() as u32;
         let mut name = [0 as libc::c_char; 16];

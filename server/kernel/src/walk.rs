@@ -195,8 +195,8 @@ impl<O: MapOps> Walker<O> {
 
     /// A walk of entries read as the kernel's generic batch reads them
     /// (the token is the last key delivered), whatever the map's type: the
-    /// entries a scan in the kernel took
-    /// (`scan::Matches`), in their order.
+    /// entries a walk inside the kernel took (`program::Matches`), in
+    /// their order.
     pub fn by_key(ops: O, meta: MapMeta, pos: Position) -> Result<Self, WalkError> {
         if let Position::After(token) = &pos
             && token.len() != meta.key_size as usize
@@ -422,20 +422,23 @@ impl<O: MapOps> Walker<O> {
 
     /// `None` when the next hash bucket holds more than `cap` entries.
     fn batch(&mut self, want: u32, cap: Option<u32>) -> Result<Option<Chunk>, WalkError> {
-        let mut n = want.max(self.min_batch);
+        let mut attempt = Attempt {
+            n: want.max(self.min_batch),
+            cap,
+            retries: 0,
+        };
         if let Some(cap) = cap {
             if self.min_batch > cap {
                 return Ok(None);
             }
-            n = n.min(cap);
+            attempt.n = attempt.n.min(cap);
         }
-        let mut retries = 0;
         loop {
             let after = self.continue_after().map(<[u8]>::to_vec);
-            let (res, raw, out_batch) = self.batch_call(after.as_deref(), n);
+            let (res, raw, out_batch) = self.batch_call(after.as_deref(), attempt.n);
             let end = match res {
                 Ok(()) => false,
-                Err(e) => match self.after_batch_error(e, raw.count, (&mut n, cap), &mut retries) {
+                Err(e) => match self.after_batch_error(e, raw.count, &mut attempt) {
                     AfterError::Retry => continue,
                     AfterError::End => true,
                     AfterError::Keep => false,
@@ -482,14 +485,11 @@ impl<O: MapOps> Walker<O> {
     const SMALL_BUCKET: u32 = 64;
 
     /// What to do after a batch call that failed with `e` having copied
-    /// `count` entries: `n`, the batch size, grows on ENOSPC up to `cap`.
-    fn after_batch_error(
-        &mut self,
-        e: SyscallError,
-        count: usize,
-        (n, cap): (&mut u32, Option<u32>),
-        retries: &mut u32,
-    ) -> AfterError {
+    /// `count` entries: the batch size grows on ENOSPC up to the cap, and
+    /// the retries are counted.
+    fn after_batch_error(&mut self, e: SyscallError, count: usize, a: &mut Attempt) -> AfterError {
+        let Attempt { n, cap, retries } = a;
+        let cap = *cap;
         let bucket = self.method == WalkMethod::BatchBucket;
         match e.errno() {
             Some(libc::ENOENT) => AfterError::End,
@@ -691,6 +691,14 @@ impl<O: MapOps> Walker<O> {
             e.into()
         }
     }
+}
+
+/// The batch calls of one read: the size of the next, the most a read
+/// with a limit takes, and how many times EINTR / EBUSY were retried.
+struct Attempt {
+    n: u32,
+    cap: Option<u32>,
+    retries: u32,
 }
 
 /// What a walk does after a failed batch call.
@@ -1146,7 +1154,7 @@ mod tests {
     #[test]
     fn a_stack_trace_walk_under_churn_delivers_each_stable_id_exactly_once() {
         let meta = MapMeta {
-            map_type: MapType(7), // stack_trace: key by key, ids ascending
+            map_type: MapType::STACK_TRACE, // key by key, ids ascending
             ..trie_meta()
         };
         assert_eq!(meta.walk_method(), WalkMethod::KeyByKey);

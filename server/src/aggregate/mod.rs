@@ -79,8 +79,9 @@ pub(crate) async fn prepare(
     let kernel = kernel_plan(
         calls,
         &opened.handle,
-        &req,
-        (&spec, filter.as_ref()),
+        req.scan,
+        &spec,
+        filter.as_ref(),
         max_groups,
     );
     Ok(Prepared {
@@ -100,29 +101,31 @@ pub(crate) async fn prepare(
     })
 }
 
-/// Whether the call's walk may run inside the kernel: asked for (the
-/// default), possible here for this map, and expressible as a program.
+/// Whether the call's walk may run inside the kernel: asked for (`scan`,
+/// the request's; by default), possible here for this map, and
+/// expressible as a program.
 fn kernel_plan(
     calls: &Calls,
     handle: &bpfmap_kernel::MapHandle,
-    req: &pb::AggregateMapRequest,
-    (spec, filter): (&Spec, Option<&Filter>),
+    scan: i32,
+    spec: &Spec,
+    filter: Option<&Filter>,
     max_groups: usize,
 ) -> KernelPlan {
-    if req.scan == pb::ScanMethod::ScanBatched as i32 {
+    if scan == pb::ScanMethod::ScanBatched as i32 {
         return KernelPlan::Off;
     }
     let meta = handle.meta();
-    if let Some(why) = calls.scans.unavailable(meta) {
-        return KernelPlan::Cannot(why);
+    if let Some(why) = calls.programs.unavailable(meta) {
+        return KernelPlan::Cannot(why.into());
     }
     let sizes = Sizes {
         key: meta.key_size as usize,
         value: meta.value_size as usize,
     };
     match crate::query::scan::plan(spec, filter, sizes, max_groups) {
-        Ok(plan) => KernelPlan::Plan(calls.scans.clone(), plan),
-        Err(why) => KernelPlan::Cannot(why),
+        Ok(plan) => KernelPlan::Plan(calls.programs.clone(), plan),
+        Err(why) => KernelPlan::Cannot(why.into()),
     }
 }
 

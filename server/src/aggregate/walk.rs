@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bpfmap_kernel::{
     MapHandle,
-    scan::{AggOp, ScanOutput, ScanPlan},
+    program::{AggOp, WalkOutput, WalkPlan},
     walk::Position,
 };
 use bpfmap_proto::v1 as pb;
@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use crate::{
     error::Error,
     model::MapRef,
-    query::{CostMeter, EntryRef, Filter, Spec, Table},
-    scans::KernelScans,
+    programs::{Unavailable, WalkPrograms},
+    query::{CostMeter, EntryRef, Filter, Spec, Table, scan::Untranslatable},
     watch::Scanner,
 };
 
@@ -48,9 +48,20 @@ pub(super) enum KernelPlan {
     /// The call asked for batched reads (SCAN_BATCHED).
     Off,
     /// The program's plan, and the daemon's programs.
-    Plan(Arc<KernelScans>, ScanPlan),
+    Plan(Arc<WalkPrograms>, WalkPlan),
     /// Why it cannot.
-    Cannot(String),
+    Cannot(NotInKernel),
+}
+
+/// Why an aggregate's walk does not run inside the kernel.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotInKernel {
+    /// No walk program runs for the map.
+    #[error(transparent)]
+    Program(#[from] Unavailable),
+    /// The question is not one a walk program computes.
+    #[error(transparent)]
+    Question(#[from] Untranslatable),
 }
 
 /// Entries read per kernel call of an aggregate.
@@ -62,12 +73,12 @@ impl AggregateWalk {
     pub(super) fn run(self) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
         let note = match &self.kernel {
             KernelPlan::Off => String::new(),
-            KernelPlan::Cannot(why) => why.clone(),
-            KernelPlan::Plan(scans, plan) => {
+            KernelPlan::Cannot(why) => why.to_string(),
+            KernelPlan::Plan(programs, plan) => {
                 self.check()?;
-                match scans.run(&self.handle, plan) {
+                match programs.run(&self.handle, plan) {
                     Ok(out) => return self.kernel_groups(out, plan),
-                    Err(why) => why,
+                    Err(why) => why.to_string(),
                 }
             }
         };
@@ -81,11 +92,11 @@ impl AggregateWalk {
         ))
     }
 
-    /// The groups a scan in the kernel found.
+    /// The groups a walk inside the kernel found.
     fn kernel_groups(
         &self,
-        out: ScanOutput,
-        plan: &ScanPlan,
+        out: WalkOutput,
+        plan: &WalkPlan,
     ) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
         let mut table = self.spec.table();
         let (visited, matched) = if plan.counts_only() {
@@ -111,7 +122,7 @@ impl AggregateWalk {
         if out.overflowed {
             table.overflow(plan.max_groups as usize + 1);
         }
-        let (groups, summary) = self.finish(table, (visited, matched))?;
+        let (groups, summary) = self.finish(table, visited, matched)?;
         Ok((
             groups,
             pb::AggregateSummary {
@@ -166,7 +177,7 @@ impl AggregateWalk {
                 break;
             }
         }
-        self.finish(table, (scanned, matched))
+        self.finish(table, scanned, matched)
     }
 
     /// Groups the entries of a watch's last scan of the map instead of
@@ -188,7 +199,7 @@ impl AggregateWalk {
             matched += 1;
             table.add(&e)
         });
-        self.finish(table, (scanned, matched))
+        self.finish(table, scanned, matched)
     }
 
     /// Stops a walk the daemon is shutting down or the client left.
@@ -202,11 +213,13 @@ impl AggregateWalk {
         Ok(())
     }
 
-    /// The groups of `table`, and the walk's summary.
+    /// The groups of `table`, and the summary of a walk that read
+    /// `scanned` entries and took `matched`.
     fn finish(
         &self,
         table: Table<'_>,
-        (scanned, matched): (u64, u64),
+        scanned: u64,
+        matched: u64,
     ) -> Result<(Vec<pb::Group>, pb::AggregateSummary), Error> {
         let order_non_negative = self.spec.non_negative_order();
         let (groups, total) = table

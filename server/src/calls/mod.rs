@@ -59,8 +59,8 @@ pub(crate) struct Calls {
     pub(crate) metrics: Metrics,
     /// True once the server is shutting down: new calls get UNAVAILABLE.
     pub(crate) draining: watch::Receiver<bool>,
-    /// The programs that scan maps inside the kernel.
-    pub(crate) scans: Arc<crate::scans::KernelScans>,
+    /// The programs that walk maps inside the kernel.
+    pub(crate) programs: Arc<crate::programs::WalkPrograms>,
 }
 
 /// A map opened for a call, with its types when they were asked for.

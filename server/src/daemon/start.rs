@@ -34,8 +34,8 @@ use crate::{
     model::SERVICE_NAME,
     net::{self, AcceptConfig, ConnRegistry, SharedTls},
     ops::{self, Exposition, Reloader},
+    programs::WalkPrograms,
     rpc::{MapServiceImpl, ServiceParts},
-    scans::KernelScans,
     watch::{WatchLimits, WatchStats, Watches},
 };
 
@@ -194,7 +194,7 @@ struct Core {
     readers: Arc<tokio::sync::Semaphore>,
     watch_stats: Arc<WatchStats>,
     drain_stats: Arc<DrainStats>,
-    scans: Arc<KernelScans>,
+    programs: Arc<WalkPrograms>,
 }
 
 impl Core {
@@ -207,14 +207,14 @@ impl Core {
         let conns = ConnRegistry::default();
         let watch_stats = Arc::new(WatchStats::default());
         let drain_stats = Arc::new(DrainStats::default());
-        let scans = Arc::new(if kernel_scans {
-            KernelScans::default()
+        let programs = Arc::new(if kernel_scans {
+            WalkPrograms::default()
         } else {
-            KernelScans::disabled()
+            WalkPrograms::disabled()
         });
         let export_stats = ExportStats::default();
         let live = Live {
-            scans: scans.clone(),
+            programs: programs.clone(),
             stats: stats.clone(),
             slots: slots.clone(),
             conns: conns.clone(),
@@ -233,7 +233,7 @@ impl Core {
             readers: Arc::new(tokio::sync::Semaphore::new(reader_permits())),
             watch_stats,
             drain_stats,
-            scans,
+            programs,
             dump_limits: DumpLimits {
                 share,
                 pool,
@@ -261,7 +261,7 @@ impl Core {
             policy: r.policy.clone(),
             metrics: self.metrics.clone(),
             draining: stopping.draining.subscribe(),
-            scans: self.scans.clone(),
+            programs: self.programs.clone(),
         };
         let dumps = Dumps {
             env: DumpEnv {
@@ -509,18 +509,18 @@ struct Live {
     conns: ConnRegistry,
     watches: Arc<WatchStats>,
     drains: Arc<DrainStats>,
-    scans: Arc<KernelScans>,
+    programs: Arc<WalkPrograms>,
 }
 
 impl Live {
-    /// The scans in the kernel's counters: name, help, value.
-    fn scan_counters(&self) -> [(&'static str, &'static str, u64); 4] {
-        let s = &self.scans.stats;
+    /// The counters of walks inside the kernel: name, help, value.
+    fn walk_program_counters(&self) -> [(&'static str, &'static str, u64); 4] {
+        let s = &self.programs.stats;
         [
             (
                 "bpfmapd_kernel_scans",
                 "Aggregates computed by a program walking the map inside the kernel",
-                s.scans.load(Ordering::Relaxed),
+                s.runs.load(Ordering::Relaxed),
             ),
             (
                 "bpfmapd_kernel_scan_fallbacks",
@@ -674,7 +674,7 @@ impl Live {
             (
                 "bpfmapd_kernel_scan_programs",
                 "Scan programs loaded now (each keeps its map alive until unloaded)",
-                self.scans.loaded() as i64,
+                self.programs.loaded() as i64,
             ),
         ]
     }
@@ -686,7 +686,7 @@ impl Collector for Live {
             .drain_counters()
             .into_iter()
             .chain(self.watch_counters())
-            .chain(self.scan_counters())
+            .chain(self.walk_program_counters())
             .chain(self.dump_counters());
         for (name, help, value) in counters {
             let c = ConstCounter::new(value);

@@ -1,4 +1,4 @@
-//! Filtered dumps walked inside the kernel: a scan program tests the
+//! Filtered dumps walked inside the kernel: a walk program tests the
 //! filter (what of it the kernel can test) on every entry and copies the
 //! entries it takes; the dump then walks those, sorted by key, with the
 //! filter tested again in user space, and with cursors of the same form
@@ -14,7 +14,7 @@
 
 use bpfmap_kernel::{
     MapHandle, MapMeta, MapOps, MapType, SyscallError,
-    scan::{self, Matches, ScanPlan},
+    program::{self, Matches, WalkPlan},
     walk::Position,
 };
 use bpfmap_proto::v1 as pb;
@@ -25,10 +25,15 @@ use crate::{
     error::Error,
     limits::Reservation,
     model::MapRef,
-    query::{Filter, Query, scan::Sizes},
+    programs::Unavailable,
+    query::{
+        Filter, Query,
+        scan::{Sizes, Untranslatable},
+    },
 };
 
-/// What a dump reads: the map, or the entries a scan in the kernel took.
+/// What a dump reads: the map, or the entries a walk inside the kernel
+/// took.
 #[derive(Debug)]
 pub(crate) enum Source {
     Map(MapHandle),
@@ -111,39 +116,96 @@ fn exact_in_kernel(meta: &MapMeta) -> bool {
     meta.map_type == MapType::ARRAY
 }
 
-/// Decides how a dump of `handle`'s map reads it, and runs the walk inside
-/// the kernel when it does: `key_order_cursor` when the request's cursor
-/// comes from a dump in key-byte order.
+/// Why a filtered dump is read in batches rather than walked inside the
+/// kernel: its summary's note.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Batched {
+    /// No walk program runs for the map.
+    #[error(transparent)]
+    Program(#[from] Unavailable),
+    /// The kernel can test nothing of the filter that takes fewer entries
+    /// than all.
+    #[error("the filter takes every entry")]
+    EveryEntry,
+    /// What of the filter the kernel cannot test, when that leaves it
+    /// nothing to test.
+    #[error("{}", joined(.0))]
+    Untested(Vec<Untranslatable>),
+    /// A per-CPU map: a program sees one CPU's value.
+    #[error("a scan in the kernel sees one CPU's value of a per-CPU map")]
+    PerCpu,
+    /// A map whose walk inside the kernel can miss an entry (all but
+    /// arrays), without SCAN_KERNEL.
+    #[error(
+        "a walk inside the kernel can miss an entry of a {0} map replaced while it runs, which a dump's cursors rule out; SCAN_KERNEL accepts that"
+    )]
+    Unlocked(MapType),
+    /// The cursor resumes a dump read in batches.
+    #[error("the cursor comes from a dump read in batches")]
+    CursorOfBatches,
+    /// More entries match than a dump holds (this many).
+    #[error(
+        "more than {0} entries match, more than a dump walked inside the kernel holds (a quarter of limits.max_queued_bytes)"
+    )]
+    TooManyMatches(usize),
+    /// The pool's memory is taken.
+    #[error("the server's memory for dumps is in use")]
+    NoMemory,
+}
+
+/// Reasons, as a note lists them.
+fn joined(reasons: &[Untranslatable]) -> String {
+    let texts: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    texts.join("; ")
+}
+
+/// What a dump's walk is decided from: its map, its query, the scan method
+/// it asks for and where its cursor stands.
+pub(super) struct WalkRequest<'a> {
+    pub(super) map: &'a MapRef,
+    pub(super) query: Option<&'a Query>,
+    pub(super) scan: pb::ScanMethod,
+    pub(super) position: &'a Position,
+    /// Whether the cursor comes from a dump in key-byte order.
+    pub(super) key_order_cursor: bool,
+}
+
+/// Decides how the dump `req` asks for reads `handle`'s map, and runs the
+/// walk inside the kernel when it does.
 pub(super) async fn decide(
-    (calls, dumps): (&Calls, &Dumps),
-    (map, handle): (&MapRef, MapHandle),
-    (query, scan): (Option<&Query>, pb::ScanMethod),
-    (position, key_order_cursor): (&Position, bool),
+    calls: &Calls,
+    dumps: &Dumps,
+    handle: MapHandle,
+    req: &WalkRequest<'_>,
 ) -> Result<Decided, Error> {
     let meta = handle.meta().clone();
-    let filter = query
+    let filter = req
+        .query
         .and_then(|q| q.filter.as_ref())
-        .filter(|_| scan != pb::ScanMethod::ScanBatched);
-    let cond = match filter {
-        None => Err(String::new()),
-        Some(f) => match why_not(calls, &meta, scan, (position, key_order_cursor)) {
-            Some(why) => Err(why),
-            None => prefilter(f, &meta),
-        },
+        .filter(|_| req.scan != pb::ScanMethod::ScanBatched);
+    // Without a filter there is nothing to walk inside the kernel, and
+    // nothing to say.
+    let Some(filter) = filter else {
+        return Ok(batched(handle, None));
+    };
+    let cond = match why_not(calls, &meta, req) {
+        Some(why) => Err(why),
+        None => prefilter(filter, &meta),
     };
     let (cond, left_out) = match cond {
         Ok(c) => c,
-        Err(why) => return Ok(batched(handle, why)),
+        Err(why) => return Ok(batched(handle, Some(why))),
     };
     let (handle, taken) = take(calls, dumps, handle, cond).await?;
     let (matches, report) = match taken {
         Ok(taken) => taken,
-        Err(why) if key_order_cursor => {
+        Err(why) if req.key_order_cursor => {
             return Err(Error::KernelWalkUnavailable(format!(
-                "this cursor resumes a dump of {map} walked inside the kernel, and that walk cannot run now ({why}); restart the dump"
+                "this cursor resumes a dump of {} walked inside the kernel, and that walk cannot run now ({why}); restart the dump",
+                req.map
             )));
         }
-        Err(why) => return Ok(batched(handle, why)),
+        Err(why) => return Ok(batched(handle, Some(why))),
     };
     Ok(Decided {
         source: Source::Taken(matches),
@@ -160,25 +222,28 @@ pub(super) async fn decide(
 
 /// What of `filter` the kernel tests, and what it leaves to user space;
 /// why nothing when it can test nothing that takes fewer entries than all.
-fn prefilter(filter: &Filter, meta: &MapMeta) -> Result<(scan::Cond, Vec<String>), String> {
+fn prefilter(
+    filter: &Filter,
+    meta: &MapMeta,
+) -> Result<(program::Cond, Vec<Untranslatable>), Batched> {
     let sizes = Sizes {
         key: meta.key_size as usize,
         value: meta.value_size as usize,
     };
-    let (cond, left_out) = filter.scan_prefilter(sizes);
+    let (cond, left_out) = filter.kernel_prefilter(sizes);
     match (cond, left_out.is_empty()) {
-        (scan::Cond::Const(true), true) => Err("the filter takes every entry".into()),
-        (scan::Cond::Const(true), false) => Err(left_out.join("; ")),
+        (program::Cond::Const(true), true) => Err(Batched::EveryEntry),
+        (program::Cond::Const(true), false) => Err(Batched::Untested(left_out)),
         (cond, _) => Ok((cond, left_out)),
     }
 }
 
-/// A dump read in batches, and why.
-fn batched(handle: MapHandle, note: String) -> Decided {
+/// A dump read in batches, and why (nothing to say without a filter).
+fn batched(handle: MapHandle, why: Option<Batched>) -> Decided {
     Decided {
         source: Source::Map(handle),
         report: ScanReport {
-            note,
+            note: why.map(|w| w.to_string()).unwrap_or_default(),
             ..ScanReport::default()
         },
         key_order: false,
@@ -187,24 +252,16 @@ fn batched(handle: MapHandle, note: String) -> Decided {
 
 /// Why a filtered dump of a map like `meta`'s is read in batches whatever
 /// its filter: the kernel, the map, the scan asked for, the cursor's walk.
-fn why_not(
-    calls: &Calls,
-    meta: &MapMeta,
-    scan: pb::ScanMethod,
-    (position, key_order_cursor): (&Position, bool),
-) -> Option<String> {
+fn why_not(calls: &Calls, meta: &MapMeta, req: &WalkRequest<'_>) -> Option<Batched> {
     let exact = exact_in_kernel(meta);
-    if let Some(why) = calls.scans.unavailable(meta) {
-        Some(why)
+    if let Some(why) = calls.programs.unavailable(meta) {
+        Some(why.into())
     } else if meta.per_cpu() {
-        Some("a scan in the kernel sees one CPU's value of a per-CPU map".into())
-    } else if !exact && scan == pb::ScanMethod::ScanAuto {
-        Some(format!(
-            "a walk inside the kernel can miss an entry of a {} map replaced while it runs, which a dump's cursors rule out; SCAN_KERNEL accepts that",
-            meta.map_type
-        ))
-    } else if !exact && !key_order_cursor && *position != Position::Start {
-        Some("the cursor comes from a dump read in batches".into())
+        Some(Batched::PerCpu)
+    } else if !exact && req.scan == pb::ScanMethod::ScanAuto {
+        Some(Batched::Unlocked(meta.map_type))
+    } else if !exact && !req.key_order_cursor && *req.position != Position::Start {
+        Some(Batched::CursorOfBatches)
     } else {
         None
     }
@@ -217,15 +274,15 @@ async fn take(
     calls: &Calls,
     dumps: &Dumps,
     handle: MapHandle,
-    cond: scan::Cond,
-) -> Result<(MapHandle, Result<(Matches, ScanReport), String>), Error> {
+    cond: program::Cond,
+) -> Result<(MapHandle, Result<(Matches, ScanReport), Batched>), Error> {
     let meta = handle.meta().clone();
     let entry = (meta.key_size + meta.value_size).max(1) as usize;
     let max = (dumps.env.limits.pool / entry).clamp(1, meta.max_entries.max(1) as usize);
-    let plan = ScanPlan::entries(cond, max as u32);
-    let scans = calls.scans.clone();
+    let plan = WalkPlan::entries(cond, max as u32);
+    let programs = calls.programs.clone();
     let (handle, ran) = tokio::task::spawn_blocking(move || {
-        let ran = scans.run(&handle, &plan);
+        let ran = programs.run(&handle, &plan);
         (handle, ran)
     })
     .await
@@ -234,28 +291,20 @@ async fn take(
         message: format!("a scan in the kernel panicked: {e}"),
     })?;
     let out = match ran {
-        Ok(out) if out.overflowed => {
-            let why = format!(
-                "more than {max} entries match, more than a dump walked inside the kernel holds (a quarter of limits.max_queued_bytes)"
-            );
-            return Ok((handle, Err(why)));
-        }
+        Ok(out) if out.overflowed => return Ok((handle, Err(Batched::TooManyMatches(max)))),
         Ok(out) => out,
-        Err(why) => return Ok((handle, Err(why))),
+        Err(why) => return Ok((handle, Err(why.into()))),
     };
     let bytes = out.entries.keys.len() + out.entries.values.len();
     let Some(memory) = dumps.pool.try_reserve(bytes) else {
-        return Ok((
-            handle,
-            Err("the server's memory for dumps is in use".into()),
-        ));
+        return Ok((handle, Err(Batched::NoMemory)));
     };
     let order = if exact_in_kernel(&meta) {
-        scan::index_order
+        program::index_order
     } else {
-        scan::byte_order
+        program::byte_order
     };
-    let sizes = (meta.key_size as usize, meta.value_size as usize);
+
     let report = ScanReport {
         visited: Some(out.visited),
         note: String::new(),
@@ -263,6 +312,14 @@ async fn take(
     };
     Ok((
         handle,
-        Ok((Matches::new(out.entries, sizes, order), report)),
+        Ok((
+            Matches::new(
+                out.entries,
+                meta.key_size as usize,
+                meta.value_size as usize,
+                order,
+            ),
+            report,
+        )),
     ))
 }

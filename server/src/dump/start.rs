@@ -77,13 +77,14 @@ pub(crate) async fn start(
             resume(c, &meta, scan, digest, key_order_digest)?
         }
     };
-    let decided = kernel::decide(
-        (calls, dumps),
-        (&opened.map, opened.handle),
-        (query.as_deref(), scan),
-        (&position, key_order_cursor),
-    )
-    .await?;
+    let walk = kernel::WalkRequest {
+        map: &opened.map,
+        query: query.as_deref(),
+        scan,
+        position: &position,
+        key_order_cursor,
+    };
+    let decided = kernel::decide(calls, dumps, opened.handle, &walk).await?;
     let keys = calls.keys.load_full();
     let sealer = Sealer::new(keys.as_ref().clone(), &caller.identity, &opened.map, &meta)
         .with_query(if decided.key_order {

@@ -5,14 +5,14 @@
 
 use std::collections::HashMap;
 
-use bpfmap_kernel::scan::{AggOp, GroupPart, Side};
+use bpfmap_kernel::program::{AggOp, GroupPart, Side};
 use bpfmap_proto::{
     aggregate::{self as values, Op},
     typed::{EntryRef, IntMember, MapLayout, Projection, Root, Source},
     v1 as pb,
 };
 
-use super::scan::{Sizes, int_read};
+use super::scan::{Sizes, Untranslatable, int_read};
 
 /// Most aggregates one request may ask for.
 pub const MAX_AGGREGATES: usize = 16;
@@ -216,27 +216,27 @@ impl Spec {
         self.aggs.len()
     }
 
-    /// The group key's parts, its length and the aggregates of a scan in
-    /// the kernel, or why they are computed in user space.
-    pub(crate) fn scan_parts(
+    /// The group key's parts, its length and the aggregates of a walk
+    /// inside the kernel, or why they are computed in user space.
+    pub(crate) fn kernel_parts(
         &self,
         sizes: Sizes,
-    ) -> Result<(Vec<GroupPart>, u16, Vec<AggOp>), String> {
+    ) -> Result<(Vec<GroupPart>, u16, Vec<AggOp>), Untranslatable> {
         let mut parts = Vec::new();
         let mut key_len = 0;
         if let Some(g) = &self.group {
             key_len = g.key_size() + g.value_size();
             for (source, out, size) in g.places() {
-                let out = u16::try_from(out).map_err(|_| "the group key is too long")?;
+                let out = u16::try_from(out).map_err(|_| Untranslatable::GroupKeyTooLong)?;
                 parts.push(match source {
                     Source::Bytes { root, offset, len } => GroupPart::Bytes {
                         side: match root {
                             Root::Key => Side::Key,
                             Root::Value => Side::Value,
-                            Root::Cpu(_) => return Err("a group reads one CPU's value".into()),
+                            Root::Cpu(_) => return Err(Untranslatable::GroupCpuValue),
                         },
-                        offset: u16::try_from(offset).map_err(|_| "a member too far")?,
-                        len: u16::try_from(len).map_err(|_| "a member too long")?,
+                        offset: u16::try_from(offset).map_err(|_| Untranslatable::MemberTooFar)?,
+                        len: u16::try_from(len).map_err(|_| Untranslatable::MemberTooLong)?,
                         out,
                     },
                     Source::Int(m) if matches!(size, 1 | 2 | 4 | 8) => GroupPart::Int {
@@ -244,11 +244,11 @@ impl Spec {
                         out,
                         size: size as u8,
                     },
-                    Source::Int(_) => return Err("a group member of more than 64 bits".into()),
+                    Source::Int(_) => return Err(Untranslatable::WideGroupMember),
                 });
             }
         }
-        let key_len = u16::try_from(key_len).map_err(|_| "the group key is too long")?;
+        let key_len = u16::try_from(key_len).map_err(|_| Untranslatable::GroupKeyTooLong)?;
         let aggs = self
             .aggs
             .iter()
@@ -256,11 +256,7 @@ impl Spec {
                 let load = match a.loads.as_slice() {
                     [] => return Ok(AggOp::Count),
                     [load] => int_read(load, sizes)?,
-                    _ => {
-                        return Err(
-                            "a scan in the kernel sees one CPU's value of a per-CPU map".to_owned()
-                        );
-                    }
+                    _ => return Err(Untranslatable::PerCpuValues),
                 };
                 Ok(match a.op {
                     Op::Sum => AggOp::Sum(load),
@@ -269,7 +265,7 @@ impl Spec {
                     _ => AggOp::Count,
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
         Ok((parts, key_len, aggs))
     }
 
@@ -351,7 +347,7 @@ impl Table<'_> {
         true
     }
 
-    /// Adds a group computed elsewhere (a scan in the kernel): its key,
+    /// Adds a group computed elsewhere (a walk inside the kernel): its key,
     /// its count, each aggregate's value. `false` once the table is full.
     pub fn add_group(&mut self, key: Vec<u8>, count: u64, values: Vec<Option<i128>>) -> bool {
         if !self.groups.contains_key(&key) && self.groups.len() >= self.spec.max_groups {

@@ -1,20 +1,20 @@
-//! A compiled filter as the condition of a scan in the kernel: member
+//! A compiled filter as the condition of a walk inside the kernel: member
 //! against constant comparisons (of any width, sign, byte order, and of
 //! bitfields), `in` on lists of integers, `&&`, `||`, `!`. What else a
 //! filter does stays in user space.
 
-use bpfmap_kernel::scan::{CmpOp, Cond};
+use bpfmap_kernel::program::{CmpOp, Cond};
 
 use super::{Cmp, Filter, Node, flip};
-use crate::query::scan::{Sizes, int_read};
+use crate::query::scan::{Sizes, Untranslatable, int_read};
 
 /// Most list elements compared in the kernel.
 const MAX_IN: usize = 64;
 
 impl Filter {
-    /// The condition of a scan in the kernel, or why the filter is
+    /// The condition of a walk inside the kernel, or why the filter is
     /// evaluated in user space.
-    pub(crate) fn scan_cond(&self, sizes: Sizes) -> Result<Cond, String> {
+    pub(crate) fn kernel_cond(&self, sizes: Sizes) -> Result<Cond, Untranslatable> {
         cond(&self.root, sizes)
     }
 
@@ -22,7 +22,7 @@ impl Filter {
     /// and perhaps others (the filter is then tested again in user space):
     /// the filter with what the kernel cannot test left out. The reasons
     /// for what was left out, none when the condition is the filter.
-    pub(crate) fn scan_prefilter(&self, sizes: Sizes) -> (Cond, Vec<String>) {
+    pub(crate) fn kernel_prefilter(&self, sizes: Sizes) -> (Cond, Vec<Untranslatable>) {
         let mut left_out = Vec::new();
         let c = relaxed(&self.root, sizes, true, &mut left_out).simplified();
         (c, left_out)
@@ -31,7 +31,7 @@ impl Filter {
 
 /// `n` as a condition that takes more entries (`wider`) or fewer than it:
 /// what cannot be translated becomes true or false.
-fn relaxed(n: &Node, sizes: Sizes, wider: bool, left_out: &mut Vec<String>) -> Cond {
+fn relaxed(n: &Node, sizes: Sizes, wider: bool, left_out: &mut Vec<Untranslatable>) -> Cond {
     match n {
         Node::Not(x) => Cond::Not(Box::new(relaxed(x, sizes, !wider, left_out))),
         Node::And(xs) => Cond::All(
@@ -64,7 +64,7 @@ fn op(c: Cmp) -> CmpOp {
     }
 }
 
-fn cond(n: &Node, sizes: Sizes) -> Result<Cond, String> {
+fn cond(n: &Node, sizes: Sizes) -> Result<Cond, Untranslatable> {
     let all = |ns: &[Node]| {
         ns.iter()
             .map(|n| cond(n, sizes))
@@ -78,12 +78,12 @@ fn cond(n: &Node, sizes: Sizes) -> Result<Cond, String> {
             (Node::LoadInt(m), Node::Int(k)) => Cond::Cmp(int_read(m, sizes)?, op(*c), *k),
             (Node::Int(k), Node::LoadInt(m)) => Cond::Cmp(int_read(m, sizes)?, op(flip(*c)), *k),
             (Node::LoadBytes(_) | Node::Bytes(_), _) | (_, Node::LoadBytes(_) | Node::Bytes(_)) => {
-                return Err("the filter reads text or bytes".into());
+                return Err(Untranslatable::FilterReadsBytes);
             }
             (Node::Arith(..) | Node::Neg(_), _) | (_, Node::Arith(..) | Node::Neg(_)) => {
-                return Err("the filter computes arithmetic".into());
+                return Err(Untranslatable::FilterComputes);
             }
-            _ => return Err("the filter compares computed values".into()),
+            _ => return Err(Untranslatable::FilterComparesComputed),
         },
         Node::Not(x) => Cond::Not(Box::new(cond(x, sizes)?)),
         Node::And(xs) => Cond::All(all(xs)?),
@@ -97,18 +97,18 @@ fn cond(n: &Node, sizes: Sizes) -> Result<Cond, String> {
                 let r = int_read(m, sizes)?;
                 Cond::Any(set.0.iter().map(|k| Cond::Cmp(r, CmpOp::Eq, *k)).collect())
             }
-            _ => return Err("the filter tests a computed value against a list".into()),
+            _ => return Err(Untranslatable::FilterListOfComputed),
         },
         Node::IntInConsts(..) | Node::InInts(..) => {
-            return Err(format!("the filter has a list longer than {MAX_IN}"));
+            return Err(Untranslatable::FilterLongList(MAX_IN));
         }
-        Node::Arith(..) | Node::Neg(_) => return Err("the filter computes arithmetic".into()),
+        Node::Arith(..) | Node::Neg(_) => return Err(Untranslatable::FilterComputes),
         Node::Str(..) | Node::Matches(..) | Node::Size(_) | Node::InBytes(..) => {
-            return Err("the filter reads text or bytes".into());
+            return Err(Untranslatable::FilterReadsBytes);
         }
-        Node::Cond(..) => return Err("the filter has a conditional expression".into()),
+        Node::Cond(..) => return Err(Untranslatable::FilterConditional),
         Node::Int(_) | Node::Bytes(_) | Node::LoadInt(_) | Node::LoadBytes(_) => {
-            return Err("the filter is not a condition".into());
+            return Err(Untranslatable::FilterNotCondition);
         }
     })
 }

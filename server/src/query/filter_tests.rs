@@ -31,9 +31,9 @@ impl Map {
         }
     }
 
-    fn compile(&self, source: &str) -> Result<Filter, String> {
+    fn compile(&self, source: &str) -> Result<Filter, FilterError> {
         let shape = t::layout(&self.key, &self.value, self.cpus);
-        Filter::compile(source, &shape).map_err(|e| e.to_string())
+        Filter::compile(source, &shape)
     }
 
     /// Whether `source` matches the entry (`stride` for per-CPU values).
@@ -48,7 +48,7 @@ impl Map {
     fn refused(&self, source: &str) -> String {
         match self.compile(source) {
             Ok(_) => panic!("{source:?} compiled"),
-            Err(e) => e,
+            Err(e) => e.to_string(),
         }
     }
 }
@@ -741,13 +741,15 @@ fn a_filter_holds_at_most_eight_regular_expressions() {
 
 #[test]
 fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
-    use bpfmap_kernel::scan::Cond;
+    use bpfmap_kernel::program::Cond;
+
+    use crate::query::scan::Untranslatable;
     let map = Map::everything();
     let sizes = crate::query::scan::Sizes {
         key: 64,
         value: 4096,
     };
-    let pre = |source: &str| map.compile(source).unwrap().scan_prefilter(sizes);
+    let pre = |source: &str| map.compile(source).unwrap().kernel_prefilter(sizes);
     // All of it: no reason.
     let (c, why) = pre("key.dport == 443 && value.u8 > 3");
     assert!(matches!(c, Cond::All(ref cs) if cs.len() == 2), "{c:?}");
@@ -755,7 +757,8 @@ fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
     // The text comparison is left to user space, the port kept.
     let (c, why) = pre(r#"key.dport == 443 && value.comm == "nginx-worker""#);
     assert!(matches!(c, Cond::Cmp(..)), "{c:?}");
-    assert_eq!(why, ["the filter reads text or bytes"]);
+    assert_eq!(why, [Untranslatable::FilterReadsBytes]);
+    assert_eq!(why[0].to_string(), "the filter reads text or bytes");
     // Under a negation, what is left out takes nothing away either.
     let (c, _) = pre(r#"!(key.dport == 443 && value.comm == "x")"#);
     assert_eq!(c, Cond::Const(true));
@@ -764,8 +767,9 @@ fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
     assert_eq!(
         why,
         [
-            "the filter reads text or bytes",
-            "the filter computes arithmetic"
+            Untranslatable::FilterReadsBytes,
+            Untranslatable::FilterComputes
         ]
     );
+    assert_eq!(why[1].to_string(), "the filter computes arithmetic");
 }

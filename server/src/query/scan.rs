@@ -1,9 +1,9 @@
-//! Questions as scans in the kernel: a filter, groups and aggregates
-//! translated into a [`ScanPlan`], or the reason they cannot be (a member
+//! Questions as walks inside the kernel: a filter, groups and aggregates
+//! translated into a [`WalkPlan`], or the reason they cannot be (a member
 //! the generated program does not read: text, wider than 64 bits, one
 //! CPU's value; a filter with arithmetic, strings or regular expressions).
 
-use bpfmap_kernel::scan::{IntRead, ScanPlan, Side};
+use bpfmap_kernel::program::{IntRead, IntSpec, Side, WalkPlan};
 use bpfmap_proto::typed::{IntMember, Root};
 
 use super::{Filter, Spec};
@@ -15,21 +15,73 @@ pub(crate) struct Sizes {
     pub(crate) value: usize,
 }
 
+/// Why a question is answered in user space rather than by a walk inside
+/// the kernel: what of it a walk program does not compute.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Untranslatable {
+    /// A member of one CPU's value (`cpu[N]`).
+    #[error("one CPU's value is read in user space")]
+    CpuValue,
+    /// An integer one load cannot read (`bits` wide).
+    #[error("a {0}-bit member is read in user space")]
+    WideMember(usize),
+    /// The filter compares text or bytes.
+    #[error("the filter reads text or bytes")]
+    FilterReadsBytes,
+    /// The filter computes (`+`, `-`, ...).
+    #[error("the filter computes arithmetic")]
+    FilterComputes,
+    /// The filter compares two computed values.
+    #[error("the filter compares computed values")]
+    FilterComparesComputed,
+    /// The filter tests a computed value with `in`.
+    #[error("the filter tests a computed value against a list")]
+    FilterListOfComputed,
+    /// The filter's `in` list has more elements than this.
+    #[error("the filter has a list longer than {0}")]
+    FilterLongList(usize),
+    /// The filter has `a ? b : c`.
+    #[error("the filter has a conditional expression")]
+    FilterConditional,
+    /// The filter's root is not a condition.
+    #[error("the filter is not a condition")]
+    FilterNotCondition,
+    /// The group key is longer than a program's key.
+    #[error("the group key is too long")]
+    GroupKeyTooLong,
+    /// A group member of one CPU's value.
+    #[error("a group reads one CPU's value")]
+    GroupCpuValue,
+    /// A group member at an offset past 64 KiB.
+    #[error("a member too far")]
+    MemberTooFar,
+    /// A group member longer than 64 KiB.
+    #[error("a member too long")]
+    MemberTooLong,
+    /// A group member integer wider than 64 bits.
+    #[error("a group member of more than 64 bits")]
+    WideGroupMember,
+    /// An aggregate of the values of every CPU.
+    #[error("a scan in the kernel sees one CPU's value of a per-CPU map")]
+    PerCpuValues,
+}
+
 /// How a program reads `m`, or why it cannot.
-pub(crate) fn int_read(m: &IntMember, sizes: Sizes) -> Result<IntRead, String> {
+pub(crate) fn int_read(m: &IntMember, sizes: Sizes) -> Result<IntRead, Untranslatable> {
     let (side, size) = match m.root() {
         Root::Key => (Side::Key, sizes.key),
         Root::Value => (Side::Value, sizes.value),
-        Root::Cpu(_) => return Err("one CPU's value is read in user space".into()),
+        Root::Cpu(_) => return Err(Untranslatable::CpuValue),
     };
     let f = m.field();
-    IntRead::new(
+    let member = IntSpec {
         side,
-        (f.bit_offset(), f.bits()),
-        (f.signed(), f.big_endian()),
-        size,
-    )
-    .ok_or_else(|| format!("a {}-bit member is read in user space", f.bits()))
+        bit_offset: f.bit_offset(),
+        bits: f.bits(),
+        signed: f.signed(),
+        big_endian: f.big_endian(),
+    };
+    IntRead::new(member, size).ok_or(Untranslatable::WideMember(f.bits()))
 }
 
 /// The plan of an aggregate with `filter`, or why it stays in user space.
@@ -38,21 +90,23 @@ pub(crate) fn plan(
     filter: Option<&Filter>,
     sizes: Sizes,
     max_groups: usize,
-) -> Result<ScanPlan, String> {
+) -> Result<WalkPlan, Untranslatable> {
     let filter = match filter {
-        None => bpfmap_kernel::scan::Cond::Const(true),
-        Some(f) => f.scan_cond(sizes)?,
+        None => bpfmap_kernel::program::Cond::Const(true),
+        Some(f) => f.kernel_cond(sizes)?,
     };
-    let (group, key_len, aggs) = spec.scan_parts(sizes)?;
+    let (group, key_len, aggs) = spec.kernel_parts(sizes)?;
     // Only COUNT, no filter, no groups: the program counts what it visits.
-    if filter == bpfmap_kernel::scan::Cond::Const(true)
+    if filter == bpfmap_kernel::program::Cond::Const(true)
         && group.is_empty()
-        && aggs.iter().all(|a| *a == bpfmap_kernel::scan::AggOp::Count)
+        && aggs
+            .iter()
+            .all(|a| *a == bpfmap_kernel::program::AggOp::Count)
     {
-        return Ok(ScanPlan::count());
+        return Ok(WalkPlan::count());
     }
-    Ok(ScanPlan {
-        output: bpfmap_kernel::scan::Output::Groups,
+    Ok(WalkPlan {
+        output: bpfmap_kernel::program::Output::Groups,
         filter,
         group,
         key_len,

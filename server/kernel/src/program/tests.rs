@@ -1,8 +1,8 @@
-//! Scan programs against real maps: what they count, group and add up
+//! Walk programs against real maps: what they count, group and add up
 //! equals what the entries hold.
 
 use super::*;
-use crate::MapOps;
+use crate::{MapOps, OwnedMap};
 
 fn hash(n: u32) -> OwnedMap {
     // key: u32; value: u64 bytes, i32 delta, __be16 port, u8 proto, u8 flags
@@ -20,25 +20,32 @@ fn hash(n: u32) -> OwnedMap {
 }
 
 /// A handle without CAP_SYS_ADMIN (a copy of the creator's descriptor):
-/// these tests pass with CAP_BPF alone, as the daemon's scans do.
+/// these tests pass with CAP_BPF alone, as the daemon's walk programs do.
 fn open(map: &OwnedMap) -> MapHandle {
     map.handle().unwrap()
 }
 
 fn int(side: Side, bit_offset: usize, bits: usize, signed: bool, be: bool) -> IntRead {
     let size = if side == Side::Key { 4 } else { 16 };
-    IntRead::new(side, (bit_offset, bits), (signed, be), size).unwrap()
+    let member = IntSpec {
+        side,
+        bit_offset,
+        bits,
+        signed,
+        big_endian: be,
+    };
+    IntRead::new(member, size).unwrap()
 }
 
 #[test]
-fn this_kernel_runs_scan_programs() {
-    supported().expect("scan programs on this kernel");
+fn this_kernel_runs_walk_programs() {
+    supported().expect("walk programs on this kernel");
 }
 
 #[test]
 fn a_count_program_counts_every_entry() {
     let map = hash(1000);
-    let p = ScanProgram::load(&open(&map), &ScanPlan::count()).unwrap();
+    let p = WalkProgram::load(&open(&map), &WalkPlan::count()).unwrap();
     let out = p.run().unwrap();
     assert_eq!(out.visited, 1000);
     assert_eq!(p.run().unwrap().visited, 1000);
@@ -52,7 +59,7 @@ fn groups_and_aggregates_equal_the_entries() {
     let delta = int(Side::Value, 8 * 8, 32, true, false);
     let bytes = int(Side::Value, 0, 64, false, false);
     let low_flags = int(Side::Value, 15 * 8, 3, false, false);
-    let plan = ScanPlan {
+    let plan = WalkPlan {
         output: Output::Groups,
         // port != 0 && (delta < 0 || proto == 1)
         filter: Cond::All(vec![
@@ -77,7 +84,7 @@ fn groups_and_aggregates_equal_the_entries() {
         ],
         max_groups: 10,
     };
-    let p = ScanProgram::load(&open(&map), &plan).unwrap();
+    let p = WalkProgram::load(&open(&map), &plan).unwrap();
     let out = p.run().unwrap();
     assert_eq!(out.visited, 100);
     let mut want: std::collections::BTreeMap<u16, (u64, i128, i128, i128, i128)> =
@@ -112,9 +119,9 @@ fn groups_and_aggregates_equal_the_entries() {
 }
 
 #[test]
-fn a_scan_with_more_groups_than_allowed_says_it_overflowed() {
+fn a_walk_with_more_groups_than_allowed_says_it_overflowed() {
     let map = hash(50);
-    let plan = ScanPlan {
+    let plan = WalkPlan {
         output: Output::Groups,
         filter: Cond::Const(true),
         group: vec![GroupPart::Bytes {
@@ -127,7 +134,7 @@ fn a_scan_with_more_groups_than_allowed_says_it_overflowed() {
         aggs: vec![AggOp::Count],
         max_groups: 10,
     };
-    let out = ScanProgram::load(&open(&map), &plan)
+    let out = WalkProgram::load(&open(&map), &plan)
         .unwrap()
         .run()
         .unwrap();
@@ -136,18 +143,18 @@ fn a_scan_with_more_groups_than_allowed_says_it_overflowed() {
 }
 
 #[test]
-fn a_scan_of_entries_copies_the_entries_it_takes() {
+fn a_walk_of_entries_copies_the_entries_it_takes() {
     let map = hash(1000);
     // delta >= 900 - 50: entries 900..999
     let delta = int(Side::Value, 8 * 8, 32, true, false);
-    let plan = ScanPlan::entries(Cond::Cmp(delta, CmpOp::Ge, 850), 1000);
-    let p = ScanProgram::load(&open(&map), &plan).unwrap();
+    let plan = WalkPlan::entries(Cond::Cmp(delta, CmpOp::Ge, 850), 1000);
+    let p = WalkProgram::load(&open(&map), &plan).unwrap();
     let out = p.run().unwrap();
     assert_eq!(
         (out.visited, out.matched, out.overflowed),
         (1000, 100, false)
     );
-    let m = Matches::new(out.entries, (4, 16), byte_order);
+    let m = Matches::new(out.entries, 4, 16, byte_order);
     let mut got = Vec::new();
     for i in 0..m.len() as u32 {
         let key = (900 + i).to_ne_bytes();
@@ -161,16 +168,16 @@ fn a_scan_of_entries_copies_the_entries_it_takes() {
     // Run again: the same entries, the output emptied between runs.
     assert_eq!(p.run().unwrap().entries.count, 100);
     // At most max_groups: the walk stops and says so.
-    let small = ScanProgram::load(&open(&map), &ScanPlan::entries(Cond::Const(true), 10)).unwrap();
+    let small = WalkProgram::load(&open(&map), &WalkPlan::entries(Cond::Const(true), 10)).unwrap();
     let out = small.run().unwrap();
     assert!(out.overflowed);
     assert_eq!(out.entries.count, 10);
 }
 
 #[test]
-fn a_scan_of_entries_of_a_per_cpu_map_is_refused_before_loading() {
+fn a_walk_of_entries_of_a_per_cpu_map_is_refused_before_loading() {
     let map = OwnedMap::new(MapType::PERCPU_HASH, 4, 8, 4, "scan_test").unwrap();
-    let e = ScanProgram::load(&open(&map), &ScanPlan::entries(Cond::Const(true), 4)).unwrap_err();
+    let e = WalkProgram::load(&open(&map), &WalkPlan::entries(Cond::Const(true), 4)).unwrap_err();
     assert!(e.to_string().contains("one CPU's value"), "{e}");
 }
 
@@ -204,14 +211,14 @@ fn a_count_of_a_hash_map_reads_the_kernels_element_counters() {
         for i in 100u32..200 {
             map.update(&i.to_ne_bytes(), &value).unwrap();
         }
-        let p = ScanProgram::load(&open(&map), &ScanPlan::count()).unwrap();
+        let p = WalkProgram::load(&open(&map), &WalkPlan::count()).unwrap();
         assert!(p.counts_without_walking(), "{map_type:?}");
         let out = p.run().unwrap();
         assert_eq!((out.visited, out.matched), (900, 900), "{map_type:?}");
     }
     // An array is walked.
     let array = OwnedMap::new(MapType::ARRAY, 4, 8, 64, "scan_test").unwrap();
-    let p = ScanProgram::load(&open(&array), &ScanPlan::count()).unwrap();
+    let p = WalkProgram::load(&open(&array), &WalkPlan::count()).unwrap();
     assert!(!p.counts_without_walking());
     assert_eq!(p.run().unwrap().visited, 64);
 }

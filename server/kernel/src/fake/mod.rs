@@ -1,8 +1,16 @@
-//! A scripted stand-in for a hash map's batch reads, for unit tests of the
-//! walker and of what is built on it: each call answers what the script
-//! says next, so that the error paths the kernel will not produce on demand
-//! (ENOSPC, EINTR, a failure after some entries) can be reached. The same
-//! script answers drains ([`DrainOps`]).
+//! Scripted stand-ins for the kernel, for unit tests of what is built on
+//! it: each call answers what the script says next, so that the error
+//! paths the kernel will not produce on demand can be reached.
+//!
+//! [`ScriptedMap`] answers a hash map's batch reads (ENOSPC, EINTR, a
+//! failure after some entries) for the walker, and its drains
+//! ([`DrainOps`]); [`ScriptedKernel`] answers what a walk program asks of
+//! the kernel ([`ProgramOps`](crate::program::ProgramOps)): a verifier
+//! that refuses, a test run that fails, a program that stops on an error.
+
+mod kernel;
+
+pub use kernel::{Call, Loaded, Run, ScriptedKernel, ScriptedProgram, ScriptedProgramMap};
 
 use std::{
     collections::VecDeque,
@@ -13,7 +21,7 @@ use std::{
     },
 };
 
-use crate::{MapOps, SysResult, SyscallError, drain::DrainOps};
+use crate::{MapOps, SysResult, SyscallError, drain::DrainOps, sys::BatchBuffers};
 
 /// A syscall error with `errno`, as the kernel would report it.
 pub fn err(errno: i32) -> SyscallError {
@@ -88,13 +96,14 @@ impl ScriptedMap {
 impl ScriptedMap {
     /// Answers one batch call from the script. The hash path writes the
     /// token back on ENOSPC; `enospc_token` says whether to.
-    fn answer(
-        &self,
-        (in_batch, out_batch): (Option<&[u8]>, &mut [u8]),
-        (keys, values): (&mut [u8], &mut [u8]),
-        count: &mut u32,
-        enospc_token: bool,
-    ) -> SysResult<()> {
+    fn answer(&self, b: BatchBuffers<'_>, enospc_token: bool) -> SysResult<()> {
+        let BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        } = b;
         self.calls
             .lock()
             .expect("script")
@@ -135,7 +144,14 @@ impl MapOps for ScriptedMap {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        self.answer((in_batch, out_batch), (keys, values), count, false)
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        self.answer(b, false)
     }
 
     fn get_next_key(&self, _key: Option<&[u8]>, _next: &mut [u8]) -> SysResult<()> {
@@ -160,7 +176,14 @@ impl DrainOps for ScriptedMap {
         values: &mut [u8],
         count: &mut u32,
     ) -> SysResult<()> {
-        self.answer((in_batch, out_batch), (keys, values), count, true)
+        let b = BatchBuffers {
+            in_batch,
+            out_batch,
+            keys,
+            values,
+            count,
+        };
+        self.answer(b, true)
     }
 }
 

@@ -1,6 +1,7 @@
-//! The entries a scan took, in an order of their keys, read as a map: a
-//! dump walks them with the same [`Walker`](crate::walk::Walker) and the
-//! same cursors (the last key delivered) as a map read in batches.
+//! The entries a walk inside the kernel took, in an order of their keys,
+//! read as a map: a dump walks them with the same
+//! [`Walker`](crate::walk::Walker) and the same cursors (the last key
+//! delivered) as a map read in batches.
 
 use std::cmp::Ordering;
 
@@ -32,7 +33,7 @@ pub struct Matches {
 impl Matches {
     /// The entries of `chunk` (keys of `key_size` bytes, values of
     /// `value_size`), sorted by `order`.
-    pub fn new(chunk: Chunk, (key_size, value_size): (usize, usize), order: KeyOrder) -> Self {
+    pub fn new(chunk: Chunk, key_size: usize, value_size: usize, order: KeyOrder) -> Self {
         let (ks, vs) = (key_size.max(1), value_size);
         let mut at: Vec<usize> = (0..chunk.count).collect();
         at.sort_unstable_by(|&a, &b| {
@@ -181,7 +182,7 @@ mod tests {
                 .flat_map(|k| (u64::from(*k) * 10).to_ne_bytes())
                 .collect(),
         };
-        Matches::new(chunk, (4, 8), index_order)
+        Matches::new(chunk, 4, 8, index_order)
     }
 
     fn meta() -> MapMeta {
@@ -226,7 +227,7 @@ mod tests {
             keys: [[2u8, 0], [1, 9], [1, 3]].concat(),
             values: vec![20, 19, 13],
         };
-        let m = Matches::new(chunk, (2, 1), byte_order);
+        let m = Matches::new(chunk, 2, 1, byte_order);
         let mut v = [0u8];
         m.lookup(&[1, 9], &mut v).unwrap();
         assert_eq!(v, [19]);

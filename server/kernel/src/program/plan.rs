@@ -1,5 +1,7 @@
-//! What a scan in the kernel computes, in terms of bytes and bits of a
+//! What a walk inside the kernel computes, in terms of bytes and bits of a
 //! map's keys and values, and the code that computes it.
+
+use aya_obj::generated::{BPF_NOEXIST, bpf_func_id};
 
 use super::asm::{Alu, Asm, Jmp, Label, Pseudo, R0, R1, R2, R3, R4, R6, R7, R8, R9, Reg};
 
@@ -10,7 +12,7 @@ pub enum Side {
     Value,
 }
 
-/// An integer member as a scan reads it: one load of 1, 2, 4 or 8 bytes,
+/// An integer member as a walk program reads it: one load of 1, 2, 4 or 8 bytes,
 /// swapped from network order, shifted and cut to its bits, sign-extended
 /// to 64 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,17 +26,34 @@ pub struct IntRead {
     big_endian: bool,
 }
 
+/// An integer member of an entry: where it lies and how it is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntSpec {
+    /// The half of the entry it is in.
+    pub side: Side,
+    /// Its first bit in that half.
+    pub bit_offset: usize,
+    /// Its width in bits.
+    pub bits: usize,
+    /// Whether it is signed.
+    pub signed: bool,
+    /// Whether it is in network byte order.
+    pub big_endian: bool,
+}
+
 impl IntRead {
-    /// The integer of `bits` bits at bit `bit_offset` of `side` (whose size
-    /// is `side_size`), or `None` when one load cannot read it: wider than
-    /// 64 bits, a network-order integer of an odd width, a bitfield that
-    /// straddles what a load can reach.
-    pub fn new(
-        side: Side,
-        (bit_offset, bits): (usize, usize),
-        (signed, big_endian): (bool, bool),
-        side_size: usize,
-    ) -> Option<Self> {
+    /// How a walk program reads `member`, in a side of `side_size` bytes,
+    /// or `None` when one load cannot read it: wider than 64 bits, a
+    /// network-order integer of an odd width, a bitfield that straddles
+    /// what a load can reach.
+    pub fn new(member: IntSpec, side_size: usize) -> Option<Self> {
+        let IntSpec {
+            side,
+            bit_offset,
+            bits,
+            signed,
+            big_endian,
+        } = member;
         if bits == 0 || bits > 64 {
             return None;
         }
@@ -125,7 +144,7 @@ impl CmpOp {
     }
 }
 
-/// Which entries a scan takes.
+/// Which entries a walk takes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Cond {
     Const(bool),
@@ -194,7 +213,8 @@ pub enum AggOp {
 impl AggOp {
     /// Its value in a group, from the two words the program keeps: a SUM's
     /// 128 bits (low, high), a MIN's or MAX's 64.
-    pub fn value(&self, count: u64, (low, high): (u64, u64)) -> i128 {
+    pub fn value(&self, count: u64, words: (u64, u64)) -> i128 {
+        let (low, high) = words;
         match self {
             Self::Count => i128::from(count),
             Self::Sum(_) => ((u128::from(high) << 64) | u128::from(low)) as i128,
@@ -226,7 +246,7 @@ pub enum GroupPart {
     Int { read: IntRead, out: u16, size: u8 },
 }
 
-/// What a scan keeps of the entries its condition takes.
+/// What a walk keeps of the entries its condition takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Output {
     /// Their groups, with aggregates per group (or only how many entries
@@ -236,35 +256,61 @@ pub enum Output {
     Entries,
 }
 
-/// What a scan computes: the entries a condition takes, grouped by a key
+/// What a walk inside the kernel computes: the entries a condition takes, grouped by a key
 /// made of members, with aggregates per group; without aggregates, only
 /// how many entries there are; or the entries themselves.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ScanPlan {
+pub struct WalkPlan {
     pub output: Output,
     pub filter: Cond,
     pub group: Vec<GroupPart>,
     /// The group key's length (the parts end within it).
     pub key_len: u16,
     pub aggs: Vec<AggOp>,
-    /// Groups (entries) beyond which the scan stops, reporting the
+    /// Groups (entries) beyond which the walk stops, reporting the
     /// overflow.
     pub max_groups: u32,
 }
 
+/// Why a plan cannot run on a map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// It reads a per-CPU map's value, or takes its entries.
+    #[error("a scan in the kernel sees one CPU's value of a per-CPU map")]
+    PerCpuValue,
+    /// A member past the end of the key.
+    #[error("a member beyond the key")]
+    BeyondKey,
+    /// A member past the end of the value.
+    #[error("a member beyond the value")]
+    BeyondValue,
+    /// The group key makes the scratch value too large.
+    #[error("the group key is too long")]
+    KeyTooLong,
+}
+
 /// Offsets in the scratch value the program and user space share.
-pub(super) const VISITED: i16 = 0;
-pub(super) const MATCHED: i16 = 8;
-pub(super) const ERROR: i16 = 16;
+pub(crate) const VISITED: i16 = 0;
+pub(crate) const MATCHED: i16 = 8;
+pub(crate) const ERROR: i16 = 16;
 pub(super) const ZERO: i16 = 24;
 
-const MAP_LOOKUP_ELEM: i32 = 1;
-const MAP_UPDATE_ELEM: i32 = 2;
-const FOR_EACH_MAP_ELEM: i32 = 164;
-const BPF_NOEXIST: i32 = 1;
-const ENOENT: i32 = 2;
+const MAP_LOOKUP_ELEM: i32 = bpf_func_id::BPF_FUNC_map_lookup_elem as i32;
+const MAP_UPDATE_ELEM: i32 = bpf_func_id::BPF_FUNC_map_update_elem as i32;
+const FOR_EACH_MAP_ELEM: i32 = bpf_func_id::BPF_FUNC_for_each_map_elem as i32;
 
-impl ScanPlan {
+/// The descriptors a program's instructions name its maps by.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MapFds {
+    /// The map it walks.
+    pub(super) target: i32,
+    /// Its groups (or the entries it takes); none when it only counts.
+    pub(super) groups: Option<i32>,
+    /// Its one-element array of figures.
+    pub(super) scratch: i32,
+}
+
+impl WalkPlan {
     /// Counts the entries, nothing else.
     pub fn count() -> Self {
         Self {
@@ -317,8 +363,13 @@ impl ScanPlan {
 
     /// Whether every member it reads is within a map of these sizes whose
     /// values are per-CPU (`per_cpu`: then no value member can be read: a
-    /// scan sees one CPU's value); the reason when it is not.
-    pub fn check(&self, key_size: usize, value_size: usize, per_cpu: bool) -> Result<(), String> {
+    /// walk program sees one CPU's value); the reason when it is not.
+    pub fn check(
+        &self,
+        key_size: usize,
+        value_size: usize,
+        per_cpu: bool,
+    ) -> Result<(), PlanError> {
         let mut reads: Vec<(Side, usize)> = Vec::new();
         cond_reads(&self.filter, &mut reads);
         for a in &self.aggs {
@@ -337,51 +388,44 @@ impl ScanPlan {
             }
         }
         if self.output == Output::Entries && per_cpu {
-            return Err("a scan in the kernel sees one CPU's value of a per-CPU map".into());
+            return Err(PlanError::PerCpuValue);
         }
         for (side, end) in reads {
             match side {
-                Side::Value if per_cpu => {
-                    return Err("a scan in the kernel sees one CPU's value of a per-CPU map".into());
-                }
-                Side::Key if end > key_size => return Err("a member beyond the key".into()),
-                Side::Value if end > value_size => return Err("a member beyond the value".into()),
+                Side::Value if per_cpu => return Err(PlanError::PerCpuValue),
+                Side::Key if end > key_size => return Err(PlanError::BeyondKey),
+                Side::Value if end > value_size => return Err(PlanError::BeyondValue),
                 _ => {}
             }
         }
         if self.scratch_size() > 0x7000 {
-            return Err("the group key is too long".into());
+            return Err(PlanError::KeyTooLong);
         }
         Ok(())
     }
 
-    /// The program: `main` walks `target` with its callback, which groups
-    /// the entries it takes in `groups` (map descriptors), keeping figures
-    /// in `scratch`. Returns the instructions and where the callback
+    /// The program: `main` walks the target map with its callback, which
+    /// groups the entries it takes in the groups map, keeping figures in
+    /// the scratch value. Returns the instructions and where the callback
     /// starts.
-    pub(super) fn assemble(
-        &self,
-        (target, groups, scratch): (i32, Option<i32>, i32),
-    ) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
+    pub(super) fn assemble(&self, fds: MapFds) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
         let mut a = Asm::default();
-        a.load_pseudo(R1, Pseudo::MapFd, target, 0);
-        let func_at = a.here();
-        // Patched below, once the callback's place is known.
-        a.load_pseudo(R2, Pseudo::Func, 0, 0);
+        let callback = a.label();
+        a.load_pseudo(R1, Pseudo::MapFd, fds.target, 0);
+        a.load_func(R2, callback);
         a.alu_imm(Alu::Mov, R3, 0);
         a.alu_imm(Alu::Mov, R4, 0);
         a.call(FOR_EACH_MAP_ELEM);
-        a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
+        a.load_pseudo(R1, Pseudo::MapValue, fds.scratch, 0);
         a.store(R1, VISITED, R0, 8);
         a.ret(0);
-        let callback = a.here();
-        a.insns[func_at] =
-            (a.insns[func_at] & 0xffff_ffff) | (u64::from((callback - func_at - 1) as u32) << 32);
-        match groups {
-            Some(groups) if !self.counts_only() => self.callback(&mut a, groups, scratch),
+        let callback_at = a.here();
+        a.bind(callback);
+        match fds.groups {
+            Some(groups) if !self.counts_only() => self.callback(&mut a, groups, fds.scratch),
             _ => a.ret(0),
         }
-        Ok((a.finish()?, callback))
+        Ok((a.finish()?, callback_at))
     }
 
     /// The program that counts a hash map's entries without walking it: it
@@ -389,7 +433,8 @@ impl ScanPlan {
     /// function `bpf_map_sum_elem_count`, of BTF id `kfunc`, Linux 6.6)
     /// into the scratch value's VISITED.
     pub(super) fn assemble_count(
-        (target, scratch): (i32, i32),
+        target: i32,
+        scratch: i32,
         kfunc: u32,
     ) -> Result<Vec<u64>, super::asm::AsmError> {
         let mut a = Asm::default();
@@ -443,7 +488,7 @@ impl ScanPlan {
         a.alu_imm(Alu::Add, R2, i32::from(key));
         a.alu_reg(Alu::Mov, R3, R9);
         a.alu_imm(Alu::Add, R3, i32::from(ZERO));
-        a.alu_imm(Alu::Mov, R4, BPF_NOEXIST);
+        a.alu_imm(Alu::Mov, R4, BPF_NOEXIST as i32);
         a.call(MAP_UPDATE_ELEM);
         a.jump_imm(Jmp::Eq, R0, 0, again);
         // The groups are full (E2BIG) or the insert failed: stop.
@@ -452,7 +497,7 @@ impl ScanPlan {
         a.bind(again);
         lookup(a);
         a.jump_imm(Jmp::Ne, R0, 0, found);
-        a.alu_imm(Alu::Mov, R1, -ENOENT);
+        a.alu_imm(Alu::Mov, R1, -libc::ENOENT);
         a.store(R9, ERROR, R1, 8);
         a.ret(1);
         a.bind(found);

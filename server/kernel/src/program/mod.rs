@@ -1,0 +1,466 @@
+//! Walks inside the kernel: a walk program generated for one map and one
+//! question ([`WalkPlan`]: which entries, grouped how, with which
+//! aggregates), loaded as a syscall program and run once per walk with
+//! `BPF_PROG_TEST_RUN`. It walks the map with `bpf_for_each_map_elem` and
+//! keeps only the answer: its groups in a hash map of its own, its figures
+//! in a one-element array. The verifier checks every program; one it
+//! refuses is reported with its log, and the caller reads the map as
+//! before.
+//!
+//! The walk holds no bucket lock: an entry replaced (deleted and inserted
+//! again) while the walk runs can be missed or seen twice; an entry
+//! updated in place is seen once. Needs Linux 5.13 (syscall programs,
+//! `bpf_for_each_map_elem`) and CAP_BPF.
+//!
+//! Everything a walk program asks of the kernel (creating, writing,
+//! reading and draining its own maps; loading it, with the verifier's log;
+//! running it) goes through [`ProgramOps`]: the running [`Kernel`], or in
+//! unit tests a script
+//! ([`ScriptedKernel`](crate::fake::ScriptedKernel)) that refuses, fails
+//! and stops where the kernel will not on demand.
+
+mod asm;
+mod matches;
+mod ops;
+pub(crate) mod plan;
+
+use std::{ffi::CStr, io, os::fd::RawFd};
+
+pub use asm::AsmError;
+pub use matches::{KeyOrder, Matches, byte_order, index_order};
+pub use ops::{Kernel, ProgramLoad, ProgramMap, ProgramOps};
+pub use plan::{
+    AggOp, CmpOp, Cond, GroupPart, IntRead, IntSpec, Output, PlanError, Side, WalkPlan,
+};
+
+use aya_obj::generated::BPF_F_NO_PREALLOC;
+use plan::MapFds;
+
+use crate::{
+    BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType,
+    drain::{DrainError, Drainer},
+    sys::{CreateMap, SyscallError},
+    walk::Chunk,
+};
+
+/// The license the generated programs declare (they use no GPL-only
+/// helper).
+const LICENSE: &CStr = c"Apache-2.0";
+/// The license of the program that counts a hash map's elements: the
+/// kernel lets only programs of a GPL-compatible license call kernel
+/// functions, and that program's six instructions are offered under
+/// either license.
+const COUNT_LICENSE: &CStr = c"Dual MIT/GPL";
+
+/// Why a walk program cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// `bpf_for_each_map_elem` does not walk maps of this type.
+    #[error("bpf_for_each_map_elem does not walk {0} maps")]
+    NotWalked(MapType),
+    /// The question reads what a program cannot on this map.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// The program's code cannot be assembled.
+    #[error(transparent)]
+    Asm(#[from] AsmError),
+    /// The kernel refused the program (`BPF_PROG_LOAD`: the verifier, or
+    /// the kernel before it), its log kept.
+    #[error("the kernel's verifier refused the scan program: {error}")]
+    Refused {
+        /// The error `BPF_PROG_LOAD` returned.
+        error: SyscallError,
+        /// The verifier's log (the end of it when it is long).
+        log: String,
+    },
+    /// Creating its maps or loading its BTF failed.
+    #[error(transparent)]
+    Sys(#[from] SyscallError),
+}
+
+/// Why a run of a walk program failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Writing or reading its scratch value, or the test run, failed.
+    #[error(transparent)]
+    Sys(#[from] SyscallError),
+    /// Its output map could not be drained.
+    #[error("BPF_MAP_LOOKUP_AND_DELETE_BATCH failed: {0}")]
+    Drain(DrainError),
+    /// The program stopped on an error of its own: inserting into its
+    /// output map failed with `errno` (other than E2BIG, a full map, which
+    /// is [`WalkOutput::overflowed`]).
+    #[error(
+        "bpf_map_update_elem (in the scan program) failed: {}",
+        io::Error::from_raw_os_error(*errno)
+    )]
+    Program {
+        /// The errno the program wrote in its scratch value.
+        errno: i32,
+    },
+}
+
+/// Why this kernel runs no walk program (the answer of [`supported`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Unsupported {
+    /// The probe's map could not be created.
+    #[error("cannot create a map: {0}")]
+    CreateMap(SyscallError),
+    /// The kernel refused the probe's program.
+    #[error("this kernel refuses scan programs ({error}): they need Linux 5.13 and CAP_BPF")]
+    Refused {
+        /// The error `BPF_PROG_LOAD` returned.
+        error: SyscallError,
+        /// The verifier's log.
+        log: String,
+    },
+    /// The probe's program could not be loaded otherwise.
+    #[error(transparent)]
+    Load(LoadError),
+    /// The probe's program counted its map of one entry wrong.
+    #[error("a scan program counted {0} entries of a map of 1")]
+    Miscounted(u64),
+    /// The probe's program could not run.
+    #[error("cannot run a scan program: {0}")]
+    Run(RunError),
+}
+
+/// The map a walk program walks: the descriptor its instructions name it
+/// by, and what the kernel says about it.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    fd: RawFd,
+    meta: &'a MapMeta,
+}
+
+impl<'a> Target<'a> {
+    /// An open map.
+    pub fn of(map: &'a MapHandle) -> Self {
+        Self {
+            fd: map.raw_fd(),
+            meta: map.meta(),
+        }
+    }
+
+    /// A map known by the number of its descriptor, for a [`ProgramOps`]
+    /// other than the kernel (a script) that resolves it.
+    pub fn new(fd: RawFd, meta: &'a MapMeta) -> Self {
+        Self { fd, meta }
+    }
+}
+
+/// A walk program, loaded for one map (by the running kernel, unless `O`
+/// is another [`ProgramOps`]).
+#[derive(Debug)]
+pub struct WalkProgram<O: ProgramOps = Kernel> {
+    ops: O,
+    plan: WalkPlan,
+    prog: O::Program,
+    scratch: O::Map,
+    /// The groups (or the entries taken), drained after each run.
+    groups: Option<O::Map>,
+    /// Whether its condition takes every entry (matched = visited).
+    unfiltered: bool,
+    /// Whether it counts a hash map's entries from the kernel's counters,
+    /// without walking them.
+    counter: bool,
+}
+
+/// One group a walk program found: its key, its count, its aggregates'
+/// words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalkGroup {
+    pub key: Vec<u8>,
+    pub count: u64,
+    pub words: Vec<(u64, u64)>,
+}
+
+/// What one run found.
+#[derive(Debug, Clone, Default)]
+pub struct WalkOutput {
+    /// Entries the walk visited.
+    pub visited: u64,
+    /// Entries the condition took.
+    pub matched: u64,
+    pub groups: Vec<WalkGroup>,
+    /// The entries taken ([`Output::Entries`]), each once, in no order.
+    pub entries: Chunk,
+    /// The groups (entries) reached `max_groups` and the walk stopped.
+    pub overflowed: bool,
+}
+
+/// Map types `bpf_for_each_map_elem` walks.
+pub fn walks(map_type: MapType) -> bool {
+    matches!(
+        map_type,
+        MapType::HASH
+            | MapType::ARRAY
+            | MapType::PERCPU_HASH
+            | MapType::PERCPU_ARRAY
+            | MapType::LRU_HASH
+            | MapType::LRU_PERCPU_HASH
+    )
+}
+
+/// Whether this kernel runs walk programs (one that walks a map of its
+/// own); the reason when not.
+pub fn supported() -> Result<(), Unsupported> {
+    supported_with(Kernel)
+}
+
+/// Whether the kernel behind `ops` runs walk programs: a program that
+/// counts an array of one entry (an array's count is a walk; a hash map's,
+/// on newer kernels, reads counters) loads, runs and counts 1.
+pub fn supported_with<O: ProgramOps>(ops: O) -> Result<(), Unsupported> {
+    let map = ops
+        .create_map(&CreateMap {
+            map_type: MapType::ARRAY.0,
+            key_size: 4,
+            value_size: 4,
+            max_entries: 1,
+            name: "bpfmapd_probe",
+            ..Default::default()
+        })
+        .map_err(Unsupported::CreateMap)?;
+    let target = Target::new(map.fd(), map.meta());
+    let p = WalkProgram::load_with(&ops, target, &WalkPlan::count()).map_err(|e| match e {
+        LoadError::Refused { error, log } => Unsupported::Refused { error, log },
+        e => Unsupported::Load(e),
+    })?;
+    match p.run() {
+        Ok(out) if out.visited == 1 => Ok(()),
+        Ok(out) => Err(Unsupported::Miscounted(out.visited)),
+        Err(e) => Err(Unsupported::Run(e)),
+    }
+}
+
+impl WalkProgram {
+    /// Generates, loads and checks the program of `plan` over `target`.
+    pub fn load(target: &MapHandle, plan: &WalkPlan) -> Result<Self, LoadError> {
+        Self::load_with(Kernel, Target::of(target), plan)
+    }
+}
+
+impl<O: ProgramOps> WalkProgram<O> {
+    /// Generates the program of `plan` over `target` and loads it through
+    /// `ops`: refused before any call when the map's type is not walked or
+    /// the plan reads past its key or value.
+    pub fn load_with(ops: O, target: Target<'_>, plan: &WalkPlan) -> Result<Self, LoadError> {
+        let meta = target.meta;
+        if !walks(meta.map_type) {
+            return Err(LoadError::NotWalked(meta.map_type));
+        }
+        plan.check(
+            meta.key_size as usize,
+            meta.value_size as usize,
+            meta.per_cpu(),
+        )?;
+        let scratch = ops.create_map(&CreateMap {
+            map_type: MapType::ARRAY.0,
+            key_size: 4,
+            value_size: plan.scratch_size() as u32,
+            max_entries: 1,
+            name: "bpfmapd_scan",
+            ..Default::default()
+        })?;
+        let groups = if plan.counts_only() {
+            None
+        } else {
+            Some(ops.create_map(&output_map(plan, meta))?)
+        };
+        if plan.counts_only()
+            && let Some(prog) = count_program(&ops, target, &scratch)
+        {
+            return Ok(Self {
+                ops,
+                plan: plan.clone(),
+                prog,
+                scratch,
+                groups: None,
+                unfiltered: true,
+                counter: true,
+            });
+        }
+        let fds = MapFds {
+            target: target.fd,
+            groups: groups.as_ref().map(ProgramMap::fd),
+            scratch: scratch.fd(),
+        };
+        let (insns, callback) = plan.assemble(fds)?;
+        let (btf, funcs) = functions(callback as u32);
+        let prog = ops.load(&ProgramLoad {
+            name: "bpfmapd_scan",
+            license: LICENSE,
+            insns: &insns,
+            btf: &btf,
+            funcs: &funcs,
+        })?;
+        Ok(Self {
+            ops,
+            plan: plan.clone(),
+            prog,
+            scratch,
+            groups,
+            unfiltered: plan.filter.clone().simplified() == Cond::Const(true),
+            counter: false,
+        })
+    }
+
+    /// Whether it counts the entries from the kernel's counters of a hash
+    /// map's elements rather than by walking them.
+    pub fn counts_without_walking(&self) -> bool {
+        self.counter
+    }
+
+    /// Runs the walk once (blocking: the walk of the whole map), leaving
+    /// its groups map empty for the next run (also when the run failed).
+    pub fn run(&self) -> Result<WalkOutput, RunError> {
+        let zero = 0u32.to_ne_bytes();
+        self.scratch
+            .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
+        let ran = self.ops.test_run(&self.prog);
+        let drained = self.drain()?;
+        ran?;
+        let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
+        let word = |at: i16| {
+            let at = at as usize;
+            scratch
+                .get(at..at + 8)
+                .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")))
+        };
+        let error = word(plan::ERROR) as i64;
+        let full = -i64::from(libc::E2BIG);
+        if error != 0 && error != full {
+            return Err(RunError::Program {
+                errno: -error as i32,
+            });
+        }
+        let visited = word(plan::VISITED);
+        let (groups, entries) = match self.plan.output {
+            Output::Groups => (self.groups_of(&drained), Chunk::default()),
+            Output::Entries => (Vec::new(), drained),
+        };
+        Ok(WalkOutput {
+            visited,
+            matched: if self.unfiltered {
+                visited
+            } else {
+                word(plan::MATCHED)
+            },
+            groups,
+            entries,
+            overflowed: error == full,
+        })
+    }
+
+    /// The groups in what the groups map held.
+    fn groups_of(&self, drained: &Chunk) -> Vec<WalkGroup> {
+        let Some(map) = &self.groups else {
+            return Vec::new();
+        };
+        let (ks, vs) = (map.meta().key_size as usize, map.meta().value_size as usize);
+        let key_len = usize::from(self.plan.key_len);
+        (0..drained.count)
+            .map(|i| {
+                let v = &drained.values[i * vs..(i + 1) * vs];
+                let word = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().expect("8"));
+                WalkGroup {
+                    key: drained.keys[i * ks..i * ks + key_len].to_vec(),
+                    count: word(0),
+                    words: (0..self.plan.aggs.len())
+                        .map(|a| (word(8 + 16 * a), word(16 + 16 * a)))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Reads and deletes every entry of the groups map.
+    fn drain(&self) -> Result<Chunk, RunError> {
+        let Some(map) = &self.groups else {
+            return Ok(Chunk::default());
+        };
+        let mut drainer = Drainer::with_ops(map, map.meta().clone()).map_err(RunError::Drain)?;
+        let mut out = Chunk::default();
+        while let Some(c) = drainer.next_chunk(4096).map_err(RunError::Drain)? {
+            if c.count == 0 {
+                break;
+            }
+            out.count += c.count;
+            out.keys.extend_from_slice(&c.keys);
+            out.values.extend_from_slice(&c.values);
+        }
+        Ok(out)
+    }
+}
+
+/// The hash map a program keeps its groups (or the entries it takes) in.
+fn output_map(plan: &WalkPlan, target: &MapMeta) -> CreateMap<'static> {
+    let (key_size, value_size) = match plan.output {
+        Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
+        Output::Entries => (target.key_size, target.value_size),
+    };
+    CreateMap {
+        map_type: MapType::HASH.0,
+        key_size,
+        value_size,
+        max_entries: plan.max_groups.max(1),
+        flags: BPF_F_NO_PREALLOC,
+        name: "bpfmapd_groups",
+        ..Default::default()
+    }
+}
+
+/// The program that counts the entries of `target`, a hash map, from the
+/// kernel's counters of its elements, when this kernel has them (hash
+/// maps count their elements since Linux 6.6, when the function that sums
+/// them came) and accepts the program; `None` otherwise (the entries are
+/// then counted by walking them).
+fn count_program<O: ProgramOps>(
+    ops: &O,
+    target: Target<'_>,
+    scratch: &O::Map,
+) -> Option<O::Program> {
+    if !matches!(
+        target.meta.map_type,
+        MapType::HASH | MapType::PERCPU_HASH | MapType::LRU_HASH | MapType::LRU_PERCPU_HASH
+    ) {
+        return None;
+    }
+    let kfunc = ops.sum_elem_count()?;
+    let insns = WalkPlan::assemble_count(target.fd, scratch.fd(), kfunc).ok()?;
+    let mut b = BtfBuilder::new();
+    let long = b.add_int("long", 8, IntEncoding::Signed);
+    let ptr = b.add_ptr(0);
+    let proto = b.add_func_proto(long, &[("ctx", ptr)]);
+    let main = b.add_func("bpfmapd_count", proto, 1);
+    ops.load(&ProgramLoad {
+        name: "bpfmapd_count",
+        license: COUNT_LICENSE,
+        insns: &insns,
+        btf: &b.to_bytes(),
+        funcs: &[[0, main]],
+    })
+    .ok()
+}
+
+/// The BTF of the program's two functions (the walk, global; its
+/// callback, static, as the verifier wants a callback) and their records.
+fn functions(callback: u32) -> (Vec<u8>, [[u32; 2]; 2]) {
+    let mut b = BtfBuilder::new();
+    let long = b.add_int("long", 8, IntEncoding::Signed);
+    let ptr = b.add_ptr(0);
+    let main_proto = b.add_func_proto(long, &[("ctx", ptr)]);
+    let main = b.add_func("bpfmapd_scan", main_proto, 1);
+    let each_proto = b.add_func_proto(
+        long,
+        &[("map", ptr), ("key", ptr), ("value", ptr), ("ctx", ptr)],
+    );
+    let each = b.add_func("bpfmapd_each", each_proto, 0);
+    (b.to_bytes(), [[0, main], [callback, each]])
+}
+
+#[cfg(test)]
+mod fake_tests;
+#[cfg(test)]
+mod tests;
