@@ -6,8 +6,8 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use bpfmap_client::{
     AggregateOptions, ConnectOptions, DumpOptions, Fleet, FleetAggregateOptions, FleetDumpOptions,
-    FleetEvent, FleetOptions, FleetRun, ListMapsOptions, LookupOptions, MapName, MergeMethod,
-    Target, TargetReport, pb,
+    FleetEvent, FleetOptions, FleetRun, ListMapsOptions, LookupOptions, MapName, Target,
+    TargetReport, pb,
 };
 use bpfmapd::{
     Operation,
@@ -425,12 +425,7 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
         }
         Ok(Response::new(pb::FleetServiceAggregateMapResponse {
             groups: answer.groups.iter().map(fleet_group).collect(),
-            method: match answer.method {
-                MergeMethod::Threshold => "top_k",
-                MergeMethod::AllGroups => "merge",
-                _ => "groups",
-            }
-            .into(),
+            method: answer.method.as_str().to_owned(),
             answered,
             failed,
             work,
