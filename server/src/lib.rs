@@ -15,7 +15,8 @@
 //! - `metrics`: the daemon's registry, which every part records into.
 //! - `error`: what a call can fail with, in the daemon's terms (no gRPC).
 //! - `config`: the command line and the configuration file.
-//! - `cursor`: opaque, authenticated resume tokens.
+//! - `cursor`: opaque, authenticated resume tokens; its key handling and
+//!   sealing ([`SealingKeys`]) are what bpfmap-relay's fleet cursors use.
 //! - `maps`: which maps are exposed, their types (BTF), the demo.
 //! - `limits`: dump slots, memory shares and the pool, allocator trimming.
 //! - `access`: the policy and the audit log.
@@ -62,6 +63,7 @@ mod wire;
 
 pub use access::RuleConfig;
 pub use config::{Args, Config, DrainConfig, Limits, LogFormat};
+pub use cursor::keys::{KeyError, KeyFiles, SealingKeys, Unsealed, binding_digest};
 pub use daemon::{Running, check_privileges, prepare_roots, start, start_on};
 pub use dump::DumpStats;
 pub use export::{Buckets, ExportConfig, ExportConfigError, ExportKind, LabelNames};

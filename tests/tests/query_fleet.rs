@@ -808,7 +808,7 @@ async fn bpfmapctl_top_and_dump_with_filter_and_fields() {
     assert_eq!(
         json_lines(&err),
         [
-            json!({"targets": 3, "ok": 3, "failed": 0, "method": "threshold", "groups": 2, "groups_sent": 6, "entries_scanned": 7})
+            json!({"targets": 3, "ok": 3, "failed": 0, "method": "top_k", "groups": 2, "groups_sent": 6, "entries_scanned": 7})
         ]
     );
     top_table_with_a_host_down(&t).await;

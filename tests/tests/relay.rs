@@ -1,7 +1,8 @@
 //! bpfmap-relay in front of real daemons: fleet dumps that resume from any
-//! message's cursor (on the same relay, or on another after the first was
-//! killed), the exact fleet top K, targets that fail named in-band, the
-//! policy, grpcurl against the relay.
+//! message's cursor (on the same relay, on another after the first was
+//! killed, across a rotation of the cursor key), the exact fleet top K,
+//! targets that fail named in-band with a stable reason, the policy,
+//! grpcurl against the relay.
 
 use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
 
@@ -164,7 +165,11 @@ async fn a_fleet_dump_resumes_from_any_message_with_every_entry_once() {
     let mut c = client(relay.local_addr()).await;
     let all = read(&mut c, dump_request(64, ""), usize::MAX).await;
     assert_exactly(&hosts, &all.entries);
-    assert_eq!(all.ends[&dead].status.as_ref().unwrap().code, "UNAVAILABLE");
+    let refused = all.ends[&dead].status.as_ref().unwrap();
+    assert_eq!(
+        (refused.code.as_str(), refused.reason.as_str()),
+        ("UNAVAILABLE", "TARGET_UNREACHABLE")
+    );
     for h in &hosts {
         let end = &all.ends[&target_of(h)];
         assert_eq!(
@@ -188,12 +193,50 @@ async fn a_fleet_dump_resumes_from_any_message_with_every_entry_once() {
         // The dead target is tried again; the finished ones are not.
         assert!(rest.ends.contains_key(&dead), "cut at {k}");
     }
-    // A cursor that is not the relay's, or of another dump.
+    // A cursor that is not the relay's, or of another dump; a target the
+    // relay does not know; no map; both kinds of cursors.
     let mut other = dump_request(64, &all.cursors[0]);
     other.request.as_mut().unwrap().filter = "key != 0".into();
-    for req in [dump_request(64, "fXXXX"), other] {
+    let mut unknown = dump_request(64, "");
+    unknown.targets = Some(pb::TargetSelector {
+        targets: vec!["10.9.9.9:1".into()],
+    });
+    let mut mapless = dump_request(64, "");
+    mapless.request.as_mut().unwrap().map = None;
+    let mut both = dump_request(64, &all.cursors[0]);
+    both.target_cursors = [(dead.clone(), "c".to_owned())].into();
+    let total = hosts.len() + 1;
+    for (req, reason, message) in [
+        (
+            dump_request(64, "fXXXX"),
+            "CURSOR_INVALID",
+            "cursor: the cursor is not a fleet cursor of this relay (altered, truncated, or sealed under another key)".to_owned(),
+        ),
+        (
+            other,
+            "CURSOR_OTHER_CALL",
+            "cursor: the cursor was issued for another call (a dump's map, filter or fields; a watch's map, query or interval)".to_owned(),
+        ),
+        (
+            unknown,
+            "TARGET_UNKNOWN",
+            format!("target \"10.9.9.9:1\" is not one of the relay's ({total}); ListTargets lists them"),
+        ),
+        (
+            mapless,
+            "INVALID_REQUEST",
+            r#"the request names no map: set request.map (e.g. {"request":{"map":{"path":"demo/flows"}}})"#.to_owned(),
+        ),
+        (
+            both,
+            "INVALID_REQUEST",
+            "give a fleet cursor (cursor) or each target's own (targetCursors), not both".to_owned(),
+        ),
+    ] {
         let e = c.dump_map(req).await.map(|_| ()).unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(bpfmap_proto::status::reason(&e).as_deref(), Some(reason), "{e:?}");
+        assert_eq!(e.message(), message);
     }
     relay.stop().await.unwrap();
 }
@@ -298,6 +341,79 @@ async fn a_dump_cut_when_its_relay_is_killed_resumes_on_another_relay() {
     assert_exactly(&hosts, &both);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_cursor_key_is_picked_up_and_the_previous_key_s_cursors_still_resume() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let hosts = hosts(2, 300).await;
+    let targets: Vec<String> = hosts.iter().map(target_of).collect();
+    let state = tempfile::tempdir().unwrap();
+    let config = bpfmap_relay::Config {
+        targets: targets.clone(),
+        state_dir: state.path().to_owned(),
+        refresh: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rotating = bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .unwrap();
+    let mut c = client(rotating.local_addr()).await;
+    let before = read(&mut c, dump_request(32, ""), 3).await;
+    // bpfmap-relay --rotate-cursor-key, beside the running relay.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
+        .arg("--state-dir")
+        .arg(state.path())
+        .arg("--rotate-cursor-key")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("rotated the fleet cursor key in "),
+        "{out:?}"
+    );
+    let previous = state.path().join("fleet-cursor.key.previous");
+    let mode = std::fs::metadata(&previous).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // The running relay reads the keys again within a refresh: its new
+    // cursors are sealed with the new key alone, which a relay holding only
+    // that key opens.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after = read(&mut c, dump_request(32, ""), 1).await;
+    let only_new = tempfile::tempdir().unwrap();
+    let key = only_new.path().join("fleet-cursor.key");
+    std::fs::copy(state.path().join("fleet-cursor.key"), &key).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let other = relay(&targets, only_new.path()).await;
+    let mut o = client(other.local_addr()).await;
+    let resumed = read(&mut o, dump_request(32, &after.cursors[0]), usize::MAX).await;
+    assert_eq!(resumed.ends.len(), 2, "{:?}", resumed.ends);
+    let e = o
+        .dump_map(dump_request(32, before.cursors.last().unwrap()))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        (e.code(), bpfmap_proto::status::reason(&e).as_deref()),
+        (Code::InvalidArgument, Some("CURSOR_INVALID")),
+        "the previous key's cursor, where that key is not held"
+    );
+    // The relay that holds the previous key resumes its cursors: the rest,
+    // once.
+    let rest = read(
+        &mut c,
+        dump_request(32, before.cursors.last().unwrap()),
+        usize::MAX,
+    )
+    .await;
+    let mut both = before.entries.clone();
+    for (t, e) in rest.entries {
+        both.entry(t).or_default().extend(e);
+    }
+    assert_exactly(&hosts, &both);
+    other.stop().await.unwrap();
+    rotating.stop().await.unwrap();
+}
+
 /// A relay process (`test-bpfmap-relay`) over `hosts`, listening on
 /// `addr`, its configuration and state (the cursor key) in `dir`: killed
 /// when dropped.
@@ -396,17 +512,27 @@ async fn fifty_daemons_with_every_fault_through_one_relay() {
     );
     for host in &faulty.hosts {
         let end = &ends[&host.target];
-        let code = end.status.as_ref().unwrap().code.as_str();
+        let status = end.status.as_ref().unwrap();
+        let code = (status.code.as_str(), status.reason.as_str());
         let tally = &tallies[&host.target];
         match host.kind {
             Kind::Healthy | Kind::Slow | Kind::Restarted => {
-                assert_eq!(code, "OK", "{}: {end:?}", host.target);
+                assert_eq!(code, ("OK", ""), "{}: {end:?}", host.target);
                 assert!(tally.exact(), "{}: {:?}", host.target, tally.wrong);
             }
-            Kind::Dead | Kind::OtherCa => assert_eq!(code, "UNAVAILABLE", "{}", host.target),
-            Kind::Frozen | Kind::BlackHole => {
-                assert_eq!(code, "DEADLINE_EXCEEDED", "{}: {end:?}", host.target)
-            }
+            // Never answered: the relay's reasons (no daemon gave one).
+            Kind::Dead | Kind::OtherCa => assert_eq!(
+                code,
+                ("UNAVAILABLE", "TARGET_UNREACHABLE"),
+                "{}: {end:?}",
+                host.target
+            ),
+            Kind::Frozen | Kind::BlackHole => assert_eq!(
+                code,
+                ("DEADLINE_EXCEEDED", "TARGET_TIMEOUT"),
+                "{}: {end:?}",
+                host.target
+            ),
         }
     }
     // ListTargets names the failing targets, and why.
@@ -423,6 +549,98 @@ async fn fifty_daemons_with_every_fault_through_one_relay() {
             .unwrap();
         assert_eq!(state.answering, host.kind.healthy(), "{state:?}");
     }
+    relay.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_the_policy_keeps_from_a_caller_end_in_band_with_a_stable_reason() {
+    use bpfmap_client::{ConnectOptions, Fleet, FleetDumpOptions, FleetEvent};
+    use futures::StreamExt as _;
+    let hosts = hosts(2, 10).await;
+    let (h0, h1) = (target_of(&hosts[0]), target_of(&hosts[1]));
+    let state = tempfile::tempdir().unwrap();
+    let config = bpfmap_relay::Config {
+        targets: vec![h0.clone(), h1.clone()],
+        state_dir: state.path().to_owned(),
+        answer_timeout: Duration::from_secs(2),
+        rules: vec![bpfmap_relay::RelayRule {
+            identities: vec!["anonymous".into()],
+            maps: vec!["**".into()],
+            operations: vec![bpfmapd::Operation::Dump],
+            targets: Some(vec![h0.clone()]),
+        }],
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .unwrap();
+    let mut c = client(relay.local_addr()).await;
+    // h1 is kept from the caller: its end says so, in-band.
+    let got = read(&mut c, dump_request(64, ""), usize::MAX).await;
+    assert_eq!(got.entries[&h0].len(), 10);
+    let denied = got.ends[&h1].status.as_ref().unwrap();
+    assert_eq!(
+        (
+            denied.code.as_str(),
+            denied.reason.as_str(),
+            denied.message.as_str()
+        ),
+        (
+            "PERMISSION_DENIED",
+            "PERMISSION_DENIED",
+            "anonymous may not dump fleet/conns on this target"
+        )
+    );
+    // Only h1, or an operation no rule grants: the call is refused.
+    let mut only_h1 = dump_request(64, "");
+    only_h1.targets = Some(pb::TargetSelector {
+        targets: vec![h1.clone()],
+    });
+    let e = c.dump_map(only_h1).await.map(|_| ()).unwrap_err();
+    assert_eq!(
+        (
+            e.code(),
+            bpfmap_proto::status::reason(&e).as_deref(),
+            e.message()
+        ),
+        (
+            Code::PermissionDenied,
+            Some("PERMISSION_DENIED"),
+            "anonymous may not dump fleet/conns on any of the targets asked"
+        )
+    );
+    let lookup = pb::FleetServiceLookupRequest {
+        request: Some(pb::LookupRequest {
+            map: map_ref(MAP),
+            keys: vec![0u64.to_le_bytes().to_vec()],
+            ..Default::default()
+        }),
+        targets: None,
+    };
+    let e = c.lookup(lookup).await.map(|_| ()).unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // The library through the relay reads the reason as a daemon's own.
+    let fleet = Fleet::via_relay(
+        &format!("http://{}", relay.local_addr()),
+        ConnectOptions::default(),
+        [],
+    )
+    .await
+    .unwrap();
+    let mut run = fleet.dump(&MAP.parse().unwrap(), FleetDumpOptions::default());
+    let mut reports = BTreeMap::new();
+    while let Some(event) = run.next().await {
+        if let FleetEvent::Done(r) = event {
+            reports.insert(r.target.as_str().to_owned(), r);
+        }
+    }
+    assert!(reports[&h0].is_ok(), "{:?}", reports[&h0]);
+    let e = reports[&h1].error.as_ref().expect("h1 denied");
+    assert_eq!(
+        (e.code(), reason_of(e)),
+        (Code::PermissionDenied, "PERMISSION_DENIED".to_owned())
+    );
     relay.stop().await.unwrap();
 }
 
@@ -673,6 +891,7 @@ async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_rou
     );
 
     // A target added to the targets file is taken up, one removed dropped.
+    let early = read(&mut c, dump_request(64, ""), 1).await.cursors[0].clone();
     std::fs::write(&file, format!("{h0}\n{h2}\n{dead}\n")).unwrap();
     let (mut added, mut dropped) = (false, false);
     let seen = rounds
@@ -748,15 +967,41 @@ async fn a_fleet_watch_follows_its_targets_names_failures_and_resumes_from_a_rou
         "a dropped target is not watched again"
     );
 
+    // A dump resumed from a cursor of before h1 was dropped: h1 ends
+    // in-band, NOT_FOUND, where it stood.
+    let resumed = read(&mut c, dump_request(64, &early), usize::MAX).await;
+    let gone = resumed.ends[&h1].status.as_ref().unwrap();
+    assert_eq!(
+        (
+            gone.code.as_str(),
+            gone.reason.as_str(),
+            gone.message.as_str()
+        ),
+        (
+            "NOT_FOUND",
+            "TARGET_GONE",
+            "no longer one of the relay's targets"
+        )
+    );
+    assert!(!resumed.ends.contains_key(&h2), "not one of the cursor's");
+
     // A cursor that is not the relay's, or a dump's.
     let dump_cursor = read(&mut c, dump_request(64, ""), 1).await.cursors[0].clone();
-    for bad in ["fXXXX", dump_cursor.as_str()] {
+    for (bad, reason) in [
+        ("fXXXX", "CURSOR_INVALID"),
+        (dump_cursor.as_str(), "CURSOR_OTHER_CALL"),
+    ] {
         let e = c
             .watch_map(watch_request(bad))
             .await
             .map(|_| ())
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert_eq!(
+            bpfmap_proto::status::reason(&e).as_deref(),
+            Some(reason),
+            "{e:?}"
+        );
     }
     relay.stop().await.unwrap();
 }
@@ -1035,9 +1280,14 @@ async fn a_callers_deadline_ends_slow_targets_in_band_before_it_passes() {
     assert!(started.elapsed() < Duration::from_secs(2));
     assert_eq!(answer.failed.len(), 1, "{answer:?}");
     assert_eq!(answer.failed[0].target, frozen_target);
+    let late = answer.failed[0].status.as_ref().unwrap();
     assert_eq!(
-        answer.failed[0].status.as_ref().unwrap().code,
-        "DEADLINE_EXCEEDED"
+        (late.code.as_str(), late.reason.as_str()),
+        ("DEADLINE_EXCEEDED", "CALL_DEADLINE")
+    );
+    assert_eq!(
+        answer.method, "merge",
+        "no limit: every group of every target"
     );
     let mut answered = answer.answered.clone();
     answered.sort();

@@ -33,7 +33,7 @@ use crate::{
     LookupOptions, LookupResult, MapInfo, MapName, MapTypes, RetryPolicy, Target,
     lookup::LookupCall,
     pb,
-    relay::RelayLink,
+    relay::{RelayLink, Scope},
     run::{Answers, Plan},
 };
 
@@ -245,6 +245,14 @@ impl Fleet {
         &self.options
     }
 
+    /// What a call through the relay is made on.
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            targets: self.targets(),
+            deadline: self.options.deadline(),
+        }
+    }
+
     /// ListMaps on every target.
     pub fn list_maps(&self) -> FleetRun<Vec<MapInfo>> {
         self.list_maps_with(ListMapsOptions::default())
@@ -254,7 +262,7 @@ impl Fleet {
     /// type, owner).
     pub fn list_maps_with(&self, options: ListMapsOptions) -> FleetRun<Vec<MapInfo>> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.list_maps((self.targets(), self.options.deadline()), &options);
+            return relay.list_maps(self.scope(), &options);
         }
         let timeout = self.options.answer_timeout;
         self.plan().run(move |client, answers| {
@@ -274,7 +282,7 @@ impl Fleet {
     /// GetMap on every target (NOT_FOUND where the map is absent).
     pub fn get_map(&self, map: &MapName) -> FleetRun<MapInfo> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
-            return relay.get_map((self.targets(), self.options.deadline()), map);
+            return relay.get_map(self.scope(), map);
         }
         let timeout = self.options.answer_timeout;
         let map = map.clone();
@@ -301,12 +309,7 @@ impl Fleet {
     ) -> FleetRun<Vec<LookupResult>> {
         if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
             let keys = keys.into_iter().map(Into::into).collect();
-            return relay.lookup(
-                (self.targets(), self.options.deadline()),
-                map,
-                keys,
-                &options,
-            );
+            return relay.lookup(self.scope(), map, keys, &options);
         }
         let timeout = self.options.answer_timeout;
         let call = Arc::new(LookupCall::new(map, keys, &options));
@@ -572,7 +575,12 @@ mod via_relay {
         FleetRun::spawn(targets.clone(), 16, move |tx| async move {
             let mut run = Run::new(targets, tx);
             let types = if options.types {
-                types(&link, &run.targets, &map, (options.dump.render(), deadline)).await
+                let asked = TypesAsked {
+                    targets: &run.targets,
+                    map: &map,
+                    render: options.dump.render(),
+                };
+                types(&link, asked, deadline).await
             } else {
                 HashMap::new()
             };
@@ -613,19 +621,26 @@ mod via_relay {
         })
     }
 
-    /// Each target's types for `map`, through the relay's GetMap, with the
-    /// dump's renderings.
+    /// The types a dump through the relay asks for: its targets', of its
+    /// map, with its renderings.
+    struct TypesAsked<'a> {
+        targets: &'a [Target],
+        map: &'a MapName,
+        render: &'a BTreeMap<String, String>,
+    }
+
+    /// Each target's types for the map, through the relay's GetMap, with
+    /// the dump's renderings.
     async fn types(
         link: &RelayLink,
-        targets: &[Target],
-        map: &MapName,
-        (render, deadline): (&BTreeMap<String, String>, Deadline),
+        asked: TypesAsked<'_>,
+        deadline: Deadline,
     ) -> HashMap<String, Arc<MapTypes>> {
         let req = pb::FleetServiceGetMapRequest {
             request: Some(pb::GetMapRequest {
-                map: Some(map.to_proto()),
+                map: Some(asked.map.to_proto()),
             }),
-            targets: RelayLink::selector(targets),
+            targets: RelayLink::selector(asked.targets),
         };
         let mut types = HashMap::new();
         let Ok(answer) = link.client.clone().get_map(deadline.request(req)).await else {
@@ -634,7 +649,7 @@ mod via_relay {
         let mut stream = answer.into_inner();
         while let Ok(Some(msg)) = stream.message().await {
             if let Some(pb::fleet_service_get_map_response::Answer::Map(info)) = msg.answer
-                && let Ok(Some(t)) = MapInfo::from(info).types_with(render)
+                && let Ok(Some(t)) = MapInfo::from(info).types_with(asked.render)
             {
                 types.insert(msg.target, Arc::new(t));
             }

@@ -93,28 +93,49 @@ impl FleetAggregateOptions {
     }
 }
 
-/// How a fleet aggregate merged the hosts' groups.
+/// How a fleet aggregate merged the hosts' groups. Its one spelling
+/// ([`MergeMethod::as_str`], read back by `parse`) is what the relay sends
+/// (`FleetServiceAggregateMapResponse.method`) and what bpfmapctl prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MergeMethod {
-    /// The three-phase uniform threshold top K (TPUT): exact, without
-    /// every group of every host.
+    /// "top_k": the three-phase uniform threshold top K (TPUT): exact,
+    /// without every group of every host.
     Threshold,
-    /// Every group of every host (MIN or MAX ordering, ascending, values
-    /// that may be negative, or no limit).
+    /// "merge": every group of every host merged (MIN or MAX ordering,
+    /// ascending, values that may be negative, or no limit).
     AllGroups,
-    /// The groups asked for, from every host.
+    /// "groups": the groups asked for, from every host.
     Groups,
 }
 
 impl MergeMethod {
-    /// "threshold", "all_groups" or "groups".
+    /// "top_k", "merge" or "groups".
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Threshold => "threshold",
-            Self::AllGroups => "all_groups",
+            Self::Threshold => "top_k",
+            Self::AllGroups => "merge",
             Self::Groups => "groups",
         }
+    }
+}
+
+impl std::fmt::Display for MergeMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The method [`MergeMethod::as_str`] spells; [`Error::Protocol`] for any
+/// other text.
+impl std::str::FromStr for MergeMethod {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        [Self::Threshold, Self::AllGroups, Self::Groups]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| Error::Protocol(format!("unknown merge method {s:?}")))
     }
 }
 
@@ -617,12 +638,13 @@ impl Run<FleetAggregate> {
                 })
             })
             .collect();
-        let groups = match groups {
-            Ok(g) => g,
-            Err(e) => {
+        let (groups, method) = match (groups, answer.method.parse::<MergeMethod>()) {
+            (Ok(groups), Ok(method)) => (groups, method),
+            (Err(e), _) => {
                 let bad = format!("the relay's answer: {e}");
                 return self.fail_all(|| Error::Protocol(bad.clone())).await;
             }
+            (_, Err(e)) => return self.fail_all(|| copy(&e)).await,
         };
         for w in &answer.work {
             let p = self.progress.entry(w.target.clone()).or_default();
@@ -650,11 +672,6 @@ impl Run<FleetAggregate> {
             }
             events.push(self.report(name, error, false));
         }
-        let method = match answer.method.as_str() {
-            "top_k" => MergeMethod::Threshold,
-            "merge" => MergeMethod::AllGroups,
-            _ => MergeMethod::Groups,
-        };
         events.push(FleetEvent::Merged(FleetAggregate {
             groups,
             method,
@@ -662,5 +679,27 @@ impl Run<FleetAggregate> {
             missing,
         }));
         self.send_all(events).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_merge_method_has_one_spelling_read_back_as_written() {
+        for (method, text) in [
+            (MergeMethod::Threshold, "top_k"),
+            (MergeMethod::AllGroups, "merge"),
+            (MergeMethod::Groups, "groups"),
+        ] {
+            assert_eq!(method.as_str(), text);
+            assert_eq!(method.to_string(), text);
+            assert_eq!(text.parse::<MergeMethod>().unwrap(), method);
+        }
+        assert!(matches!(
+            "threshold".parse::<MergeMethod>(),
+            Err(Error::Protocol(m)) if m == "unknown merge method \"threshold\""
+        ));
     }
 }

@@ -79,93 +79,100 @@ impl Fleet {
         let first = self.options().answer_timeout();
         let (map, options) = (map.clone(), Arc::new(options));
         plan.run(move |client, answers| {
-            watch_target(client, answers, map.clone(), options.clone(), first)
+            let target = TargetWatch {
+                client,
+                answers,
+                map: map.clone(),
+                first,
+            };
+            target.run(options.clone())
         })
     }
 }
 
-/// One target's part of a fleet watch.
-async fn watch_target(
+/// One target's part of a fleet watch: its client, where its scans go, the
+/// map, and how long its first scan may take.
+struct TargetWatch {
     client: Client,
     answers: Answers<Scan>,
     map: MapName,
-    options: Arc<FleetWatchOptions>,
     first: Duration,
-) -> Result<(), Error> {
-    let mut watch_options = options.watch.clone();
-    if let Some(c) = options.cursors.get(&answers.target) {
-        watch_options = watch_options.with_cursor(c.clone());
-    }
-    let pause = client.retry().max_delay();
-    let mut resumes = 0u32;
-    loop {
-        let start = watch_options.cursor().to_owned();
-        answers.update(|p| p.cursor.clone_from(&start));
-        let error = scans(&client, &answers, (&map, &watch_options), first, resumes).await;
-        let code = error.code();
-        let retry = code == Code::Aborted
-            || code == Code::DeadlineExceeded
-            || error.status().is_some_and(RetryPolicy::should_retry);
-        if !retry {
-            return Err(error);
-        }
-        answers.retrying(error).await;
-        resumes += 1;
-        // The map was replaced: watch the new one from its state.
-        let cursor = if code == Code::Aborted {
-            String::new()
-        } else {
-            answers.cursor()
-        };
-        watch_options = watch_options.with_cursor(cursor);
-        tokio::time::sleep(pause).await;
-    }
 }
 
-/// Sends the scans of one watch until it fails: the failure.
-async fn scans(
-    client: &Client,
-    answers: &Answers<Scan>,
-    (map, options): (&MapName, &WatchOptions),
-    first: Duration,
-    resumed: u32,
-) -> Error {
-    let mut watch = client.watch(map, options.clone());
-    let mut wait = Some(first);
-    loop {
-        let next = match wait {
-            Some(w) => match tokio::time::timeout(w, watch.next_scan()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    return Error::Timeout {
-                        after: w,
-                        retrying: watch.last_failure().cloned(),
-                    };
-                }
-            },
-            None => watch.next_scan().await,
-        };
-        let scan = match next {
-            Ok(scan) => scan,
-            Err(e) => return e,
-        };
-        wait = None;
-        let b = scan.bookmark();
-        let (events, scanned) = (
-            (scan.events().len() + scan.groups().len()) as u64,
-            b.entries_scanned,
-        );
-        let cursor = scan.cursor().to_owned();
-        let resumes = resumed + watch.resumes();
-        answers.update(|p| {
-            p.entries += events;
-            p.scanned += scanned;
-            p.calls += 1;
-            p.cursor = cursor;
-            p.resumes = resumes;
-        });
-        if !answers.send(scan).await {
-            return tonic::Status::cancelled("the run was dropped").into();
+impl TargetWatch {
+    /// Watches until a failure that cannot be retried.
+    async fn run(self, options: Arc<FleetWatchOptions>) -> Result<(), Error> {
+        let (client, answers) = (&self.client, &self.answers);
+        let mut watch_options = options.watch.clone();
+        if let Some(c) = options.cursors.get(&answers.target) {
+            watch_options = watch_options.with_cursor(c.clone());
+        }
+        let pause = client.retry().max_delay();
+        let mut resumes = 0u32;
+        loop {
+            let start = watch_options.cursor().to_owned();
+            answers.update(|p| p.cursor.clone_from(&start));
+            let error = self.scans(&watch_options, resumes).await;
+            let code = error.code();
+            let retry = code == Code::Aborted
+                || code == Code::DeadlineExceeded
+                || error.status().is_some_and(RetryPolicy::should_retry);
+            if !retry {
+                return Err(error);
+            }
+            answers.retrying(error).await;
+            resumes += 1;
+            // The map was replaced: watch the new one from its state.
+            let cursor = if code == Code::Aborted {
+                String::new()
+            } else {
+                answers.cursor()
+            };
+            watch_options = watch_options.with_cursor(cursor);
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Sends the scans of one watch (with `options`) until it fails: the
+    /// failure.
+    async fn scans(&self, options: &WatchOptions, resumed: u32) -> Error {
+        let mut watch = self.client.watch(&self.map, options.clone());
+        let mut wait = Some(self.first);
+        loop {
+            let next = match wait {
+                Some(w) => match tokio::time::timeout(w, watch.next_scan()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        return Error::Timeout {
+                            after: w,
+                            retrying: watch.last_failure().cloned(),
+                        };
+                    }
+                },
+                None => watch.next_scan().await,
+            };
+            let scan = match next {
+                Ok(scan) => scan,
+                Err(e) => return e,
+            };
+            wait = None;
+            let b = scan.bookmark();
+            let (events, scanned) = (
+                (scan.events().len() + scan.groups().len()) as u64,
+                b.entries_scanned,
+            );
+            let cursor = scan.cursor().to_owned();
+            let resumes = resumed + watch.resumes();
+            self.answers.update(|p| {
+                p.entries += events;
+                p.scanned += scanned;
+                p.calls += 1;
+                p.cursor = cursor;
+                p.resumes = resumes;
+            });
+            if !self.answers.send(scan).await {
+                return tonic::Status::cancelled("the run was dropped").into();
+            }
         }
     }
 }

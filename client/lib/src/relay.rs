@@ -33,6 +33,14 @@ pub(crate) struct RelayLink {
 
 type Events<T> = mpsc::Sender<FleetEvent<T>>;
 
+/// What a call through the relay is made on: the fleet's targets, and the
+/// run's deadline.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scope<'a> {
+    pub(crate) targets: &'a [Target],
+    pub(crate) deadline: Option<Duration>,
+}
+
 impl RelayLink {
     /// Connects to the relay at `addr`: the link, and the targets the relay
     /// knows now.
@@ -64,16 +72,16 @@ impl RelayLink {
 
     pub(crate) fn list_maps(
         &self,
-        (targets, deadline): (&[Target], Option<Duration>),
+        scope: Scope<'_>,
         options: &ListMapsOptions,
     ) -> FleetRun<Vec<MapInfo>> {
         let req = pb::FleetServiceListMapsRequest {
             request: Some(options.to_proto()),
-            targets: Self::selector(targets),
+            targets: Self::selector(scope.targets),
         };
         let client = self.client.clone();
         per_target(
-            (targets, deadline),
+            scope,
             move |d| async move { client.clone().list_maps(d.request(req)).await },
             |msg| {
                 use pb::fleet_service_list_maps_response::Answer;
@@ -87,20 +95,16 @@ impl RelayLink {
         )
     }
 
-    pub(crate) fn get_map(
-        &self,
-        (targets, deadline): (&[Target], Option<Duration>),
-        map: &MapName,
-    ) -> FleetRun<MapInfo> {
+    pub(crate) fn get_map(&self, scope: Scope<'_>, map: &MapName) -> FleetRun<MapInfo> {
         let req = pb::FleetServiceGetMapRequest {
             request: Some(pb::GetMapRequest {
                 map: Some(map.to_proto()),
             }),
-            targets: Self::selector(targets),
+            targets: Self::selector(scope.targets),
         };
         let client = self.client.clone();
         per_target(
-            (targets, deadline),
+            scope,
             move |d| async move { client.clone().get_map(d.request(req)).await },
             |msg| {
                 use pb::fleet_service_get_map_response::Answer;
@@ -116,7 +120,7 @@ impl RelayLink {
 
     pub(crate) fn lookup(
         &self,
-        (targets, deadline): (&[Target], Option<Duration>),
+        scope: Scope<'_>,
         map: &MapName,
         keys: Vec<Key>,
         options: &LookupOptions,
@@ -124,12 +128,12 @@ impl RelayLink {
         let call = Arc::new(LookupCall::new(map, keys, options));
         let req = pb::FleetServiceLookupRequest {
             request: Some(call.request.clone()),
-            targets: Self::selector(targets),
+            targets: Self::selector(scope.targets),
         };
         let client = self.client.clone();
         let checked = call.check();
         per_target(
-            (targets, deadline),
+            scope,
             move |d| async move {
                 checked.map_err(|e| Status::invalid_argument(e.to_string()))?;
                 client.clone().lookup(d.request(req)).await
@@ -205,11 +209,7 @@ pub(crate) fn copy(e: &Error) -> Error {
 
 /// A run of calls answered once per target (ListMaps, GetMap, Lookup):
 /// each message's target and answer, as `answer` reads them.
-fn per_target<M, T, C, Fut, F>(
-    (targets, deadline): (&[Target], Option<Duration>),
-    call: C,
-    mut answer: F,
-) -> FleetRun<T>
+fn per_target<M, T, C, Fut, F>(scope: Scope<'_>, call: C, mut answer: F) -> FleetRun<T>
 where
     M: Send + 'static,
     T: Send + 'static,
@@ -217,8 +217,8 @@ where
     Fut: Future<Output = Result<tonic::Response<Streaming<M>>, Status>> + Send,
     F: FnMut(M) -> (String, Result<T, Error>) + Send + 'static,
 {
-    let targets = targets.to_vec();
-    let deadline = Deadline::start(deadline);
+    let targets = scope.targets.to_vec();
+    let deadline = Deadline::start(scope.deadline);
     FleetRun::spawn(targets.clone(), 16, move |tx| async move {
         let mut run = Run::new(targets, tx);
         let mut call = Some(call);
@@ -498,13 +498,17 @@ impl Run<Scan> {
     }
 }
 
-/// A target's status, as the relay names it, as the error it stands for.
+/// A target's status, as the relay names it, as the error it stands for
+/// (with its reason, as a daemon's own status carries it).
 pub(crate) fn status_error(s: &pb::TargetStatus) -> Error {
     let code = (0..=16)
         .map(Code::from_i32)
         .find(|c| crate::code_name(*c) == s.code)
         .unwrap_or(Code::Unknown);
-    Error::Status(Status::new(code, s.message.clone()))
+    Error::Status(match s.reason.as_str() {
+        "" => Status::new(code, s.message.clone()),
+        reason => bpfmap_proto::status::with_reason(code, s.message.clone(), reason),
+    })
 }
 
 fn no_answer() -> Error {

@@ -4,17 +4,83 @@
 //! `[limits]` table: connections, streams, handshakes, message sizes).
 
 use std::{
+    io,
     net::SocketAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use anyhow::Context as _;
 use bpfmap_client::{ClientTls, TargetSpec};
 use bpfmapd::{Limits, TlsFiles};
 use serde::Deserialize;
 
-use crate::policy::RelayRule;
+use crate::policy::{RelayPolicy, RelayRule, RuleError};
+
+/// What is wrong with a configuration, said before anything starts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A file that cannot be read (the configuration, the targets file).
+    #[error("cannot read {}: {error}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: io::Error,
+    },
+    /// A configuration file that does not parse.
+    #[error("{} is not a valid configuration: {error}", .path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: toml::de::Error,
+    },
+    /// A configuration text that does not parse.
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    /// Plaintext on an address other hosts reach, not asked for.
+    #[error("plaintext on {0} (not loopback): configure [tls] for callers, or set insecure = true")]
+    Plaintext(SocketAddr),
+    /// `concurrency = 0`.
+    #[error("concurrency must be at least 1")]
+    Concurrency,
+    /// No target at all.
+    #[error("no targets: give --target HOST:PORT (repeatable), targets = [...] or targets_file")]
+    NoTargets,
+    /// A target that is not one.
+    #[error("target {spec:?}: {error}")]
+    Target {
+        /// The target as written.
+        spec: String,
+        /// Why.
+        #[source]
+        error: bpfmap_client::Error,
+    },
+    /// A targets file that cannot be read.
+    #[error("cannot read the targets file {}: {error}", .path.display())]
+    TargetsFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: io::Error,
+    },
+    /// A `[[rule]]` table that cannot be used.
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+    /// The relay's certificate for the daemons.
+    #[error("[client_tls]: {0}")]
+    ClientTls(#[source] io::Error),
+    /// No resolver for DNS and SRV targets.
+    #[error("cannot resolve targets: {0}")]
+    Resolver(#[source] bpfmap_client::DiscoveryError),
+    /// Targets that all failed to resolve.
+    #[error("none of the targets resolved to an address")]
+    NoTargetResolved,
+}
 
 /// The configuration (TOML file, then flags over it).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -91,8 +157,9 @@ pub struct ClientTlsFiles {
 
 impl ClientTlsFiles {
     /// Loaded.
-    pub fn load(&self) -> anyhow::Result<ClientTls> {
-        let tls = ClientTls::from_files(&self.ca, &self.cert, &self.key)?;
+    pub fn load(&self) -> Result<ClientTls, ConfigError> {
+        let tls = ClientTls::from_files(&self.ca, &self.cert, &self.key)
+            .map_err(ConfigError::ClientTls)?;
         Ok(match &self.server_name {
             Some(name) => tls.with_server_name(name),
             None => tls,
@@ -154,22 +221,32 @@ pub struct Args {
     /// The name daemon certificates carry when targets are addresses.
     #[arg(long)]
     pub server_name: Option<String>,
+    /// Rotate the fleet cursors' key in the state directory and exit:
+    /// cursors of the previous key keep resuming until the next rotation.
+    /// A running relay picks the new key up by itself (every refresh).
+    #[arg(long)]
+    pub rotate_cursor_key: bool,
 }
 
 impl Config {
     /// Parses a configuration file's text.
-    pub fn from_toml(text: &str) -> anyhow::Result<Self> {
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         Ok(toml::from_str(text)?)
     }
 
     /// The configuration of `args`: its file, then its flags over it.
-    pub fn from_args(args: &Args) -> anyhow::Result<Self> {
+    pub fn from_args(args: &Args) -> Result<Self, ConfigError> {
         let mut c = match &args.config {
-            Some(path) => Self::from_toml(
-                &std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?,
-            )
-            .with_context(|| format!("{} is not a valid configuration", path.display()))?,
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+                    path: path.clone(),
+                    error,
+                })?;
+                toml::from_str(&text).map_err(|error| ConfigError::File {
+                    path: path.clone(),
+                    error,
+                })?
+            }
             None => Self::default(),
         };
         if let Some(listen) = args.listen {
@@ -209,43 +286,46 @@ impl Config {
     }
 
     /// What is wrong with it, said before anything starts.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.tls.is_none() && !self.insecure && !self.listen.ip().is_loopback() {
-            anyhow::bail!(
-                "plaintext on {} (not loopback): configure [tls] for callers, or set insecure = true",
-                self.listen
-            );
+            return Err(ConfigError::Plaintext(self.listen));
         }
-        anyhow::ensure!(self.concurrency > 0, "concurrency must be at least 1");
+        if self.concurrency == 0 {
+            return Err(ConfigError::Concurrency);
+        }
         self.target_specs()?;
-        crate::policy::RelayPolicy::new(&self.rules, self.tls.is_some())?;
+        RelayPolicy::new(&self.rules, self.tls.is_some())?;
         Ok(())
     }
 
     /// The targets of the file and the list, parsed.
-    pub fn target_specs(&self) -> anyhow::Result<Vec<TargetSpec>> {
+    pub fn target_specs(&self) -> Result<Vec<TargetSpec>, ConfigError> {
         let mut lines = self.targets.clone();
         if let Some(file) = &self.targets_file {
             lines.extend(read_targets_file(file)?);
         }
-        anyhow::ensure!(
-            !lines.is_empty(),
-            "no targets: give --target HOST:PORT (repeatable), targets = [...] or targets_file"
-        );
+        if lines.is_empty() {
+            return Err(ConfigError::NoTargets);
+        }
         lines
             .iter()
             .map(|t| {
                 t.parse::<TargetSpec>()
-                    .with_context(|| format!("target {t:?}"))
+                    .map_err(|error| ConfigError::Target {
+                        spec: t.clone(),
+                        error,
+                    })
             })
             .collect()
     }
 }
 
 /// A targets file's lines, comments and blanks left out.
-fn read_targets_file(path: &Path) -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the targets file {}", path.display()))?;
+fn read_targets_file(path: &Path) -> Result<Vec<String>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|error| ConfigError::TargetsFile {
+        path: path.to_owned(),
+        error,
+    })?;
     Ok(text
         .lines()
         .map(|l| l.split('#').next().unwrap_or("").trim().to_owned())

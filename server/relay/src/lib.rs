@@ -8,32 +8,74 @@
 //! - `config`: the command line and the configuration file.
 //! - `targets`: the targets, resolved again every refresh, and their states.
 //! - `policy`: who may ask what, on which targets.
-//! - `cursor`: fleet cursors, sealed so that any replica resumes them.
-//! - `service`: the FleetService calls; `dump`: a fleet dump's stream;
-//!   `watch`: a fleet watch's rounds.
+//! - `cursor`: fleet cursors, sealed with the daemon's cursor keys so that
+//!   any replica resumes them.
+//! - `error`: what a call can fail with, and how a target ends in-band
+//!   when the relay says so; `status`: the one mapping of both to gRPC
+//!   codes, messages and stable reasons.
+//! - `call`: what every call starts from (caller, deadline, map, targets
+//!   split by the policy, the fleet that runs it).
+//! - One module per call's domain: `info` (ListMaps, GetMap, Lookup),
+//!   `dump`, `aggregate`, `watch`.
+//! - `service`: the FleetService handlers (name the caller, call the
+//!   domain, map the error).
 #![forbid(unsafe_code)]
 
+mod aggregate;
+mod call;
 pub mod config;
 mod cursor;
 mod dump;
+mod error;
+mod info;
 pub mod policy;
 mod service;
+mod status;
 mod targets;
 mod watch;
 
-use std::{net::SocketAddr, process::ExitCode, sync::Arc};
+use std::{io, net::SocketAddr, process::ExitCode, sync::Arc};
 
-use anyhow::Context as _;
 use bpfmap_client::{ConnectOptions, FleetOptions, RetryPolicy};
 use bpfmap_proto::v1::fleet_service_server::FleetServiceServer;
-use bpfmapd::frontend::{Frontend, FrontendConfig, authenticated};
+use bpfmapd::{
+    KeyError,
+    frontend::{Frontend, FrontendConfig, authenticated},
+};
 use tokio::net::TcpListener;
 
-pub use config::{Args, ClientTlsFiles, Config};
-pub use policy::RelayRule;
+pub use config::{Args, ClientTlsFiles, Config, ConfigError};
+pub use policy::{RelayRule, RuleError};
 
 /// The service's name, as health reports it.
 pub const SERVICE_NAME: &str = "bpfmap.v1.FleetService";
+
+/// Why the relay cannot start, run or stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RelayError {
+    /// The address to listen on cannot be bound.
+    #[error("cannot listen on {addr}: {error}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        error: io::Error,
+    },
+    /// A configuration that cannot be used.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The fleet cursors' key cannot be read or made.
+    #[error(transparent)]
+    CursorKey(#[from] KeyError),
+    /// The front door (listener, TLS, health) cannot start or stop.
+    #[error("{0}")]
+    Frontend(String),
+    /// The signals that stop the relay cannot be listened to.
+    #[error("cannot listen to signals: {0}")]
+    Signals(#[source] io::Error),
+}
 
 /// A running relay.
 #[derive(Debug)]
@@ -44,15 +86,19 @@ pub struct Relay {
 
 impl Relay {
     /// Binds `config.listen` and starts serving.
-    pub async fn start(config: &Config) -> anyhow::Result<Self> {
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
+    pub async fn start(config: &Config) -> Result<Self, RelayError> {
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|error| RelayError::Listen {
+                    addr: config.listen,
+                    error,
+                })?;
         Self::start_on(config, listener).await
     }
 
     /// Serves on a bound listener.
-    pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<Self> {
+    pub async fn start_on(config: &Config, listener: TcpListener) -> Result<Self, RelayError> {
         config.validate()?;
         let mut connect = ConnectOptions::default().with_retry(RetryPolicy::fleet());
         if let Some(tls) = &config.client_tls {
@@ -61,19 +107,22 @@ impl Relay {
         let source = config.clone();
         let targets = targets::Targets::new(Box::new(move || source.target_specs())).await?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        targets.spawn_upkeep(config.refresh, connect.clone(), stopped);
+        targets.spawn_upkeep(config.refresh, connect.clone(), stopped.clone());
+        let keys = Arc::new(cursor::CursorKeys::load_or_create(&config.state_dir)?);
+        keys.spawn_reload(config.refresh, stopped);
+        let policy = policy::RelayPolicy::new(&config.rules, config.tls.is_some())
+            .map_err(ConfigError::from)?;
         let service = service::FleetServiceImpl {
-            targets,
-            connect,
-            options: FleetOptions::default()
-                .with_concurrency(config.concurrency)
-                .with_buffer(dump::QUEUED)
-                .with_answer_timeout(config.answer_timeout),
-            policy: Arc::new(policy::RelayPolicy::new(
-                &config.rules,
-                config.tls.is_some(),
-            )?),
-            keys: Arc::new(cursor::CursorKey::load_or_create(&config.state_dir)?),
+            calls: call::Calls {
+                targets,
+                connect,
+                options: FleetOptions::default()
+                    .with_concurrency(config.concurrency)
+                    .with_buffer(call::QUEUED)
+                    .with_answer_timeout(config.answer_timeout),
+                policy: Arc::new(policy),
+                keys,
+            },
         };
         let server = FleetServiceServer::new(service)
             .max_decoding_message_size(config.limits.max_request_bytes)
@@ -89,7 +138,8 @@ impl Relay {
             },
             tonic::service::Routes::new(authenticated(server)),
         )
-        .await?;
+        .await
+        .map_err(|e| RelayError::Frontend(format!("{e:#}")))?;
         tracing::info!(addr = %frontend.local_addr(), tls = config.tls.is_some(), "bpfmap-relay listening");
         Ok(Self { frontend, stop })
     }
@@ -105,9 +155,12 @@ impl Relay {
     }
 
     /// Stops: no new calls, calls in flight end, connections close.
-    pub async fn stop(self) -> anyhow::Result<()> {
+    pub async fn stop(self) -> Result<(), RelayError> {
         self.stop.send_replace(true);
-        self.frontend.stop().await
+        self.frontend
+            .stop()
+            .await
+            .map_err(|e| RelayError::Frontend(format!("{e:#}")))
     }
 }
 
@@ -116,6 +169,9 @@ impl Relay {
 pub fn main() -> ExitCode {
     use clap::Parser as _;
     let args = Args::parse();
+    if args.rotate_cursor_key {
+        return rotate_cursor_key(&args);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -132,16 +188,42 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(&args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
+            tracing::error!("{e}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(args: &Args) -> anyhow::Result<()> {
+/// `--rotate-cursor-key`: rotates the fleet cursors' key in the state
+/// directory and exits (2 for a configuration that cannot be read).
+fn rotate_cursor_key(args: &Args) -> ExitCode {
+    let config = match Config::from_args(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("bpfmap-relay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cursor::CursorKeys::rotate(&config.state_dir) {
+        Ok(()) => {
+            println!(
+                "rotated the fleet cursor key in {}; cursors of the previous key keep resuming until the next rotation",
+                config.state_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bpfmap-relay: cannot rotate the cursor key: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &Args) -> Result<(), RelayError> {
     let config = Config::from_args(args)?;
     let relay = Relay::start(&config).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(RelayError::Signals)?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -4,11 +4,36 @@
 
 use bpfmapd::{
     Operation, RuleConfig,
-    frontend::{Identity, Policy},
+    frontend::{Identity, Policy, PolicyError},
 };
 use globset::{Glob, GlobSet, GlobSetBuilder};
-
 use serde::Deserialize;
+
+/// A `[[rule]]` table that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// Its identities, maps or operations, as the daemon's rules say.
+    #[error("rule {rule}: {error}")]
+    Daemon {
+        /// Index of the rule (from 0).
+        rule: usize,
+        /// What is wrong with it.
+        #[source]
+        error: PolicyError,
+    },
+    /// A target pattern that is not a glob.
+    #[error("rule {rule}: invalid target pattern {pattern:?}: {error}")]
+    Target {
+        /// Index of the rule (from 0).
+        rule: usize,
+        /// The pattern.
+        pattern: String,
+        /// What is wrong with it.
+        #[source]
+        error: globset::Error,
+    },
+}
 
 /// One `[[rule]]`: the daemon's rule, and the targets it covers.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -38,8 +63,7 @@ pub(crate) struct RelayPolicy {
 impl RelayPolicy {
     /// Compiles `rules`; `tls` decides what an empty list means, as for the
     /// daemon.
-    pub(crate) fn new(rules: &[RelayRule], tls: bool) -> anyhow::Result<Self> {
-        let open = Policy::new(&[], tls)?.is_open();
+    pub(crate) fn new(rules: &[RelayRule], tls: bool) -> Result<Self, RuleError> {
         let mut compiled = Vec::new();
         for (i, r) in rules.iter().enumerate() {
             let rule = RuleConfig {
@@ -48,24 +72,21 @@ impl RelayPolicy {
                 operations: r.operations.clone(),
             };
             let policy = Policy::new(std::slice::from_ref(&rule), tls)
-                .map_err(|e| anyhow::anyhow!("rule {i}: {e}"))?;
+                .map_err(|error| RuleError::Daemon { rule: i, error })?;
             let targets = match &r.targets {
                 None => None,
-                Some(patterns) => {
-                    let mut set = GlobSetBuilder::new();
-                    for p in patterns {
-                        set.add(Glob::new(p).map_err(|e| {
-                            anyhow::anyhow!("rule {i}: invalid target pattern {p:?}: {e}")
-                        })?);
-                    }
-                    Some(set.build()?)
-                }
+                Some(patterns) => Some(target_globs(i, patterns)?),
             };
             compiled.push((policy, targets));
         }
+        // No rule: open on plaintext, as the daemon's policy is.
+        let open = rules.is_empty()
+            && Policy::new(&[], tls)
+                .map_err(|error| RuleError::Daemon { rule: 0, error })?
+                .is_open();
         Ok(Self {
             rules: compiled,
-            open: open && rules.is_empty(),
+            open,
         })
     }
 
@@ -85,6 +106,23 @@ impl RelayPolicy {
                 && targets.as_ref().is_none_or(|t| t.is_match(target))
         })
     }
+}
+
+/// The target patterns of rule `rule`.
+fn target_globs(rule: usize, patterns: &[String]) -> Result<GlobSet, RuleError> {
+    let invalid = |pattern: &str| {
+        let pattern = pattern.to_owned();
+        move |error| RuleError::Target {
+            rule,
+            pattern,
+            error,
+        }
+    };
+    let mut set = GlobSetBuilder::new();
+    for p in patterns {
+        set.add(Glob::new(p).map_err(invalid(p))?);
+    }
+    set.build().map_err(invalid(&patterns.join(", ")))
 }
 
 #[cfg(test)]

@@ -9,16 +9,24 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use bpfmap_client::{Client, ConnectOptions, Error, Resolver, Target, TargetSpec, pb};
+use bpfmap_client::{
+    Client, ConnectOptions, Error as CallError, Resolver, Target, TargetReport, TargetSpec, pb,
+};
 use tokio::sync::watch;
-use tonic::{Code, Status};
+use tonic::Code;
+
+use crate::{
+    config::ConfigError,
+    error::{Error, InBand},
+    status,
+};
 
 /// How long a probe of one target may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where the target specs come from: read again at every refresh (the
 /// targets file may have changed).
-pub(crate) type SpecSource = Box<dyn Fn() -> anyhow::Result<Vec<TargetSpec>> + Send + Sync>;
+pub(crate) type SpecSource = Box<dyn Fn() -> Result<Vec<TargetSpec>, ConfigError> + Send + Sync>;
 
 /// The targets and their states.
 pub(crate) struct Targets {
@@ -54,8 +62,8 @@ struct State {
 
 impl Targets {
     /// Reads and resolves the specs; fails when none gives a target.
-    pub(crate) async fn new(source: SpecSource) -> anyhow::Result<Arc<Self>> {
-        let resolver = Resolver::system()?;
+    pub(crate) async fn new(source: SpecSource) -> Result<Arc<Self>, ConfigError> {
+        let resolver = Resolver::system().map_err(ConfigError::Resolver)?;
         let specs = source()?;
         let targets = Arc::new(Self {
             source,
@@ -64,10 +72,9 @@ impl Targets {
             known: Mutex::default(),
         });
         targets.refresh().await;
-        anyhow::ensure!(
-            !targets.current().is_empty(),
-            "none of the targets resolved to an address"
-        );
+        if targets.current().is_empty() {
+            return Err(ConfigError::NoTargetResolved);
+        }
         Ok(targets)
     }
 
@@ -81,7 +88,7 @@ impl Targets {
                 specs
             }
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "cannot read the targets; keeping the last ones");
+                tracing::warn!(error = %e, "cannot read the targets; keeping the last ones");
                 self.specs.lock().unwrap_or_else(|e| e.into_inner()).clone()
             }
         };
@@ -117,7 +124,7 @@ impl Targets {
 
     /// The targets a call names (all when none; each once, in order),
     /// INVALID_ARGUMENT for a name the relay does not know.
-    pub(crate) fn select(&self, names: &[String]) -> Result<Vec<Target>, Status> {
+    pub(crate) fn select(&self, names: &[String]) -> Result<Vec<Target>, Error> {
         let all = self.current();
         if names.is_empty() {
             return Ok(all);
@@ -130,11 +137,9 @@ impl Targets {
                 all.iter()
                     .find(|t| t.as_str() == n)
                     .cloned()
-                    .ok_or_else(|| {
-                        Status::invalid_argument(format!(
-                            "target {n:?} is not one of the relay's ({}); ListTargets lists them",
-                            all.len()
-                        ))
+                    .ok_or_else(|| Error::UnknownTarget {
+                        name: n.clone(),
+                        known: all.len(),
                     })
             })
             .collect()
@@ -142,12 +147,23 @@ impl Targets {
 
     /// Records how a call to `target` went (a failure of the call's own
     /// request, INVALID_ARGUMENT or NOT_FOUND, says nothing of the target).
-    pub(crate) fn record(&self, target: &Target, error: Option<&Error>) {
+    pub(crate) fn record(&self, target: &Target, error: Option<&CallError>) {
         let status = match error {
             None => None,
             Some(e) if !says_target_is_down(e.code()) => return,
-            Some(e) => Some(status_of(e)),
+            Some(e) => Some(status::of_target(e)),
         };
+        self.set(target, status);
+    }
+
+    /// Records how `report`'s target ended: its status when it failed.
+    pub(crate) fn record_end(&self, report: &TargetReport) -> Option<pb::TargetStatus> {
+        self.record(&report.target, report.error.as_ref());
+        report.error.as_ref().map(status::of_target)
+    }
+
+    /// Sets the state of `target`: answering (`None`) or failing.
+    fn set(&self, target: &Target, status: Option<pb::TargetStatus>) {
         let mut known = self.lock();
         let now = SystemTime::now();
         let state = known
@@ -176,11 +192,7 @@ impl Targets {
                     answering: state.is_some_and(|s| s.status.is_none()),
                     status: match state {
                         Some(s) => s.status.clone(),
-                        None => Some(pb::TargetStatus {
-                            code: "UNKNOWN".into(),
-                            reason: String::new(),
-                            message: "not asked yet".into(),
-                        }),
+                        None => Some(status::in_band(&InBand::NotProbed)),
                     },
                     since: state.map(|s| prost_types::Timestamp::from(s.since)),
                     source: source.clone(),
@@ -217,29 +229,39 @@ impl Targets {
         let targets = self.current();
         futures::stream::iter(targets)
             .for_each_concurrent(32, |t| async move {
-                let outcome = tokio::time::timeout(PROBE_TIMEOUT, probe(&t, connect)).await;
-                let error = match outcome {
-                    Ok(Ok(version)) => {
-                        if let Some(v) = version {
+                match tokio::time::timeout(PROBE_TIMEOUT, probe(&t, connect)).await {
+                    Ok(Ok(health)) => {
+                        if let Some(v) = health.version {
                             self.lock().versions.insert(t.as_str().to_owned(), v);
                         }
-                        None
+                        if health.serving {
+                            self.record(&t, None);
+                        } else {
+                            self.set(&t, Some(status::in_band(&InBand::NotServing)));
+                        }
                     }
-                    Ok(Err(e)) => Some(e),
-                    Err(_) => Some(Error::Status(Status::deadline_exceeded(format!(
-                        "no health answer in {} s",
-                        PROBE_TIMEOUT.as_secs()
-                    )))),
-                };
-                self.record(&t, error.as_ref());
+                    Ok(Err(e)) => self.record(&t, Some(&e)),
+                    Err(_) => {
+                        let late = InBand::ProbeTimeout(PROBE_TIMEOUT);
+                        self.set(&t, Some(status::in_band(&late)));
+                    }
+                }
             })
             .await;
     }
 }
 
+/// What a target's health check says.
+struct Health {
+    /// Whether the map service is serving (not stopping).
+    serving: bool,
+    /// Its daemon's version, when it says it.
+    version: Option<String>,
+}
+
 /// The health of one target (grpc.health.v1, the map service's status),
 /// and its daemon's version when it says it.
-async fn probe(target: &Target, connect: &ConnectOptions) -> Result<Option<String>, Error> {
+async fn probe(target: &Target, connect: &ConnectOptions) -> Result<Health, CallError> {
     let client = Client::connect(&target.url(connect.uses_tls()), connect.clone()).await?;
     let mut health = tonic_health::pb::health_client::HealthClient::new(client.channel().clone());
     let answer = health
@@ -252,12 +274,11 @@ async fn probe(target: &Target, connect: &ConnectOptions) -> Result<Option<Strin
         .get(bpfmapd::VERSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let answer = answer.into_inner();
-    if answer.status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
-        Ok(version)
-    } else {
-        Err(Error::Status(Status::unavailable("not serving (stopping)")))
-    }
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    Ok(Health {
+        serving: answer.into_inner().status == serving,
+        version,
+    })
 }
 
 /// Whether a failure says the target itself is not answering (rather than
@@ -271,28 +292,6 @@ fn says_target_is_down(code: Code) -> bool {
             | Code::Internal
             | Code::Unauthenticated
     )
-}
-
-/// A target's failure as answers carry it.
-pub(crate) fn status_of(e: &Error) -> pb::TargetStatus {
-    let reason = e
-        .status()
-        .and_then(|s| {
-            use tonic_types::StatusExt as _;
-            s.get_details_error_info().map(|i| i.reason)
-        })
-        .unwrap_or_default();
-    let code = bpfmap_client::code_name(e.code());
-    let text = e.to_string();
-    let message = match text.strip_prefix(code).and_then(|t| t.strip_prefix(": ")) {
-        Some(rest) => rest.to_owned(),
-        None => text,
-    };
-    pb::TargetStatus {
-        code: code.to_owned(),
-        reason,
-        message,
-    }
 }
 
 /// A spec as written.

@@ -1,19 +1,21 @@
-//! A fleet watch's stream. Each target is watched on its own (the
-//! library's fleet watch of that one target: resumes, retries, the first
-//! scan's timeout), so that targets join and leave while the call lasts;
-//! their scans are gathered into rounds, and every round's end carries the
-//! fleet cursor of every target's bookmark.
+//! A fleet watch: where each target starts (after the bookmark a fleet
+//! cursor holds for it, or the one the caller kept), and its stream. Each
+//! target is watched on its own (the library's fleet watch of that one
+//! target: resumes, retries, the first scan's timeout), so that targets
+//! join and leave while the call lasts; their scans are gathered into
+//! rounds, and every round's end carries the fleet cursor of every
+//! target's bookmark.
 
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::Arc,
     time::Duration,
 };
 
 use bpfmap_client::{
-    Fleet, FleetEvent, FleetWatchOptions, MapName, Scan, Target, WatchOptions, pb,
+    Fleet, FleetEvent, FleetWatchOptions, Scan, Target, WatchOptions, pb,
     pb::fleet_service_watch_map_response::Part,
 };
+use bpfmapd::Operation;
 use tokio::{
     sync::mpsc,
     task::{AbortHandle, JoinSet},
@@ -21,9 +23,10 @@ use tokio::{
 };
 
 use crate::{
-    cursor::{CursorKey, FleetPosition, Standing},
-    dump::{Answers, QUEUED},
-    targets::{Targets, status_of},
+    call::{Answers, Ask, Asker, Call, Calls, Ended, QUEUED},
+    cursor::{Binding, FleetPosition, Standing, TargetPosition},
+    error::Error,
+    status,
 };
 
 /// Largest scan part sent in one message, in bytes: a scan larger than
@@ -33,37 +36,91 @@ const PART_BYTES: usize = 2 << 20;
 /// How often a watch that follows the relay's targets looks at them.
 const FOLLOW_EVERY: Duration = Duration::from_secs(1);
 
-/// What a fleet watch needs to run.
-pub(crate) struct WatchCall {
-    pub(crate) targets: Arc<Targets>,
-    /// Follow the relay's targets (no selector) rather than a fixed set.
-    pub(crate) follow: bool,
-    /// The targets watched from the start.
-    pub(crate) start: Vec<Target>,
-    /// The targets the policy keeps from the caller, with their status.
-    pub(crate) denied: Vec<(String, pb::TargetStatus)>,
-    /// Whether the caller may watch on a target that appears later.
-    pub(crate) allowed: Box<dyn Fn(&Target) -> bool + Send + Sync>,
-    /// The status of a target the policy keeps from the caller.
-    pub(crate) denial: Box<dyn Fn(&Target) -> pb::TargetStatus + Send + Sync>,
-    /// A fleet of one target, calling for the caller.
-    pub(crate) fleet: Box<dyn Fn(&Target) -> Fleet + Send + Sync>,
-    pub(crate) map: MapName,
-    pub(crate) options: WatchOptions,
-    /// Each target's bookmark from the call's cursor.
-    pub(crate) cursors: HashMap<String, String>,
-    pub(crate) keys: Arc<CursorKey>,
-    pub(crate) identity: String,
-    pub(crate) digest: [u8; 16],
-}
-
-/// The messages of a fleet watch, until the caller leaves.
-pub(crate) fn stream(call: WatchCall) -> Answers<pb::FleetServiceWatchMapResponse> {
+/// Starts a fleet watch: a plain one is a dump's operation, one that
+/// groups an aggregate's. Without targets named, it follows the relay's.
+pub(crate) fn start(
+    calls: &Calls,
+    asker: Asker,
+    req: pb::FleetServiceWatchMapRequest,
+) -> Result<Answers<pb::FleetServiceWatchMapResponse>, Error> {
+    let request = req.request.unwrap_or_default();
+    let op = if request.group_by.is_empty() && request.aggregates.is_empty() {
+        Operation::Dump
+    } else {
+        Operation::Aggregate
+    };
+    let selector = req.targets.unwrap_or_default();
+    let ask = Ask {
+        op,
+        map: request.map.as_ref(),
+        targets: Some(&selector),
+    };
+    let call = calls.start(asker, ask)?;
+    let options = WatchOptions::from_proto(&request)
+        .map_err(Error::Request)?
+        .with_cursor("");
+    let binding = Binding::watch(&call.asker.caller.identity, &request);
+    let mut bookmarks = match req.cursor.as_str() {
+        "" => HashMap::new(),
+        cursor => bookmarks(calls.keys.open(cursor, &binding)?),
+    };
+    bookmarks.extend(call.target_cursors(req.target_cursors)?);
+    let watch = FleetWatch {
+        calls: calls.clone(),
+        follow: selector.targets.is_empty(),
+        ended: call.denials(),
+        call,
+        options,
+        bookmarks,
+        binding,
+    };
     let (tx, rx) = mpsc::channel(QUEUED);
     tokio::spawn(async move {
-        let _ = Watcher::new(call, tx).run().await;
+        let _ = Watcher::new(watch, tx).run().await;
     });
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+}
+
+/// Each target's bookmark in a fleet watch's cursor.
+fn bookmarks(position: FleetPosition) -> HashMap<String, String> {
+    position
+        .targets
+        .into_iter()
+        .filter_map(|t| match t.standing {
+            Standing::At(c) => Some((t.target, c)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a fleet watch needs to run.
+struct FleetWatch {
+    calls: Calls,
+    /// The caller, the map, the targets watched from the start and those
+    /// the policy keeps from the caller.
+    call: Call,
+    /// Follow the relay's targets (no selector) rather than a fixed set.
+    follow: bool,
+    /// The targets that end before they are watched.
+    ended: Vec<Ended>,
+    options: WatchOptions,
+    /// Each target's bookmark to resume after.
+    bookmarks: HashMap<String, String>,
+    /// What the round ends' cursors are bound to.
+    binding: Binding,
+}
+
+impl FleetWatch {
+    /// A fleet of one target, calling for the caller: one scan held per
+    /// target while the caller reads (a watch holds a stream to every
+    /// target it watches).
+    fn fleet(&self, target: &Target) -> Fleet {
+        Fleet::new(
+            vec![target.clone()],
+            self.calls.connect_for(&self.call.asker),
+        )
+        .with_options(self.calls.options.clone().with_buffer(1))
+    }
 }
 
 type Out = mpsc::Sender<Result<pb::FleetServiceWatchMapResponse, tonic::Status>>;
@@ -76,7 +133,7 @@ struct Gone;
 
 /// A fleet watch in progress.
 struct Watcher {
-    call: WatchCall,
+    setup: FleetWatch,
     out: Out,
     events: (mpsc::Sender<TargetEvent>, mpsc::Receiver<TargetEvent>),
     tasks: JoinSet<()>,
@@ -103,11 +160,11 @@ struct Round {
 }
 
 impl Watcher {
-    fn new(call: WatchCall, out: Out) -> Self {
-        let interval = call.options.interval().unwrap_or(Duration::from_secs(1));
+    fn new(setup: FleetWatch, out: Out) -> Self {
+        let interval = setup.options.interval().unwrap_or(Duration::from_secs(1));
         Self {
-            bookmarks: call.cursors.clone(),
-            call,
+            bookmarks: setup.bookmarks.clone(),
+            setup,
             out,
             events: mpsc::channel(QUEUED),
             tasks: JoinSet::new(),
@@ -123,11 +180,11 @@ impl Watcher {
     }
 
     async fn run(mut self) -> Result<(), Gone> {
-        for (target, status) in std::mem::take(&mut self.call.denied) {
-            self.ended.insert(target.clone());
-            self.send(target, Part::Ended(status)).await?;
+        for e in std::mem::take(&mut self.setup.ended) {
+            self.ended.insert(e.target.clone());
+            self.send(e.target, Part::Ended(e.status)).await?;
         }
-        for target in std::mem::take(&mut self.call.start) {
+        for target in std::mem::take(&mut self.setup.call.targets) {
             self.watch(target);
         }
         let mut follow = tokio::time::interval(FOLLOW_EVERY);
@@ -138,7 +195,7 @@ impl Watcher {
                     let (target, event) = event.expect("the watcher holds a sender");
                     self.on_event(target, event).await?;
                 }
-                _ = follow.tick(), if self.call.follow => self.follow().await?,
+                _ = follow.tick(), if self.setup.follow => self.follow().await?,
                 Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
                 _ = sleep_until(deadline) => self.end_round().await?,
                 _ = self.out.closed() => return Err(Gone),
@@ -146,7 +203,7 @@ impl Watcher {
             if self.round.started.is_some() && self.everyone_answered() {
                 self.end_round().await?;
             }
-            if !self.call.follow && self.running.is_empty() {
+            if !self.setup.follow && self.running.is_empty() {
                 return Ok(()); // every target of a fixed set ended
             }
         }
@@ -154,11 +211,14 @@ impl Watcher {
 
     /// Starts watching `target`, from its bookmark if it has one.
     fn watch(&mut self, target: Target) {
-        let mut options = FleetWatchOptions::default().with_watch(self.call.options.clone());
+        let mut options = FleetWatchOptions::default().with_watch(self.setup.options.clone());
         if let Some(c) = self.bookmarks.get(target.as_str()) {
             options = options.with_cursors([(target.clone(), c.clone())]);
         }
-        let mut run = (self.call.fleet)(&target).watch(&self.call.map, options);
+        let mut run = self
+            .setup
+            .fleet(&target)
+            .watch(&self.setup.call.map, options);
         let (tx, name) = (self.events.0.clone(), target.clone());
         let handle = self.tasks.spawn(async move {
             use futures::StreamExt as _;
@@ -173,7 +233,7 @@ impl Watcher {
 
     /// Takes up the relay's new targets and drops those gone.
     async fn follow(&mut self) -> Result<(), Gone> {
-        let now = self.call.targets.current();
+        let now = self.setup.calls.targets.current();
         let gone: Vec<Target> = self
             .running
             .keys()
@@ -197,11 +257,11 @@ impl Watcher {
                 continue;
             }
             self.round.added.push(name.clone());
-            if (self.call.allowed)(&target) {
+            if self.setup.calls.allows(&self.setup.call, &target) {
                 self.watch(target);
             } else {
                 self.ended.insert(name.clone());
-                let status = (self.call.denial)(&target);
+                let status = status::in_band(&self.setup.call.denial());
                 self.send(name, Part::Ended(status)).await?;
             }
         }
@@ -216,7 +276,7 @@ impl Watcher {
         self.round.started.get_or_insert_with(Instant::now);
         match event {
             FleetEvent::Answer { answer, .. } => {
-                self.call.targets.record(&target, None);
+                self.setup.calls.targets.record(&target, None);
                 if self.failing.remove(&name) {
                     self.round.recovered.insert(name.clone());
                 }
@@ -228,22 +288,17 @@ impl Watcher {
                 }
             }
             FleetEvent::Retrying { error, .. } => {
-                self.call.targets.record(&target, Some(&error));
+                self.setup.calls.targets.record(&target, Some(&error));
                 self.failing.insert(name.clone());
-                self.send(name, Part::Failing(status_of(&error))).await?;
+                let status = status::of_target(&error);
+                self.send(name, Part::Failing(status)).await?;
             }
             FleetEvent::Done(report) => {
-                self.call.targets.record(&target, report.error.as_ref());
+                let failed = self.setup.calls.targets.record_end(&report);
                 self.running.remove(&target);
                 self.failing.remove(&name);
                 self.ended.insert(name.clone());
-                let status = match &report.error {
-                    Some(e) => status_of(e),
-                    None => pb::TargetStatus {
-                        code: "OK".into(),
-                        ..Default::default()
-                    },
-                };
+                let status = failed.unwrap_or_else(status::ok);
                 self.send(name, Part::Ended(status)).await?;
             }
             _ => {}
@@ -266,7 +321,10 @@ impl Watcher {
             targets: self
                 .bookmarks
                 .iter()
-                .map(|(t, c)| (t.clone(), Standing::At(c.clone())))
+                .map(|(t, c)| TargetPosition {
+                    target: t.clone(),
+                    standing: Standing::At(c.clone()),
+                })
                 .collect(),
         };
         let end = pb::RoundEnd {
@@ -275,10 +333,7 @@ impl Watcher {
             recovered: round.recovered.into_iter().collect(),
             added: round.added,
             dropped: round.dropped,
-            cursor: self
-                .call
-                .keys
-                .seal(&self.call.identity, &self.call.digest, &position),
+            cursor: self.setup.calls.keys.seal(&self.setup.binding, &position),
         };
         self.message(round.number, String::new(), Part::RoundEnd(end))
             .await

@@ -2,15 +2,14 @@
 //!
 //! Every status carries a google.rpc.ErrorInfo with a stable `reason`
 //! (domain "bpfmapd") so that programs can branch on it without parsing
-//! messages.
+//! messages; the reasons are `bpfmap_proto::status::Reason`, shared with
+//! bpfmap-relay.
 
+use bpfmap_proto::status::{DOMAIN, Reason};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::{cursor::CursorError, error::Error};
-
-/// The ErrorInfo domain of every status.
-pub(crate) const DOMAIN: &str = "bpfmapd";
 
 /// The gRPC code a client acts on.
 pub(crate) fn code(e: &Error) -> Code {
@@ -60,48 +59,50 @@ pub(crate) fn code(e: &Error) -> Code {
 }
 
 /// Stable machine-readable reason (google.rpc.ErrorInfo.reason).
-pub(crate) fn reason(e: &Error) -> &'static str {
+pub(crate) fn reason(e: &Error) -> Reason {
     match e {
-        Error::InvalidArgument(_) | Error::InvalidPath(_) | Error::Query(_) => "INVALID_REQUEST",
-        Error::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
-        Error::SlotExpired { .. } => "SLOT_EXPIRED",
-        Error::EntryTooLarge { .. } => "ENTRY_TOO_LARGE",
-        Error::MapNotFound(_) | Error::NameNotFound { .. } | Error::NoInnerMap { .. } => {
-            "MAP_NOT_FOUND"
+        Error::InvalidArgument(_) | Error::InvalidPath(_) | Error::Query(_) => {
+            Reason::InvalidRequest
         }
-        Error::NameAmbiguous { .. } => "MAP_NAME_AMBIGUOUS",
-        Error::NotMapOfMaps { .. } => "NOT_A_MAP_OF_MAPS",
-        Error::NotAMap { .. } => "NOT_A_MAP",
-        Error::ByIdDisabled => "BY_ID_DISABLED",
-        Error::NotIterable { .. } => "MAP_NOT_ITERABLE",
-        Error::Unsized { .. } => "MAP_NOT_SIZED",
-        Error::LookupUnsupported { .. } => "LOOKUP_UNSUPPORTED",
-        Error::Untyped { .. } => "MAP_UNTYPED",
-        Error::TypedByBtf { .. } => "MAP_TYPED",
+        Error::ResponseTooLarge { .. } => Reason::ResponseTooLarge,
+        Error::SlotExpired { .. } => Reason::SlotExpired,
+        Error::EntryTooLarge { .. } => Reason::EntryTooLarge,
+        Error::MapNotFound(_) | Error::NameNotFound { .. } | Error::NoInnerMap { .. } => {
+            Reason::MapNotFound
+        }
+        Error::NameAmbiguous { .. } => Reason::MapNameAmbiguous,
+        Error::NotMapOfMaps { .. } => Reason::NotAMapOfMaps,
+        Error::NotAMap { .. } => Reason::NotAMap,
+        Error::ByIdDisabled => Reason::ByIdDisabled,
+        Error::NotIterable { .. } => Reason::MapNotIterable,
+        Error::Unsized { .. } => Reason::MapNotSized,
+        Error::LookupUnsupported { .. } => Reason::LookupUnsupported,
+        Error::Untyped { .. } => Reason::MapUntyped,
+        Error::TypedByBtf { .. } => Reason::MapTyped,
         Error::Cursor(c) => match c {
-            CursorError::OtherIdentity(_) => "CURSOR_OTHER_IDENTITY",
-            CursorError::OtherMap { .. } => "CURSOR_OTHER_MAP",
-            CursorError::OtherQuery => "CURSOR_OTHER_QUERY",
-            CursorError::MapReplaced { .. } => "MAP_REPLACED",
+            CursorError::OtherIdentity(_) => Reason::CursorOtherIdentity,
+            CursorError::OtherMap { .. } => Reason::CursorOtherMap,
+            CursorError::OtherQuery => Reason::CursorOtherQuery,
+            CursorError::MapReplaced { .. } => Reason::MapReplaced,
             CursorError::Encoding
             | CursorError::NotAuthentic
             | CursorError::Malformed
-            | CursorError::TooLong => "CURSOR_INVALID",
+            | CursorError::TooLong => Reason::CursorInvalid,
         },
-        Error::ResumeKeyDeleted(_) => "RESUME_KEY_DELETED",
-        Error::MapChanged(_) => "MAP_REPLACED",
-        Error::NotDrainable(_) => "NOT_DRAINABLE",
-        Error::KernelWalkUnavailable(_) => "KERNEL_WALK_UNAVAILABLE",
-        Error::DrainBusy(_) => "DRAIN_BUSY",
-        Error::SpoolCorrupt(_) => "SPOOL_CORRUPT",
-        Error::ShuttingDown => "SHUTTING_DOWN",
-        Error::Cancelled => "CANCELLED",
-        Error::Stalled { .. } => "CLIENT_STALLED",
-        Error::ResourceExhausted(_) | Error::FilterTooCostly(_) => "LIMIT_REACHED",
-        Error::WatchTooLarge(_) => "WATCH_TOO_LARGE",
-        Error::PermissionDenied { .. } => "PERMISSION_DENIED",
-        Error::Kernel { .. } => "KERNEL_ERROR",
-        Error::Internal { .. } => "INTERNAL",
+        Error::ResumeKeyDeleted(_) => Reason::ResumeKeyDeleted,
+        Error::MapChanged(_) => Reason::MapReplaced,
+        Error::NotDrainable(_) => Reason::NotDrainable,
+        Error::KernelWalkUnavailable(_) => Reason::KernelWalkUnavailable,
+        Error::DrainBusy(_) => Reason::DrainBusy,
+        Error::SpoolCorrupt(_) => Reason::SpoolCorrupt,
+        Error::ShuttingDown => Reason::ShuttingDown,
+        Error::Cancelled => Reason::Cancelled,
+        Error::Stalled { .. } => Reason::ClientStalled,
+        Error::ResourceExhausted(_) | Error::FilterTooCostly(_) => Reason::LimitReached,
+        Error::WatchTooLarge(_) => Reason::WatchTooLarge,
+        Error::PermissionDenied { .. } => Reason::PermissionDenied,
+        Error::Kernel { .. } => Reason::KernelError,
+        Error::Internal { .. } => Reason::Internal,
     }
 }
 
@@ -114,7 +115,7 @@ impl From<Error> for Status {
         Status::with_error_details(
             code,
             e.to_string(),
-            ErrorDetails::with_error_info(reason(&e), DOMAIN, []),
+            ErrorDetails::with_error_info(reason(&e).as_str(), DOMAIN, []),
         )
     }
 }

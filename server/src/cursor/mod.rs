@@ -3,31 +3,24 @@
 //! A cursor binds the map reference it was issued for, the map's kernel id
 //! and fingerprint (type, sizes, flags, name), the query of a filtered or
 //! projected dump (a digest of its filter and fields) and the walk
-//! position. It is
-//! sealed with ChaCha20-Poly1305 under a key kept in the state directory, so
-//! it survives daemon restarts, and a client can neither read, forge nor
-//! alter one. The encoding is the letter "c" then URL-safe base64 of a random
+//! position. It is sealed ([`keys`]: ChaCha20-Poly1305, the key in the
+//! state directory, rotated with the previous key still opening) so it
+//! survives daemon restarts, and a client can neither read, forge nor alter
+//! one. The encoding is the letter "c" then URL-safe base64 of a random
 //! nonce and the sealed, versioned binary record; the format is private to
-//! the server.
+//! the server. [`keys`] is what bpfmap-relay seals its fleet cursors with.
+
+pub(crate) mod keys;
 
 /// The cursor keys in force (a reload or a rotation replaces them).
 pub(crate) type SharedKeys = std::sync::Arc<arc_swap::ArcSwap<CursorKey>>;
 
-use std::{
-    fs,
-    io::{self, Read, Write},
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
-    path::{Path, PathBuf},
-};
-
-use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use ring::{
-    aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey},
-    rand::{SecureRandom, SystemRandom},
-};
+use std::path::{Path, PathBuf};
 
 use bpfmap_kernel::{MapMeta, walk::Position};
 
+pub(crate) use self::keys::KeyError;
+use self::keys::{KeyFiles, SealingKeys, Unsealed, binding_digest};
 use crate::model::{Identity, MapRef};
 
 /// The record format written now. Version 2 (the map reference as a
@@ -36,8 +29,6 @@ use crate::model::{Identity, MapRef};
 const VERSION: u8 = 3;
 const VERSION_2: u8 = 2;
 const KEY_FILE: &str = "cursor.key";
-const PREVIOUS_KEY_FILE: &str = "cursor.key.previous";
-const KEY_LEN: usize = 32;
 /// Longest cursor accepted (a cursor holds at most one map key).
 pub(super) const MAX_CURSOR_LEN: usize = 4096;
 /// The first character of every cursor: a letter, so that a cursor never
@@ -191,51 +182,24 @@ pub(crate) enum CursorError {
 }
 
 /// Seals and opens cursors.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct CursorKey {
-    key: std::sync::Arc<LessSafeKey>,
-    /// The key before the last rotation: its cursors are still accepted.
-    previous: Option<std::sync::Arc<LessSafeKey>>,
-    rng: SystemRandom,
-}
-
-impl std::fmt::Debug for CursorKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CursorKey(..)")
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum KeyError {
-    #[error("cannot create state directory {path}: {error}")]
-    Dir { path: PathBuf, error: io::Error },
-    #[error("cannot read or create cursor key {path}: {error}")]
-    File { path: PathBuf, error: io::Error },
-    #[error("cursor key {path} must be {KEY_LEN} bytes, found {len}")]
-    Length { path: PathBuf, len: usize },
-    #[error(
-        "cursor key {path} is accessible by group or others (mode {mode:o}); run chmod 600 on it"
-    )]
-    Permissions { path: PathBuf, mode: u32 },
-    #[error("no system randomness to create a cursor key")]
-    Random,
+    keys: SealingKeys,
 }
 
 impl CursorKey {
     /// The files that hold the keys in `state_dir` (the current and the
     /// previous key).
     pub(crate) fn files(state_dir: &Path) -> [PathBuf; 2] {
-        [state_dir.join(KEY_FILE), state_dir.join(PREVIOUS_KEY_FILE)]
+        KeyFiles::new(state_dir, KEY_FILE).paths()
     }
 
     /// A key from raw bytes: the first 32 bytes are used, shorter input is
     /// zero-padded (tests use short keys).
+    #[cfg(test)]
     pub(crate) fn from_bytes(bytes: &[u8]) -> Self {
-        let raw = pad(bytes);
         Self {
-            key: std::sync::Arc::new(aead_key(&raw)),
-            previous: None,
-            rng: SystemRandom::new(),
+            keys: SealingKeys::from_bytes(bytes),
         }
     }
 
@@ -243,13 +207,9 @@ impl CursorKey {
     /// left it), creating the directory (0700) and a random key (0600) on
     /// first start.
     pub(crate) fn load_or_create(state_dir: &Path) -> Result<Self, KeyError> {
-        let mut key = Self::load_or_create_current(state_dir)?;
-        let previous = state_dir.join(PREVIOUS_KEY_FILE);
-        if previous.exists() {
-            let bytes = read_key(&previous)?;
-            key.previous = Some(std::sync::Arc::new(aead_key(&bytes)));
-        }
-        Ok(key)
+        Ok(Self {
+            keys: SealingKeys::load_or_create(&KeyFiles::new(state_dir, KEY_FILE))?,
+        })
     }
 
     /// Rotates the cursor key in `state_dir`: the current key becomes the
@@ -257,73 +217,7 @@ impl CursorKey {
     /// new random key becomes current. A running daemon picks the new key
     /// up when it reloads (on SIGHUP, or by itself when it watches files).
     pub(crate) fn rotate(state_dir: &Path) -> Result<(), KeyError> {
-        Self::load_or_create_current(state_dir)?;
-        let (current, previous, next) = (
-            state_dir.join(KEY_FILE),
-            state_dir.join(PREVIOUS_KEY_FILE),
-            state_dir.join(format!("{KEY_FILE}.new")),
-        );
-        let err = |path: &Path| {
-            let path = path.to_owned();
-            move |error| KeyError::File { path, error }
-        };
-        let _ = fs::remove_file(&next);
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&next)
-            .map_err(err(&next))?;
-        let mut bytes = [0u8; KEY_LEN];
-        SystemRandom::new()
-            .fill(&mut bytes)
-            .map_err(|_| KeyError::Random)?;
-        f.write_all(&bytes).map_err(err(&next))?;
-        f.sync_all().map_err(err(&next))?;
-        fs::rename(&current, &previous).map_err(err(&previous))?;
-        fs::rename(&next, &current).map_err(err(&current))?;
-        fs::File::open(state_dir)
-            .and_then(|d| d.sync_all())
-            .map_err(err(state_dir))?;
-        tracing::info!(dir = %state_dir.display(), "rotated the cursor key");
-        Ok(())
-    }
-
-    fn load_or_create_current(state_dir: &Path) -> Result<Self, KeyError> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(state_dir)
-            .map_err(|error| KeyError::Dir {
-                path: state_dir.into(),
-                error,
-            })?;
-        let path = state_dir.join(KEY_FILE);
-        let file_err = |error| KeyError::File {
-            path: path.clone(),
-            error,
-        };
-        match fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(mut f) => {
-                let mut bytes = [0u8; KEY_LEN];
-                SystemRandom::new()
-                    .fill(&mut bytes)
-                    .map_err(|_| KeyError::Random)?;
-                f.write_all(&bytes).map_err(file_err)?;
-                f.sync_all().map_err(file_err)?;
-                tracing::info!(path = %path.display(), "created a new cursor key");
-                Ok(Self::from_bytes(&bytes))
-            }
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                Ok(Self::from_bytes(&read_key(&path)?))
-            }
-            Err(e) => Err(file_err(e)),
-        }
+        SealingKeys::rotate(&KeyFiles::new(state_dir, KEY_FILE))
     }
 
     /// Seals a position of a dump bound to `binding` into a cursor.
@@ -345,14 +239,7 @@ impl CursorKey {
         if let Some(q) = &binding.query {
             buf.extend_from_slice(q);
         }
-        let mut nonce = [0u8; NONCE_LEN];
-        self.rng.fill(&mut nonce).expect("system randomness");
-        self.key
-            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
-            .expect("sealing a short buffer");
-        let mut out = nonce.to_vec();
-        out.extend_from_slice(&buf);
-        format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(out))
+        self.keys.seal(PREFIX, buf)
     }
 
     /// Opens a cursor presented by `identity` with a request for `map`: it
@@ -397,29 +284,14 @@ impl CursorKey {
     }
 
     fn unseal_raw(&self, s: &str) -> Result<([u8; 16], u8, Opened), CursorError> {
-        let raw = URL_SAFE_NO_PAD
-            .decode(s)
-            .map_err(|_| CursorError::Encoding)?;
-        if raw.len() < NONCE_LEN + CHACHA20_POLY1305.tag_len() + 1 {
-            return Err(CursorError::Malformed);
-        }
-        let (nonce, sealed) = raw.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| CursorError::Malformed)?;
-        // Authenticate before parsing: nothing a client made is interpreted.
-        let mut sealed = sealed.to_vec();
-        let body = match self.key.open_in_place(nonce, Aad::empty(), &mut sealed) {
-            Ok(body) => body,
-            Err(_) => {
-                let previous = self.previous.as_ref().ok_or(CursorError::NotAuthentic)?;
-                let nonce = Nonce::try_assume_unique_for_key(&raw[..NONCE_LEN])
-                    .map_err(|_| CursorError::Malformed)?;
-                sealed = raw[NONCE_LEN..].to_vec();
-                previous
-                    .open_in_place(nonce, Aad::empty(), &mut sealed)
-                    .map_err(|_| CursorError::NotAuthentic)?
-            }
-        };
-        let mut r = Reader(body);
+        // Authenticated before it is parsed: nothing a client made is
+        // interpreted.
+        let body = self.keys.open(s).map_err(|e| match e {
+            Unsealed::Encoding => CursorError::Encoding,
+            Unsealed::NotAuthentic => CursorError::NotAuthentic,
+            _ => CursorError::Malformed,
+        })?;
+        let mut r = Reader(&body);
         let version = r.u8()?;
         let identity = r.take(16)?.try_into().expect("16 bytes");
         let map = match version {
@@ -464,63 +336,19 @@ impl CursorKey {
     }
 }
 
-fn pad(bytes: &[u8]) -> [u8; KEY_LEN] {
-    let mut raw = [0u8; KEY_LEN];
-    for (d, s) in raw.iter_mut().zip(bytes) {
-        *d = *s;
-    }
-    raw
-}
-
-fn aead_key(raw: &[u8]) -> LessSafeKey {
-    LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, raw).expect("32-byte key"))
-}
-
-/// Reads a key file: owner-only, exactly 32 bytes.
-fn read_key(path: &Path) -> Result<Vec<u8>, KeyError> {
-    let file_err = |error| KeyError::File {
-        path: path.to_owned(),
-        error,
-    };
-    let mut f = fs::File::open(path).map_err(file_err)?;
-    let mode = f.metadata().map_err(file_err)?.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(KeyError::Permissions {
-            path: path.to_owned(),
-            mode,
-        });
-    }
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes).map_err(file_err)?;
-    if bytes.len() != KEY_LEN {
-        return Err(KeyError::Length {
-            path: path.to_owned(),
-            len: bytes.len(),
-        });
-    }
-    Ok(bytes)
-}
-
 /// The digest of an identity that a cursor binds.
 fn identity_digest(identity: &Identity) -> [u8; 16] {
-    digest16(identity.to_string().as_bytes())
+    binding_digest(identity.to_string().as_bytes())
 }
 
 /// The digest version-2 cursors bound: the name alone.
 fn legacy_identity_digest(identity: &Identity) -> [u8; 16] {
     match identity {
-        Identity::Anonymous => digest16(b"anonymous"),
-        Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => digest16(n.as_bytes()),
+        Identity::Anonymous => binding_digest(b"anonymous"),
+        Identity::Spiffe(n) | Identity::Dns(n) | Identity::Cn(n) => binding_digest(n.as_bytes()),
         // Newer than version 2: never bound by such a cursor.
         Identity::Uid(_) | Identity::Daemon => identity_digest(identity),
     }
-}
-
-fn digest16(bytes: &[u8]) -> [u8; 16] {
-    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut out = [0; 16];
-    out.copy_from_slice(&d.as_ref()[..16]);
-    out
 }
 
 /// A map reference: a tag (0 path, 1 id, 2 inner map), then its fields (an
@@ -597,8 +425,12 @@ impl<'a> Reader<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::{fs, os::unix::fs::PermissionsExt as _};
+
+    use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD};
     use bpfmap_kernel::MapType;
+
+    use super::*;
 
     fn alice() -> Identity {
         Identity::Spiffe("spiffe://example.org/ops".into())
@@ -727,13 +559,8 @@ mod tests {
         body.extend_from_slice(&meta().fingerprint());
         body.push(1);
         put_bytes(&mut body, &[7, 0, 0, 0]);
-        let nonce = [3u8; NONCE_LEN];
-        key.key
-            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut body)
-            .unwrap();
-        let mut raw = nonce.to_vec();
-        raw.extend_from_slice(&body);
-        let s = URL_SAFE_NO_PAD.encode(raw);
+        // Issued without the prefix, as version 2 cursors were.
+        let s = URL_SAFE_NO_PAD.encode(raw(&key.keys.seal(PREFIX, body)));
         assert_eq!(open(&key, &s).unwrap(), Position::After(vec![7, 0, 0, 0]));
         assert_eq!(
             open(&key, &token(&URL_SAFE_NO_PAD.decode(&s).unwrap())).unwrap(),
@@ -841,7 +668,10 @@ mod tests {
         );
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&dir.path().join(KEY_FILE)), 0o600);
-        assert_eq!(mode(&dir.path().join(PREVIOUS_KEY_FILE)), 0o600);
+        assert_eq!(
+            mode(&dir.path().join(format!("{KEY_FILE}.previous"))),
+            0o600
+        );
         CursorKey::rotate(dir.path()).unwrap();
         let k3 = CursorKey::load_or_create(dir.path()).unwrap();
         assert_eq!(
