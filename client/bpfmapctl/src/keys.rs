@@ -26,7 +26,7 @@ pub(crate) fn parse_key(arg: &str) -> anyhow::Result<Key> {
     if let Some(json) = arg.strip_prefix("json:") {
         return json_key(json);
     }
-    if arg.starts_with(['{', '[', '"']) {
+    if arg.bytes().next().is_some_and(|b| b"{[\"".contains(&b)) {
         return json_key(arg);
     }
     if let Some(hex) = arg.strip_prefix("hex:") {
@@ -46,22 +46,8 @@ pub(crate) fn parse_key(arg: &str) -> anyhow::Result<Key> {
             ))),
         };
     }
-    let (negative, digits) = match arg.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, arg),
-    };
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        if digits.len() > 1 && digits.starts_with('0') {
-            let number = digits.trim_start_matches('0');
-            let number = if number.is_empty() { "0" } else { number };
-            return Err(usage(format!(
-                "key {arg:?} could be the number {number} or the bytes {arg}: write {number} for the number, or hex:{arg} for the bytes"
-            )));
-        }
-        let n: u128 = digits
-            .parse()
-            .map_err(|_| usage(format!("key {arg:?} is too large a number")))?;
-        return Ok(number(n, negative));
+    if let Some(key) = decimal(arg) {
+        return key;
     }
     if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(usage(format!(
@@ -69,8 +55,33 @@ pub(crate) fn parse_key(arg: &str) -> anyhow::Result<Key> {
         )));
     }
     Err(usage(format!(
-        "key {arg:?} is not a key: write a number (42, 0x2a), the key's bytes (hex:2a000000) or JSON ({{\"pid\":42}}, '\"bash\"')"
+        "key {arg:?} is not a key: write a number (42, 0x2a), the key's bytes (hex:2a000000) or JSON ({{\"pid\":42}}, \"bash\" in quotes)"
     )))
+}
+
+/// A decimal number (`7`, `-1`), or `None` when `arg` is not digits; a
+/// number with leading zeros is refused with its two readings.
+fn decimal(arg: &str) -> Option<anyhow::Result<Key>> {
+    let (negative, digits) = match arg.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, arg),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if digits.len() > 1 && digits.starts_with('0') {
+        let number = digits.trim_start_matches('0');
+        let number = if number.is_empty() { "0" } else { number };
+        return Some(Err(usage(format!(
+            "key {arg:?} could be the number {number} or the bytes {arg}: write {number} for the number, or hex:{arg} for the bytes"
+        ))));
+    }
+    Some(
+        digits
+            .parse()
+            .map(|n| number(n, negative))
+            .map_err(|_| usage(format!("key {arg:?} is too large a number"))),
+    )
 }
 
 fn json_key(text: &str) -> anyhow::Result<Key> {

@@ -457,15 +457,7 @@ pub(crate) async fn top(
     terminal: bool,
 ) -> anyhow::Result<()> {
     let map = setup.map_name(&args.map)?;
-    let mut options = WatchOptions::default()
-        .with_interval(interval)
-        .with_group_by(args.group_by.iter().cloned())
-        .with_aggregates(args.by.iter().cloned())
-        .with_per_cpu(per_cpu.into())
-        .with_render(render_pairs(&args.render));
-    if let Some(f) = &args.filter {
-        options = options.with_filter(f);
-    }
+    let options = top_watch(&args, interval, per_cpu);
     let mut run = setup
         .fleet()
         .watch(&map, FleetWatchOptions::default().with_watch(options));
@@ -528,6 +520,20 @@ pub(crate) async fn top(
         s.await??;
     }
     Ok(())
+}
+
+/// The aggregated watch a live top runs.
+fn top_watch(args: &TopArgs, interval: Duration, per_cpu: PerCpu) -> WatchOptions {
+    let options = WatchOptions::default()
+        .with_interval(interval)
+        .with_group_by(args.group_by.iter().cloned())
+        .with_aggregates(args.by.iter().cloned())
+        .with_per_cpu(per_cpu.into())
+        .with_render(render_pairs(&args.render));
+    match &args.filter {
+        Some(f) => options.with_filter(f),
+        None => options,
+    }
 }
 
 /// The latest scan time of a round.

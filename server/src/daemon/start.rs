@@ -277,22 +277,7 @@ impl Core {
             pool: self.budget.clone(),
             trimmer: trimmer.clone(),
         };
-        let watches = Watches::new(
-            WatchLimits {
-                min_interval: limits.min_watch_interval,
-                max_bytes: limits.max_watch_bytes,
-                history_scans: limits.watch_history_scans,
-                history_bytes: limits.watch_history_bytes,
-                max_watches: limits.max_watches,
-                max_per_identity: limits.max_watches_per_identity,
-                linger: limits.watch_linger,
-                stall_timeout: limits.stall_timeout,
-            },
-            catalog,
-            self.readers.clone(),
-            stopping.draining.subscribe(),
-            self.watch_stats.clone(),
-        );
+        let watches = self.watches(limits, catalog, stopping);
         let exporter = Exporter::new(
             &config.exports,
             ExporterParts {
@@ -322,6 +307,26 @@ impl Core {
             )?,
         });
         Ok((service, exporter))
+    }
+
+    /// The watches, within `limits`, of the maps `catalog` exposes.
+    fn watches(&self, limits: &Limits, catalog: Catalog, stopping: &Stopping) -> Arc<Watches> {
+        Watches::new(
+            WatchLimits {
+                min_interval: limits.min_watch_interval,
+                max_bytes: limits.max_watch_bytes,
+                history_scans: limits.watch_history_scans,
+                history_bytes: limits.watch_history_bytes,
+                max_watches: limits.max_watches,
+                max_per_identity: limits.max_watches_per_identity,
+                linger: limits.watch_linger,
+                stall_timeout: limits.stall_timeout,
+            },
+            catalog,
+            self.readers.clone(),
+            stopping.draining.subscribe(),
+            self.watch_stats.clone(),
+        )
     }
 
     fn accept(&self, limits: &Limits, tls: Option<SharedTls>) -> AcceptConfig {
@@ -371,20 +376,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         core.conns.clone(),
     ));
     let metrics_addr = match config.metrics_listen {
-        Some(listen) => {
-            if !config.map_pressure_interval.is_zero() {
-                exporter.spawn_pressure(
-                    config.map_pressure_interval,
-                    stopping.stop_dumps.subscribe(),
-                );
-            }
-            let exports = Some(exporter.clone());
-            let exposition = Exposition {
-                metrics: core.metrics.clone(),
-                exports,
-            };
-            Some(serve_metrics(listen, exposition, &stopping).await?)
-        }
+        Some(listen) => Some(serve_metrics(listen, config, &core, &exporter, &stopping).await?),
         None => None,
     };
     tracing::info!(
@@ -472,12 +464,25 @@ fn spawn_audit_flush(stopping: &Stopping) {
     });
 }
 
-/// The Prometheus endpoint.
+/// The Prometheus endpoint on `listen`: the registry and the exports'
+/// series, and the maps' fill levels read in the background.
 async fn serve_metrics(
     listen: SocketAddr,
-    exposition: Exposition,
+    config: &Config,
+    core: &Core,
+    exporter: &Exporter,
     stopping: &Stopping,
 ) -> anyhow::Result<SocketAddr> {
+    if !config.map_pressure_interval.is_zero() {
+        exporter.spawn_pressure(
+            config.map_pressure_interval,
+            stopping.stop_dumps.subscribe(),
+        );
+    }
+    let exposition = Exposition {
+        metrics: core.metrics.clone(),
+        exports: Some(exporter.clone()),
+    };
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen} (metrics_listen)"))?;

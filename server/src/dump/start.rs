@@ -14,7 +14,7 @@ use crate::{
     limits::{Budget, Trimmer},
     maps::{Decoder, Decoding},
     model::{Caller, MapRequest, Operation, Rpc},
-    query::{Query, QueryRequest},
+    query::{MapLayout, Query, QueryRequest},
 };
 
 /// How long a call waits for room in the memory pool.
@@ -59,7 +59,10 @@ pub(crate) async fn start(
     let slot = dumps.env.slots.try_acquire(caller)?;
     let opened = calls.open(caller, call, map, &declared, decodes).await?;
     let meta = opened.handle.meta().clone();
-    let shown = calls.layout(&opened, &req.render, !(packed || req.raw))?;
+    // Renderings show decoded entries, and give a query's literals and
+    // fields their spellings: a packed or raw dump with neither has no use
+    // for them.
+    let shown = calls.layout(&opened, &req.render, !(packed || req.raw) || queried)?;
     let reading = opened.types.reading(&shown);
     let request = QueryRequest {
         filter: &req.filter,
@@ -68,6 +71,7 @@ pub(crate) async fn start(
         reading: reading.as_deref(),
     };
     let query = Query::of_request(request, &meta)?.map(Arc::new);
+    let decoder = decoder(&opened, &shown, query.as_deref(), &req)?;
     let digest = query.as_ref().map(|q| q.digest());
     let key_order_digest = digest.map(kernel::key_order_digest);
     let (position, key_order_cursor) = match cursor {
@@ -92,20 +96,6 @@ pub(crate) async fn start(
         } else {
             digest
         });
-    let decoder = match query.as_ref().and_then(|q| q.projection.as_ref()) {
-        Some(p) => Decoder::projected(p, packed || req.raw),
-        None => Decoder::for_request(
-            &opened.map,
-            &meta,
-            &opened.types,
-            &shown,
-            Decoding {
-                raw: req.raw,
-                per_cpu: req.per_cpu,
-                packed,
-            },
-        )?,
-    };
     let options = Options {
         layout,
         decoder,
@@ -125,6 +115,29 @@ pub(crate) async fn start(
     )?;
     job.reserve_memory(&dumps.pool, POOL_WAIT).await?;
     Ok(job.with_slot(slot))
+}
+
+/// How a dump's entries are decoded: its projection's records, or the
+/// map's entries as the request asks.
+fn decoder(
+    opened: &crate::calls::Opened,
+    shown: &MapLayout,
+    query: Option<&Query>,
+    req: &pb::DumpMapRequest,
+) -> Result<Option<Decoder>, Error> {
+    let packed = req.layout == pb::Layout::Packed as i32;
+    match query.and_then(|q| q.projection.as_ref()) {
+        Some(p) => Ok(Decoder::projected(p, packed || req.raw)),
+        None => {
+            let asked = Decoding {
+                raw: req.raw,
+                per_cpu: req.per_cpu,
+                packed,
+            };
+            let meta = opened.handle.meta();
+            Decoder::for_request(&opened.map, meta, &opened.types, shown, asked)
+        }
+    }
 }
 
 /// Where a cursor resumes, and whether it comes from a dump in key-byte
