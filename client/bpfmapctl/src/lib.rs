@@ -104,9 +104,9 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub raw: bool,
     /// Read the inner map the named map (an array_of_maps or
-    /// hash_of_maps) holds at KEY (JSON, a decimal number, or hex: `0x`
-    /// first when it is all digits), with the outer map's access: on show,
-    /// dump, lookup, top and watch.
+    /// hash_of_maps) holds at KEY (a key as `lookup` takes them: 3, 0x3,
+    /// hex:03000000 or JSON), with the outer map's access: on show, dump,
+    /// lookup, top and watch.
     #[arg(long, global = true, value_name = "KEY")]
     pub inner: Option<String>,
     /// The map's key type in C, for a map whose BTF does not give it
@@ -144,10 +144,14 @@ pub enum Command {
         /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
         /// "name:NAME" or "name:NAME@OWNER" (OWNER a program name, process name or pid).
         map: String,
-        /// Keys: hex strings of exactly the map's key size, or JSON through
-        /// the map's key type (an argument starting with `{`, `[` or `"`,
-        /// or any JSON after `json:`), e.g.
+        /// Keys, each spelled one way: a number (`12345`, `-1`, or in hex
+        /// `0x1bb`: an integer key, an enum, an index), the key's bytes
+        /// (`hex:0a000001`, two hex digits per byte in memory order), or
+        /// JSON through the map's key type (starting with `{`, `[` or `"`,
+        /// or after `json:`), e.g.
         /// '{"saddr":"10.0.0.0","daddr":"192.168.0.1","sport":1024,"dport":443,"proto":"IPPROTO_TCP"}'.
+        /// Digits with a leading zero (`0102`) are refused: write `102` or
+        /// `hex:0102`.
         #[arg(required = true)]
         keys: Vec<String>,
         /// Show members another way than their types say, and read JSON

@@ -351,12 +351,16 @@ impl DumpOptions {
         };
         // Entries are decoded here, from the bytes (see `typed`), unless
         // renderings are asked of the daemon (entries layout only), or a
-        // projection (whose raw bytes it leaves out).
-        let render: std::collections::HashMap<String, String> = if self.packed && !forwarded {
-            Default::default()
-        } else {
-            self.render.clone().into_iter().collect()
-        };
+        // projection (whose raw bytes it leaves out). A filter's literals and
+        // the fields kept are read in the renderings' spellings: they go
+        // along with a query in any layout.
+        let queried = !self.filter.is_empty() || !self.fields.is_empty();
+        let render: std::collections::HashMap<String, String> =
+            if self.packed && !forwarded && !queried {
+                Default::default()
+            } else {
+                self.render.clone().into_iter().collect()
+            };
         let raw = self
             .raw
             .unwrap_or(render.is_empty() && !sum && (self.packed || !self.projected()));

@@ -355,8 +355,8 @@ impl Watch {
             events.clear();
             groups.clear();
             // A map too large for the daemon's watch memory stays so.
-            let too_large =
-                bpfmap_proto::status::reason(&status).as_deref() == Some("WATCH_TOO_LARGE");
+            use bpfmap_proto::status::{Reason, reason};
+            let too_large = reason(&status).as_deref() == Some(Reason::WatchTooLarge.as_str());
             if too_large {
                 return Err(status.into());
             }
