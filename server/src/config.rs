@@ -160,6 +160,10 @@ pub struct Limits {
     pub max_filter_cost: u32,
     /// Groups one AggregateMap call may hold (RESOURCE_EXHAUSTED beyond).
     pub max_groups: usize,
+    /// Kernel memory the walk programs kept loaded between calls may hold
+    /// (their maps' and their own), in all: the least recently used are
+    /// unloaded past it; one larger runs once and is not kept.
+    pub max_kernel_scan_bytes: u64,
     /// The shortest interval a WatchMap call may ask for.
     #[serde(with = "humantime_serde")]
     pub min_watch_interval: Duration,
@@ -214,6 +218,7 @@ impl Default for Limits {
             max_lookups: 16,
             max_filter_cost: 8,
             max_groups: 100_000,
+            max_kernel_scan_bytes: 64 << 20,
             min_watch_interval: Duration::from_secs(1),
             max_watch_bytes: 32 << 20,
             watch_history_scans: 60,

@@ -21,6 +21,8 @@
 //! - `limits`: dump slots, memory shares and the pool, allocator trimming.
 //! - `access`: the policy and the audit log.
 //! - [`query`]: filters, the query of a dump, aggregate groups.
+//! - `programs`: the walk programs run inside the kernel, cached per shape
+//!   of map and question, bounded in kernel memory.
 //! - `calls`: what every call starts from (authorization, the map opened,
 //!   its layouts, its cursor, the blocking pool).
 //! - `info`, `lookup`, `dump`, `aggregate`, `watch`, `drain`: one RPC's

@@ -742,3 +742,64 @@ async fn dumped_slots(client: &Client, map: &MapInfo) -> u64 {
     }
     total
 }
+
+/// A walk inside the kernel keeps no map of another program alive: its
+/// program holds a tool's map only while it runs, is listed neither among
+/// the map's programs nor (with its own maps) among the host's maps, and
+/// once the tool exits its map is gone, as bpftool sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_inside_the_kernel_keeps_no_map_of_a_tool_alive() {
+    let runqlat = require("runqlat", "libbpf-tools");
+    mount_tracefs();
+    let mut rq = Program::start(&runqlat, &["60", "2"], &[]);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let daemon = daemon_by_id(&fs, state.path()).await;
+    let client = daemon.client().await;
+    let hists = maps_of(&client, rq.pid(), &["hists"]).await["hists"].clone();
+    rq.check_running();
+    let map: MapName = format!("id:{}", hists.id()).parse().unwrap();
+    let answer = client
+        .aggregate(
+            &map,
+            bpfmap_client::AggregateOptions::default()
+                .with_group_by(["key"])
+                .with_aggregates([bpfmap_client::Aggregate::count()]),
+        )
+        .await
+        .unwrap();
+    let summary = answer.summary();
+    assert!(summary.scanned_in_kernel(), "{}", summary.scan_note());
+    // The walk program is loaded and kept; it is not one of the map's
+    // programs, nor its maps the host's.
+    let info = client.get_map(&map).await.unwrap();
+    let programs: Vec<&str> = info.programs().iter().map(|p| p.name.as_str()).collect();
+    assert!(!programs.is_empty(), "runqlat's own programs");
+    assert!(
+        !programs.iter().any(|p| p.starts_with("bpfmapd")),
+        "{programs:?}"
+    );
+    let listed = client.list_maps().await.unwrap();
+    let own: Vec<&str> = listed
+        .iter()
+        .map(|m| m.name())
+        .filter(|n| n.starts_with("bpfmapd_"))
+        .collect();
+    assert!(own.is_empty(), "the daemon's own maps are listed: {own:?}");
+    // The tool exits: its map goes with it, while the daemon runs on.
+    drop(rq);
+    let id = hists.id().to_string();
+    let bpftool_bin = require("bpftool", "bpftool");
+    wait_for(
+        Duration::from_secs(10),
+        "runqlat's map to be freed after it exits",
+        async || {
+            let shown = std::process::Command::new(&bpftool_bin)
+                .args(["map", "show", "id", &id])
+                .output()
+                .unwrap();
+            (!shown.status.success()).then_some(())
+        },
+    )
+    .await;
+    daemon.stop().await;
+}

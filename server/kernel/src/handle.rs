@@ -157,6 +157,11 @@ impl MapHandle {
         crate::holders::memlock(self.fd.as_fd())
     }
 
+    /// Its descriptor, for the kernel calls that name the map by it.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// Its descriptor's number, for programs that reference the map.
     pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd as _;

@@ -213,26 +213,37 @@ mod tests {
 
     #[test]
     fn loaded_programs_are_listed_with_their_maps() {
-        // The daemon's own walk program, loaded for a map of its own.
+        use crate::program::{WalkPlan, WalkProgram, own_ids};
+        // A walk program of this process's, for a map of its own.
         let map = crate::OwnedMap::new(crate::MapType::ARRAY, 4, 4, 1, "holders_test")
             .expect("an array: these tests need root and BPF");
         let handle = map.handle().unwrap();
-        let _p =
-            crate::program::WalkProgram::load(&handle, &crate::program::WalkPlan::count()).unwrap();
+        let p = WalkProgram::load(&handle, &WalkPlan::count()).unwrap();
+        p.walk(&handle).unwrap();
         let listed = programs().expect("programs, as root");
+        let own = own_ids();
         let walk = listed
             .iter()
-            .find(|p| p.map_ids.contains(&map.id()))
-            .unwrap_or_else(|| panic!("no program uses map {}: {listed:?}", map.id()));
+            .find(|p| own.programs.contains(&p.id))
+            .unwrap_or_else(|| panic!("the walk program is not listed: {listed:?} {own:?}"));
         assert_eq!(
             (walk.name.as_str(), walk.prog_type.as_str()),
             ("bpfmapd_scan", "syscall")
         );
-        assert_eq!(
-            walk.map_ids.len(),
-            2,
-            "the map and the program's scratch value"
+        // Its slot and scratch value: its own maps, never the map it
+        // walked, which only its slot held while it ran.
+        assert_eq!(walk.map_ids.len(), 2, "{walk:?}");
+        assert!(
+            walk.map_ids.iter().all(|id| own.maps.contains(id)),
+            "{own:?}"
         );
+        assert!(
+            listed.iter().all(|p| !p.map_ids.contains(&map.id())),
+            "a program holds the walked map: {listed:?}"
+        );
+        // Dropped, its objects stay listed while the kernel frees them.
+        drop(p);
+        assert!(own_ids().maps.contains(&walk.map_ids[0]));
     }
 
     #[test]

@@ -268,6 +268,30 @@ pub(super) fn prog_info(fd: &ProgFd) -> SysResult<bpf_prog_info> {
     Ok(unsafe { info.assume_init() })
 }
 
+/// The kernel id of the program `fd` refers to (`BPF_OBJ_GET_INFO_BY_FD`),
+/// such as one [`prog_load`] returned.
+pub(super) fn prog_id(fd: BorrowedFd<'_>) -> SysResult<u32> {
+    let mut info = MaybeUninit::<bpf_prog_info>::zeroed();
+    let mut attr = zeroed_attr();
+    attr.info.bpf_fd = fd.as_raw_fd() as u32;
+    attr.info.info_len = mem::size_of::<bpf_prog_info>() as u32;
+    attr.info.info = ptr(info.as_mut_ptr());
+    // SAFETY: `info` is a writable, zeroed bpf_prog_info of exactly
+    // info_len bytes, and the kernel writes at most info_len bytes into it
+    // whatever the object behind `fd` (the info of a map or a BTF object is
+    // smaller); its array pointers are all 0, so the kernel writes no array.
+    unsafe {
+        bpf(
+            "BPF_OBJ_GET_INFO_BY_FD",
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD,
+            &mut attr,
+        )
+    }?;
+    // SAFETY: the buffer was zero-initialised (a valid bpf_prog_info: plain
+    // integers) and the kernel wrote at most info_len bytes of it.
+    Ok(unsafe { info.assume_init() }.id)
+}
+
 /// The ids of the maps a program uses: `BPF_OBJ_GET_INFO_BY_FD` with room
 /// for `count` of them (its `nr_map_ids`, from [`prog_info`]). A program
 /// given more maps since (`BPF_PROG_BIND_MAP`) has its first `count`

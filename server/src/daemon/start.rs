@@ -208,7 +208,7 @@ impl Core {
         let watch_stats = Arc::new(WatchStats::default());
         let drain_stats = Arc::new(DrainStats::default());
         let programs = Arc::new(if kernel_scans {
-            WalkPrograms::default()
+            WalkPrograms::new(limits.max_kernel_scan_bytes)
         } else {
             WalkPrograms::disabled()
         });
@@ -370,6 +370,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
         health,
     };
     spawn_audit_flush(&stopping);
+    spawn_program_sweep(core.programs.clone(), &stopping);
     tasks.push(frontend::serve_routes(
         listening,
         &stopping.draining,
@@ -459,6 +460,23 @@ fn spawn_audit_flush(stopping: &Stopping) {
             tokio::select! {
                 _ = every.tick() => access::flush_held_back(),
                 _ = &mut stopped => return access::flush_held_back(),
+            }
+        }
+    });
+}
+
+/// Unloads the walk programs left unused for their idle time, every
+/// minute, until the daemon stops: a program no call uses does not stay
+/// until the next one loads.
+fn spawn_program_sweep(programs: Arc<WalkPrograms>, stopping: &Stopping) {
+    let stopped = Stopping::when(&stopping.draining);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                _ = every.tick() => programs.sweep(),
+                _ = &mut stopped => return,
             }
         }
     });
@@ -642,7 +660,7 @@ impl Live {
     }
 
     /// The gauges: name, help, value.
-    fn gauges(&self) -> [(&'static str, &'static str, i64); 7] {
+    fn gauges(&self) -> [(&'static str, &'static str, i64); 8] {
         let s = &self.stats;
         let w = &self.watches;
         [
@@ -678,8 +696,13 @@ impl Live {
             ),
             (
                 "bpfmapd_kernel_scan_programs",
-                "Scan programs loaded now (each keeps its map alive until unloaded)",
+                "Walk programs kept loaded now (they hold no map they walked)",
                 self.programs.loaded() as i64,
+            ),
+            (
+                "bpfmapd_kernel_scan_program_bytes",
+                "Kernel memory the walk programs kept loaded hold, against limits.max_kernel_scan_bytes",
+                self.programs.bytes() as i64,
             ),
         ]
     }

@@ -92,6 +92,10 @@ impl Catalog {
                 if !self.allow_by_id {
                     return Err(Error::ByIdDisabled);
                 }
+                // The daemon's own walk programs' maps are not the host's.
+                if bpfmap_kernel::program::own_ids().maps.contains(id) {
+                    return Err(Error::MapNotFound(r.clone()));
+                }
                 let handle = if writable {
                     MapHandle::open_id_writable(*id)
                 } else {
@@ -264,6 +268,8 @@ impl Catalog {
         let mut out = self.pinned(memlock);
         if self.allow_by_id {
             let pinned: std::collections::HashSet<u32> = out.iter().map(|l| l.meta.id).collect();
+            // The daemon's own walk programs' maps are not the host's.
+            let own = bpfmap_kernel::program::own_ids().maps;
             for id in bpfmap_kernel::map_ids() {
                 let id = match id {
                     Ok(id) => id,
@@ -272,7 +278,7 @@ impl Catalog {
                         break;
                     }
                 };
-                if pinned.contains(&id) {
+                if pinned.contains(&id) || own.contains(&id) {
                     continue;
                 }
                 match MapHandle::open_id(id) {

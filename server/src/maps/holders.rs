@@ -46,13 +46,14 @@ pub(crate) struct Holders {
 
 impl Holders {
     /// Reads every loaded program's maps and every process's map
-    /// descriptors (this process's left out).
+    /// descriptors (this process's left out, its walk programs too).
     pub(crate) fn scan() -> Self {
         let mut out = Self::default();
         let mut missing = Vec::new();
         match holders::programs() {
             Ok(programs) => {
-                for p in programs {
+                let own = bpfmap_kernel::program::own_ids().programs;
+                for p in programs.into_iter().filter(|p| !own.contains(&p.id)) {
                     for id in &p.map_ids {
                         out.programs.entry(*id).or_default().push(pb::MapProgram {
                             id: p.id,

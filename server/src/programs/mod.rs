@@ -1,9 +1,12 @@
 //! Walks inside the kernel for the daemon's callers: the walk programs
-//! generated for a map and a question (`bpfmap_kernel::program`), cached
-//! per map and plan, at most `MAX_PROGRAMS` and each unloaded after `IDLE`
-//! unused (a loaded program keeps its map alive); a plan the verifier
-//! refused is not tried again for that map, and its log is logged once.
-//! What cannot run in the kernel is said (the note) and read in batches.
+//! generated for a shape of map and a question (`bpfmap_kernel::program`),
+//! cached per shape and plan: at most `MAX_PROGRAMS`, and at most the
+//! configured bytes of kernel memory (their maps' and their own), the least
+//! recently used unloaded first, and each unloaded once `IDLE` unused (a
+//! sweep every minute). A cached program holds no map it walked: a map goes
+//! into its slot for one run. A plan the verifier refused is not tried
+//! again for that shape, and its log is logged once. What cannot run in the
+//! kernel is said (the note) and read in batches.
 
 use std::{
     collections::HashSet,
@@ -16,13 +19,13 @@ use std::{
 
 use bpfmap_kernel::{
     MapHandle, MapMeta, MapType, SyscallError,
-    program::{self, LoadError, RunError, Unsupported, WalkOutput, WalkPlan, WalkProgram},
+    program::{self, LoadError, RunError, Shape, Unsupported, WalkOutput, WalkPlan, WalkProgram},
 };
 
-/// Programs kept loaded.
+/// Programs kept loaded, at most.
 const MAX_PROGRAMS: usize = 256;
 /// A program unused this long is unloaded.
-const IDLE: Duration = Duration::from_secs(300);
+pub(crate) const IDLE: Duration = Duration::from_secs(300);
 /// Refused plans remembered.
 const MAX_REFUSED: usize = 1024;
 
@@ -41,21 +44,60 @@ pub(crate) struct ProgramStats {
 }
 
 /// The daemon's walk programs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct WalkPrograms {
-    programs: Mutex<Vec<Cached>>,
-    refused: Mutex<HashSet<(u32, [u8; 8], WalkPlan)>>,
+    cache: Mutex<Cache>,
+    refused: Mutex<HashSet<(Shape, WalkPlan)>>,
     pub(crate) stats: ProgramStats,
     /// Turned off (tests of the batched path): every walk falls back.
     disabled: bool,
+    /// Kernel memory the cached programs may hold, in bytes.
+    max_bytes: u64,
+}
+
+/// The programs kept loaded, and the kernel memory they hold.
+#[derive(Debug, Default)]
+struct Cache {
+    programs: Vec<Cached>,
+    bytes: u64,
 }
 
 #[derive(Debug)]
 struct Cached {
-    map: (u32, [u8; 8]),
+    shape: Shape,
     plan: WalkPlan,
     program: Arc<Mutex<WalkProgram>>,
     used: Instant,
+    /// Kernel memory it holds.
+    bytes: u64,
+}
+
+impl Cache {
+    /// Unloads the program at `i`.
+    fn remove(&mut self, i: usize) {
+        let c = self.programs.swap_remove(i);
+        self.bytes -= c.bytes;
+    }
+
+    /// Unloads the programs unused for `IDLE`.
+    fn sweep(&mut self) {
+        while let Some(i) = self.programs.iter().position(|c| c.used.elapsed() >= IDLE) {
+            self.remove(i);
+        }
+    }
+
+    /// Unloads the least recently used programs until one more of `bytes`
+    /// fits within `max_bytes` and `MAX_PROGRAMS`.
+    fn make_room(&mut self, bytes: u64, max_bytes: u64) {
+        while !self.programs.is_empty()
+            && (self.programs.len() >= MAX_PROGRAMS || self.bytes + bytes > max_bytes)
+        {
+            let oldest = (0..self.programs.len())
+                .min_by_key(|&i| self.programs[i].used)
+                .expect("not empty");
+            self.remove(oldest);
+        }
+    }
 }
 
 /// Why a walk program does not run for a map and a question: said to the
@@ -101,11 +143,23 @@ fn kernel_support() -> Result<(), &'static Unsupported> {
 }
 
 impl WalkPrograms {
+    /// Walk programs holding at most `max_bytes` of kernel memory while
+    /// cached.
+    pub(crate) fn new(max_bytes: u64) -> Self {
+        Self {
+            cache: Mutex::default(),
+            refused: Mutex::default(),
+            stats: ProgramStats::default(),
+            disabled: false,
+            max_bytes,
+        }
+    }
+
     /// Walk programs that always fall back (for comparing both paths).
     pub(crate) fn disabled() -> Self {
         Self {
             disabled: true,
-            ..Self::default()
+            ..Self::new(0)
         }
     }
 
@@ -121,9 +175,23 @@ impl WalkPrograms {
         (!program::walks(meta.map_type)).then_some(Unavailable::NotWalked(meta.map_type))
     }
 
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Number of programs loaded.
     pub(crate) fn loaded(&self) -> usize {
-        self.programs.lock().expect("walk programs").len()
+        self.cache().programs.len()
+    }
+
+    /// Kernel memory the loaded programs hold, in bytes.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.cache().bytes
+    }
+
+    /// Unloads the programs unused for `IDLE`.
+    pub(crate) fn sweep(&self) {
+        self.cache().sweep();
     }
 
     /// Runs `plan` over `handle`'s map in the kernel (blocking), or says
@@ -134,8 +202,8 @@ impl WalkPrograms {
         plan: &WalkPlan,
     ) -> Result<WalkOutput, Unavailable> {
         let result = self.program(handle, plan).and_then(|p| {
-            let p = p.lock().expect("walk program");
-            p.run().map_err(Unavailable::Failed)
+            let p = p.lock().unwrap_or_else(|e| e.into_inner());
+            p.walk(handle).map_err(Unavailable::Failed)
         });
         match &result {
             Ok(_) => self.stats.runs.fetch_add(1, Ordering::Relaxed),
@@ -144,7 +212,8 @@ impl WalkPrograms {
         result
     }
 
-    /// The program of `plan` for the map, loaded if it is not.
+    /// The program of `plan` for maps of `handle`'s shape: cached, or
+    /// loaded (and cached when it fits the cache's bytes).
     fn program(
         &self,
         handle: &MapHandle,
@@ -153,25 +222,55 @@ impl WalkPrograms {
         if let Some(why) = self.unavailable(handle.meta()) {
             return Err(why);
         }
-        let meta = handle.meta();
-        let map = (meta.id, meta.fingerprint());
+        let shape = Shape::of(handle.meta());
         {
-            let mut programs = self.programs.lock().expect("walk programs");
-            programs.retain(|c| c.used.elapsed() < IDLE);
-            let hit = programs
+            let mut cache = self.cache();
+            cache.sweep();
+            let hit = cache
+                .programs
                 .iter_mut()
-                .find(|c| c.map == map && c.plan == *plan);
+                .find(|c| c.shape == shape && c.plan == *plan);
             if let Some(c) = hit {
                 c.used = Instant::now();
                 return Ok(c.program.clone());
             }
         }
-        let refused_key = (map.0, map.1, plan.clone());
+        let program = self.load(handle, plan, shape)?;
+        let bytes = program.memory();
+        let program = Arc::new(Mutex::new(program));
+        let mut cache = self.cache();
+        // One larger than the whole cache runs once, uncached.
+        if bytes <= self.max_bytes {
+            cache.make_room(bytes, self.max_bytes);
+            cache.bytes += bytes;
+            cache.programs.push(Cached {
+                shape,
+                plan: plan.clone(),
+                program: program.clone(),
+                used: Instant::now(),
+                bytes,
+            });
+        }
+        Ok(program)
+    }
+
+    /// Loads the program of `plan` for maps of `shape` (`handle`'s map
+    /// the kernel's template), remembering a refusal.
+    fn load(
+        &self,
+        handle: &MapHandle,
+        plan: &WalkPlan,
+        shape: Shape,
+    ) -> Result<WalkProgram, Unavailable> {
+        let refused_key = (shape, plan.clone());
         if self.refused.lock().expect("refused").contains(&refused_key) {
             return Err(Unavailable::RefusedBefore);
         }
-        let program = match WalkProgram::load(handle, plan) {
-            Ok(p) => Arc::new(Mutex::new(p)),
+        match WalkProgram::load(handle, plan) {
+            Ok(p) => {
+                self.stats.loads.fetch_add(1, Ordering::Relaxed);
+                Ok(p)
+            }
             Err(LoadError::Refused { error, log }) => {
                 self.stats.refusals.fetch_add(1, Ordering::Relaxed);
                 let mut refused = self.refused.lock().expect("refused");
@@ -179,25 +278,12 @@ impl WalkPrograms {
                     refused.clear();
                 }
                 refused.insert(refused_key);
-                tracing::warn!(map = meta.id, %error, verifier_log = %log, "the kernel's verifier refused a scan program; this aggregate reads the map in batches");
-                return Err(Unavailable::Refused(error));
+                let map = handle.meta().id;
+                tracing::warn!(map, %error, verifier_log = %log, "the kernel's verifier refused a scan program; this aggregate reads the map in batches");
+                Err(Unavailable::Refused(error))
             }
-            Err(e) => return Err(Unavailable::Load(e)),
-        };
-        self.stats.loads.fetch_add(1, Ordering::Relaxed);
-        let mut programs = self.programs.lock().expect("walk programs");
-        if programs.len() >= MAX_PROGRAMS
-            && let Some(oldest) = (0..programs.len()).min_by_key(|&i| programs[i].used)
-        {
-            programs.swap_remove(oldest);
+            Err(e) => Err(Unavailable::Load(e)),
         }
-        programs.push(Cached {
-            map,
-            plan: plan.clone(),
-            program: program.clone(),
-            used: Instant::now(),
-        });
-        Ok(program)
     }
 }
 
@@ -238,7 +324,7 @@ mod tests {
             map.update(&i.to_ne_bytes(), &[0; 4]).unwrap();
         }
         let handle = map.handle().unwrap();
-        let programs = WalkPrograms::default();
+        let programs = WalkPrograms::new(u64::MAX);
         let count = |k: i128| programs.run(&handle, &below(k)).unwrap().matched;
         assert_eq!(count(10), 10);
         assert_eq!(count(10), 10);
@@ -260,6 +346,44 @@ mod tests {
         assert_eq!(count(0), 0);
         assert_eq!(programs.stats.loads.load(Ordering::Relaxed), loads + 1);
         assert_eq!(programs.loaded(), MAX_PROGRAMS);
+    }
+
+    #[test]
+    fn programs_are_shared_by_maps_of_a_shape_and_bounded_in_kernel_memory() {
+        let maps: Vec<OwnedMap> = (0..2)
+            .map(|_| OwnedMap::new(MapType::HASH, 4, 4, 256, "scans_test").unwrap())
+            .collect();
+        for (n, map) in maps.iter().enumerate() {
+            for i in 0..(10 * (n as u32 + 1)) {
+                map.update(&i.to_ne_bytes(), &[0; 4]).unwrap();
+            }
+        }
+        let handles: Vec<MapHandle> = maps.iter().map(|m| m.handle().unwrap()).collect();
+        // Two maps of one shape: one program, each map's own answer.
+        let programs = WalkPrograms::new(u64::MAX);
+        let count = |p: &WalkPrograms, h: &MapHandle, k: i128| p.run(h, &below(k)).unwrap().matched;
+        assert_eq!(count(&programs, &handles[0], 100), 10);
+        assert_eq!(count(&programs, &handles[1], 100), 20);
+        assert_eq!(programs.stats.loads.load(Ordering::Relaxed), 1);
+        let one = programs.bytes();
+        assert!(one > 0, "a loaded program holds kernel memory");
+        // A bound of three programs' memory: never more held, the least
+        // recently used unloaded first.
+        let bounded = WalkPrograms::new(3 * one + one / 2);
+        for k in 0..10 {
+            assert_eq!(count(&bounded, &handles[0], k), k.min(10) as u64);
+            assert!(
+                bounded.bytes() <= 3 * one + one / 2,
+                "{} bytes",
+                bounded.bytes()
+            );
+        }
+        assert_eq!(bounded.loaded(), 3);
+        assert_eq!(bounded.stats.loads.load(Ordering::Relaxed), 10);
+        // One larger than the bound runs, and is not kept.
+        let tiny = WalkPrograms::new(one / 2);
+        assert_eq!(count(&tiny, &handles[1], 5), 5);
+        assert_eq!((tiny.loaded(), tiny.bytes()), (0, 0));
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //!
 //! As the kernel does, it finds the maps a program uses in the program's
 //! `ld_imm64` instructions: the one it points into (its scratch value),
-//! and the maps it names by descriptor (first the walked map, then its
-//! output map).
+//! and the maps it names by descriptor (first its slot, which holds the
+//! walked map while it runs, then its output map).
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -23,7 +23,7 @@ use aya_obj::generated::{BPF_DW, BPF_IMM, BPF_LD, BPF_PSEUDO_MAP_FD, BPF_PSEUDO_
 use crate::{
     MapMeta, MapType, SysResult, SyscallError,
     drain::DrainOps,
-    program::{LoadError, ProgramLoad, ProgramMap, ProgramOps, plan},
+    program::{LoadError, ProgramLoad, ProgramMap, ProgramOps, Target, plan},
     sys::CreateMap,
 };
 
@@ -36,6 +36,8 @@ pub enum Call {
     MapUpdate,
     /// `BPF_MAP_LOOKUP_ELEM` on a program's map.
     MapLookup,
+    /// `BPF_MAP_DELETE_ELEM` on a program's map.
+    MapDelete,
     /// `BPF_MAP_LOOKUP_AND_DELETE_BATCH` on a program's map (it fails
     /// before the kernel writes anything back).
     Drain,
@@ -49,6 +51,7 @@ impl Call {
             Self::MapCreate => "BPF_MAP_CREATE",
             Self::MapUpdate => "BPF_MAP_UPDATE_ELEM",
             Self::MapLookup => "BPF_MAP_LOOKUP_ELEM",
+            Self::MapDelete => "BPF_MAP_DELETE_ELEM",
             Self::Drain => "BPF_MAP_LOOKUP_AND_DELETE_BATCH",
             Self::BtfLoad => "BPF_BTF_LOAD",
         }
@@ -118,6 +121,10 @@ struct State {
     maps: HashMap<RawFd, BTreeMap<Vec<u8>, Vec<u8>>>,
     next_fd: RawFd,
     loaded: Vec<Loaded>,
+    /// The map in the program's slot at each test run.
+    walked: Vec<Option<RawFd>>,
+    /// The maps created as slots (arrays of maps).
+    slots: Vec<RawFd>,
 }
 
 impl Default for State {
@@ -131,6 +138,8 @@ impl Default for State {
             // Far from the descriptors tests give their target maps.
             next_fd: 1000,
             loaded: Vec::new(),
+            walked: Vec::new(),
+            slots: Vec::new(),
         }
     }
 }
@@ -197,6 +206,20 @@ impl ScriptedKernel {
     }
 
     /// Scripted answers not used yet (loads, runs, faults).
+    /// The map in the program's slot at each test run so far (`None`: the
+    /// slot was empty).
+    pub fn walked(&self) -> Vec<Option<RawFd>> {
+        self.state().walked.clone()
+    }
+
+    /// Whether every slot is empty: no map is held between runs.
+    pub fn slots_empty(&self) -> bool {
+        let s = self.state();
+        s.slots
+            .iter()
+            .all(|fd| s.maps.get(fd).is_none_or(BTreeMap::is_empty))
+    }
+
     pub fn unused(&self) -> usize {
         let s = self.state();
         s.loads.len() + s.runs.len() + s.faults.len()
@@ -262,6 +285,9 @@ impl ProgramOps for ScriptedKernel {
         let fd = s.next_fd;
         s.next_fd += 1;
         s.maps.insert(fd, BTreeMap::new());
+        if params.map_type == MapType::ARRAY_OF_MAPS.0 {
+            s.slots.push(fd);
+        }
         let meta = MapMeta {
             id: fd as u32,
             name: params.name.chars().take(15).collect(),
@@ -303,6 +329,13 @@ impl ProgramOps for ScriptedKernel {
 
     fn test_run(&self, program: &ScriptedProgram) -> SysResult<u32> {
         let mut s = self.state();
+        let in_slot = program
+            .maps
+            .first()
+            .and_then(|slot| s.maps.get(slot))
+            .and_then(|m| m.get(&0u32.to_ne_bytes()[..]))
+            .map(|fd| RawFd::from_ne_bytes(fd[..4].try_into().expect("a descriptor")));
+        s.walked.push(in_slot);
         let run = s
             .runs
             .pop_front()
@@ -323,8 +356,8 @@ impl ProgramOps for ScriptedKernel {
                 value[at..at + 8].copy_from_slice(&word.to_ne_bytes());
             }
         }
-        // The first map a program names is the one it walks; a later one
-        // is its output.
+        // The first map a program names is its slot (the walked map is in
+        // it); a later one is its output.
         let output = program
             .maps
             .iter()
@@ -342,6 +375,14 @@ impl ProgramOps for ScriptedKernel {
 
     fn sum_elem_count(&self) -> Option<u32> {
         self.state().sum_elem_count
+    }
+
+    fn program_id(&self, _: &ScriptedProgram) -> Option<u32> {
+        None
+    }
+
+    fn program_memory(&self, _: &ScriptedProgram) -> u64 {
+        4096
     }
 }
 
@@ -368,6 +409,28 @@ impl ProgramMap for ScriptedProgramMap {
         let mut s = self.state();
         s.fault(Call::MapLookup)?;
         Ok(s.maps.get(&self.fd).and_then(|m| m.get(key)).cloned())
+    }
+
+    fn delete(&self, key: &[u8]) -> SysResult<()> {
+        let mut s = self.state();
+        s.fault(Call::MapDelete)?;
+        if let Some(m) = s.maps.get_mut(&self.fd) {
+            m.remove(key);
+        }
+        Ok(())
+    }
+
+    fn kernel_id(&self) -> Option<u32> {
+        None
+    }
+
+    /// Its entries' bytes as the map holds them.
+    fn memory(&self) -> u64 {
+        u64::from(self.meta.max_entries) * u64::from(self.meta.key_size + self.meta.value_size)
+    }
+
+    fn target(&self) -> Target<'_> {
+        Target::new(self.fd, &self.meta)
     }
 }
 

@@ -20,6 +20,12 @@ fn load_on<'k>(
     WalkProgram::load_with(kernel, Target::new(TARGET_FD, meta), plan)
 }
 
+/// The scripted hash map of u32 keys and values the programs walk.
+fn target() -> Target<'static> {
+    static META: std::sync::LazyLock<MapMeta> = std::sync::LazyLock::new(fake::meta);
+    Target::new(TARGET_FD, &META)
+}
+
 /// Loads `plan` over the scripted hash map of u32 keys and values.
 fn load<'k>(
     kernel: &'k ScriptedKernel,
@@ -100,7 +106,7 @@ fn a_run_reads_its_figures_and_drains_its_groups() {
     );
     assert!(!p.counts_without_walking());
     kernel.push_run(ran(vec![group(2, 20, 400), group(1, 10, 150)]));
-    let out = p.run().unwrap();
+    let out = p.run(target()).unwrap();
     assert_eq!((out.visited, out.matched, out.overflowed), (100, 30, false));
     // COUNT keeps no words of its own; SUM its 128 bits, low word first.
     assert_eq!(
@@ -120,7 +126,38 @@ fn a_run_reads_its_figures_and_drains_its_groups() {
     );
     // The groups map was drained: the next run finds only its own.
     kernel.push_run(ran(Vec::new()));
-    assert_eq!(p.run().unwrap().groups, []);
+    assert_eq!(p.run(target()).unwrap().groups, []);
+    assert_eq!(kernel.unused(), 0);
+}
+
+#[test]
+fn a_program_holds_its_map_only_while_it_runs() {
+    let kernel = ScriptedKernel::new();
+    let p = load(&kernel, &grouping()).unwrap();
+    assert!(kernel.slots_empty(), "loading puts no map in the slot");
+    kernel.push_run(ran(Vec::new()));
+    p.run(target()).unwrap();
+    // A failed run empties the slot too.
+    kernel.push_run(Run {
+        result: Err(libc::EINTR),
+        ..ran(Vec::new())
+    });
+    p.run(target()).unwrap_err();
+    assert_eq!(kernel.walked(), [Some(TARGET_FD), Some(TARGET_FD)]);
+    assert!(kernel.slots_empty(), "no map is held between runs");
+    // Another map of the same shape runs the same program.
+    let other = fake::meta();
+    kernel.push_run(ran(Vec::new()));
+    p.run(Target::new(TARGET_FD + 1, &other)).unwrap();
+    assert_eq!(kernel.walked()[2], Some(TARGET_FD + 1));
+    // A map of another shape does not: nothing runs.
+    let wider = MapMeta {
+        value_size: 8,
+        ..fake::meta()
+    };
+    let e = p.run(Target::new(TARGET_FD + 2, &wider)).unwrap_err();
+    assert!(matches!(e, RunError::OtherShape { .. }), "{e:?}");
+    assert_eq!(kernel.walked().len(), 3);
     assert_eq!(kernel.unused(), 0);
 }
 
@@ -216,7 +253,7 @@ fn without_the_kfunc_a_hash_map_is_counted_by_walking_it() {
     assert!(!p.counts_without_walking());
     assert_eq!(loads(&kernel), [("bpfmapd_scan", true)]);
     kernel.push_run(Run::visiting(64));
-    let out = p.run().unwrap();
+    let out = p.run(target()).unwrap();
     assert_eq!((out.visited, out.matched), (64, 64));
 
     // A kernel that has the function but refuses the program calling it
@@ -244,10 +281,10 @@ fn with_the_kfunc_a_hash_map_is_counted_from_its_counters_and_an_array_walked() 
     let count = &kernel.loads()[0];
     assert_eq!(
         (count.name, count.license.as_str(), count.insns),
-        ("bpfmapd_count", "Dual MIT/GPL", 8)
+        ("bpfmapd_count", "Dual MIT/GPL", 19)
     );
     kernel.push_run(Run::visiting(900));
-    let out = p.run().unwrap();
+    let out = p.run(target()).unwrap();
     assert_eq!((out.visited, out.matched), (900, 900));
 
     let array = MapMeta {
@@ -268,14 +305,18 @@ fn a_failing_test_run_is_an_error_and_its_groups_are_drained_still() {
         result: Err(libc::EINVAL),
         ..ran(vec![group(1, 10, 150)])
     });
-    let e = p.run().unwrap_err();
+    let e = p.run(target()).unwrap_err();
     assert!(matches!(e, RunError::Sys(_)), "{e:?}");
     assert_eq!(
         e.to_string(),
         "BPF_PROG_TEST_RUN failed: Invalid argument (os error 22)"
     );
     kernel.push_run(ran(Vec::new()));
-    assert_eq!(p.run().unwrap().groups, [], "drained by the failed run");
+    assert_eq!(
+        p.run(target()).unwrap().groups,
+        [],
+        "drained by the failed run"
+    );
 
     let kernel = ScriptedKernel::new();
     kernel.push_run(Run {
@@ -299,7 +340,7 @@ fn a_program_whose_groups_filled_up_says_it_overflowed() {
         error: -i64::from(libc::E2BIG),
         ..ran(full)
     });
-    let out = p.run().unwrap();
+    let out = p.run(target()).unwrap();
     assert!(out.overflowed);
     assert_eq!(out.groups.len(), 4);
 }
@@ -317,7 +358,7 @@ fn another_errno_the_program_wrote_is_an_error() {
             error: -i64::from(errno),
             ..ran(vec![group(1, 10, 150)])
         });
-        let e = p.run().unwrap_err();
+        let e = p.run(target()).unwrap_err();
         assert!(
             matches!(e, RunError::Program { errno: e } if e == errno),
             "{e:?}"
@@ -328,7 +369,7 @@ fn another_errno_the_program_wrote_is_an_error() {
         );
         // The groups were drained all the same.
         kernel.push_run(ran(Vec::new()));
-        assert_eq!(p.run().unwrap().groups, []);
+        assert_eq!(p.run(target()).unwrap().groups, []);
     }
 }
 
@@ -349,7 +390,7 @@ fn a_failure_while_draining_the_output_is_an_error() {
         let p = load(&kernel, &grouping()).unwrap();
         kernel.push_run(ran(vec![group(1, 10, 150)]));
         kernel.fail(Call::Drain, errno);
-        let e = p.run().unwrap_err();
+        let e = p.run(target()).unwrap_err();
         assert!(matches!(e, RunError::Drain(_)), "{e:?}");
         assert_eq!(e.to_string(), text);
     }
@@ -358,7 +399,7 @@ fn a_failure_while_draining_the_output_is_an_error() {
     let p = load(&kernel, &WalkPlan::entries(Cond::Const(true), 8)).unwrap();
     kernel.push_run(ran(vec![(vec![1, 0, 0, 0], vec![9, 0, 0, 0])]));
     kernel.fail(Call::Drain, libc::ENOMEM);
-    assert!(matches!(p.run(), Err(RunError::Drain(_))));
+    assert!(matches!(p.run(target()), Err(RunError::Drain(_))));
 }
 
 #[test]
@@ -367,7 +408,7 @@ fn failures_writing_or_reading_the_scratch_value_are_errors() {
     let p = load(&kernel, &grouping()).unwrap();
     kernel.push_run(ran(Vec::new()));
     kernel.fail(Call::MapUpdate, libc::EFAULT);
-    let e = p.run().unwrap_err();
+    let e = p.run(target()).unwrap_err();
     assert_eq!(
         e.to_string(),
         "BPF_MAP_UPDATE_ELEM failed: Bad address (os error 14)"
@@ -375,7 +416,7 @@ fn failures_writing_or_reading_the_scratch_value_are_errors() {
     assert_eq!(kernel.unused(), 1, "the program did not run");
 
     kernel.fail(Call::MapLookup, libc::ENOMEM);
-    let e = p.run().unwrap_err();
+    let e = p.run(target()).unwrap_err();
     assert!(matches!(e, RunError::Sys(_)), "{e:?}");
     assert_eq!(
         e.to_string(),

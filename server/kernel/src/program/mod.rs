@@ -22,13 +22,19 @@
 mod asm;
 mod matches;
 mod ops;
+mod own;
 pub(crate) mod plan;
 
-use std::{ffi::CStr, io, os::fd::RawFd};
+use std::{
+    ffi::CStr,
+    io,
+    os::fd::{BorrowedFd, RawFd},
+};
 
 pub use asm::AsmError;
 pub use matches::{KeyOrder, Matches, byte_order, index_order};
 pub use ops::{Kernel, ProgramLoad, ProgramMap, ProgramOps};
+pub use own::{OwnIds, own_ids};
 pub use plan::{
     AggOp, CmpOp, Cond, GroupPart, IntRead, IntSpec, Output, PlanError, Side, WalkPlan,
 };
@@ -87,9 +93,17 @@ pub enum RunError {
     /// Its output map could not be drained.
     #[error("BPF_MAP_LOOKUP_AND_DELETE_BATCH failed: {0}")]
     Drain(DrainError),
+    /// The map is not of the shape the program was loaded for.
+    #[error("the map is a {map:?}, the program walks a {program:?}")]
+    OtherShape {
+        /// The map's.
+        map: Shape,
+        /// The program's.
+        program: Shape,
+    },
     /// The program stopped on an error of its own: inserting into its
     /// output map failed with `errno` (other than E2BIG, a full map, which
-    /// is [`WalkOutput::overflowed`]).
+    /// is [`WalkOutput::overflowed`]); ENOENT when its slot was empty.
     #[error(
         "bpf_map_update_elem (in the scan program) failed: {}",
         io::Error::from_raw_os_error(*errno)
@@ -125,11 +139,13 @@ pub enum Unsupported {
     Run(RunError),
 }
 
-/// The map a walk program walks: the descriptor its instructions name it
-/// by, and what the kernel says about it.
+/// The map a walk program walks: its descriptor, and what the kernel says
+/// about it.
 #[derive(Debug, Clone, Copy)]
 pub struct Target<'a> {
     fd: RawFd,
+    /// The open descriptor (none for a map a script knows by number).
+    open: Option<BorrowedFd<'a>>,
     meta: &'a MapMeta,
 }
 
@@ -138,6 +154,17 @@ impl<'a> Target<'a> {
     pub fn of(map: &'a MapHandle) -> Self {
         Self {
             fd: map.raw_fd(),
+            open: Some(map.fd()),
+            meta: map.meta(),
+        }
+    }
+
+    /// A map this process created.
+    pub fn of_owned(map: &'a crate::OwnedMap) -> Self {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        Self {
+            fd: map.as_fd().as_raw_fd(),
+            open: Some(map.as_fd()),
             meta: map.meta(),
         }
     }
@@ -145,17 +172,61 @@ impl<'a> Target<'a> {
     /// A map known by the number of its descriptor, for a [`ProgramOps`]
     /// other than the kernel (a script) that resolves it.
     pub fn new(fd: RawFd, meta: &'a MapMeta) -> Self {
-        Self { fd, meta }
+        Self {
+            fd,
+            open: None,
+            meta,
+        }
     }
 }
 
-/// A walk program, loaded for one map (by the running kernel, unless `O`
-/// is another [`ProgramOps`]).
+/// What of a map a walk program depends on: a map of the same shape is
+/// walked by the same program (the kernel checks it when the map goes
+/// into the program's slot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub map_type: MapType,
+    pub key_size: u32,
+    pub value_size: u32,
+    pub flags: u32,
+    /// An array's number of entries (the kernel's template of an array
+    /// holds it); 0 for the other types.
+    pub array_entries: u32,
+    /// Its possible CPUs, for per-CPU maps.
+    pub cpus: u32,
+}
+
+impl Shape {
+    /// The shape of the map `meta` describes.
+    pub fn of(meta: &MapMeta) -> Self {
+        let array = matches!(meta.map_type, MapType::ARRAY | MapType::PERCPU_ARRAY);
+        Self {
+            map_type: meta.map_type,
+            key_size: meta.key_size,
+            value_size: meta.value_size,
+            flags: meta.flags,
+            array_entries: if array { meta.max_entries } else { 0 },
+            cpus: if meta.per_cpu() {
+                meta.possible_cpus
+            } else {
+                0
+            },
+        }
+    }
+}
+
+/// A walk program, loaded for maps of one shape (by the running kernel,
+/// unless `O` is another [`ProgramOps`]). It holds no reference to the
+/// maps it walks: each run puts its map in the program's slot, and takes
+/// it out again, so a map is kept alive by no cached program.
 #[derive(Debug)]
 pub struct WalkProgram<O: ProgramOps = Kernel> {
     ops: O,
     plan: WalkPlan,
+    shape: Shape,
     prog: O::Program,
+    /// An array of one map, holding the walked map while a run lasts.
+    slot: O::Map,
     scratch: O::Map,
     /// The groups (or the entries taken), drained after each run.
     groups: Option<O::Map>,
@@ -164,6 +235,8 @@ pub struct WalkProgram<O: ProgramOps = Kernel> {
     /// Whether it counts a hash map's entries from the kernel's counters,
     /// without walking them.
     counter: bool,
+    /// Its program and maps listed as this process's own.
+    _own: own::Registration,
 }
 
 /// One group a walk program found: its key, its count, its aggregates'
@@ -222,12 +295,12 @@ pub fn supported_with<O: ProgramOps>(ops: O) -> Result<(), Unsupported> {
             ..Default::default()
         })
         .map_err(Unsupported::CreateMap)?;
-    let target = Target::new(map.fd(), map.meta());
+    let target = map.target();
     let p = WalkProgram::load_with(&ops, target, &WalkPlan::count()).map_err(|e| match e {
         LoadError::Refused { error, log } => Unsupported::Refused { error, log },
         e => Unsupported::Load(e),
     })?;
-    match p.run() {
+    match p.run(target) {
         Ok(out) if out.visited == 1 => Ok(()),
         Ok(out) => Err(Unsupported::Miscounted(out.visited)),
         Err(e) => Err(Unsupported::Run(e)),
@@ -235,9 +308,15 @@ pub fn supported_with<O: ProgramOps>(ops: O) -> Result<(), Unsupported> {
 }
 
 impl WalkProgram {
-    /// Generates, loads and checks the program of `plan` over `target`.
+    /// Generates, loads and checks the program of `plan` for maps of
+    /// `target`'s shape.
     pub fn load(target: &MapHandle, plan: &WalkPlan) -> Result<Self, LoadError> {
         Self::load_with(Kernel, Target::of(target), plan)
+    }
+
+    /// Runs the walk of `map` once ([`run`](Self::run)).
+    pub fn walk(&self, map: &MapHandle) -> Result<WalkOutput, RunError> {
+        self.run(Target::of(map))
     }
 }
 
@@ -263,26 +342,41 @@ impl<O: ProgramOps> WalkProgram<O> {
             name: "bpfmapd_scan",
             ..Default::default()
         })?;
+        // The map is the kernel's template of what goes into the slot; the
+        // slot keeps its shape, not the map.
+        let slot = ops.create_map(&CreateMap {
+            map_type: MapType::ARRAY_OF_MAPS.0,
+            key_size: 4,
+            value_size: 4,
+            max_entries: 1,
+            name: "bpfmapd_slot",
+            inner_map: target.open,
+            ..Default::default()
+        })?;
         let groups = if plan.counts_only() {
             None
         } else {
             Some(ops.create_map(&output_map(plan, meta))?)
         };
         if plan.counts_only()
-            && let Some(prog) = count_program(&ops, target, &scratch)
+            && let Some(prog) = count_program(&ops, meta, &slot, &scratch)
         {
+            let own = register(&ops, &prog, &[Some(&slot), Some(&scratch)]);
             return Ok(Self {
                 ops,
                 plan: plan.clone(),
+                shape: Shape::of(meta),
                 prog,
+                slot,
                 scratch,
                 groups: None,
                 unfiltered: true,
                 counter: true,
+                _own: own,
             });
         }
         let fds = MapFds {
-            target: target.fd,
+            slot: slot.fd(),
             groups: groups.as_ref().map(ProgramMap::fd),
             scratch: scratch.fd(),
         };
@@ -295,14 +389,18 @@ impl<O: ProgramOps> WalkProgram<O> {
             btf: &btf,
             funcs: &funcs,
         })?;
+        let own = register(&ops, &prog, &[Some(&slot), Some(&scratch), groups.as_ref()]);
         Ok(Self {
             ops,
             plan: plan.clone(),
+            shape: Shape::of(meta),
             prog,
+            slot,
             scratch,
             groups,
             unfiltered: plan.filter.clone().simplified() == Cond::Const(true),
             counter: false,
+            _own: own,
         })
     }
 
@@ -312,15 +410,42 @@ impl<O: ProgramOps> WalkProgram<O> {
         self.counter
     }
 
-    /// Runs the walk once (blocking: the walk of the whole map), leaving
-    /// its groups map empty for the next run (also when the run failed).
-    pub fn run(&self) -> Result<WalkOutput, RunError> {
+    /// The shape of the maps it walks.
+    pub fn shape(&self) -> Shape {
+        self.shape
+    }
+
+    /// The kernel memory it holds while loaded: the program's, and its
+    /// maps' (the output map's buckets, allocated when it was made, among
+    /// them), in bytes.
+    pub fn memory(&self) -> u64 {
+        let maps = [Some(&self.slot), Some(&self.scratch), self.groups.as_ref()];
+        let maps: u64 = maps.into_iter().flatten().map(ProgramMap::memory).sum();
+        maps + self.ops.program_memory(&self.prog)
+    }
+
+    /// Runs the walk of `target` once (blocking: the walk of the whole
+    /// map), leaving its groups map empty and its slot empty for the next
+    /// run (also when the run failed).
+    pub fn run(&self, target: Target<'_>) -> Result<WalkOutput, RunError> {
+        let shape = Shape::of(target.meta);
+        if shape != self.shape {
+            return Err(RunError::OtherShape {
+                map: shape,
+                program: self.shape,
+            });
+        }
         let zero = 0u32.to_ne_bytes();
         self.scratch
             .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
+        self.slot.update(&zero, &(target.fd as u32).to_ne_bytes())?;
         let ran = self.ops.test_run(&self.prog);
+        // The map leaves the slot whatever happened: no reference to it is
+        // kept past the run.
+        let emptied = self.slot.delete(&zero);
         let drained = self.drain()?;
         ran?;
+        emptied?;
         let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
         let word = |at: i16| {
             let at = at as usize;
@@ -394,6 +519,20 @@ impl<O: ProgramOps> WalkProgram<O> {
     }
 }
 
+/// Lists a loaded program and its maps as this process's own.
+fn register<O: ProgramOps>(
+    ops: &O,
+    prog: &O::Program,
+    maps: &[Option<&O::Map>],
+) -> own::Registration {
+    let ids = maps
+        .iter()
+        .flatten()
+        .filter_map(|m| m.kernel_id())
+        .collect();
+    own::Registration::new(ids, ops.program_id(prog))
+}
+
 /// The hash map a program keeps its groups (or the entries it takes) in.
 fn output_map(plan: &WalkPlan, target: &MapMeta) -> CreateMap<'static> {
     let (key_size, value_size) = match plan.output {
@@ -418,17 +557,18 @@ fn output_map(plan: &WalkPlan, target: &MapMeta) -> CreateMap<'static> {
 /// then counted by walking them).
 fn count_program<O: ProgramOps>(
     ops: &O,
-    target: Target<'_>,
+    target: &MapMeta,
+    slot: &O::Map,
     scratch: &O::Map,
 ) -> Option<O::Program> {
     if !matches!(
-        target.meta.map_type,
+        target.map_type,
         MapType::HASH | MapType::PERCPU_HASH | MapType::LRU_HASH | MapType::LRU_PERCPU_HASH
     ) {
         return None;
     }
     let kfunc = ops.sum_elem_count()?;
-    let insns = WalkPlan::assemble_count(target.fd, scratch.fd(), kfunc).ok()?;
+    let insns = WalkPlan::assemble_count(slot.fd(), scratch.fd(), kfunc).ok()?;
     let mut b = BtfBuilder::new();
     let long = b.add_int("long", 8, IntEncoding::Signed);
     let ptr = b.add_ptr(0);

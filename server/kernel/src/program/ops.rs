@@ -16,7 +16,7 @@ use std::{
 
 use aya_obj::generated::{BPF_F_SLEEPABLE, bpf_prog_type};
 
-use super::LoadError;
+use super::{LoadError, Target};
 use crate::{
     MAX_BTF_SIZE, MapMeta, OwnedBtf, OwnedMap, SysResult,
     btf::{Btf, Type},
@@ -53,6 +53,16 @@ pub trait ProgramMap: DrainOps + fmt::Debug {
     fn update(&self, key: &[u8], value: &[u8]) -> SysResult<()>;
     /// `BPF_MAP_LOOKUP_ELEM`: the element, or `None` when there is none.
     fn lookup(&self, key: &[u8]) -> SysResult<Option<Vec<u8>>>;
+    /// `BPF_MAP_DELETE_ELEM` of one element (none there is no error).
+    fn delete(&self, key: &[u8]) -> SysResult<()>;
+    /// The id the kernel gave it; `None` for a map of a script.
+    fn kernel_id(&self) -> Option<u32>;
+    /// The kernel memory charged for it (its fdinfo's `memlock`), in
+    /// bytes; 0 when it cannot be read.
+    fn memory(&self) -> u64;
+    /// The map as a walk program's target (the probe walks one of its
+    /// own).
+    fn target(&self) -> Target<'_>;
 }
 
 /// What a walk program needs from the kernel. [`Kernel`] implements it with
@@ -75,6 +85,11 @@ pub trait ProgramOps {
     /// The BTF id of the kernel function `bpf_map_sum_elem_count` (Linux
     /// 6.6), when this kernel has it.
     fn sum_elem_count(&self) -> Option<u32>;
+    /// The id the kernel gave a loaded program; `None` for a script's.
+    fn program_id(&self, program: &Self::Program) -> Option<u32>;
+    /// The kernel memory charged for a loaded program (its fdinfo's
+    /// `memlock`), in bytes; 0 when it cannot be read.
+    fn program_memory(&self, program: &Self::Program) -> u64;
 }
 
 /// A kernel used through a reference is the kernel.
@@ -96,6 +111,14 @@ impl<T: ProgramOps + ?Sized> ProgramOps for &T {
 
     fn sum_elem_count(&self) -> Option<u32> {
         (**self).sum_elem_count()
+    }
+
+    fn program_id(&self, program: &Self::Program) -> Option<u32> {
+        (**self).program_id(program)
+    }
+
+    fn program_memory(&self, program: &Self::Program) -> u64 {
+        (**self).program_memory(program)
     }
 }
 
@@ -133,6 +156,14 @@ impl ProgramOps for Kernel {
         static ID: OnceLock<Option<u32>> = OnceLock::new();
         *ID.get_or_init(|| find_in_vmlinux("bpf_map_sum_elem_count"))
     }
+
+    fn program_id(&self, program: &OwnedFd) -> Option<u32> {
+        sys::prog_id(program.as_fd()).ok()
+    }
+
+    fn program_memory(&self, program: &OwnedFd) -> u64 {
+        crate::holders::memlock(program.as_fd()).unwrap_or(0)
+    }
 }
 
 impl ProgramMap for OwnedMap {
@@ -150,6 +181,25 @@ impl ProgramMap for OwnedMap {
 
     fn lookup(&self, key: &[u8]) -> SysResult<Option<Vec<u8>>> {
         OwnedMap::lookup(self, key)
+    }
+
+    fn delete(&self, key: &[u8]) -> SysResult<()> {
+        match OwnedMap::delete(self, key) {
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+
+    fn kernel_id(&self) -> Option<u32> {
+        Some(self.id())
+    }
+
+    fn memory(&self) -> u64 {
+        crate::holders::memlock(self.as_fd()).unwrap_or(0)
+    }
+
+    fn target(&self) -> Target<'_> {
+        Target::of_owned(self)
     }
 }
 

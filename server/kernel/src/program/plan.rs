@@ -302,8 +302,9 @@ const FOR_EACH_MAP_ELEM: i32 = bpf_func_id::BPF_FUNC_for_each_map_elem as i32;
 /// The descriptors a program's instructions name its maps by.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct MapFds {
-    /// The map it walks.
-    pub(super) target: i32,
+    /// Its slot: an array of one map, which holds the map it walks while
+    /// it runs (the program holds no reference to that map).
+    pub(super) slot: i32,
     /// Its groups (or the entries it takes); none when it only counts.
     pub(super) groups: Option<i32>,
     /// Its one-element array of figures.
@@ -411,7 +412,8 @@ impl WalkPlan {
     pub(super) fn assemble(&self, fds: MapFds) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
         let mut a = Asm::default();
         let callback = a.label();
-        a.load_pseudo(R1, Pseudo::MapFd, fds.target, 0);
+        slotted_map(&mut a, fds.slot, fds.scratch);
+        a.alu_reg(Alu::Mov, R1, R0);
         a.load_func(R2, callback);
         a.alu_imm(Alu::Mov, R3, 0);
         a.alu_imm(Alu::Mov, R4, 0);
@@ -433,12 +435,13 @@ impl WalkPlan {
     /// function `bpf_map_sum_elem_count`, of BTF id `kfunc`, Linux 6.6)
     /// into the scratch value's VISITED.
     pub(super) fn assemble_count(
-        target: i32,
+        slot: i32,
         scratch: i32,
         kfunc: u32,
     ) -> Result<Vec<u64>, super::asm::AsmError> {
         let mut a = Asm::default();
-        a.load_pseudo(R1, Pseudo::MapFd, target, 0);
+        slotted_map(&mut a, slot, scratch);
+        a.alu_reg(Alu::Mov, R1, R0);
         a.call_kfunc(kfunc as i32);
         a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
         a.store(R1, VISITED, R0, 8);
@@ -512,6 +515,22 @@ impl WalkPlan {
         a.bind(reject);
         a.ret(0);
     }
+}
+
+/// The map in `slot` (an array of one map), in r0; an empty slot stops the
+/// program with ENOENT in `scratch`'s error word. The key 0 is the
+/// scratch value's zeroed words.
+fn slotted_map(a: &mut Asm, slot: i32, scratch: i32) {
+    let found = a.label();
+    a.load_pseudo(R1, Pseudo::MapFd, slot, 0);
+    a.load_pseudo(R2, Pseudo::MapValue, scratch, i32::from(ZERO));
+    a.call(MAP_LOOKUP_ELEM);
+    a.jump_imm(Jmp::Ne, R0, 0, found);
+    a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
+    a.alu_imm(Alu::Mov, R2, -libc::ENOENT);
+    a.store(R1, ERROR, R2, 8);
+    a.ret(1);
+    a.bind(found);
 }
 
 /// Copies the entry (key in r6, value in r7) into `out`, a map of the

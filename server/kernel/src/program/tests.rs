@@ -45,10 +45,12 @@ fn this_kernel_runs_walk_programs() {
 #[test]
 fn a_count_program_counts_every_entry() {
     let map = hash(1000);
-    let p = WalkProgram::load(&open(&map), &WalkPlan::count()).unwrap();
-    let out = p.run().unwrap();
+    let p_map = open(&map);
+
+    let p = WalkProgram::load(&p_map, &WalkPlan::count()).unwrap();
+    let out = p.walk(&p_map).unwrap();
     assert_eq!(out.visited, 1000);
-    assert_eq!(p.run().unwrap().visited, 1000);
+    assert_eq!(p.walk(&p_map).unwrap().visited, 1000);
 }
 
 #[test]
@@ -84,8 +86,10 @@ fn groups_and_aggregates_equal_the_entries() {
         ],
         max_groups: 10,
     };
-    let p = WalkProgram::load(&open(&map), &plan).unwrap();
-    let out = p.run().unwrap();
+    let p_map = open(&map);
+
+    let p = WalkProgram::load(&p_map, &plan).unwrap();
+    let out = p.walk(&p_map).unwrap();
     assert_eq!(out.visited, 100);
     let mut want: std::collections::BTreeMap<u16, (u64, i128, i128, i128, i128)> =
         Default::default();
@@ -115,7 +119,7 @@ fn groups_and_aggregates_equal_the_entries() {
     }
     assert_eq!(got, want);
     // The groups map is empty again: a second run finds the same.
-    assert_eq!(p.run().unwrap().groups.len(), want.len());
+    assert_eq!(p.walk(&p_map).unwrap().groups.len(), want.len());
 }
 
 #[test]
@@ -134,9 +138,10 @@ fn a_walk_with_more_groups_than_allowed_says_it_overflowed() {
         aggs: vec![AggOp::Count],
         max_groups: 10,
     };
-    let out = WalkProgram::load(&open(&map), &plan)
+    let handle = open(&map);
+    let out = WalkProgram::load(&handle, &plan)
         .unwrap()
-        .run()
+        .walk(&handle)
         .unwrap();
     assert!(out.overflowed);
     assert_eq!(out.groups.len(), 10);
@@ -148,8 +153,10 @@ fn a_walk_of_entries_copies_the_entries_it_takes() {
     // delta >= 900 - 50: entries 900..999
     let delta = int(Side::Value, 8 * 8, 32, true, false);
     let plan = WalkPlan::entries(Cond::Cmp(delta, CmpOp::Ge, 850), 1000);
-    let p = WalkProgram::load(&open(&map), &plan).unwrap();
-    let out = p.run().unwrap();
+    let p_map = open(&map);
+
+    let p = WalkProgram::load(&p_map, &plan).unwrap();
+    let out = p.walk(&p_map).unwrap();
     assert_eq!(
         (out.visited, out.matched, out.overflowed),
         (1000, 100, false)
@@ -166,10 +173,12 @@ fn a_walk_of_entries_copies_the_entries_it_takes() {
     }
     assert_eq!(got.len(), 100);
     // Run again: the same entries, the output emptied between runs.
-    assert_eq!(p.run().unwrap().entries.count, 100);
+    assert_eq!(p.walk(&p_map).unwrap().entries.count, 100);
     // At most max_groups: the walk stops and says so.
-    let small = WalkProgram::load(&open(&map), &WalkPlan::entries(Cond::Const(true), 10)).unwrap();
-    let out = small.run().unwrap();
+    let small_map = open(&map);
+
+    let small = WalkProgram::load(&small_map, &WalkPlan::entries(Cond::Const(true), 10)).unwrap();
+    let out = small.walk(&small_map).unwrap();
     assert!(out.overflowed);
     assert_eq!(out.entries.count, 10);
 }
@@ -177,7 +186,9 @@ fn a_walk_of_entries_copies_the_entries_it_takes() {
 #[test]
 fn a_walk_of_entries_of_a_per_cpu_map_is_refused_before_loading() {
     let map = OwnedMap::new(MapType::PERCPU_HASH, 4, 8, 4, "scan_test").unwrap();
-    let e = WalkProgram::load(&open(&map), &WalkPlan::entries(Cond::Const(true), 4)).unwrap_err();
+    let e_map = open(&map);
+
+    let e = WalkProgram::load(&e_map, &WalkPlan::entries(Cond::Const(true), 4)).unwrap_err();
     assert!(e.to_string().contains("one CPU's value"), "{e}");
 }
 
@@ -211,14 +222,18 @@ fn a_count_of_a_hash_map_reads_the_kernels_element_counters() {
         for i in 100u32..200 {
             map.update(&i.to_ne_bytes(), &value).unwrap();
         }
-        let p = WalkProgram::load(&open(&map), &WalkPlan::count()).unwrap();
+        let p_map = open(&map);
+
+        let p = WalkProgram::load(&p_map, &WalkPlan::count()).unwrap();
         assert!(p.counts_without_walking(), "{map_type:?}");
-        let out = p.run().unwrap();
+        let out = p.walk(&p_map).unwrap();
         assert_eq!((out.visited, out.matched), (900, 900), "{map_type:?}");
     }
     // An array is walked.
     let array = OwnedMap::new(MapType::ARRAY, 4, 8, 64, "scan_test").unwrap();
-    let p = WalkProgram::load(&open(&array), &WalkPlan::count()).unwrap();
+    let p_map = open(&array);
+
+    let p = WalkProgram::load(&p_map, &WalkPlan::count()).unwrap();
     assert!(!p.counts_without_walking());
-    assert_eq!(p.run().unwrap().visited, 64);
+    assert_eq!(p.walk(&p_map).unwrap().visited, 64);
 }
