@@ -738,7 +738,7 @@ async fn per_cpu_stats_sum_over_the_cpus_in_every_reader() {
         assert!(r.is_ok(), "{err}");
         let got: Vec<(Json, Json)> = json_lines(&out)
             .iter()
-            .map(|l| (l["key"].clone(), l["value_sum"].clone()))
+            .map(|l| (l["key"].clone(), l["value"].clone()))
             .collect();
         assert_eq!(sorted(got), sums, "{extra:?}");
     }

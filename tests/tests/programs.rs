@@ -375,11 +375,14 @@ async fn runqlat_watch_sorts_its_slots(daemon: &Daemon, hists: &MapInfo, pid: u3
     })
     .await
     .unwrap();
-    let changed: Vec<&str> = out.lines().filter(|l| l.contains(r#""delta":{"#)).collect();
+    let changed: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(r#""deltas":{"#))
+        .collect();
     assert!(!changed.is_empty(), "no slot changed in 4 scans: {out}");
     for line in changed {
         let e: Json = serde_json::from_str(line).unwrap();
-        let deltas = e["delta"].as_object().unwrap();
+        let deltas = e["deltas"].as_object().unwrap();
         assert!(
             deltas.values().all(|d| d != "0"),
             "zero deltas are left out: {line}"

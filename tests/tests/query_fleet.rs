@@ -801,8 +801,8 @@ async fn bpfmapctl_top_and_dump_with_filter_and_fields() {
     assert_eq!(
         json_lines(&out),
         [
-            json!({"key": {"key.daddr": net(0xc0a8_0003)}, "values": values("8500000", "2", "9"), "hosts": [t[1].as_str(), t[2].as_str()]}),
-            json!({"key": {"key.daddr": net(0xc0a8_0001)}, "values": values("5000600", "3", "30"), "hosts": [t[0].as_str(), t[2].as_str()]}),
+            json!({"targets": [t[1].as_str(), t[2].as_str()], "key": {"key.daddr": net(0xc0a8_0003)}, "values": values("8500000", "2", "9")}),
+            json!({"targets": [t[0].as_str(), t[2].as_str()], "key": {"key.daddr": net(0xc0a8_0001)}, "values": values("5000600", "3", "30")}),
         ]
     );
     assert_eq!(

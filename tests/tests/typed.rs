@@ -767,7 +767,7 @@ async fn per_cpu_values_decode_one_per_cpu_or_summed_exactly() {
     assert_eq!(json_of(&types.sum_value(v.view()).unwrap()), want);
     let (r, out, err) = ctl(&["--addr", &daemon.addr(), "--per-cpu", "sum", "dump", "pcpu"]).await;
     assert!(r.is_ok(), "{err}");
-    assert_eq!(json_lines(&out)[1]["value_sum"], want);
+    assert_eq!(json_lines(&out)[1]["value"], want);
     drop((map, untyped));
     daemon.stop().await;
 }
@@ -991,7 +991,7 @@ async fn maps_of_a_clang_compiled_object_dump_decoded() {
         sums[2],
         json!({
             "target": target, "key": 2,
-            "value_sum": {"rx": (100 * cpus).to_string(), "tx": (200 * cpus).to_string(), "drops": 7 * cpus, "errors": 5 * cpus, "flag": cpus},
+            "value": {"rx": (100 * cpus).to_string(), "tx": (200 * cpus).to_string(), "drops": 7 * cpus, "errors": 5 * cpus, "flag": cpus},
         })
     );
     // GetMap names the compiler's types.

@@ -601,8 +601,8 @@ async fn grpcurl_watches_the_live_demo() {
         json!("192.168.0.1"),
         "{e}"
     );
-    assert!(e["delta"]["value.bytes"].is_string(), "{e}");
-    assert!(e["rate"]["value.bytes"].as_f64().unwrap() > 0.0, "{e}");
+    assert!(e["deltas"]["value.bytes"].is_string(), "{e}");
+    assert!(e["rates"]["value.bytes"].as_f64().unwrap() > 0.0, "{e}");
     daemon.stop().await;
 }
 
@@ -798,7 +798,7 @@ async fn bpfmapctl_watch_resumes_from_its_saved_cursor_and_top_prints_rates() {
     let events: Vec<&Json> = lines.iter().filter(|l| l.get("type").is_some()).collect();
     assert_eq!(events.len(), 1, "{out}");
     assert_eq!(events[0]["type"], "CHANGED", "{out}");
-    assert_eq!(events[0]["delta"]["value.packets"], "71", "{out}");
+    assert_eq!(events[0]["deltas"]["value.packets"], "71", "{out}");
     assert!(lines.iter().all(|l| l.get("resync").is_none()), "{out}");
 
     // top --interval off a terminal: a JSON line per group and scan.
@@ -824,13 +824,15 @@ async fn bpfmapctl_watch_resumes_from_its_saved_cursor_and_top_prints_rates() {
     let lines = json_lines(&out);
     assert!(lines.len() >= 4, "{out}");
     let l = &lines[0];
+    let proto = &l["key"]["key.proto"];
+    assert!(proto == "IPPROTO_TCP" || proto == "IPPROTO_UDP", "{out}");
+    // Sums are exact decimal strings, as one-shot top writes them (not
+    // 33.0); rates are numbers.
     assert!(
-        l["key"] == "IPPROTO_TCP" || l["key"] == "IPPROTO_UDP",
-        "{out}"
-    );
-    // Sums are exact integers, as one-shot top prints them (not 33.0).
-    assert!(
-        l["sum(value.bytes)"].is_u64() && l["rate(sum(value.bytes))"].is_number(),
+        l["values"]["sum(value.bytes)"]
+            .as_str()
+            .is_some_and(|s| s.parse::<u64>().is_ok())
+            && l["rates"]["sum(value.bytes)"].is_number(),
         "{out}"
     );
     daemon.stop().await;
@@ -955,17 +957,33 @@ async fn live_top_across_two_daemons_merges_min_and_max_as_one_shot_top_does() {
         .unwrap()
     };
     let lines = json_lines(&live);
-    let both: Vec<&Json> = lines.iter().filter(|l| l["hosts"] == 2).collect();
+    let both: Vec<&Json> = lines
+        .iter()
+        .filter(|l| l["targets"].as_array().is_some_and(|t| t.len() == 2))
+        .collect();
     assert!(both.len() >= 2, "no round of both hosts: {live}");
     for (proto, (min, max, sum)) in &want {
         let shot = &one_shot[*proto];
         assert_eq!(shot["max(value.packets)"], max.to_string(), "{proto}");
         assert_eq!(shot["min(value.packets)"], min.to_string(), "{proto}");
         assert_eq!(shot["sum(value.packets)"], sum.to_string(), "{proto}");
-        for l in both.iter().filter(|l| l["key"] == *proto) {
-            assert_eq!(l["max(value.packets)"], json!(max), "{proto}: {live}");
-            assert_eq!(l["min(value.packets)"], json!(min), "{proto}: {live}");
-            assert_eq!(l["sum(value.packets)"], json!(sum), "{proto}: {live}");
+        for l in both.iter().filter(|l| l["key"]["key.proto"] == *proto) {
+            let values = &l["values"];
+            assert_eq!(
+                values["max(value.packets)"],
+                max.to_string(),
+                "{proto}: {live}"
+            );
+            assert_eq!(
+                values["min(value.packets)"],
+                min.to_string(),
+                "{proto}: {live}"
+            );
+            assert_eq!(
+                values["sum(value.packets)"],
+                sum.to_string(),
+                "{proto}: {live}"
+            );
         }
     }
     daemon_a.stop().await;

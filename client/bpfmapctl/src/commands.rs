@@ -36,10 +36,7 @@ pub(crate) async fn list(setup: Setup, io: Io<'_>, args: &ListArgs) -> anyhow::R
 /// `show MAP`: the map on every target.
 pub(crate) async fn show(setup: Setup, io: Io<'_>, map: &str) -> anyhow::Result<()> {
     let run = setup.fleet().get_map(&setup.map_name(map)?);
-    print_all(setup, io, run, |p, out, t, info| {
-        p.maps(out, t, std::slice::from_ref(&info))
-    })
-    .await
+    print_all(setup, io, run, |p, out, t, info| p.map(out, t, &info)).await
 }
 
 /// `lookup MAP KEY...`: the keys on every target, decoded through each
@@ -100,6 +97,7 @@ async fn print_all<T>(
         print(&mut printer, out, &t, answer)
     })
     .await;
+    printer.finish(io.out, io.err)?;
     drive::finish(io, &progress, reports, end)
 }
 
@@ -107,7 +105,7 @@ async fn print_all<T>(
 /// configured renderings, and the key size of the first target that
 /// answers; targets that fail or have no types are left out, and print hex.
 /// Renderings a target's types refuse are a usage error.
-async fn map_types(
+pub(crate) async fn map_types(
     fleet: &bpfmap_client::Fleet,
     map: &MapName,
     render: &[RenderArg],

@@ -13,10 +13,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use bpfmap_client::{
-    Client, Code, Drain, DrainChunk, DrainOptions, EntryRef, Error, MapName, Target, ValueRef,
-    typed::write_json_string,
-};
+use bpfmap_client::{Client, Code, Drain, DrainChunk, DrainOptions, Error, MapName, Target};
 use clap::Args;
 use serde_json::json;
 
@@ -24,7 +21,7 @@ use crate::{
     Interrupted, code_and_text,
     drive::{Io, interrupted},
     error_line,
-    output::{Format, PerCpu, Printer, write_value},
+    output::{Format, PerCpu, Printer},
     setup::Setup,
     usage,
 };
@@ -146,66 +143,6 @@ fn stdout_file() -> Option<File> {
     file.metadata().ok()?.is_file().then_some(file)
 }
 
-/// Appends one entry's JSON line to `line`: decoded by the daemon when it
-/// did (`"value"`, `"per_cpu_values"` or `"value_sum"` as `dump` writes
-/// them), else in hex as `dump` writes untyped entries.
-fn entry_line(
-    printer: &mut Printer,
-    line: &mut Vec<u8>,
-    target: &Target,
-    e: EntryRef<'_>,
-    key: Option<&prost_types::Value>,
-    value: Option<&prost_types::Value>,
-    per_cpu: PerCpu,
-) -> io::Result<()> {
-    if key.is_none() && value.is_none() {
-        return printer.entry(line, target, e);
-    }
-    line.extend_from_slice(b"{\"target\":");
-    write_json_string(line, target.as_str());
-    line.extend_from_slice(b",\"key\":");
-    match key {
-        Some(k) => write_value(k, line),
-        None => hex_string(line, e.key),
-    }
-    match (value, e.value) {
-        (Some(v), ValueRef::Single(_)) => {
-            line.extend_from_slice(b",\"value\":");
-            write_value(v, line);
-        }
-        (Some(v), ValueRef::PerCpu(_)) => {
-            line.extend_from_slice(match per_cpu {
-                PerCpu::Sum => b",\"value_sum\":",
-                PerCpu::List => b",\"per_cpu_values\":",
-            });
-            write_value(v, line);
-        }
-        (None, ValueRef::Single(v)) => {
-            line.extend_from_slice(b",\"value\":");
-            hex_string(line, v);
-        }
-        (None, ValueRef::PerCpu(vs)) => {
-            line.extend_from_slice(b",\"per_cpu_values\":[");
-            for (i, v) in vs.iter().enumerate() {
-                if i > 0 {
-                    line.push(b',');
-                }
-                hex_string(line, v);
-            }
-            line.push(b']');
-        }
-    }
-    line.extend_from_slice(b"}\n");
-    Ok(())
-}
-
-/// `"0a0b"`.
-fn hex_string(line: &mut Vec<u8>, bytes: &[u8]) {
-    line.push(b'"');
-    line.extend_from_slice(faster_hex::hex_string(bytes).as_bytes());
-    line.push(b'"');
-}
-
 /// What the targets' drains share: stdout, stderr and the ack file. Each
 /// target's drain borrows it between two awaits only, so a chunk is
 /// written, made durable and acknowledged without another target's lines
@@ -216,7 +153,8 @@ struct Shared<'a> {
     /// stdout when it is a regular file.
     sync: Option<File>,
     printer: Printer,
-    per_cpu: PerCpu,
+    /// Each target's types, when its entries are decoded.
+    types: std::collections::HashMap<Target, bpfmap_client::MapTypes>,
     /// One chunk's lines.
     lines: Vec<u8>,
     acks: AckFile,
@@ -252,16 +190,10 @@ impl Shared<'_> {
         }
         self.lines.clear();
         let c = chunk.chunk();
-        for (i, e) in c.iter().enumerate() {
-            entry_line(
-                &mut self.printer,
-                &mut self.lines,
-                target,
-                e,
-                c.decoded_key(i),
-                c.decoded_value(i),
-                self.per_cpu,
-            )?;
+        let types = self.types.get(target);
+        for e in c.iter() {
+            self.printer
+                .typed_entry(&mut self.lines, target, e, types)?;
         }
         self.out.write_all(&self.lines)?;
         self.out.flush()?;
@@ -462,9 +394,16 @@ pub(crate) async fn run(
         Some(path) => AckFile::read(path)?,
         None => AckFile::default(),
     };
+    // Entries are decoded here through each target's types, as a dump's
+    // are (members in declaration order).
+    let types = if setup.decode {
+        crate::commands::map_types(&setup.fleet(), &map, &[]).await?
+    } else {
+        std::collections::HashMap::new()
+    };
     let options = DrainOptions::default()
         .with_limit(args.limit)
-        .with_raw(!setup.decode)
+        .with_raw(true)
         .with_per_cpu(per_cpu.into());
     setup.progress.finish();
     let sync = stdout_file();
@@ -478,8 +417,8 @@ pub(crate) async fn run(
         out: io.out,
         err: io.err,
         sync,
-        printer: Printer::new(Format::Json, per_cpu, 0),
-        per_cpu,
+        printer: Printer::new(Format::Json, per_cpu),
+        types,
         lines: Vec::with_capacity(64 << 10),
         acks,
         ack_file: args.ack_file.clone(),
@@ -554,7 +493,6 @@ fn finish(
 
 #[cfg(test)]
 mod tests {
-    use bpfmap_client::{Entry, Value};
     use clap::Parser as _;
 
     use super::*;
@@ -754,106 +692,6 @@ mod tests {
         assert_eq!(
             e.to_string(),
             format!("cannot write {}", dir.0.join("missing/acks.json").display())
-        );
-    }
-
-    fn number(n: f64) -> prost_types::Value {
-        prost_types::Value::from(n)
-    }
-
-    fn record(fields: &[(&str, prost_types::Value)]) -> prost_types::Value {
-        prost_types::Value {
-            kind: Some(prost_types::value::Kind::StructValue(prost_types::Struct {
-                fields: fields
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), v.clone()))
-                    .collect(),
-            })),
-        }
-    }
-
-    #[test]
-    fn entries_are_written_as_dump_writes_them() {
-        let t: Target = "10.0.0.7:50051".parse().unwrap();
-        let single = Entry {
-            key: vec![1, 2],
-            value: Value::Single(vec![0xff]),
-        };
-        let per_cpu = Entry {
-            key: vec![1, 2],
-            value: Value::PerCpu(vec![vec![1, 0], vec![2, 0]]),
-        };
-        let key = record(&[("dport", number(443.0))]);
-        let value = record(&[("bytes", prost_types::Value::from("18446744073709551615"))]);
-        let cpus = prost_types::Value {
-            kind: Some(prost_types::value::Kind::ListValue(
-                prost_types::ListValue {
-                    values: vec![number(1.0), number(2.0)],
-                },
-            )),
-        };
-        let mut p = Printer::new(Format::Json, PerCpu::List, 0);
-        let mut line = Vec::new();
-        let list = PerCpu::List;
-        entry_line(
-            &mut p,
-            &mut line,
-            &t,
-            single.view(),
-            Some(&key),
-            Some(&value),
-            list,
-        )
-        .unwrap();
-        entry_line(
-            &mut p,
-            &mut line,
-            &t,
-            per_cpu.view(),
-            Some(&key),
-            Some(&cpus),
-            list,
-        )
-        .unwrap();
-        entry_line(
-            &mut p,
-            &mut line,
-            &t,
-            per_cpu.view(),
-            Some(&key),
-            Some(&number(3.0)),
-            PerCpu::Sum,
-        )
-        .unwrap();
-        // Not decoded (a map without types, --raw): hex.
-        entry_line(&mut p, &mut line, &t, single.view(), None, None, list).unwrap();
-        entry_line(&mut p, &mut line, &t, per_cpu.view(), None, None, list).unwrap();
-        entry_line(
-            &mut p,
-            &mut line,
-            &t,
-            per_cpu.view(),
-            Some(&key),
-            None,
-            list,
-        )
-        .unwrap();
-        assert_eq!(
-            String::from_utf8(line).unwrap(),
-            concat!(
-                r#"{"target":"10.0.0.7:50051","key":{"dport":443},"value":{"bytes":"18446744073709551615"}}"#,
-                "\n",
-                r#"{"target":"10.0.0.7:50051","key":{"dport":443},"per_cpu_values":[1,2]}"#,
-                "\n",
-                r#"{"target":"10.0.0.7:50051","key":{"dport":443},"value_sum":3}"#,
-                "\n",
-                r#"{"target":"10.0.0.7:50051","key":"0102","value":"ff"}"#,
-                "\n",
-                r#"{"target":"10.0.0.7:50051","key":"0102","per_cpu_values":["0100","0200"]}"#,
-                "\n",
-                r#"{"target":"10.0.0.7:50051","key":{"dport":443},"per_cpu_values":["0100","0200"]}"#,
-                "\n",
-            )
         );
     }
 

@@ -119,7 +119,10 @@ pub(crate) async fn run(
         End::Failed(_) => {
             let _ = io.out.flush();
         }
-        End::Done | End::Stopped(_) => io.out.flush()?,
+        End::Done | End::Stopped(_) => {
+            printer.finish(io.out, io.err)?;
+            io.out.flush()?
+        }
     }
     progress.finish();
     let summary = Summary {

@@ -12,6 +12,7 @@ mod keys;
 mod live;
 mod output;
 mod setup;
+mod table;
 mod top;
 mod watching;
 
@@ -241,7 +242,8 @@ pub struct TopArgs {
     /// ('key.dport == 443 && value.bytes > 1000000').
     #[arg(long, value_name = "EXPR")]
     pub filter: Option<String>,
-    /// With each group, the targets that hold entries of it.
+    /// A TARGETS column in tables: the targets that hold entries of each
+    /// group (JSON lines always carry them, as `targets`).
     #[arg(long)]
     pub hosts: bool,
     /// Show a group-by member another way than its type says (see `dump

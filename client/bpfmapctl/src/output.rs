@@ -10,6 +10,8 @@ use bpfmap_client::{
 use clap::ValueEnum;
 use serde_json::{Value as Json, json};
 
+use crate::table::{Table, safe};
+
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -76,19 +78,12 @@ fn sum(values: PerCpuValues<'_>) -> io::Result<String> {
     Ok(total.to_string())
 }
 
-/// A value as text (hex, or per-CPU values joined by commas or summed) and
-/// as the JSON fields that carry it.
-fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<(String, Json)> {
+/// A value as text (hex, or per-CPU values joined by commas or summed).
+fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<String> {
     Ok(match value {
-        ValueRef::Single(v) => (hex(v), json!({ "value": hex(v) })),
-        ValueRef::PerCpu(vs) if per_cpu == PerCpu::Sum => {
-            let s = sum(vs)?;
-            (s.clone(), json!({ "value_sum": s }))
-        }
-        ValueRef::PerCpu(vs) => {
-            let list: Vec<String> = vs.iter().map(hex).collect();
-            (list.join(","), json!({ "per_cpu_values": list }))
-        }
+        ValueRef::Single(v) => hex(v),
+        ValueRef::PerCpu(vs) if per_cpu == PerCpu::Sum => sum(vs)?,
+        ValueRef::PerCpu(vs) => vs.iter().map(hex).collect::<Vec<_>>().join(","),
     })
 }
 
@@ -97,16 +92,16 @@ fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<(String, Json)
 pub(crate) struct Printer {
     format: Format,
     per_cpu: PerCpu,
-    target_width: usize,
-    header: bool,
     /// The line being written.
     line: Vec<u8>,
-    /// Typed table columns: (name, width), set by the first typed row.
-    columns: Vec<(String, usize)>,
+    /// The table being written (table format).
+    table: Option<Table>,
     /// The last target written, and `"target":"..",` for JSON lines.
     target: Option<(Target, Vec<u8>)>,
     /// A decoded value's JSON text.
     value: Vec<u8>,
+    /// `--per-cpu sum` met a map that is not per-CPU.
+    sum_ignored: bool,
 }
 
 /// A decoded value as a table cell: strings bare, the rest as JSON.
@@ -181,23 +176,73 @@ fn cells(
     }
 }
 
+/// `--per-cpu sum` of a value that cannot be summed, as a command's error.
+fn unsummable(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("--per-cpu sum: {e} (use --per-cpu list)"),
+    )
+}
+
 impl Printer {
     /// The format it writes.
     pub(crate) fn format(&self) -> Format {
         self.format
     }
 
-    /// A printer; `target_width` aligns the target column of tables.
-    pub(crate) fn new(format: Format, per_cpu: PerCpu, target_width: usize) -> Self {
+    /// A printer.
+    pub(crate) fn new(format: Format, per_cpu: PerCpu) -> Self {
         Self {
             format,
             per_cpu,
-            target_width: target_width.max(6),
-            header: false,
             line: Vec::with_capacity(256),
-            columns: Vec::new(),
+            table: None,
             target: None,
             value: Vec::with_capacity(256),
+            sum_ignored: false,
+        }
+    }
+
+    /// Writes what a table still holds, and says on `err` what the output
+    /// did not (a `--per-cpu sum` that did not apply).
+    pub(crate) fn finish(
+        &mut self,
+        out: &mut dyn io::Write,
+        err: &mut dyn io::Write,
+    ) -> io::Result<()> {
+        if let Some(t) = &mut self.table {
+            t.finish(out)?;
+        }
+        if std::mem::take(&mut self.sum_ignored) {
+            writeln!(
+                err,
+                "--per-cpu sum: the map's values are not per-CPU; they are shown as they are"
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A table row: a table of `header`'s columns is started by the first
+    /// (a row of other columns starts another).
+    fn table_row(
+        &mut self,
+        out: &mut dyn io::Write,
+        header: Vec<String>,
+        row: &[String],
+    ) -> io::Result<()> {
+        if self.table.as_ref().is_none_or(|t| t.header() != header) {
+            if let Some(mut done) = self.table.take() {
+                done.finish(out)?;
+            }
+            self.table = Some(Table::new(header));
+        }
+        self.table.as_mut().expect("a table").row(out, row)
+    }
+
+    /// Notes a single value under `--per-cpu sum`.
+    fn saw(&mut self, value: ValueRef<'_>) {
+        if self.per_cpu == PerCpu::Sum && matches!(value, ValueRef::Single(_)) {
+            self.sum_ignored = true;
         }
     }
 
@@ -216,7 +261,8 @@ impl Printer {
         }
     }
 
-    /// A decoded value as JSON text: per CPU, or summed.
+    /// A decoded value as JSON text (per CPU, or summed), and the name of
+    /// its field: `value`, or `per_cpu_values`.
     fn typed_value(
         per_cpu: PerCpu,
         types: &MapTypes,
@@ -231,13 +277,8 @@ impl Printer {
             ValueRef::PerCpu(_) if per_cpu == PerCpu::Sum => {
                 types
                     .render_sum(value, &mut JsonWriter::new(out))
-                    .map_err(|e| {
-                        io::Error::new(
-                            io::ErrorKind::InvalidInput,
-                            format!("--per-cpu sum: {e} (use --per-cpu list)"),
-                        )
-                    })?;
-                "value_sum"
+                    .map_err(unsummable)?;
+                "value"
             }
             ValueRef::PerCpu(_) => {
                 types.render_value(value, &mut JsonWriter::new(out));
@@ -248,55 +289,33 @@ impl Printer {
     }
 
     /// A row of a typed table: the target, then the key's and the value's
-    /// members (or KEY / VALUE for types that are not records); the header
-    /// comes from the first row.
+    /// members (or KEY / VALUE for types that are not records).
     fn typed_row(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
         types: &MapTypes,
-        key: &[u8],
         found: Option<bool>,
-        value: Option<ValueRef<'_>>,
+        entry: EntryRef<'_>,
     ) -> io::Result<()> {
-        let mut row = cells(types.key(), &types.decode_key(key), "KEY");
+        let mut row = vec![("TARGET".to_owned(), target.to_string())];
+        row.extend(cells(types.key(), &types.decode_key(entry.key), "KEY"));
         if let Some(found) = found {
             row.push(("FOUND".into(), if found { "yes" } else { "no" }.into()));
         }
-        match value {
-            Some(v @ ValueRef::PerCpu(_)) if self.per_cpu == PerCpu::Sum => {
-                let sum = types.sum_value(v).map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("--per-cpu sum: {e} (use --per-cpu list)"),
-                    )
-                })?;
+        match entry.value {
+            _ if found == Some(false) => row.push(("VALUE".into(), String::new())),
+            v @ ValueRef::PerCpu(_) if self.per_cpu == PerCpu::Sum => {
+                let sum = types.sum_value(v).map_err(unsummable)?;
                 row.extend(cells(types.value(), &sum, "VALUE"));
             }
-            Some(v @ ValueRef::PerCpu(_)) => {
+            v @ ValueRef::PerCpu(_) => {
                 row.push(("PER_CPU_VALUES".into(), cell(&types.decode_value(v))));
             }
-            Some(v) => row.extend(cells(types.value(), &types.decode_value(v), "VALUE")),
-            None => {}
+            v => row.extend(cells(types.value(), &types.decode_value(v), "VALUE")),
         }
-        if !self.header {
-            self.header = true;
-            self.columns = row
-                .iter()
-                .map(|(name, text)| (name.clone(), name.len().max(text.len())))
-                .collect();
-            let mut line = format!("{:tw$}", "TARGET", tw = self.target_width);
-            for (name, width) in &self.columns {
-                line.push_str(&format!("  {name:width$}"));
-            }
-            writeln!(out, "{}", line.trim_end())?;
-        }
-        let mut line = format!("{:tw$}", target.as_str(), tw = self.target_width);
-        for (i, (_, text)) in row.iter().enumerate() {
-            let width = self.columns.get(i).map_or(0, |c| c.1);
-            line.push_str(&format!("  {text:width$}"));
-        }
-        writeln!(out, "{}", line.trim_end())
+        let (header, cells): (Vec<String>, Vec<String>) = row.into_iter().unzip();
+        self.table_row(out, header, &cells)
     }
 
     /// One dump entry, decoded through `types` when given.
@@ -310,8 +329,9 @@ impl Printer {
         let Some(types) = types.filter(|_| self.format != Format::Hex) else {
             return self.entry(out, target, e);
         };
+        self.saw(e.value);
         match self.format {
-            Format::Table => self.typed_row(out, target, types, e.key, None, Some(e.value)),
+            Format::Table => self.typed_row(out, target, types, None, e),
             _ => {
                 self.value.clear();
                 let field = Self::typed_value(self.per_cpu, types, e.value, &mut self.value)?;
@@ -329,7 +349,8 @@ impl Printer {
         }
     }
 
-    /// A lookup result, decoded through `types` when given.
+    /// A lookup result, decoded through `types` when given:
+    /// `{"target","key","found"}` and, when found, its value.
     pub(crate) fn typed_lookup(
         &mut self,
         out: &mut dyn io::Write,
@@ -341,35 +362,44 @@ impl Printer {
             return self.lookup(out, target, r);
         };
         let value = r.value();
-        match self.format {
-            Format::Table => self.typed_row(out, target, types, r.key(), Some(r.found()), value),
+        if let Some(v) = value {
+            self.saw(v);
+        }
+        match (self.format, value) {
+            (Format::Table, Some(v)) => {
+                let entry = EntryRef {
+                    key: r.key(),
+                    value: v,
+                };
+                self.typed_row(out, target, types, Some(true), entry)
+            }
+            (Format::Table, None) => {
+                let entry = EntryRef {
+                    key: r.key(),
+                    value: ValueRef::Single(&[]),
+                };
+                self.typed_row(out, target, types, Some(false), entry)
+            }
             _ => {
-                let mut json = Vec::new();
-                json.extend_from_slice(b"{\"target\":");
-                write_json_string(&mut json, target.as_str());
-                json.extend_from_slice(b",\"key\":");
-                types.key().write_json(r.key(), &mut json);
-                json.extend_from_slice(if r.found() {
-                    b",\"found\":true" as &[u8]
-                } else {
-                    b",\"found\":false"
-                });
+                self.start_json_line(target);
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(b"\"key\":");
+                types.key().write_json(r.key(), &mut line);
+                line.extend_from_slice(found_field(r.found()));
                 if let Some(v) = value {
                     let mut text = Vec::new();
                     let field = Self::typed_value(self.per_cpu, types, v, &mut text)?;
-                    json.extend_from_slice(b",\"");
-                    json.extend_from_slice(field.as_bytes());
-                    json.extend_from_slice(b"\":");
-                    json.extend_from_slice(&text);
+                    line.extend_from_slice(b",\"");
+                    line.extend_from_slice(field.as_bytes());
+                    line.extend_from_slice(b"\":");
+                    line.extend_from_slice(&text);
                 }
-                json.extend_from_slice(b"}\n");
-                out.write_all(&json)
+                line.extend_from_slice(b"}\n");
+                let written = out.write_all(&line);
+                self.line = line;
+                written
             }
         }
-    }
-
-    fn value_text(&self, value: ValueRef<'_>) -> io::Result<(String, Json)> {
-        value_text(self.per_cpu, value)
     }
 
     /// One dump entry, written straight into the line (no JSON value or
@@ -380,45 +410,28 @@ impl Printer {
         target: &Target,
         e: EntryRef<'_>,
     ) -> io::Result<()> {
+        self.saw(e.value);
         match self.format {
             Format::Json => self.json_entry(target, e)?,
             Format::Hex => self.hex_entry(target, e)?,
-            Format::Table => self.table_entry(out, target, e)?,
+            Format::Table => {
+                let value = value_text(self.per_cpu, e.value)?;
+                let header = ["TARGET", "KEY", "VALUE"].map(String::from).to_vec();
+                return self.table_row(out, header, &[target.to_string(), hex(e.key), value]);
+            }
         }
         out.write_all(&self.line)
     }
 
-    /// `{"target":..,"key":"..","value":".."}` (or `"per_cpu_values"`,
-    /// `"value_sum"`) into the line.
+    /// `{"target":..,"key":"..","value":".."}` (or `"per_cpu_values"`)
+    /// into the line.
     fn json_entry(&mut self, target: &Target, e: EntryRef<'_>) -> io::Result<()> {
         self.start_json_line(target);
         let line = &mut self.line;
         line.extend_from_slice(b"\"key\":\"");
         push_hex(line, e.key);
-        match e.value {
-            ValueRef::Single(v) => {
-                line.extend_from_slice(b"\",\"value\":\"");
-                push_hex(line, v);
-                line.push(b'"');
-            }
-            ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
-                line.extend_from_slice(b"\",\"value_sum\":\"");
-                line.extend_from_slice(sum(vs)?.as_bytes());
-                line.push(b'"');
-            }
-            ValueRef::PerCpu(vs) => {
-                line.extend_from_slice(b"\",\"per_cpu_values\":[");
-                for (i, v) in vs.iter().enumerate() {
-                    if i > 0 {
-                        line.push(b',');
-                    }
-                    line.push(b'"');
-                    push_hex(line, v);
-                    line.push(b'"');
-                }
-                line.push(b']');
-            }
-        }
+        line.push(b'"');
+        push_value(line, self.per_cpu, e.value)?;
         line.extend_from_slice(b"}\n");
         Ok(())
     }
@@ -427,86 +440,62 @@ impl Printer {
     fn hex_entry(&mut self, target: &Target, e: EntryRef<'_>) -> io::Result<()> {
         let line = &mut self.line;
         line.clear();
-        line.extend_from_slice(target.as_str().as_bytes());
+        line.extend_from_slice(safe(target.as_str()).as_bytes());
         line.push(b' ');
         push_hex(line, e.key);
         line.push(b' ');
-        match e.value {
-            ValueRef::Single(v) => push_hex(line, v),
-            ValueRef::PerCpu(vs) if self.per_cpu == PerCpu::Sum => {
-                line.extend_from_slice(sum(vs)?.as_bytes());
-            }
-            ValueRef::PerCpu(vs) => {
-                for (i, v) in vs.iter().enumerate() {
-                    if i > 0 {
-                        line.push(b',');
-                    }
-                    push_hex(line, v);
-                }
-            }
-        }
+        line.extend_from_slice(value_text(self.per_cpu, e.value)?.as_bytes());
         line.push(b'\n');
         Ok(())
     }
 
-    /// A table row into the line (the header first, to `out`).
-    fn table_entry(
-        &mut self,
-        out: &mut dyn io::Write,
-        target: &Target,
-        e: EntryRef<'_>,
-    ) -> io::Result<()> {
-        let (value, _) = self.value_text(e.value)?;
-        let (tw, kw) = (self.target_width, e.key.len() * 2);
-        if !self.header {
-            self.header = true;
-            writeln!(out, "{:tw$}  {:kw$}  VALUE", "TARGET", "KEY")?;
-        }
-        self.line.clear();
-        let row = format!("{:tw$}  {:kw$}  {value}\n", target.as_str(), hex(e.key));
-        self.line.extend_from_slice(row.as_bytes());
-        Ok(())
-    }
-
-    /// A lookup result.
+    /// A lookup result of an untyped map.
     pub(crate) fn lookup(
         &mut self,
         out: &mut dyn io::Write,
         target: &Target,
         r: &LookupResult,
     ) -> io::Result<()> {
-        let text = r.value().map(|v| self.value_text(v)).transpose()?;
+        if let Some(v) = r.value() {
+            self.saw(v);
+        }
         let key = hex(r.key());
         match self.format {
             Format::Json => {
-                let mut obj = json!({"target": target.as_str(), "key": key, "found": r.found()});
-                if let (Some(o), Some((_, Json::Object(v)))) = (obj.as_object_mut(), text) {
-                    o.extend(v);
+                self.start_json_line(target);
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(b"\"key\":");
+                write_json_string(&mut line, &key);
+                line.extend_from_slice(found_field(r.found()));
+                if let Some(v) = r.value() {
+                    push_value(&mut line, self.per_cpu, v)?;
                 }
-                writeln!(out, "{obj}")
+                line.extend_from_slice(b"}\n");
+                let written = out.write_all(&line);
+                self.line = line;
+                written
             }
             Format::Hex => {
-                let value = text.map_or("-".to_owned(), |(t, _)| t);
-                writeln!(out, "{target} {key} {value}")
+                let value = r.value().map(|v| value_text(self.per_cpu, v)).transpose()?;
+                let value = value.unwrap_or_else(|| "-".to_owned());
+                writeln!(out, "{} {key} {value}", safe(target.as_str()))
             }
             Format::Table => {
-                let (tw, kw) = (self.target_width, key.len());
-                if !self.header {
-                    self.header = true;
-                    writeln!(out, "{:tw$}  {:kw$}  FOUND  VALUE", "TARGET", "KEY")?;
-                }
+                let value = r.value().map(|v| value_text(self.per_cpu, v)).transpose()?;
                 let found = if r.found() { "yes" } else { "no" };
-                let value = text.map_or(String::new(), |(t, _)| t);
-                writeln!(
-                    out,
-                    "{:tw$}  {key:kw$}  {found:5}  {value}",
-                    target.as_str()
-                )
+                let header = ["TARGET", "KEY", "FOUND", "VALUE"].map(String::from);
+                let row = [
+                    target.to_string(),
+                    key,
+                    found.into(),
+                    value.unwrap_or_default(),
+                ];
+                self.table_row(out, header.to_vec(), &row)
             }
         }
     }
 
-    /// Map descriptions (ListMaps, GetMap).
+    /// Map descriptions (ListMaps).
     pub(crate) fn maps(
         &mut self,
         out: &mut dyn io::Write,
@@ -515,11 +504,12 @@ impl Printer {
     ) -> io::Result<()> {
         for m in maps {
             match self.format {
-                Format::Json => writeln!(out, "{}", map_json(target, m))?,
+                Format::Json => out.write_all(&map_json(target, m))?,
                 Format::Hex => writeln!(
                     out,
-                    "{target} {} {} {} {} {} {}",
-                    m.map_name(),
+                    "{} {} {} {} {} {} {}",
+                    safe(target.as_str()),
+                    safe(&m.map_name().to_string()),
                     m.type_name(),
                     m.id(),
                     m.key_size(),
@@ -532,31 +522,222 @@ impl Printer {
         Ok(())
     }
 
-    /// A map as a table row (the header first).
-    fn map_row(&mut self, out: &mut dyn io::Write, target: &Target, m: &MapInfo) -> io::Result<()> {
-        let tw = self.target_width;
-        if !self.header {
-            self.header = true;
-            writeln!(
-                out,
-                "{:tw$}  {:32}  {:15}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}  OWNERS",
-                "TARGET", "MAP", "NAME", "TYPE", "ID", "KEY", "VALUE", "MAX",
-            )?;
+    /// One map described (GetMap): as a JSON line, or every field a row.
+    pub(crate) fn map(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        m: &MapInfo,
+    ) -> io::Result<()> {
+        if self.format != Format::Table {
+            return self.maps(out, target, std::slice::from_ref(m));
         }
-        writeln!(
-            out,
-            "{:tw$}  {:32}  {:15}  {:16}  {:>8}  {:>5}  {:>7}  {:>10}  {}",
-            target.as_str(),
-            m.map_name().to_string(),
-            m.name(),
-            m.type_name(),
-            m.id(),
-            m.key_size(),
-            m.value_size(),
-            m.max_entries(),
-            owners_text(m),
-        )
+        let header = ["TARGET", "FIELD", "VALUE"].map(String::from).to_vec();
+        for (field, value) in map_fields(m) {
+            let row = [target.to_string(), field.to_owned(), value];
+            self.table_row(out, header.clone(), &row)?;
+        }
+        Ok(())
     }
+
+    /// A map as a table row.
+    fn map_row(&mut self, out: &mut dyn io::Write, target: &Target, m: &MapInfo) -> io::Result<()> {
+        let header = [
+            "TARGET", "MAP", "NAME", "TYPE", "ID", "KEY", "VALUE", "MAX", "OWNERS",
+        ]
+        .map(String::from)
+        .to_vec();
+        let row = [
+            target.to_string(),
+            m.map_name().to_string(),
+            m.name().to_owned(),
+            m.type_name().to_owned(),
+            m.id().to_string(),
+            m.key_size().to_string(),
+            m.value_size().to_string(),
+            m.max_entries().to_string(),
+            owners_text(m),
+        ];
+        self.table_row(out, header, &row)
+    }
+}
+
+/// One change a watch saw: its type, its entry as a dump shows it (the
+/// decoding the daemon did when the map's types are not known here), and
+/// what moved: each counter's delta (an exact decimal) and rate, in the
+/// order of `counters` (the members' declaration order).
+#[derive(Debug)]
+pub(crate) struct Change<'a> {
+    pub(crate) kind: &'a str,
+    pub(crate) entry: EntryRef<'a>,
+    /// The daemon's decoding of the entry, for a map without types here.
+    pub(crate) decoded: (
+        Option<&'a prost_types::Value>,
+        Option<&'a prost_types::Value>,
+    ),
+    pub(crate) deltas: Vec<(&'a str, &'a str, f64)>,
+    pub(crate) resets: &'a [String],
+}
+
+impl Printer {
+    /// A watch's change: a JSON line
+    /// `{"target","type","key","value"|"per_cpu_values","deltas","rates","resets"}`,
+    /// or a table row.
+    pub(crate) fn change(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        c: &Change<'_>,
+        types: Option<&MapTypes>,
+    ) -> io::Result<()> {
+        let deltas: Vec<String> = c
+            .deltas
+            .iter()
+            .map(|(path, d, _)| {
+                let name = path.strip_prefix("value.").unwrap_or(path);
+                let sign = if d.starts_with('-') { "" } else { "+" };
+                format!("{name} {sign}{d}")
+            })
+            .collect();
+        if self.format == Format::Table {
+            let mut row = vec![("TARGET".to_owned(), target.to_string())];
+            row.push(("TYPE".into(), c.kind.to_owned()));
+            row.extend(self.entry_cells(c, types)?);
+            row.push(("DELTAS".into(), deltas.join(" ")));
+            let (header, cells): (Vec<String>, Vec<String>) = row.into_iter().unzip();
+            return self.table_row(out, header, &cells);
+        }
+        self.start_json_line(target);
+        let mut line = std::mem::take(&mut self.line);
+        line.extend_from_slice(b"\"type\":");
+        write_json_string(&mut line, c.kind);
+        line.extend_from_slice(b",\"key\":");
+        match (types, c.decoded.0) {
+            (Some(t), _) => t.key().write_json(c.entry.key, &mut line),
+            (None, Some(k)) => write_value(k, &mut line),
+            (None, None) => write_json_string(&mut line, &hex(c.entry.key)),
+        }
+        match (types, c.decoded.1) {
+            (Some(t), _) => {
+                let mut text = Vec::new();
+                let field = Self::typed_value(self.per_cpu, t, c.entry.value, &mut text)?;
+                line.extend_from_slice(b",\"");
+                line.extend_from_slice(field.as_bytes());
+                line.extend_from_slice(b"\":");
+                line.extend_from_slice(&text);
+            }
+            (None, Some(v)) => {
+                let field: &[u8] = match c.entry.value {
+                    ValueRef::PerCpu(_) if self.per_cpu == PerCpu::List => b",\"per_cpu_values\":",
+                    _ => b",\"value\":",
+                };
+                line.extend_from_slice(field);
+                write_value(v, &mut line);
+            }
+            (None, None) => push_value(&mut line, self.per_cpu, c.entry.value)?,
+        }
+        if !c.deltas.is_empty() {
+            let deltas = c.deltas.iter().map(|(p, d, _)| (*p, json!(d)));
+            line.extend_from_slice(b",\"deltas\":");
+            push_object(&mut line, deltas);
+            let rates = c.deltas.iter().map(|(p, _, r)| (*p, json!(r)));
+            line.extend_from_slice(b",\"rates\":");
+            push_object(&mut line, rates);
+        }
+        if !c.resets.is_empty() {
+            line.extend_from_slice(b",\"resets\":");
+            line.extend_from_slice(json!(c.resets).to_string().as_bytes());
+        }
+        line.extend_from_slice(b"}\n");
+        let written = out.write_all(&line);
+        self.line = line;
+        written
+    }
+
+    /// A change's key and value as table cells.
+    fn entry_cells(
+        &self,
+        c: &Change<'_>,
+        types: Option<&MapTypes>,
+    ) -> io::Result<Vec<(String, String)>> {
+        let mut row = Vec::new();
+        let Some(t) = types else {
+            let text =
+                |v: Option<&prost_types::Value>, bytes: &[u8]| v.map_or_else(|| hex(bytes), cell);
+            row.push(("KEY".into(), text(c.decoded.0, c.entry.key)));
+            let raw = match c.entry.value {
+                ValueRef::Single(v) => hex(v),
+                v => value_text(self.per_cpu, v)?,
+            };
+            row.push(("VALUE".into(), c.decoded.1.map_or(raw, cell)));
+            return Ok(row);
+        };
+        row.extend(cells(t.key(), &t.decode_key(c.entry.key), "KEY"));
+        match c.entry.value {
+            v @ ValueRef::PerCpu(_) if self.per_cpu == PerCpu::Sum => {
+                let sum = t.sum_value(v).map_err(unsummable)?;
+                row.extend(cells(t.value(), &sum, "VALUE"));
+            }
+            v @ ValueRef::PerCpu(_) => {
+                row.push(("PER_CPU_VALUES".into(), cell(&t.decode_value(v))));
+            }
+            v => row.extend(cells(t.value(), &t.decode_value(v), "VALUE")),
+        }
+        Ok(row)
+    }
+}
+
+/// A JSON object of `fields`, in their order, appended to `line`.
+pub(crate) fn push_object<'a>(line: &mut Vec<u8>, fields: impl Iterator<Item = (&'a str, Json)>) {
+    line.push(b'{');
+    for (i, (name, value)) in fields.enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        write_json_string(line, name);
+        line.push(b':');
+        line.extend_from_slice(value.to_string().as_bytes());
+    }
+    line.push(b'}');
+}
+
+/// `,"found":true` or `,"found":false`.
+fn found_field(found: bool) -> &'static [u8] {
+    if found {
+        b",\"found\":true"
+    } else {
+        b",\"found\":false"
+    }
+}
+
+/// An untyped value's field: `,"value":"..hex.."` (summed: its exact
+/// decimal sum), or `,"per_cpu_values":[..]`.
+fn push_value(line: &mut Vec<u8>, per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<()> {
+    match value {
+        ValueRef::Single(v) => {
+            line.extend_from_slice(b",\"value\":\"");
+            push_hex(line, v);
+            line.push(b'"');
+        }
+        ValueRef::PerCpu(vs) if per_cpu == PerCpu::Sum => {
+            line.extend_from_slice(b",\"value\":\"");
+            line.extend_from_slice(sum(vs)?.as_bytes());
+            line.push(b'"');
+        }
+        ValueRef::PerCpu(vs) => {
+            line.extend_from_slice(b",\"per_cpu_values\":[");
+            for (i, v) in vs.iter().enumerate() {
+                if i > 0 {
+                    line.push(b',');
+                }
+                line.push(b'"');
+                push_hex(line, v);
+                line.push(b'"');
+            }
+            line.push(b']');
+        }
+    }
+    Ok(())
 }
 
 /// Who holds a map, for a table: its processes (`comm[pid]`), else its
@@ -576,41 +757,150 @@ fn owners_text(m: &MapInfo) -> String {
     }
 }
 
-/// A map as a JSON line: everything GetMap says about it.
-fn map_json(target: &Target, m: &MapInfo) -> Json {
-    let types = match m.types() {
-        Ok(Some(t)) => json!(t.to_string()),
-        Ok(None) => match m.types_unavailable() {
-            Some(why) => json!(format!("unavailable: {why}")),
-            None => Json::Null,
-        },
-        Err(e) => json!(format!("unusable: {e}")),
+/// A map's types as text: "key ..., value ...", why they are unavailable,
+/// or nothing.
+fn types_text(m: &MapInfo) -> Option<String> {
+    match m.types() {
+        Ok(Some(t)) => Some(t.to_string()),
+        Ok(None) => m
+            .types_unavailable()
+            .map(|why| format!("unavailable: {why}")),
+        Err(e) => Some(format!("unusable: {e}")),
+    }
+}
+
+/// Every field of a map's description as `show` tables it, in the JSON
+/// line's order.
+fn map_fields(m: &MapInfo) -> Vec<(&'static str, String)> {
+    let p = m.as_proto();
+    let list = |items: Vec<String>| match items.is_empty() {
+        true => "-".to_owned(),
+        false => items.join(", "),
+    };
+    vec![
+        ("path", p.path.clone()),
+        ("id", m.id().to_string()),
+        ("name", m.name().to_owned()),
+        ("type", m.type_name().to_owned()),
+        ("key_size", m.key_size().to_string()),
+        ("value_size", m.value_size().to_string()),
+        ("max_entries", m.max_entries().to_string()),
+        ("flags", format!("{:#x}", m.flags())),
+        ("per_cpu", m.per_cpu().to_string()),
+        ("possible_cpus", m.possible_cpus().to_string()),
+        ("dump_method", m.dump_method().as_str().to_owned()),
+        ("types", types_text(m).unwrap_or_else(|| "-".into())),
+        (
+            "render",
+            list(p.render.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        ),
+        ("pins", list(m.pins().to_vec())),
+        (
+            "programs",
+            list(
+                m.programs()
+                    .iter()
+                    .map(|p| format!("{} (id {}, {})", p.name, p.id, p.r#type))
+                    .collect(),
+            ),
+        ),
+        (
+            "owners",
+            list(
+                m.owners()
+                    .iter()
+                    .map(|o| format!("{}[{}]", o.comm, o.pid))
+                    .collect(),
+            ),
+        ),
+        (
+            "memlock",
+            m.memlock().map_or_else(|| "-".into(), |b| b.to_string()),
+        ),
+        (
+            "btf",
+            format!(
+                "id {}, key type {}, value type {}",
+                p.btf_id, p.btf_key_type_id, p.btf_value_type_id
+            ),
+        ),
+        (
+            "holders_incomplete",
+            m.holders_incomplete().unwrap_or("-").to_owned(),
+        ),
+    ]
+}
+
+/// A map as a JSON line: everything GetMap says about it, `target` first.
+fn map_json(target: &Target, m: &MapInfo) -> Vec<u8> {
+    let types = match types_text(m) {
+        Some(t) => json!(t),
+        None => Json::Null,
     };
     let p = m.as_proto();
-    json!({
-        "target": target.as_str(),
-        "path": p.path,
-        "id": m.id(),
-        "name": m.name(),
-        "type": m.type_name(),
-        "key_size": m.key_size(),
-        "value_size": m.value_size(),
-        "max_entries": m.max_entries(),
-        "flags": m.flags(),
-        "per_cpu": m.per_cpu(),
-        "possible_cpus": m.possible_cpus(),
-        "btf_id": p.btf_id,
-        "btf_key_type_id": p.btf_key_type_id,
-        "btf_value_type_id": p.btf_value_type_id,
-        "dump_method": m.dump_method().as_str(),
-        "types": types,
-        "render": p.render.iter().collect::<std::collections::BTreeMap<_, _>>(),
-        "pins": m.pins(),
-        "programs": m.programs().iter().map(|p| json!({"id": p.id, "name": p.name, "type": p.r#type})).collect::<Vec<_>>(),
-        "owners": m.owners().iter().map(|o| json!({"pid": o.pid, "comm": o.comm})).collect::<Vec<_>>(),
-        "memlock": m.memlock(),
-        "holders_incomplete": m.holders_incomplete(),
-    })
+    let fields: [(&str, Json); 22] = [
+        ("target", json!(target.as_str())),
+        ("path", json!(p.path)),
+        ("id", json!(m.id())),
+        ("name", json!(m.name())),
+        ("type", json!(m.type_name())),
+        ("key_size", json!(m.key_size())),
+        ("value_size", json!(m.value_size())),
+        ("max_entries", json!(m.max_entries())),
+        ("flags", json!(m.flags())),
+        ("per_cpu", json!(m.per_cpu())),
+        ("possible_cpus", json!(m.possible_cpus())),
+        ("btf_id", json!(p.btf_id)),
+        ("btf_key_type_id", json!(p.btf_key_type_id)),
+        ("btf_value_type_id", json!(p.btf_value_type_id)),
+        ("dump_method", json!(m.dump_method().as_str())),
+        ("types", types),
+        (
+            "render",
+            json!(
+                p.render
+                    .iter()
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            ),
+        ),
+        ("pins", json!(m.pins())),
+        (
+            "programs",
+            Json::Array(
+                m.programs()
+                    .iter()
+                    .map(|p| json!({"id": p.id, "name": p.name, "type": p.r#type}))
+                    .collect(),
+            ),
+        ),
+        (
+            "owners",
+            Json::Array(
+                m.owners()
+                    .iter()
+                    .map(|o| json!({"pid": o.pid, "comm": o.comm}))
+                    .collect(),
+            ),
+        ),
+        ("memlock", json!(m.memlock())),
+        ("holders_incomplete", json!(m.holders_incomplete())),
+    ];
+    ordered_line(&fields)
+}
+
+/// A JSON object line with its fields in the order given.
+pub(crate) fn ordered_line(fields: &[(&str, Json)]) -> Vec<u8> {
+    let mut line = vec![b'{'];
+    for (i, (name, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        write_json_string(&mut line, name);
+        line.push(b':');
+        line.extend_from_slice(value.to_string().as_bytes());
+    }
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// A progress display on stderr (only when stderr is a terminal): targets
@@ -732,10 +1022,10 @@ mod tests {
             value: Value::PerCpu(vec![vec![1, 0], vec![2, 0]]),
         };
         let mut out = Vec::new();
-        let mut p = Printer::new(Format::Json, PerCpu::List, 0);
+        let mut p = Printer::new(Format::Json, PerCpu::List);
         p.entry(&mut out, &t, single.view()).unwrap();
         p.entry(&mut out, &t, per_cpu.view()).unwrap();
-        let mut sum = Printer::new(Format::Json, PerCpu::Sum, 0);
+        let mut sum = Printer::new(Format::Json, PerCpu::Sum);
         sum.entry(&mut out, &t, per_cpu.view()).unwrap();
         let lines: Vec<Json> = String::from_utf8(out)
             .unwrap()
@@ -750,13 +1040,14 @@ mod tests {
             lines[1],
             json!({"target": "10.0.0.7:50051", "key": "0102", "per_cpu_values": ["0100", "0200"]})
         );
+        // A sum is the value, as one exact decimal.
         assert_eq!(
             lines[2],
-            json!({"target": "10.0.0.7:50051", "key": "0102", "value_sum": "3"})
+            json!({"target": "10.0.0.7:50051", "key": "0102", "value": "3"})
         );
 
         let mut out = Vec::new();
-        Printer::new(Format::Hex, PerCpu::List, 0)
+        Printer::new(Format::Hex, PerCpu::List)
             .entry(&mut out, &t, per_cpu.view())
             .unwrap();
         assert_eq!(
@@ -765,12 +1056,19 @@ mod tests {
         );
 
         let mut out = Vec::new();
-        let mut table = Printer::new(Format::Table, PerCpu::Sum, t.as_str().len());
+        let mut table = Printer::new(Format::Table, PerCpu::Sum);
         table.entry(&mut out, &t, per_cpu.view()).unwrap();
         table.entry(&mut out, &t, single.view()).unwrap();
+        let mut err = Vec::new();
+        table.finish(&mut out, &mut err).unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "TARGET          KEY   VALUE\n10.0.0.7:50051  0102  3\n10.0.0.7:50051  0102  ff\n"
+        );
+        // The single value was not summed, and the user is told.
+        assert_eq!(
+            String::from_utf8(err).unwrap(),
+            "--per-cpu sum: the map's values are not per-CPU; they are shown as they are\n"
         );
     }
 }

@@ -71,13 +71,12 @@ impl Setup {
         } else {
             Format::Json
         });
-        let width = targets.iter().map(|t| t.as_str().len()).max().unwrap_or(0);
         Ok(Self {
             progress: Progress::new(terminals.stderr, targets.len()),
             targets,
             connect,
             options,
-            printer: Printer::new(format, cli.per_cpu, width),
+            printer: Printer::new(format, cli.per_cpu),
             decode: !(cli.raw || format == Format::Hex),
             inner: cli.inner.clone(),
             declared: (cli.key_type.is_some() || cli.value_type.is_some()).then(|| {

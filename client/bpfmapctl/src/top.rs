@@ -15,6 +15,7 @@ use crate::{
     output::{Format, PerCpu, cell, write_value},
     render_pairs,
     setup::Setup,
+    table::Table,
     usage,
 };
 
@@ -49,7 +50,7 @@ pub(crate) async fn run(
         Format::Table => table(io.out, &args, &names, &result.groups)?,
         _ => {
             for g in &result.groups {
-                io.out.write_all(&json_line(g, &names, args.hosts))?;
+                io.out.write_all(&json_line(g, &args.group_by, &names))?;
             }
         }
     }
@@ -88,19 +89,21 @@ fn refused(reports: &[TargetReport]) -> Option<anyhow::Error> {
     })
 }
 
-/// `{"key":{...},"values":{"sum(value.bytes)":"123"},"hosts":[...]}`;
-/// values as exact decimal strings (null for the MIN or MAX of nothing).
-fn json_line(g: &FleetGroup, names: &[String], hosts: bool) -> Vec<u8> {
-    let mut line = b"{\"key\":{".to_vec();
-    for (i, (path, v)) in g.group.key().iter().enumerate() {
+/// `{"targets":[...],"key":{"key.daddr":...},"values":{"sum(value.bytes)":"123"}}`:
+/// the targets that hold the group, its key's members in `group_by`'s
+/// order, its values as exact decimal strings (null for the MIN or MAX of
+/// nothing).
+pub(crate) fn json_line(g: &FleetGroup, group_by: &[String], names: &[String]) -> Vec<u8> {
+    let mut line = b"{\"targets\":[".to_vec();
+    for (i, t) in g.hosts.iter().enumerate() {
         if i > 0 {
             line.push(b',');
         }
-        write_json_string(&mut line, path);
-        line.push(b':');
-        write_value(v, &mut line);
+        write_json_string(&mut line, t.as_str());
     }
-    line.extend_from_slice(b"},\"values\":{");
+    line.extend_from_slice(b"],\"key\":");
+    key_object(&mut line, group_by, g.group.key());
+    line.extend_from_slice(b",\"values\":{");
     for (i, (name, v)) in names.iter().zip(g.group.values()).enumerate() {
         if i > 0 {
             line.push(b',');
@@ -112,22 +115,34 @@ fn json_line(g: &FleetGroup, names: &[String], hosts: bool) -> Vec<u8> {
             None => line.extend_from_slice(b"null"),
         }
     }
-    line.push(b'}');
-    if hosts {
-        line.extend_from_slice(b",\"hosts\":[");
-        for (i, t) in g.hosts.iter().enumerate() {
-            if i > 0 {
-                line.push(b',');
-            }
-            write_json_string(&mut line, t.as_str());
-        }
-        line.push(b']');
-    }
-    line.extend_from_slice(b"}\n");
+    line.extend_from_slice(b"}}\n");
     line
 }
 
-/// Aligned columns: the group-by members, the aggregates, the hosts.
+/// A group's key as a JSON object: each group-by path to its member's
+/// value, in `group_by`'s order.
+pub(crate) fn key_object(
+    line: &mut Vec<u8>,
+    group_by: &[String],
+    key: &std::collections::BTreeMap<String, prost_types::Value>,
+) {
+    line.push(b'{');
+    for (i, path) in group_by.iter().enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        write_json_string(line, path);
+        line.push(b':');
+        match key.get(path) {
+            Some(v) => write_value(v, line),
+            None => line.extend_from_slice(b"null"),
+        }
+    }
+    line.push(b'}');
+}
+
+/// Aligned columns: the group-by members, the aggregates, the targets
+/// (with `--hosts`).
 fn table(
     out: &mut dyn io::Write,
     args: &TopArgs,
@@ -137,47 +152,28 @@ fn table(
     let mut header: Vec<String> = args.group_by.clone();
     header.extend(names.iter().cloned());
     if args.hosts {
-        header.push("HOSTS".into());
+        header.push("TARGETS".into());
     }
-    let rows: Vec<Vec<String>> = groups
-        .iter()
-        .map(|g| {
-            let mut row: Vec<String> = args
-                .group_by
-                .iter()
-                .map(|p| g.group.key().get(p).map(cell).unwrap_or_default())
-                .collect();
-            row.extend(
-                g.group
-                    .values()
-                    .iter()
-                    .map(|v| v.map_or_else(|| "-".to_owned(), |v| v.to_string())),
-            );
-            if args.hosts {
-                let hosts: Vec<&str> = g.hosts.iter().map(|t| t.as_str()).collect();
-                row.push(hosts.join(","));
-            }
-            row
-        })
-        .collect();
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([header[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for row in std::iter::once(&header).chain(&rows) {
-        let cells: Vec<String> = row
+    let mut table = Table::new(header);
+    for g in groups {
+        let mut row: Vec<String> = args
+            .group_by
             .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:w$}"))
+            .map(|p| g.group.key().get(p).map(cell).unwrap_or_default())
             .collect();
-        writeln!(out, "{}", cells.join("  ").trim_end())?;
+        row.extend(
+            g.group
+                .values()
+                .iter()
+                .map(|v| v.map_or_else(|| "-".to_owned(), |v| v.to_string())),
+        );
+        if args.hosts {
+            let hosts: Vec<&str> = g.hosts.iter().map(|t| t.as_str()).collect();
+            row.push(hosts.join(","));
+        }
+        table.row(out, &row)?;
     }
-    Ok(())
+    table.finish(out)
 }
 
 /// One line per target that failed, then for a fleet the totals and how

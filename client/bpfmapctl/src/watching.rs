@@ -9,7 +9,8 @@ use std::{
 
 use bpfmap_client::aggregate_values::{self as values, Op};
 use bpfmap_client::{
-    Aggregate, AggregateOp, Error, FleetEvent, FleetWatchOptions, Scan, Target, WatchOptions, pb,
+    Aggregate, AggregateOp, EntryRef, Error, FleetEvent, FleetWatchOptions, PerCpuValues, Scan,
+    Target, ValueRef, WatchOptions, pb,
 };
 use serde_json::{Value as Json, json};
 
@@ -17,36 +18,12 @@ use crate::{
     TopArgs, WatchArgs,
     drive::Io,
     live::{self, Cell, Row, Snapshot, ViewState},
-    output::PerCpu,
+    output::{Change, PerCpu, Printer, cell, push_object},
     render_pairs,
     setup::Setup,
+    table::Table,
     usage,
 };
-
-fn json_of(v: Option<&prost_types::Value>) -> Json {
-    use prost_types::value::Kind;
-    let Some(v) = v else { return Json::Null };
-    match &v.kind {
-        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9.0e15 => json!(*n as i64),
-        Some(Kind::NumberValue(n)) => json!(n),
-        Some(Kind::StringValue(s)) => json!(s),
-        Some(Kind::BoolValue(b)) => json!(b),
-        Some(Kind::StructValue(s)) => Json::Object(
-            s.fields
-                .iter()
-                .map(|(k, v)| (k.clone(), json_of(Some(v))))
-                .collect(),
-        ),
-        Some(Kind::ListValue(l)) => {
-            Json::Array(l.values.iter().map(|v| json_of(Some(v))).collect())
-        }
-        _ => Json::Null,
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    faster_hex::hex_string(b)
-}
 
 /// The cursors to start from: `--cursor` is a cursor (every target) or a
 /// file written by `--save-cursor`.
@@ -84,6 +61,14 @@ pub(crate) async fn watch(
     per_cpu: PerCpu,
 ) -> anyhow::Result<()> {
     let map = setup.map_name(&args.map)?;
+    // Entries are decoded here through each target's types, as a dump's
+    // are (members in declaration order); a projection's records as the
+    // daemon decoded them.
+    let types = if setup.decode && args.fields.is_empty() {
+        crate::commands::map_types(&setup.fleet(), &map, &args.render).await?
+    } else {
+        HashMap::new()
+    };
     let mut options = WatchOptions::default()
         .with_interval(args.interval)
         .with_fields(args.fields.iter().cloned())
@@ -98,6 +83,7 @@ pub(crate) async fn watch(
         .with_cursors(cursors.clone());
     let mut run = setup.fleet().watch(&map, fleet_options);
     setup.progress.finish();
+    let mut printer = setup.printer;
     let mut saved: BTreeMap<String, String> = cursors
         .iter()
         .map(|(t, c)| (t.to_string(), c.clone()))
@@ -106,7 +92,11 @@ pub(crate) async fn watch(
     while let Some(event) = futures::StreamExt::next(&mut run).await {
         match event {
             FleetEvent::Answer { target, answer } => {
-                write_scan(io.out, &target, &answer)?;
+                let scan = Written {
+                    printer: &mut printer,
+                    types: types.get(&target),
+                };
+                scan.write(io.out, io.err, &target, &answer)?;
                 saved.insert(target.to_string(), answer.cursor().to_owned());
                 if let Some(path) = &args.save_cursor {
                     save_cursors(path, &saved)?;
@@ -130,68 +120,97 @@ pub(crate) async fn watch(
     Ok(())
 }
 
-/// One scan of one target: its resync, its events, its bookmark.
-fn write_scan(out: &mut dyn std::io::Write, target: &Target, scan: &Scan) -> anyhow::Result<()> {
-    let t = target.as_str();
-    if let Some(why) = scan.resync() {
-        writeln!(out, "{}", json!({"target": t, "resync": why}))?;
-    }
-    for e in scan.events() {
-        writeln!(out, "{}", event_line(t, e))?;
-    }
-    let b = scan.bookmark();
-    let bookmark = json!({"target": t, "bookmark": {
-        "revision": b.revision,
-        "events": b.events_sent,
-        "entries_scanned": b.entries_scanned,
-        "initial": b.initial_state_end,
-        "cursor": b.cursor,
-    }});
-    writeln!(out, "{bookmark}")?;
-    out.flush()?;
-    Ok(())
+/// What a scan is written with: the printer, and the target's types.
+struct Written<'a> {
+    printer: &'a mut Printer,
+    types: Option<&'a bpfmap_client::MapTypes>,
 }
 
-/// An event as a JSON line: its type, key and value (decoded, or hex),
-/// deltas, rates and resets; deltas and rates in the members' natural
-/// order (`slots[2]` before `slots[10]`).
-fn event_line(target: &str, e: &pb::WatchEvent) -> String {
-    let entry = e.entry.clone().unwrap_or_default();
-    let kind = pb::EventType::try_from(e.r#type).map_or("UNSPECIFIED", |k| k.as_str_name());
-    let key = match &entry.decoded_key {
-        Some(k) => json_of(Some(k)),
-        None => json!(hex(&entry.key)),
-    };
-    let mut line = json!({"target": target, "type": kind, "key": key});
-    match &entry.decoded_value {
-        Some(v) => line["value"] = json_of(Some(v)),
-        // Per-CPU values in hex, as a dump prints them.
-        None if !entry.per_cpu_values.is_empty() => {
-            let values: Vec<String> = entry.per_cpu_values.iter().map(|v| hex(v)).collect();
-            line["per_cpu_values"] = json!(values);
+impl Written<'_> {
+    /// One scan of one target: its resync, its events, its bookmark (JSON
+    /// lines); a table has its events, and a resync said on `err`.
+    fn write(
+        mut self,
+        out: &mut dyn std::io::Write,
+        err: &mut dyn std::io::Write,
+        target: &Target,
+        scan: &Scan,
+    ) -> anyhow::Result<()> {
+        let t = target.as_str();
+        let table = self.printer.format() == crate::output::Format::Table;
+        if let Some(why) = scan.resync() {
+            match table {
+                true => writeln!(err, "{t}: started again from a fresh state: {why}")?,
+                false => out.write_all(&crate::output::ordered_line(&[
+                    ("target", json!(t)),
+                    ("resync", json!(why)),
+                ]))?,
+            }
         }
-        None => line["value"] = json!(hex(&entry.value)),
+        for e in scan.events() {
+            self.event(out, target, e)?;
+        }
+        if !table {
+            let b = scan.bookmark();
+            let bookmark = json!({
+                "revision": b.revision,
+                "events": b.events_sent,
+                "entries_scanned": b.entries_scanned,
+                "initial": b.initial_state_end,
+                "cursor": b.cursor,
+            });
+            let fields = [("target", json!(t)), ("bookmark", bookmark)];
+            out.write_all(&crate::output::ordered_line(&fields))?;
+        }
+        out.flush()?;
+        Ok(())
     }
-    if !e.resets.is_empty() {
-        line["resets"] = json!(e.resets);
-    }
-    let mut text = line.to_string();
-    if !e.delta.is_empty() {
+
+    /// One event, its deltas in the members' declaration order (else
+    /// their natural order: `slots[2]` before `slots[10]`).
+    fn event(
+        &mut self,
+        out: &mut dyn std::io::Write,
+        target: &Target,
+        e: &pb::WatchEvent,
+    ) -> anyhow::Result<()> {
+        let entry = e.entry.clone().unwrap_or_default();
+        let kind = pb::EventType::try_from(e.r#type).map_or("UNSPECIFIED", |k| k.as_str_name());
         let mut paths: Vec<&String> = e.delta.keys().collect();
-        paths.sort_by_cached_key(|p| natural_key(p));
-        let object = |values: &mut dyn FnMut(&str) -> Json| {
-            let members: Vec<String> = paths
-                .iter()
-                .map(|p| format!("{}:{}", Json::from(p.as_str()), values(p)))
-                .collect();
-            format!("{{{}}}", members.join(","))
+        match self.types {
+            Some(t) => {
+                let order: Vec<String> =
+                    t.layout().counters().into_iter().map(|c| c.path).collect();
+                paths.sort_by_key(|p| order.iter().position(|o| o == *p).unwrap_or(usize::MAX));
+            }
+            None => paths.sort_by_cached_key(|p| natural_key(p)),
+        }
+        let deltas = paths
+            .iter()
+            .map(|p| {
+                (
+                    p.as_str(),
+                    e.delta[*p].as_str(),
+                    e.rate.get(*p).copied().unwrap_or(0.0),
+                )
+            })
+            .collect();
+        let value = match entry.per_cpu_values.is_empty() {
+            true => ValueRef::Single(&entry.value),
+            false => ValueRef::PerCpu(PerCpuValues::from_slices(&entry.per_cpu_values)),
         };
-        let delta = object(&mut |p| json!(e.delta[p]));
-        let rate = object(&mut |p| json!(e.rate.get(p).copied().unwrap_or(0.0)));
-        text.pop(); // the closing brace
-        text.push_str(&format!(",\"delta\":{delta},\"rate\":{rate}}}"));
+        let change = Change {
+            kind,
+            entry: EntryRef {
+                key: &entry.key,
+                value,
+            },
+            decoded: (entry.decoded_key.as_ref(), entry.decoded_value.as_ref()),
+            deltas,
+            resets: &e.resets,
+        };
+        Ok(self.printer.change(out, target, &change, self.types)?)
     }
-    text
 }
 
 /// A sort key that orders the numbers in a path by value: `slots[2]`
@@ -216,41 +235,41 @@ fn natural_key(path: &str) -> Vec<(String, u64)> {
     out
 }
 
+/// A group's key: each group-by path to its member's value.
+type GroupKey = BTreeMap<String, prost_types::Value>;
+
 /// One group as a target last reported it: its key, its values (exact),
 /// its rates.
 struct Reported {
-    key: Json,
+    key: GroupKey,
     values: Vec<Option<i128>>,
     rates: Vec<f64>,
 }
 
 /// A group merged over the targets: its key, its values (merged as the
 /// daemons merge them: COUNT and SUM added, MIN of the minimums, MAX of
-/// the maximums), its rates added up, and how many targets hold it.
+/// the maximums), its rates added up, and the targets that hold it.
 struct Merged<'a> {
-    key: &'a Json,
+    key: &'a GroupKey,
     values: Vec<Option<i128>>,
     rates: Vec<f64>,
-    hosts: usize,
+    targets: Vec<&'a Target>,
 }
 
-fn key_text(key: &Json) -> String {
-    match key.as_object() {
-        Some(o) if o.len() == 1 => cell_text(o.values().next().expect("one member")),
-        Some(o) if o.is_empty() => "(all)".into(),
-        Some(o) => o
+/// A group's key as the screen shows it: its one member's value, or
+/// `name=value` pairs in `group_by`'s order.
+fn key_text(key: &GroupKey, group_by: &[String]) -> String {
+    match group_by {
+        [] => "(all)".into(),
+        [one] => key.get(one).map(cell).unwrap_or_default(),
+        paths => paths
             .iter()
-            .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), cell_text(v)))
+            .map(|p| {
+                let name = p.rsplit('.').next().unwrap_or(p);
+                format!("{name}={}", key.get(p).map(cell).unwrap_or_default())
+            })
             .collect::<Vec<_>>()
             .join(" "),
-        None => key.to_string(),
-    }
-}
-
-fn cell_text(v: &Json) -> String {
-    match v {
-        Json::String(s) => s.clone(),
-        v => v.to_string(),
     }
 }
 
@@ -261,22 +280,11 @@ fn unit(a: &Aggregate) -> &'static str {
     }
 }
 
-/// An exact value as JSON: a number when it fits 64 bits, a decimal
-/// string beyond; null for the MIN or MAX of nothing.
-fn exact(v: Option<i128>) -> Json {
-    match v {
-        None => Json::Null,
-        Some(v) => i64::try_from(v)
-            .map(Json::from)
-            .or_else(|_| u64::try_from(v).map(Json::from))
-            .unwrap_or_else(|_| json!(v.to_string())),
-    }
-}
-
 /// The live view of `top --interval`: what every target last reported,
 /// merged into rows.
 struct LiveTop {
     by: Vec<Aggregate>,
+    group_by: Vec<String>,
     ops: Vec<Op>,
     /// Each target's groups: key bytes to what it reported.
     tables: HashMap<Target, HashMap<Vec<u8>, Reported>>,
@@ -290,7 +298,7 @@ struct LiveTop {
 }
 
 impl LiveTop {
-    fn new(by: &[Aggregate]) -> Self {
+    fn new(by: &[Aggregate], group_by: &[String]) -> Self {
         let mut headers = Vec::new();
         for a in by {
             headers.push(format!("rate({a})"));
@@ -298,6 +306,7 @@ impl LiveTop {
         }
         Self {
             by: by.to_vec(),
+            group_by: group_by.to_vec(),
             ops: by.iter().map(|a| a.op().to_proto()).collect(),
             tables: HashMap::new(),
             failing: BTreeMap::new(),
@@ -339,31 +348,34 @@ impl LiveTop {
     /// Every group merged over the targets.
     fn merged(&self) -> HashMap<&[u8], Merged<'_>> {
         let mut merged: HashMap<&[u8], Merged<'_>> = HashMap::new();
-        for table in self.tables.values() {
+        for (target, table) in &self.tables {
             for (k, r) in table {
                 let m = merged.entry(k.as_slice()).or_insert_with(|| Merged {
                     key: &r.key,
                     values: vec![None; self.ops.len()],
                     rates: vec![0.0; self.ops.len()],
-                    hosts: 0,
+                    targets: Vec::new(),
                 });
                 values::merge(&self.ops, &mut m.values, &r.values);
                 for (sum, rate) in m.rates.iter_mut().zip(&r.rates) {
                     *sum += rate;
                 }
-                m.hosts += 1;
+                m.targets.push(target);
             }
+        }
+        for m in merged.values_mut() {
+            m.targets.sort();
         }
         merged
     }
 
     /// The rows, largest rate of the first aggregate first, each with its
-    /// key bytes and its hosts.
+    /// key bytes and how many targets hold it.
     fn rows(&mut self) -> Vec<(Vec<u8>, Row, usize)> {
         let mut rows: Vec<(Vec<u8>, Row, usize)> = self
             .merged()
             .into_iter()
-            .map(|(k, m)| (k.to_vec(), self.row(&m), m.hosts))
+            .map(|(k, m)| (k.to_vec(), self.row(&m), m.targets.len()))
             .collect();
         for (k, row, _) in &mut rows {
             let h = self.history.entry(k.clone()).or_default();
@@ -392,33 +404,80 @@ impl LiveTop {
             });
         }
         Row {
-            key: key_text(m.key),
+            key: key_text(m.key, &self.group_by),
             cells,
             history: Vec::new(),
         }
     }
 
-    /// A JSON line per row (off a terminal): its key, the scan's time,
-    /// its hosts, each rate and each exact value.
-    fn write_lines(
+    /// A round's rows off a terminal: a JSON line each (the targets that
+    /// hold the group, the scan's time, its key, its exact values, its
+    /// rates), or a table of them.
+    fn write_round(
         &self,
         out: &mut dyn std::io::Write,
         rows: &[(Vec<u8>, Row, usize)],
         limit: usize,
         when: Option<f64>,
+        table: bool,
     ) -> anyhow::Result<()> {
         let merged = self.merged();
-        for (k, row, hosts) in rows.iter().take(limit) {
-            let mut line = json!({"key": row.key, "scan_time": when, "hosts": hosts});
-            for (i, a) in self.by.iter().enumerate() {
-                line[&self.headers[2 * i]] = json!(row.cells[2 * i].sort);
-                line[&a.to_string()] = exact(merged[k.as_slice()].values[i]);
+        let names: Vec<String> = self.by.iter().map(ToString::to_string).collect();
+        let mut t = table.then(|| {
+            let mut header = self.group_by.clone();
+            header.extend(self.headers.iter().cloned());
+            header.push("TARGETS".into());
+            Table::new(header)
+        });
+        for (k, row, _) in rows.iter().take(limit) {
+            let m = &merged[k.as_slice()];
+            if let Some(t) = &mut t {
+                let mut cells: Vec<String> = self
+                    .group_by
+                    .iter()
+                    .map(|p| m.key.get(p).map(cell).unwrap_or_default())
+                    .collect();
+                cells.extend(row.cells.iter().map(|c| c.text.clone()));
+                cells.push(m.targets.len().to_string());
+                t.row(out, &cells)?;
+                continue;
             }
-            writeln!(out, "{line}")?;
+            out.write_all(&live_line(m, &self.group_by, &names, when))?;
+        }
+        if let Some(t) = &mut t {
+            t.finish(out)?;
+            writeln!(out)?;
         }
         out.flush()?;
         Ok(())
     }
+}
+
+/// `{"targets":[..],"scan_time":T,"key":{..},"values":{..},"rates":{..}}`:
+/// a live top's row, its values as exact decimal strings (as a one-shot
+/// top's), its rates per second.
+fn live_line(m: &Merged<'_>, group_by: &[String], names: &[String], when: Option<f64>) -> Vec<u8> {
+    let mut line = b"{\"targets\":".to_vec();
+    let targets: Vec<&str> = m.targets.iter().map(|t| t.as_str()).collect();
+    line.extend_from_slice(json!(targets).to_string().as_bytes());
+    line.extend_from_slice(b",\"scan_time\":");
+    line.extend_from_slice(json!(when).to_string().as_bytes());
+    line.extend_from_slice(b",\"key\":");
+    crate::top::key_object(&mut line, group_by, m.key);
+    let values = names.iter().zip(&m.values).map(|(n, v)| {
+        let v = v.map_or(Json::Null, |v| json!(v.to_string()));
+        (n.as_str(), v)
+    });
+    line.extend_from_slice(b",\"values\":");
+    push_object(&mut line, values);
+    let rates = names
+        .iter()
+        .zip(&m.rates)
+        .map(|(n, r)| (n.as_str(), json!(r)));
+    line.extend_from_slice(b",\"rates\":");
+    push_object(&mut line, rates);
+    line.extend_from_slice(b"}\n");
+    line
 }
 
 /// One group of a target's scan into its table (a removed group out).
@@ -428,11 +487,7 @@ fn apply_group(table: &mut HashMap<Vec<u8>, Reported>, g: &pb::WatchGroup) {
         table.remove(&group.key_bytes);
         return;
     }
-    let key = json_of(Some(&prost_types::Value {
-        kind: Some(prost_types::value::Kind::StructValue(
-            group.key.clone().unwrap_or_default(),
-        )),
-    }));
+    let key = group.key.clone().unwrap_or_default().fields;
     let values = group
         .values
         .iter()
@@ -457,13 +512,14 @@ pub(crate) async fn top(
     terminal: bool,
 ) -> anyhow::Result<()> {
     let map = setup.map_name(&args.map)?;
+    let table = setup.printer.format() == crate::output::Format::Table;
     let options = top_watch(&args, interval, per_cpu);
     let mut run = setup
         .fleet()
         .watch(&map, FleetWatchOptions::default().with_watch(options));
     setup.progress.finish();
     let total = setup.targets.len();
-    let mut view = LiveTop::new(&args.by);
+    let mut view = LiveTop::new(&args.by, &args.group_by);
     let (tx, rx) = tokio::sync::watch::channel(snapshot(&args, &view, interval, total));
     let state = ViewState {
         sort: 0,
@@ -509,7 +565,7 @@ pub(crate) async fn top(
                     .unwrap_or_default()
                     .as_secs_f64()
             });
-            view.write_lines(io.out, &rows, limit, when)?;
+            view.write_round(io.out, &rows, limit, when, table)?;
         }
         let mut snap = snapshot(&args, &view, interval, total);
         snap.rows = rows.into_iter().map(|(_, r, _)| r).collect();
