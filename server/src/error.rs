@@ -26,7 +26,7 @@ pub(crate) enum Error {
     #[error(transparent)]
     FilterTooCostly(#[from] FilterTooCostly),
     /// Nothing at that path or id.
-    #[error("map {0} not found")]
+    #[error("map {0} not found{hint}", hint = name_hint(.0))]
     MapNotFound(MapRef),
     /// No map the caller may reach has that name (and owner).
     #[error("no map {what}{close}")]
@@ -320,5 +320,16 @@ impl Error {
                 source,
             },
         }
+    }
+}
+
+/// For a path of one word (`hists`), how a map is named by its kernel
+/// name instead: most programs pin nothing.
+fn name_hint(map: &MapRef) -> String {
+    match map {
+        MapRef::Path(p) if !p.contains('/') && MapName::parse(p).is_ok() => {
+            format!(" (no map is pinned at {p}; a map by its kernel name is name:{p})")
+        }
+        _ => String::new(),
     }
 }

@@ -86,8 +86,30 @@ impl Case {
 }
 
 fn sorted(mut entries: Vec<(Json, Json)>) -> Vec<(Json, Json)> {
-    entries.sort_by_key(|(k, _)| k.to_string());
+    entries.sort_by_key(|(k, _)| canonical(k));
     entries
+}
+
+/// A JSON value's text with every object's members sorted by name,
+/// whatever order it came in.
+fn canonical(v: &Json) -> String {
+    match v {
+        Json::Object(o) => {
+            let mut members: Vec<(&String, String)> =
+                o.iter().map(|(k, v)| (k, canonical(v))).collect();
+            members.sort();
+            let inner: Vec<String> = members
+                .into_iter()
+                .map(|(k, v)| format!("{}:{v}", Json::from(k.as_str())))
+                .collect();
+            format!("{{{}}}", inner.join(","))
+        }
+        Json::Array(a) => format!(
+            "[{}]",
+            a.iter().map(canonical).collect::<Vec<_>>().join(",")
+        ),
+        v => v.to_string(),
+    }
 }
 
 /// `union v6addr` as its type says: every member of the union, the words

@@ -191,7 +191,10 @@ async fn bpfmapctl_prints_json_lines() {
 
     let (r, _, _) = ctl_at(&addr, &["show", "missing"]).await;
     let e = r.unwrap_err().to_string();
-    assert!(e.starts_with("NOT_FOUND: map missing not found"), "{e}");
+    assert_eq!(
+        e,
+        "NOT_FOUND: map missing not found (no map is pinned at missing; a map by its kernel name is name:missing)"
+    );
     // A cursor that starts with "-" is a value, not an option: the server
     // judges it (this one is not a cursor it issued).
     let (r, _, _) = ctl_at(&addr, &["dump", "m", "--cursor", "-AAAA"]).await;

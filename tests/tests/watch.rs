@@ -601,8 +601,8 @@ async fn grpcurl_watches_the_live_demo() {
         json!("192.168.0.1"),
         "{e}"
     );
-    assert!(e["deltas"]["value.bytes"].is_string(), "{e}");
-    assert!(e["rates"]["value.bytes"].as_f64().unwrap() > 0.0, "{e}");
+    assert!(e["delta"]["value.bytes"].is_string(), "{e}");
+    assert!(e["rate"]["value.bytes"].as_f64().unwrap() > 0.0, "{e}");
     daemon.stop().await;
 }
 

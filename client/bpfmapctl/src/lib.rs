@@ -273,11 +273,23 @@ pub struct RenderArg {
     pub rendering: Rendering,
 }
 
+/// `--render`'s long help: every rendering the typed model knows, and
+/// what it shows (a test checks it names each of `Rendering::ALL`).
+const RENDER_HELP: &str = "Show a member another way than its type says: PATH=RENDERING, PATH a \
+member (\"key.daddr\", \"value.stats.bytes\", \"key\" for the whole key), repeatable or \
+comma-separated, over the renderings the daemon's configuration gives the map. Renderings: \
+ipv4 (4 bytes: 10.0.0.1), ipv6 (16 bytes), mac (6 bytes: 02:42:ac:11:00:02), hex (an integer \
+as 0x1bb, other bytes as 0x0a0b), be16 and be32 (a number the program wrote in network \
+order: a port), string (bytes as text up to their NULs, other bytes as \\xNN). A member that \
+does not exist or fit is a usage error.";
+
 /// Parses `PATH=RENDERING`; the error names what is wrong.
 fn parse_render(arg: &str) -> Result<RenderArg, String> {
     let Some((path, how)) = arg.split_once('=') else {
+        let names: Vec<&str> = Rendering::ALL.iter().map(|r| r.name()).collect();
         return Err(format!(
-            "expected PATH=RENDERING, like key.daddr=ipv4 (renderings: ipv4, ipv6, mac, hex), not {arg:?}"
+            "expected PATH=RENDERING, like key.daddr=ipv4 (renderings: {}), not {arg:?}",
+            names.join(", ")
         ));
     };
     let one = std::collections::BTreeMap::from([(path.to_owned(), how.to_owned())]);
@@ -324,11 +336,10 @@ pub struct DumpArgs {
     pub resume: Option<PathBuf>,
     /// Show a member another way than its type says: PATH=RENDERING, PATH
     /// a member ("key.daddr", "value.stats.bytes", "key" for the whole
-    /// key), RENDERING ipv4 (4 bytes), ipv6 (16 bytes), mac (6 bytes) or
-    /// hex (repeatable, or comma-separated). Over the renderings the
-    /// daemon's configuration gives the map; a member that does not exist
-    /// or fit is a usage error.
-    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+    /// key), RENDERING one of those below (repeatable, or comma-separated).
+    /// Over the renderings the daemon's configuration gives the map; a
+    /// member that does not exist or fit is a usage error.
+    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render, long_help = RENDER_HELP)]
     pub render: Vec<RenderArg>,
     /// Only the entries for which this CEL expression is true, evaluated by
     /// each daemon ('key.dport == 443 && value.bytes > 1000000'); --limit
@@ -533,6 +544,30 @@ mod tests {
         ] {
             assert!(help.contains(word), "{word}: {help}");
         }
+    }
+
+    #[test]
+    fn help_names_what_the_code_accepts() {
+        use clap::CommandFactory as _;
+        let mut cli = Cli::command();
+        let dump = cli.find_subcommand_mut("dump").expect("dump");
+        let help = dump.render_long_help().to_string();
+        for r in Rendering::ALL {
+            assert!(
+                RENDER_HELP.contains(&format!("{} (", r.name()))
+                    || RENDER_HELP.contains(&format!("{} and", r.name())),
+                "--render's help does not name {r}"
+            );
+            assert!(help.contains(r.name()), "{r}: {help}");
+        }
+        for scan in ["auto", "kernel", "batched"] {
+            assert!(help.contains(scan), "--scan {scan}: {help}");
+        }
+        let e = parse_render("key").unwrap_err();
+        assert!(
+            e.contains("ipv4, ipv6, mac, hex, be16, be32, string"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -62,9 +62,9 @@ pub(crate) async fn watch(
 ) -> anyhow::Result<()> {
     let map = setup.map_name(&args.map)?;
     // Entries are decoded here through each target's types, as a dump's
-    // are (members in declaration order); a projection's records as the
-    // daemon decoded them.
-    let types = if setup.decode && args.fields.is_empty() {
+    // are (members in declaration order); a projection's records through
+    // the types its first scan describes.
+    let mut types = if setup.decode && args.fields.is_empty() {
         crate::commands::map_types(&setup.fleet(), &map, &args.render).await?
     } else {
         HashMap::new()
@@ -92,6 +92,11 @@ pub(crate) async fn watch(
     while let Some(event) = futures::StreamExt::next(&mut run).await {
         match event {
             FleetEvent::Answer { target, answer } => {
+                if let Some(p) = answer.projection().filter(|_| setup.decode)
+                    && let Ok(t) = p.types_with(render_pairs(&args.render))
+                {
+                    types.insert(target.clone(), t);
+                }
                 let scan = Written {
                     printer: &mut printer,
                     types: types.get(&target),
@@ -195,21 +200,34 @@ impl Written<'_> {
                 )
             })
             .collect();
-        let value = match entry.per_cpu_values.is_empty() {
-            true => ValueRef::Single(&entry.value),
-            false => ValueRef::PerCpu(PerCpuValues::from_slices(&entry.per_cpu_values)),
+        // A projection's records come decoded only: their bytes again,
+        // from their decoded members, so that they print as a dump's do.
+        let records = match (self.types, &entry.decoded_key, &entry.decoded_value) {
+            (Some(t), Some(k), Some(v)) if entry.key.is_empty() => t
+                .key()
+                .encode(k, "key")
+                .ok()
+                .zip(t.value().encode(v, "value").ok()),
+            _ => None,
+        };
+        let (key, value): (&[u8], ValueRef<'_>) = match &records {
+            Some((k, v)) => (k, ValueRef::Single(v)),
+            None if entry.per_cpu_values.is_empty() => (&entry.key, ValueRef::Single(&entry.value)),
+            None => (
+                &entry.key,
+                ValueRef::PerCpu(PerCpuValues::from_slices(&entry.per_cpu_values)),
+            ),
         };
         let change = Change {
             kind,
-            entry: EntryRef {
-                key: &entry.key,
-                value,
-            },
+            entry: EntryRef { key, value },
             decoded: (entry.decoded_key.as_ref(), entry.decoded_value.as_ref()),
             deltas,
             resets: &e.resets,
         };
-        Ok(self.printer.change(out, target, &change, self.types)?)
+        let decodable = !entry.key.is_empty() || records.is_some();
+        let types = self.types.filter(|_| decodable);
+        Ok(self.printer.change(out, target, &change, types)?)
     }
 }
 

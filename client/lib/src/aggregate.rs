@@ -173,6 +173,9 @@ impl FromStr for Aggregate {
     }
 }
 
+/// The most aggregates one call asks (the daemon's limit).
+pub const MAX_AGGREGATES: usize = 16;
+
 /// Options of an aggregate ([`Client::aggregate`](crate::Client::aggregate)).
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -240,7 +243,7 @@ impl AggregateOptions {
         self
     }
 
-    /// Adds an aggregate (at least one, at most 16).
+    /// Adds an aggregate (at least one, at most [`MAX_AGGREGATES`]).
     pub fn with_aggregate(mut self, aggregate: Aggregate) -> Self {
         self.aggregates.push(aggregate);
         self
@@ -358,9 +361,16 @@ impl AggregateOptions {
         }
     }
 
-    /// The options with a COUNT added last (a fleet's way of knowing which
-    /// hosts hold a group).
-    pub(crate) fn with_hidden_count(&self) -> Self {
+    /// The options a fleet asks of its hosts: with a COUNT, its way of
+    /// knowing which hosts hold a group. The caller's own COUNT serves;
+    /// else one is added last, unless the fleet is one host (a group it
+    /// reports is one it holds) or the caller's aggregates are already as
+    /// many as a call takes (then the hosts that report a group hold it).
+    pub(crate) fn with_hidden_count(&self, hosts: usize) -> Self {
+        let counts = self.aggregates.iter().any(|a| a.op() == AggregateOp::Count);
+        if counts || hosts <= 1 || self.aggregates.len() >= MAX_AGGREGATES {
+            return self.clone();
+        }
         self.clone().with_aggregate(Aggregate::count())
     }
 

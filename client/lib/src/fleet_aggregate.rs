@@ -260,13 +260,14 @@ impl Fleet {
         }
         let (fleet, map) = (self.clone(), map.clone());
         let buffer = self.targets().len() + 1;
+        let hosts = self.targets().len();
         FleetRun::spawn(self.targets().to_vec(), buffer, move |tx| async move {
             let run = Runner {
                 fleet,
                 map,
                 started: Instant::now(),
                 reports: BTreeMap::new(),
-                merge: Merge::new(&options.aggregate.with_hidden_count()),
+                merge: Merge::new(&options.aggregate.with_hidden_count(hosts)),
                 tx,
             };
             run.run(options).await;
@@ -277,7 +278,9 @@ impl Fleet {
 impl Runner {
     /// Every phase, then every target's report and the answer.
     async fn run(mut self, options: FleetAggregateOptions) {
-        let asked = options.aggregate.with_hidden_count();
+        let hosts = self.fleet.targets().len();
+        let asked = options.aggregate.with_hidden_count(hosts);
+        let shown = options.aggregate.aggregates().len();
         let k = asked.limit() as usize;
         let order = asked.aggregates().get(asked.order_by()).map(|a| a.op());
         let thresholdable = !asked.ascending()
@@ -294,7 +297,7 @@ impl Runner {
                 self.all(&asked, all, options.max_groups).await,
             )
         };
-        self.finish(method, top, &asked).await;
+        self.finish(method, top, &asked, shown).await;
     }
 }
 
@@ -540,9 +543,15 @@ impl Runner {
     }
 
     /// Sends every target's report, then the answer: the groups (cut at
-    /// the threshold, if any), with their keys and hosts.
-    async fn finish(mut self, method: MergeMethod, top: Ranked, asked: &AggregateOptions) {
-        let hidden = asked.aggregates().len() - 1;
+    /// the threshold, if any), with their keys and hosts, and the `shown`
+    /// values the caller asked (not the COUNT a fleet adds).
+    async fn finish(
+        mut self,
+        method: MergeMethod,
+        top: Ranked,
+        asked: &AggregateOptions,
+        shown: usize,
+    ) {
         let within = |v: Option<i128>| match (asked.threshold(), v) {
             (None, _) => true,
             (Some(t), Some(v)) if asked.ascending() => v <= t,
@@ -563,7 +572,7 @@ impl Runner {
             .into_iter()
             .filter(|(_, v)| given || within(v.get(asked.order_by()).copied().flatten()))
             .map(|(key_bytes, mut values)| {
-                values.truncate(hidden);
+                values.truncate(shown);
                 let key = self.merge.groups.get(&key_bytes).map(|s| s.key.clone());
                 let mut hosts = self.merge.holders(&key_bytes);
                 hosts.sort_by_key(|t| order.get(t).copied());

@@ -208,6 +208,7 @@ mod watch;
 
 pub use aggregate::{
     Aggregate, AggregateOp, AggregateOptions, AggregateResult, AggregateSummary, Group,
+    MAX_AGGREGATES,
 };
 /// How aggregate values (COUNT, SUM, MIN, MAX) combine, exactly: what
 /// the daemons and [`Fleet::aggregate`] merge groups with.

@@ -257,13 +257,15 @@ impl Merge {
         proven.then_some(top)
     }
 
-    /// The hosts that hold a group (their hidden COUNT is not 0).
+    /// The hosts that hold a group: their COUNT of it is not 0 (the last
+    /// COUNT asked: a fleet's own, else the caller's); without a COUNT, the
+    /// hosts that reported it.
     pub(crate) fn holders(&self, key: &[u8]) -> Vec<Target> {
-        let count = self.ops.len() - 1;
+        let count = self.ops.iter().rposition(|op| *op == AggregateOp::Count);
         self.groups.get(key).map_or_else(Vec::new, |s| {
             s.from
                 .iter()
-                .filter(|(_, v)| v.get(count).copied().flatten().unwrap_or(0) > 0)
+                .filter(|(_, v)| count.is_none_or(|c| v.get(c).copied().flatten().unwrap_or(0) > 0))
                 .map(|(t, _)| t.clone())
                 .collect()
         })
@@ -278,7 +280,7 @@ mod tests {
     fn options() -> AggregateOptions {
         AggregateOptions::default()
             .with_aggregate(Aggregate::sum("value.bytes"))
-            .with_hidden_count()
+            .with_hidden_count(2)
     }
 
     /// An answer of `(key, sum, count)` groups out of `total`.

@@ -125,6 +125,15 @@ impl WatchOptions {
         self
     }
 
+    /// Entries (or a projection's records) as bytes only, not decoded by
+    /// the daemon: for a caller that decodes them itself, through the map's
+    /// types (or the projection's). Renderings need the daemon's decoding:
+    /// a raw watch that asks for some is INVALID_ARGUMENT.
+    pub fn with_raw(mut self, raw: bool) -> Self {
+        self.raw = raw;
+        self
+    }
+
     /// The cursor to start from.
     pub(crate) fn cursor(&self) -> &str {
         &self.cursor
@@ -238,6 +247,12 @@ impl Scan {
     /// then holds a fresh initial state that replaces what came before.
     pub fn resync(&self) -> Option<&str> {
         self.resync.as_deref()
+    }
+
+    /// The projection its records are made of (a watch with fields), on
+    /// the first scan of a watch.
+    pub fn projection(&self) -> Option<typed::Projection> {
+        self.projection.clone().map(typed::Projection::from)
     }
 
     /// When the daemon started the scan.
