@@ -8,6 +8,10 @@
 //! - `topk`: the bytes a caller receives for the fleet's top 10 (the same
 //!   maps, grouped by key, summed), through the relay and directly (the
 //!   sum of every daemon's answers, counted by proxies).
+//! - `ctl`: what a person runs: `bpfmapctl dump` of 6 daemons x 200,000
+//!   entries (JSON Lines to /dev/null, whole processes) through the relay (`--relay`)
+//!   against directly (`--targets-file`); median of 5 runs each,
+//!   alternated. Target: through the relay at most 1.2x.
 //! - `thousand`: 1,000 daemons (1,000 entries each) through one relay: the
 //!   dump's wall time and the relay's peak resident memory.
 //!
@@ -283,6 +287,44 @@ fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
     });
 }
 
+/// The wall time of `bpfmapctl ARGS dump bench/m`, its output discarded.
+fn ctl_dump(args: &[&str]) -> Duration {
+    let t = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_test-bpfmapctl"))
+        .args(args)
+        .args(["--format", "json", "dump", MAP])
+        .stdout(Stdio::null())
+        .status()
+        .expect("run bpfmapctl");
+    assert!(status.success(), "bpfmapctl {args:?} dump {MAP}: {status}");
+    t.elapsed()
+}
+
+fn ctl_section(d: &Daemons) {
+    let relay = RelayProcess::start(&d.targets);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("targets");
+    let listed: Vec<&str> = d.targets.iter().map(Target::as_str).collect();
+    std::fs::write(&file, listed.join("\n")).unwrap();
+    let url = format!("http://{}", relay.addr);
+    let direct = ["--targets-file", file.to_str().unwrap()];
+    let relayed = ["--relay", url.as_str()];
+    ctl_dump(&direct);
+    ctl_dump(&relayed);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        a.push(ctl_dump(&direct));
+        b.push(ctl_dump(&relayed));
+    }
+    let (a, b) = (median(a), median(b));
+    println!(
+        "bpfmapctl dump, 6 daemons x 200,000 entries (JSON Lines), median of {RUNS}: directly {:.0} ms, through the relay {:.0} ms: {:.2}x (target 1.2x)",
+        a.as_secs_f64() * 1e3,
+        b.as_secs_f64() * 1e3,
+        b.as_secs_f64() / a.as_secs_f64(),
+    );
+}
+
 fn thousand_section(runtime: &tokio::runtime::Runtime) {
     let limit = bpfmap_tests::fleet::raise_fd_limit();
     let t = Instant::now();
@@ -321,6 +363,9 @@ fn main() {
         if wants("topk") {
             topk_section(&runtime, &d);
         }
+    }
+    if wants("ctl") {
+        ctl_section(&daemons(6, 200_000));
     }
     if wants("thousand") {
         thousand_section(&runtime);

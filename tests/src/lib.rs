@@ -30,7 +30,10 @@ mod rng;
 mod tools;
 
 pub use rng::Rng;
-pub use tools::{ctl, grpcurl, json_lines, json_of, json_stream, map_ref, proto_of};
+pub use tools::{
+    Example, ctl, grpcurl, json_lines, json_of, json_stream, map_ref, proto_of, readme_examples,
+    shape,
+};
 
 /// A private bpffs mounted on a temporary directory; unmounted on drop.
 #[derive(Debug)]

@@ -111,3 +111,78 @@ pub fn proto_of(j: &Json) -> prost_types::Value {
     };
     prost_types::Value { kind: Some(kind) }
 }
+
+/// A command of a README's examples (`$ bpfmapctl ARGS`) and the lines it
+/// is shown to print.
+#[derive(Debug)]
+pub struct Example {
+    /// The arguments after `bpfmapctl`, shell quotes removed.
+    pub args: Vec<String>,
+    /// The lines printed, as JSON.
+    pub lines: Vec<Json>,
+}
+
+/// The examples of the first code block after the heading `heading` in the
+/// README at `path`.
+pub fn readme_examples(path: &std::path::Path, heading: &str) -> Vec<Example> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let block = text
+        .split_once(&format!("\n{heading}\n"))
+        .and_then(|(_, after)| after.split_once("\n```\n"))
+        .and_then(|(_, block)| block.split_once("\n```"))
+        .map(|(block, _)| block)
+        .unwrap_or_else(|| panic!("no example block after {heading:?} in {}", path.display()));
+    let mut examples: Vec<Example> = Vec::new();
+    for line in block.lines() {
+        if let Some(command) = line.strip_prefix("$ bpfmapctl ") {
+            examples.push(Example {
+                args: shell_words(command),
+                lines: Vec::new(),
+            });
+        } else if let Some(example) = examples.last_mut() {
+            let json = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{line:?} in {}: not JSON: {e}", path.display()));
+            example.lines.push(json);
+        }
+    }
+    examples
+}
+
+/// The words of a command line as a shell splits it (single quotes only,
+/// as the READMEs write them).
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted) = (Vec::new(), None::<String>, false);
+    for c in line.chars() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                word.get_or_insert_with(String::new);
+            }
+            ' ' if !quoted => words.extend(word.take()),
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    assert!(!quoted, "unbalanced quotes in {line:?}");
+    words.extend(word);
+    words
+}
+
+/// A JSON value's shape: its objects' fields as `[name, shape]` pairs in
+/// their order (JSON objects compare equal whatever their order), and the
+/// kind of every other value ("string", "number", "bool", "null",
+/// "array"). Two lines of one contract share their shape whatever their
+/// values.
+pub fn shape(value: &Json) -> Json {
+    match value {
+        Json::Object(fields) => fields
+            .iter()
+            .map(|(name, v)| json!([name, shape(v)]))
+            .collect(),
+        Json::Null => json!("null"),
+        Json::Bool(_) => json!("bool"),
+        Json::Number(_) => json!("number"),
+        Json::String(_) => json!("string"),
+        Json::Array(_) => json!("array"),
+    }
+}

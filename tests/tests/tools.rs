@@ -1,9 +1,19 @@
 //! What a person at a terminal sees: grpcurl through server reflection, and
 //! bpfmapctl's JSON Lines.
 
+use std::{
+    collections::BTreeSet,
+    net::SocketAddr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
 use base64::Engine as _;
 use bpfmap_client::Value;
-use bpfmap_tests::*;
+use bpfmap_tests::{
+    process::{DaemonProcess, assert_success, free_addr},
+    *,
+};
 use serde_json::{Value as Json, json};
 
 fn b64(s: &Json) -> Vec<u8> {
@@ -203,4 +213,94 @@ async fn bpfmapctl_prints_json_lines() {
     let (r, _, _) = ctl_at(&addr, &["lookup", "m", "zz"]).await;
     assert!(r.unwrap_err().to_string().contains("is not a key"));
     daemon.stop().await;
+}
+
+/// Runs the bpfmapctl binary against `addr` with `args`. A command that
+/// runs until stopped (a watch, a live top) is stopped once it printed a
+/// line of each of `wanted`'s shapes, or after 20 s: the lines it printed.
+fn ctl_process(addr: SocketAddr, args: &[String], wanted: Option<&[Json]>) -> Vec<Json> {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(ctl_bin!())
+        .arg("--addr")
+        .arg(addr.to_string())
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run bpfmapctl");
+    let Some(wanted) = wanted else {
+        let out = child.wait_with_output().expect("bpfmapctl's output");
+        assert_success(&out);
+        return json_lines(&String::from_utf8(out.stdout).unwrap());
+    };
+    let (lines, got) = (
+        std::io::BufReader::new(child.stdout.take().unwrap()).lines(),
+        std::sync::mpsc::channel(),
+    );
+    std::thread::spawn(move || lines.map_while(Result::ok).try_for_each(|l| got.0.send(l)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut printed = Vec::new();
+    while wanted
+        .iter()
+        .any(|w| !printed.iter().any(|p| shape(p) == shape(w)))
+    {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            break;
+        };
+        match got.1.recv_timeout(left) {
+            Ok(line) => printed.push(serde_json::from_str(&line).expect("a JSON line")),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    printed
+}
+
+/// Every example of bpfmapctl's README ("The output"), run on the demo as a
+/// person would (the binary, a daemon with `demo = true`), prints lines of
+/// the shape shown: the same fields in the same order, each value of the
+/// same kind (a 64-bit counter a string, a rate a number), nested members
+/// included.
+#[test]
+fn bpfmapctl_prints_what_its_readme_shows() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let addr = free_addr("127.0.0.1");
+    let _daemon = DaemonProcess::start(daemon_bin!(), fs.path(), state.path(), addr, "demo = true");
+    // The demo's writer has inserted demo/recent's key 1 by then.
+    std::thread::sleep(Duration::from_millis(500));
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/bpfmapctl/README.md");
+    let examples = readme_examples(&readme, "## The output");
+    let commands: BTreeSet<&str> = examples.iter().map(|e| e.args[0].as_str()).collect();
+    assert_eq!(
+        commands,
+        BTreeSet::from(["dump", "lookup", "show", "top", "watch"]),
+        "one example per command"
+    );
+    for example in &examples {
+        let runs = example
+            .args
+            .iter()
+            .any(|a| a == "watch" || a == "--interval");
+        let printed = ctl_process(addr, &example.args, runs.then_some(&example.lines[..]));
+        let shown: Vec<Json> = example.lines.iter().map(shape).collect();
+        let got: Vec<Json> = printed.iter().map(shape).collect();
+        if runs {
+            for line in &shown {
+                assert!(
+                    got.contains(line),
+                    "`bpfmapctl {}` printed no line shaped as {line}:\n{got:#?}",
+                    example.args.join(" ")
+                );
+            }
+        } else {
+            assert_eq!(
+                got,
+                shown,
+                "`bpfmapctl {}` printed:\n{printed:#?}",
+                example.args.join(" ")
+            );
+        }
+    }
 }

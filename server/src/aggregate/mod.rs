@@ -24,19 +24,24 @@ use crate::{
 
 use walk::{AggregateWalk, CancelOnDrop, KernelPlan};
 
+/// What an AggregateMap call reads with: the daemon's calls, its dump
+/// slots, and its bound on groups (`limits.max_groups`).
+#[derive(Clone, Copy)]
+pub(crate) struct Aggregator<'a> {
+    pub(crate) calls: &'a Calls,
+    pub(crate) dumps: &'a Dumps,
+    pub(crate) max_groups: usize,
+}
+
 /// Runs an AggregateMap call: its slot, its map, its groups (with the
 /// renderings configured for the map and asked for), its filter, the walk.
 pub(crate) async fn run(
-    calls: &Calls,
-    dumps: (&Dumps, usize),
+    with: Aggregator<'_>,
     caller: &Caller,
     map: MapRequest,
     req: pb::AggregateMapRequest,
 ) -> Result<pb::AggregateMapResponse, Error> {
-    prepare(calls, dumps, caller, map, req)
-        .await?
-        .run(None)
-        .await
+    prepare(with, caller, map, req).await?.run(None).await
 }
 
 /// An AggregateMap call ready to read its map: its slot taken, its map
@@ -50,12 +55,16 @@ pub(crate) struct Prepared {
 
 /// Prepares an AggregateMap call (see `run`).
 pub(crate) async fn prepare(
-    calls: &Calls,
-    (dumps, max_groups): (&Dumps, usize),
+    with: Aggregator<'_>,
     caller: &Caller,
     map: MapRequest,
     req: pb::AggregateMapRequest,
 ) -> Result<Prepared, Error> {
+    let Aggregator {
+        calls,
+        dumps,
+        max_groups,
+    } = with;
     calls.accepting()?;
     crate::dump::scan_method(req.scan)?;
     let started = Instant::now();

@@ -63,6 +63,17 @@ struct Inner {
     stats: ExportStats,
 }
 
+impl Inner {
+    /// What the exports' walks read maps with.
+    fn aggregator(&self) -> aggregate::Aggregator<'_> {
+        aggregate::Aggregator {
+            calls: &self.calls,
+            dumps: &self.dumps,
+            max_groups: self.max_groups,
+        }
+    }
+}
+
 /// What exports read maps with, and where their figures go.
 #[derive(Debug)]
 pub(crate) struct ExporterParts {
@@ -331,14 +342,7 @@ impl Export {
             scan: pb::ScanMethod::ScanAuto as i32,
         };
         let caller = exporter_caller();
-        let prepared = aggregate::prepare(
-            &inner.calls,
-            (&inner.dumps, inner.max_groups),
-            &caller,
-            c.map.clone(),
-            req,
-        )
-        .await?;
+        let prepared = aggregate::prepare(inner.aggregator(), &caller, c.map.clone(), req).await?;
         let watched = inner.watches.fresh(prepared.meta(), c.config.min_interval);
         let shared = watched.is_some();
         Ok((prepared.run(watched).await?, shared))

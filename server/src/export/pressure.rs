@@ -75,14 +75,7 @@ async fn entries_of(inner: &Inner, map: &str) -> Option<u64> {
         aggregates: vec![count()],
         ..Default::default()
     };
-    let answer = aggregate::run(
-        &inner.calls,
-        (&inner.dumps, inner.max_groups),
-        &exporter_caller(),
-        request,
-        req,
-    )
-    .await;
+    let answer = aggregate::run(inner.aggregator(), &exporter_caller(), request, req).await;
     match answer {
         Ok(a) => a
             .groups

@@ -122,7 +122,19 @@ impl MapService for MapServiceImpl {
         let req = request.into_inner();
         let p = &self.0;
         let result = match map {
-            Ok(map) => aggregate::run(&p.calls, (&p.dumps, p.max_groups), &caller, map, req).await,
+            Ok(map) => {
+                aggregate::run(
+                    aggregate::Aggregator {
+                        calls: &p.calls,
+                        dumps: &p.dumps,
+                        max_groups: p.max_groups,
+                    },
+                    &caller,
+                    map,
+                    req,
+                )
+                .await
+            }
             Err(e) => Err(e),
         };
         if let Ok(r) = &result {
