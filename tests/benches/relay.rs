@@ -294,6 +294,7 @@ fn ctl_dump(args: &[&str]) -> Duration {
         .args(args)
         .args(["--format", "json", "dump", MAP])
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .status()
         .expect("run bpfmapctl");
     assert!(status.success(), "bpfmapctl {args:?} dump {MAP}: {status}");

@@ -345,6 +345,18 @@ async fn configured_and_requested_declarations_type_maps_without_btf() {
     let mut dump = std::pin::pin!(client.dump(&flows, Default::default()).into_entries());
     let e = dump.try_next().await.unwrap_err();
     assert_eq!(e.to_string(), typed);
+    // bpfmapctl says so too, on every command, and prints nothing.
+    let addr = daemon.addr();
+    for command in [&["dump", "demo/flows"][..], &["lookup", "demo/flows", "0"]] {
+        let mut args = vec!["--addr", &addr];
+        args.extend_from_slice(command);
+        args.extend_from_slice(&["--value-type", "__u64[2]"]);
+        let (r, out, err) = ctl(&args).await;
+        assert!(r.is_err(), "{args:?}: {out}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        let message = typed.strip_prefix("FAILED_PRECONDITION: ").unwrap();
+        assert!(err.contains(message), "{args:?}: {err}");
+    }
     let e = client
         .get_map(&"plain".parse::<MapName>().unwrap().with_types("char[", ""))
         .await
