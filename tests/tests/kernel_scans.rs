@@ -773,21 +773,22 @@ fn matching_map(fs: &BpfFs, path: &str, n: u32) -> OwnedMap {
 
 /// The entries a walk inside the kernel takes are held for the whole call,
 /// from the pool for large entries (a quarter of limits.max_queued_bytes,
-/// 1 MiB here): a client that stops reading holds them, and another dump
+/// 8 MiB here): a client that stops reading holds them, and another dump
 /// meanwhile reads in batches, saying so, with the same entries; once the
 /// client is gone the memory is back. More matches than the pool holds:
-/// read in batches.
+/// read in batches. (The held dump is larger than the client's stream
+/// window, 2 MiB, so that the stalled call cannot end by itself.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dump_in_the_kernel_holds_its_entries_within_the_pool_whoever_stops_reading() {
     let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
-    // 12,000 entries of 52 bytes: 624 KB, more than half the pool.
-    let _held = matching_map(&fs, "s/held", 12_000);
-    // 25,000: more than the pool holds (20,164 entries).
-    let _large = matching_map(&fs, "s/large", 25_000);
+    // 90,000 entries of 52 bytes: 4.7 MB, more than half the pool.
+    let _held = matching_map(&fs, "s/held", 90_000);
+    // 170,000: more than the pool holds (161,319 entries).
+    let _large = matching_map(&fs, "s/large", 170_000);
     let daemon = Daemon::start_with(bpfmapd::Config {
         types: vec![types(&["s/held", "s/large"], "__u32")],
         limits: bpfmapd::Limits {
-            max_queued_bytes: 4 << 20,
+            max_queued_bytes: 32 << 20,
             max_dumps: 4,
             ..bpfmapd::Limits::default()
         },
@@ -816,13 +817,13 @@ async fn a_dump_in_the_kernel_holds_its_entries_within_the_pool_whoever_stops_re
     let (entries, _, s) = dump(&mut c, req("s/held")).await.unwrap();
     assert!(!s.scanned_in_kernel);
     assert_eq!(s.scan_note, "the server's memory for dumps is in use");
-    assert_eq!(entries.len(), 12_000);
+    assert_eq!(entries.len(), 90_000);
     // Gone: its memory comes back once its producer notices.
     drop(stalled);
     let mut tries = 0;
     loop {
         let (entries, _, s) = dump(&mut c, req("s/held")).await.unwrap();
-        assert_eq!(entries.len(), 12_000);
+        assert_eq!(entries.len(), 90_000);
         if s.scanned_in_kernel {
             break;
         }
@@ -831,11 +832,11 @@ async fn a_dump_in_the_kernel_holds_its_entries_within_the_pool_whoever_stops_re
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let (entries, _, s) = dump(&mut c, req("s/large")).await.unwrap();
-    assert_eq!(entries.len(), 25_000);
+    assert_eq!(entries.len(), 170_000);
     assert!(!s.scanned_in_kernel);
     assert_eq!(
         s.scan_note,
-        "more than 20164 entries match, more than a dump walked inside the kernel holds (a quarter of limits.max_queued_bytes)"
+        "more than 161319 entries match, more than a dump walked inside the kernel holds (a quarter of limits.max_queued_bytes)"
     );
     daemon.stop().await;
 }
