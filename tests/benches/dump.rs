@@ -748,6 +748,77 @@ fn cilium_ct4(n: u32) -> OwnedMap {
     map
 }
 
+/// `n` connections, a map of mixed members: key `{__u32 saddr; __u16
+/// dport; enum proto (u8); __u8 pad}` (8 bytes), value `{__u64 packets,
+/// bytes; char comm[8]; __s32 delta; __u32 lo:4, hi:12}` (32 bytes).
+/// Connection i: saddr i, dport i % 50,000, proto TCP, UDP or ICMP,
+/// packets i, bytes 1500 i, comm "proc" and i % 1000, delta -(i % 100),
+/// lo i % 16, hi i % 4096.
+fn conns(n: u32) -> OwnedMap {
+    use bpfmap_kernel::{
+        BtfBuilder, BtfMember as M, CreateMap,
+        IntEncoding::{Char, Signed, Unsigned},
+        OwnedBtf,
+    };
+    let mut b = BtfBuilder::new();
+    let u8_ = b.add_int("unsigned char", 1, Unsigned);
+    let u16_ = b.add_int("unsigned short", 2, Unsigned);
+    let u32_ = b.add_int("unsigned int", 4, Unsigned);
+    let u64_ = b.add_int("unsigned long long", 8, Unsigned);
+    let s32 = b.add_int("int", 4, Signed);
+    let char_ = b.add_int("char", 1, Char);
+    let comm = b.add_array(char_, 8);
+    let proto = b.add_enum("proto", 1, false, &[("TCP", 6), ("UDP", 17), ("ICMP", 1)]);
+    let key = b.add_struct(
+        "conn_key",
+        8,
+        &[
+            M::new("saddr", u32_, 0),
+            M::new("dport", u16_, 32),
+            M::new("proto", proto, 48),
+            M::new("pad", u8_, 56),
+        ],
+    );
+    let value = b.add_struct(
+        "conn_stats",
+        32,
+        &[
+            M::new("packets", u64_, 0),
+            M::new("bytes", u64_, 64),
+            M::new("comm", comm, 128),
+            M::new("delta", s32, 192),
+            M::bitfield("lo", u32_, 224, 4),
+            M::bitfield("hi", u32_, 228, 12),
+        ],
+    );
+    let btf = OwnedBtf::load(&b.to_bytes()).unwrap();
+    let map = OwnedMap::create(&CreateMap {
+        map_type: MapType::HASH.0,
+        key_size: 8,
+        value_size: 32,
+        max_entries: n.max(1),
+        name: "conns",
+        btf: Some(btf.for_map(key, value)),
+        ..Default::default()
+    })
+    .unwrap();
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        keys.extend_from_slice(&i.to_le_bytes());
+        keys.extend_from_slice(&((i % 50_000) as u16).to_le_bytes());
+        keys.extend_from_slice(&[[6, 17, 1][i as usize % 3], 0]);
+        values.extend_from_slice(&u64::from(i).to_le_bytes());
+        values.extend_from_slice(&(u64::from(i) * 1500).to_le_bytes());
+        values.extend_from_slice(format!("proc{:03}\0", i % 1000).as_bytes());
+        values.extend_from_slice(&(-((i % 100) as i32)).to_le_bytes());
+        values.extend_from_slice(&((i % 16) | ((i % 4096) << 4)).to_le_bytes());
+    }
+    for (k, v) in keys.chunks(8 << 15).zip(values.chunks(32 << 15)) {
+        update_batch(&map, k, v);
+    }
+    map
+}
+
 /// A typed map of `n` entries (the demo's flows, then a Cilium-shaped
 /// connection tracking map): the tools against the kernel's walk of the
 /// same map in a process of their own (bpfmapctl's typed JSON Lines,
@@ -774,6 +845,18 @@ fn typed(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
             name: "cilium_ct4",
             what: "Cilium's ipv4_ct_tuple -> ct_entry: 14 and 56 bytes, network order, bitfields",
             map: &ct,
+        },
+        rt,
+        report,
+    );
+    drop(ct);
+    let conns = conns(n);
+    typed_case(
+        n,
+        TypedMap {
+            name: "conns",
+            what: "connections: 8-byte key with an enum, 32-byte value with text, a signed integer, bitfields",
+            map: &conns,
         },
         rt,
         report,
@@ -1157,6 +1240,21 @@ fn main() {
         && walk == "__walk"
     {
         println!("{}", batch_walk(Path::new(path)));
+        return;
+    }
+    // `-- __pin SHAPE N PATH`: one of the typed maps (flows, cilium_ct4,
+    // conns) pinned at PATH on a bpffs, for profiling by hand.
+    if let [_, pin, shape, n, path] = &std::env::args().collect::<Vec<_>>()[..]
+        && pin == "__pin"
+    {
+        let n: u32 = n.parse().expect("N: a number of entries");
+        let map = match shape.as_str() {
+            "flows" => bpfmapd::typed_flows(n).unwrap(),
+            "cilium_ct4" => cilium_ct4(n),
+            "conns" => conns(n),
+            other => panic!("unknown shape {other:?}: flows, cilium_ct4 or conns"),
+        };
+        map.pin(Path::new(path)).expect("pin the map");
         return;
     }
     let args: Vec<String> = std::env::args()

@@ -62,7 +62,25 @@ pub fn decode_through(info: &TypeInfo, bytes: &[u8]) {
             String::from_utf8_lossy(&text)
         );
     }
+    // The compiled plan decodes as the tree does, as text and as values.
+    let mut tree = Vec::new();
+    layout.render_from_tree(&value, &mut JsonWriter::new(&mut tree));
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        String::from_utf8_lossy(&tree),
+        "the plan's JSON for {info:?}"
+    );
+    let mut through_sink = Vec::new();
+    layout.render(&value, &mut JsonWriter::new(&mut through_sink));
+    assert_eq!(through_sink, tree, "the plan through a sink for {info:?}");
     let decoded = layout.to_value(&value);
+    let mut tree_value = bpfmap_proto::typed::ValueBuilder::default();
+    layout.render_from_tree(&value, &mut tree_value);
+    assert_eq!(
+        decoded,
+        tree_value.finish(),
+        "the plan's value for {info:?}"
+    );
     let _ = layout.encode(&decoded, "key");
     let _ = layout.encoded_size_hint();
     let _ = layout.member_names();
@@ -70,6 +88,9 @@ pub fn decode_through(info: &TypeInfo, bytes: &[u8]) {
         let mut sum = Vec::new();
         layout.render_sum(&[&value, &value], &mut JsonWriter::new(&mut sum));
         serde_json::from_slice::<serde_json::Value>(&sum).expect("a sum is valid JSON");
+        let mut tree = Vec::new();
+        layout.render_sum_from_tree(&[&value, &value], &mut JsonWriter::new(&mut tree));
+        assert_eq!(sum, tree, "the plan's sums for {info:?}");
     }
     let mut list = Vec::new();
     layout.render_per_cpu(

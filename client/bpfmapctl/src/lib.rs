@@ -441,7 +441,11 @@ pub struct Interrupted(pub &'static str);
 pub fn main() -> std::process::ExitCode {
     use std::{io::Write as _, process::ExitCode};
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    // Printing runs on this thread (`block_on`) and the connections on a
+    // worker of their own: the transport keeps reading (and granting the
+    // daemon flow-control window) while entries are decoded and written.
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
     {

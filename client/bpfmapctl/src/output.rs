@@ -98,8 +98,6 @@ pub(crate) struct Printer {
     table: Option<Table>,
     /// The last target written, and `"target":"..",` for JSON lines.
     target: Option<(Target, Vec<u8>)>,
-    /// A decoded value's JSON text.
-    value: Vec<u8>,
     /// `--per-cpu sum` met a map that is not per-CPU.
     sum_ignored: bool,
 }
@@ -198,7 +196,6 @@ impl Printer {
             line: Vec::with_capacity(256),
             table: None,
             target: None,
-            value: Vec::with_capacity(256),
             sum_ignored: false,
         }
     }
@@ -261,31 +258,32 @@ impl Printer {
         }
     }
 
-    /// A decoded value as JSON text (per CPU, or summed), and the name of
-    /// its field: `value`, or `per_cpu_values`.
+    /// Appends a decoded value's field to a JSON line: `,"value":` and
+    /// the value (summed over the CPUs with `--per-cpu sum`), or
+    /// `,"per_cpu_values":` and a list.
     fn typed_value(
         per_cpu: PerCpu,
         types: &MapTypes,
         value: ValueRef<'_>,
         out: &mut Vec<u8>,
-    ) -> io::Result<&'static str> {
-        let field = match value {
+    ) -> io::Result<()> {
+        match value {
             ValueRef::Single(v) => {
+                out.extend_from_slice(b",\"value\":");
                 types.value().write_json(v, out);
-                "value"
             }
             ValueRef::PerCpu(_) if per_cpu == PerCpu::Sum => {
+                out.extend_from_slice(b",\"value\":");
                 types
                     .render_sum(value, &mut JsonWriter::new(out))
                     .map_err(unsummable)?;
-                "value"
             }
             ValueRef::PerCpu(_) => {
+                out.extend_from_slice(b",\"per_cpu_values\":");
                 types.render_value(value, &mut JsonWriter::new(out));
-                "per_cpu_values"
             }
-        };
-        Ok(field)
+        }
+        Ok(())
     }
 
     /// A row of a typed table: the target, then the key's and the value's
@@ -333,16 +331,11 @@ impl Printer {
         match self.format {
             Format::Table => self.typed_row(out, target, types, None, e),
             _ => {
-                self.value.clear();
-                let field = Self::typed_value(self.per_cpu, types, e.value, &mut self.value)?;
                 self.start_json_line(target);
                 let line = &mut self.line;
                 line.extend_from_slice(b"\"key\":");
                 types.key().write_json(e.key, line);
-                line.extend_from_slice(b",\"");
-                line.extend_from_slice(field.as_bytes());
-                line.extend_from_slice(b"\":");
-                line.extend_from_slice(&self.value);
+                Self::typed_value(self.per_cpu, types, e.value, line)?;
                 line.extend_from_slice(b"}\n");
                 out.write_all(line)
             }
@@ -386,13 +379,11 @@ impl Printer {
                 line.extend_from_slice(b"\"key\":");
                 types.key().write_json(r.key(), &mut line);
                 line.extend_from_slice(found_field(r.found()));
-                if let Some(v) = value {
-                    let mut text = Vec::new();
-                    let field = Self::typed_value(self.per_cpu, types, v, &mut text)?;
-                    line.extend_from_slice(b",\"");
-                    line.extend_from_slice(field.as_bytes());
-                    line.extend_from_slice(b"\":");
-                    line.extend_from_slice(&text);
+                if let Some(v) = value
+                    && let Err(e) = Self::typed_value(self.per_cpu, types, v, &mut line)
+                {
+                    self.line = line;
+                    return Err(e);
                 }
                 line.extend_from_slice(b"}\n");
                 let written = out.write_all(&line);
@@ -619,12 +610,10 @@ impl Printer {
         }
         match (types, c.decoded.1) {
             (Some(t), _) => {
-                let mut text = Vec::new();
-                let field = Self::typed_value(self.per_cpu, t, c.entry.value, &mut text)?;
-                line.extend_from_slice(b",\"");
-                line.extend_from_slice(field.as_bytes());
-                line.extend_from_slice(b"\":");
-                line.extend_from_slice(&text);
+                if let Err(e) = Self::typed_value(self.per_cpu, t, c.entry.value, &mut line) {
+                    self.line = line;
+                    return Err(e);
+                }
             }
             (None, Some(v)) => {
                 let field: &[u8] = match c.entry.value {

@@ -269,6 +269,8 @@ fn check_size(layout: &Layout, expected: usize, what: &str) -> Result<(), TypeEr
 impl Layout {
     /// The node a trail of record fields and array elements leads to.
     pub(crate) fn node_at_mut(&mut self, trail: &[usize]) -> Option<&mut Node> {
+        // The tree changes: its plan is made again.
+        self.plan = Default::default();
         let mut node = &mut self.root;
         for &i in trail {
             if let Node::Rendered { node: inner, .. } = node {

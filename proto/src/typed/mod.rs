@@ -49,6 +49,7 @@ mod encode;
 mod int;
 mod map_layout;
 mod member;
+mod plan;
 mod projection;
 mod render;
 mod rendering;
@@ -100,6 +101,37 @@ pub struct Layout {
     root: Node,
     size: usize,
     name: String,
+    plan: Planned,
+}
+
+/// A layout's decoding plan, made when it first decodes (a layout whose
+/// renderings change makes it again).
+#[derive(Clone, Default)]
+struct Planned(std::sync::OnceLock<Option<Box<plan::Plan>>>);
+
+impl Planned {
+    fn get(&self, root: &Node) -> Option<&plan::Plan> {
+        self.0
+            .get_or_init(|| plan::Plan::new(root).map(Box::new))
+            .as_deref()
+    }
+}
+
+/// Derived from the tree, so equal trees plan alike.
+impl PartialEq for Planned {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for Planned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.get() {
+            Some(Some(_)) => f.write_str("planned"),
+            Some(None) => f.write_str("decoded from its tree"),
+            None => f.write_str("not planned yet"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -207,41 +239,37 @@ impl Layout {
                 format!("decodes into more than {MAX_VALUES} values ({values})"),
             ));
         }
-        Ok(Self {
-            root,
-            size,
-            name: info.name.clone(),
-        })
+        Ok(Self::of_node(root, size, info.name.clone()))
     }
 
     /// An unsigned integer of `size` bytes (1, 2, 4 or 8): how untyped
     /// per-CPU values are summed.
     pub fn unsigned(size: usize) -> Option<Self> {
-        matches!(size, 1 | 2 | 4 | 8).then(|| Self {
-            root: Node::Int {
+        matches!(size, 1 | 2 | 4 | 8).then(|| {
+            let root = Node::Int {
                 size,
                 signed: false,
                 big_endian: false,
                 name: String::new(),
-            },
-            size,
-            name: String::new(),
+            };
+            Self::of_node(root, size, String::new())
         })
     }
 
     /// The bytes of an untyped key or value, shown as hex.
     pub fn opaque(size: usize) -> Self {
-        Self {
-            root: Node::Opaque { size },
-            size,
-            name: String::new(),
-        }
+        Self::of_node(Node::Opaque { size }, size, String::new())
     }
 
     /// A layout of `root`, already checked (a record built of checked
     /// members).
     pub(crate) fn of_node(root: Node, size: usize, name: String) -> Self {
-        Self { root, size, name }
+        Self {
+            root,
+            size,
+            name,
+            plan: Planned::default(),
+        }
     }
 
     pub(crate) fn root(&self) -> &Node {
@@ -361,12 +389,37 @@ impl Layout {
             sink.null();
             return;
         }
-        render::node(&self.root, bytes, 0, sink);
+        match self.plan.get(&self.root) {
+            Some(plan) => plan.run(bytes, sink),
+            None => render::node(&self.root, bytes, 0, sink),
+        }
+    }
+
+    /// Decodes `bytes` by walking the layout's tree, without its plan: the
+    /// reference the plan is tested against.
+    #[doc(hidden)]
+    pub fn render_from_tree(&self, bytes: &[u8], sink: &mut impl Sink) {
+        match bytes.len() == self.size {
+            true => render::node(&self.root, bytes, 0, sink),
+            false => sink.null(),
+        }
+    }
+
+    /// [`render_sum`](Self::render_sum) by walking the layout's tree.
+    #[doc(hidden)]
+    pub fn render_sum_from_tree(&self, cpus: &[&[u8]], sink: &mut impl Sink) {
+        match cpus.iter().all(|c| c.len() == self.size) {
+            true => render::sum(&self.root, cpus, 0, sink),
+            false => sink.null(),
+        }
     }
 
     /// Decodes `bytes` as JSON text appended to `out`.
     pub fn write_json(&self, bytes: &[u8], out: &mut Vec<u8>) {
-        self.render(bytes, &mut JsonWriter::new(out));
+        match self.plan.get(&self.root) {
+            Some(plan) if bytes.len() == self.size => plan.write_json(bytes, out),
+            _ => self.render(bytes, &mut JsonWriter::new(out)),
+        }
     }
 
     /// Decodes `bytes` as a `google.protobuf.Value`.
@@ -397,7 +450,10 @@ impl Layout {
             sink.null();
             return;
         }
-        render::sum(&self.root, cpus, 0, sink);
+        match self.plan.get(&self.root) {
+            Some(plan) => plan.run_sum(cpus, sink),
+            None => render::sum(&self.root, cpus, 0, sink),
+        }
     }
 
     /// Encodes a value given as JSON (the form [`render`](Self::render)

@@ -87,22 +87,24 @@ fn scalar(node: &Node, field: &IntField, bytes: &[u8], sink: &mut impl Sink) {
     }
 }
 
+/// A float of 4 or 8 bytes (`b`, its bytes), or null.
+pub(crate) fn float(b: &[u8], sink: &mut impl Sink) {
+    let v = match b.len() {
+        4 => b.try_into().map(f32::from_le_bytes).map(f64::from).ok(),
+        _ => b.try_into().map(f64::from_le_bytes).ok(),
+    };
+    match v {
+        Some(v) => sink.float(v),
+        None => sink.null(),
+    }
+}
+
 pub(crate) fn node(node: &Node, bytes: &[u8], offset: usize, sink: &mut impl Sink) {
     if let Some(field) = int_field(node, offset, None) {
         return scalar(node, &field, bytes, sink);
     }
     match node {
-        Node::Float { size } => {
-            let b = slice(bytes, offset, *size);
-            let v = match *size {
-                4 => b.try_into().map(f32::from_le_bytes).map(f64::from).ok(),
-                _ => b.try_into().map(f64::from_le_bytes).ok(),
-            };
-            match v {
-                Some(v) => sink.float(v),
-                None => sink.null(),
-            }
-        }
+        Node::Float { size } => float(slice(bytes, offset, *size), sink),
         Node::Record(r) => {
             sink.begin_object();
             for f in &r.fields {
@@ -189,7 +191,7 @@ pub(crate) fn sum(node: &Node, cpus: &[&[u8]], offset: usize, sink: &mut impl Si
 /// The sum of an integer over the CPUs: a number while a JSON number holds
 /// it exactly (a 32-bit type summed over up to 2^21 CPUs always is), else a
 /// decimal string; null when it cannot be summed exactly.
-fn sum_out(cpus: &[&[u8]], field: &IntField, sink: &mut impl Sink) {
+pub(crate) fn sum_out(cpus: &[&[u8]], field: &IntField, sink: &mut impl Sink) {
     const EXACT: i128 = 1 << 53;
     match field.sum(cpus.iter().copied()) {
         Some(total) if field.bits() <= 32 && (-EXACT..=EXACT).contains(&total) => {

@@ -80,6 +80,11 @@ impl FieldKey {
         &self.name
     }
 
+    /// The name as a JSON object key: quoted, escaped, with its colon.
+    pub(crate) fn json(&self) -> &[u8] {
+        &self.json
+    }
+
     /// The key field of a Struct map entry: tag 1, length, the name.
     pub fn proto(&self) -> &[u8] {
         &self.proto

@@ -927,3 +927,89 @@ fn renderings_that_cannot_work_name_the_member() {
         "key.a: expected ipv4 like \"10.0.0.1\", got \"10.0.0\""
     );
 }
+
+/// `l`'s decoding of `bytes` through its plan (as text and as values)
+/// equals the tree's: the JSON text.
+fn planned_as_tree(l: &Layout, bytes: &[u8]) -> String {
+    let mut planned = Vec::new();
+    l.write_json(bytes, &mut planned);
+    let mut tree = Vec::new();
+    l.render_from_tree(bytes, &mut JsonWriter::new(&mut tree));
+    let (planned, tree) = (
+        String::from_utf8(planned).unwrap(),
+        String::from_utf8(tree).unwrap(),
+    );
+    assert_eq!(planned, tree, "{l}");
+    let mut value = ValueBuilder::default();
+    l.render_from_tree(bytes, &mut value);
+    assert_eq!(l.to_value(bytes), value.finish(), "{l}");
+    planned
+}
+
+#[test]
+fn compiled_plans_decode_renderings_enums_text_and_bitfields_as_the_tree() {
+    let r = renderings(&[
+        ("key.daddr", "ipv4"),
+        ("key.saddr", "hex"),
+        ("key.dport", "be16"),
+    ]);
+    let ct = rendered(&ct_tuple(), "key", &r).unwrap();
+    assert_eq!(
+        planned_as_tree(&ct, &ct_bytes()),
+        r#"{"daddr":"10.0.0.1","saddr":"0xc0a80002","dport":443,"sport":51234,"nexthdr":6,"flags":0}"#
+    );
+    // A rendering replaced on a layout that decoded: its plan is made
+    // again.
+    let shape = MapShape::new(14, 1);
+    let first = MapLayout::new(Some(&ct_tuple()), Some(&u(1)), shape)
+        .unwrap()
+        .with_renderings(&r)
+        .unwrap();
+    assert!(planned_as_tree(first.key(), &ct_bytes()).starts_with(r#"{"daddr":"10.0.0.1","#));
+    let again = first
+        .with_renderings(&renderings(&[("key.daddr", "hex")]))
+        .unwrap();
+    assert!(planned_as_tree(again.key(), &ct_bytes()).starts_with(r#"{"daddr":"0xa000001","#));
+    let mixed = record(
+        "mixed",
+        24,
+        vec![
+            member("proto", 0, ip_proto()),
+            bits("lo", 8, 3, s(4)),
+            bits("hi", 11, 13, u(4)),
+            bits("kind", 24, 4, ip_proto()),
+            member("comm", 4, array(char_(), 4)),
+            member("big", 8, s(8)),
+            member("wide", 16, array(u(2), 4)),
+        ],
+    );
+    let l = layout(&mixed);
+    let mut bytes: Vec<u8> = (0..24u8).map(|i| i.wrapping_mul(37)).collect();
+    planned_as_tree(&l, &bytes);
+    bytes[0] = 6;
+    bytes[4..8].copy_from_slice(b"ab\0\0");
+    assert!(planned_as_tree(&l, &bytes).starts_with(r#"{"proto":"IPPROTO_TCP","#));
+    let text = rendered(&mixed, "value", &renderings(&[("value.comm", "string")])).unwrap();
+    bytes[4..8].copy_from_slice(b"\x1b[\xff\0");
+    assert!(planned_as_tree(&text, &bytes).contains(r#""comm":"\\x1b[\\xff""#));
+    // Too short: null, as the tree says.
+    assert_eq!(planned_as_tree(&l, &bytes[..3]), "null");
+}
+
+#[test]
+fn layouts_too_long_for_a_plan_decode_from_their_tree() {
+    // 20,000 records of two members: more steps than a plan holds.
+    let t = array(
+        record("r", 2, vec![member("a", 0, u(1)), member("b", 1, s(1))]),
+        20_000,
+    );
+    let l = layout(&t);
+    let bytes: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
+    let text = planned_as_tree(&l, &bytes);
+    assert!(
+        text.starts_with(r#"[{"a":0,"b":1},{"a":2,"b":3},"#),
+        "{}",
+        &text[..40]
+    );
+    assert!(format!("{:?}", l).contains("decoded from its tree"));
+}
