@@ -5,9 +5,13 @@
 //!
 //!     cargo bench -p bpfmap-tests --bench dump               (as root)
 //!     cargo bench -p bpfmap-tests --bench dump -- 100000     (only these sizes)
+//!     cargo bench -p bpfmap-tests --bench dump -- check      (the performance check)
 //!
 //! bpftool (`apt-get install bpftool`) gives the `bpftool map dump -j`
 //! baseline; without it that row says so.
+
+#[path = "dump/check.rs"]
+mod check;
 
 use std::{
     path::Path,
@@ -748,13 +752,19 @@ fn cilium_ct4(n: u32) -> OwnedMap {
     map
 }
 
+/// [`conns_of`] a hash map.
+fn conns(n: u32) -> OwnedMap {
+    conns_of(n, MapType::HASH)
+}
+
 /// `n` connections, a map of mixed members: key `{__u32 saddr; __u16
 /// dport; enum proto (u8); __u8 pad}` (8 bytes), value `{__u64 packets,
 /// bytes; char comm[8]; __s32 delta; __u32 lo:4, hi:12}` (32 bytes).
 /// Connection i: saddr i, dport i % 50,000, proto TCP, UDP or ICMP,
 /// packets i, bytes 1500 i, comm "proc" and i % 1000, delta -(i % 100),
-/// lo i % 16, hi i % 4096.
-fn conns(n: u32) -> OwnedMap {
+/// lo i % 16, hi i % 4096; in a map of `map_type` (a per-CPU map has the
+/// same value on every CPU).
+fn conns_of(n: u32, map_type: MapType) -> OwnedMap {
     use bpfmap_kernel::{
         BtfBuilder, BtfMember as M, CreateMap,
         IntEncoding::{Char, Signed, Unsigned},
@@ -793,7 +803,7 @@ fn conns(n: u32) -> OwnedMap {
     );
     let btf = OwnedBtf::load(&b.to_bytes()).unwrap();
     let map = OwnedMap::create(&CreateMap {
-        map_type: MapType::HASH.0,
+        map_type: map_type.0,
         key_size: 8,
         value_size: 32,
         max_entries: n.max(1),
@@ -802,18 +812,28 @@ fn conns(n: u32) -> OwnedMap {
         ..Default::default()
     })
     .unwrap();
+    let cpus = match map_type {
+        MapType::PERCPU_HASH | MapType::LRU_PERCPU_HASH | MapType::PERCPU_ARRAY => {
+            bpfmap_kernel::possible_cpus() as usize
+        }
+        _ => 1,
+    };
     let (mut keys, mut values) = (Vec::new(), Vec::new());
     for i in 0..n {
         keys.extend_from_slice(&i.to_le_bytes());
         keys.extend_from_slice(&((i % 50_000) as u16).to_le_bytes());
         keys.extend_from_slice(&[[6, 17, 1][i as usize % 3], 0]);
-        values.extend_from_slice(&u64::from(i).to_le_bytes());
-        values.extend_from_slice(&(u64::from(i) * 1500).to_le_bytes());
-        values.extend_from_slice(format!("proc{:03}\0", i % 1000).as_bytes());
-        values.extend_from_slice(&(-((i % 100) as i32)).to_le_bytes());
-        values.extend_from_slice(&((i % 16) | ((i % 4096) << 4)).to_le_bytes());
+        let mut value = Vec::with_capacity(32);
+        value.extend_from_slice(&u64::from(i).to_le_bytes());
+        value.extend_from_slice(&(u64::from(i) * 1500).to_le_bytes());
+        value.extend_from_slice(format!("proc{:03}\0", i % 1000).as_bytes());
+        value.extend_from_slice(&(-((i % 100) as i32)).to_le_bytes());
+        value.extend_from_slice(&((i % 16) | ((i % 4096) << 4)).to_le_bytes());
+        for _ in 0..cpus {
+            values.extend_from_slice(&value);
+        }
     }
-    for (k, v) in keys.chunks(8 << 15).zip(values.chunks(32 << 15)) {
+    for (k, v) in keys.chunks(8 << 15).zip(values.chunks((32 * cpus) << 15)) {
         update_batch(&map, k, v);
     }
     map
@@ -914,7 +934,7 @@ fn typed_case(n: u32, typed: TypedMap<'_>, rt: &tokio::runtime::Runtime, report:
             &format!("bpfmapctl typed dump of {name}, {n} entries, vs the tools' floor"),
             r,
             "x",
-            1.5,
+            1.1,
             true,
         );
         if let Some(b) = bpftool {
@@ -1099,8 +1119,8 @@ async fn time_dump(client: &Client, map: &str) -> Duration {
     median(samples)
 }
 
-const SECTIONS: [&str; 7] = [
-    "hash", "batch", "shapes", "catalog", "typed", "query", "profile",
+const SECTIONS: [&str; 8] = [
+    "hash", "batch", "shapes", "catalog", "typed", "query", "profile", "check",
 ];
 
 /// Only library dumps of a u64 hash, default options, over and over: a
@@ -1278,9 +1298,13 @@ fn main() {
         .collect();
     if sections.is_empty() {
         sections = SECTIONS.to_vec();
-        sections.retain(|s| *s != "profile");
+        sections.retain(|s| !matches!(*s, "profile" | "check"));
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
+    if sections == ["check"] {
+        check::run(&rt);
+        return;
+    }
     println!(
         "medians of {RUNS} runs ({} under 100 ms); {} CPUs; a case and its baseline run alternately, and its ratio is of their medians",
         RUNS * 3,

@@ -21,8 +21,7 @@
 //!     cargo bench -p bpfmap-tests --bench relay -- thousand    (one section)
 
 use std::{
-    net::{IpAddr, SocketAddr},
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -31,11 +30,9 @@ use bpfmap_client::{
     FleetEvent, FleetOptions, Target, pb, pb::fleet_service_client::FleetServiceClient,
 };
 use bpfmap_tests::{
-    BpfFs, CountingProxy, MapType, create_map,
-    fleet::{in_parallel, loopback_addrs, port_free_on},
+    CountingProxy,
+    local_fleet::{LocalFleet, RelayProcess},
     map_ref, median,
-    process::DaemonProcess,
-    update_batch,
 };
 use futures::StreamExt as _;
 
@@ -43,120 +40,8 @@ const RUNS: usize = 5;
 const CONCURRENCY: usize = 32;
 const MAP: &str = "bench/m";
 
-/// Daemons on loopback addresses sharing one port, each with a hash map of
-/// `entries` u64 keys 0.. (values key * (n + 1)): one bpffs, a directory
-/// each.
-struct Daemons {
-    _fs: BpfFs,
-    _state: tempfile::TempDir,
-    _maps: Vec<bpfmap_kernel::OwnedMap>,
-    _processes: Vec<DaemonProcess>,
-    targets: Vec<Target>,
-}
-
-fn daemons(n: usize, entries: u64) -> Daemons {
-    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
-    let ips: Vec<IpAddr> = loopback_addrs(n);
-    let port = port_free_on(&ips);
-    let mut maps = Vec::new();
-    for h in 0..n {
-        let map = create_map(MapType::HASH, 8, 8, (entries as u32).next_power_of_two());
-        let keys: Vec<u8> = (0..entries).flat_map(|i| i.to_le_bytes()).collect();
-        let values: Vec<u8> = (0..entries)
-            .flat_map(|i| (i * (h as u64 + 1)).to_le_bytes())
-            .collect();
-        update_batch(&map, &keys, &values);
-        fs.pin(&map, &format!("h{h}/{MAP}"));
-        maps.push(map);
-    }
-    let specs: Vec<(usize, SocketAddr)> = ips
-        .iter()
-        .enumerate()
-        .map(|(h, ip)| (h, SocketAddr::new(*ip, port)))
-        .collect();
-    let processes = in_parallel(&specs, 32, |(h, addr)| {
-        let state = state.path().join(format!("h{h}"));
-        std::fs::create_dir_all(&state).unwrap();
-        DaemonProcess::start(
-            bpfmap_tests::daemon_bin!(),
-            &fs.path().join(format!("h{h}")),
-            &state,
-            *addr,
-            "",
-        )
-    });
-    let targets = specs
-        .iter()
-        .map(|(_, a)| Target::from_socket_addr(*a))
-        .collect();
-    Daemons {
-        _fs: fs,
-        _state: state,
-        _maps: maps,
-        _processes: processes,
-        targets,
-    }
-}
-
-/// A relay process over `targets`; killed when dropped.
-struct RelayProcess {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl RelayProcess {
-    fn start(targets: &[Target]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let addr = bpfmap_tests::process::free_addr("127.0.0.1");
-        let list: Vec<String> = targets
-            .iter()
-            .map(|t| format!("{:?}", t.as_str()))
-            .collect();
-        let config = dir.path().join("relay.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"{addr}\"\nstate_dir = \"{}\"\nconcurrency = {CONCURRENCY}\ntargets = [{}]\n",
-                dir.path().display(),
-                list.join(", ")
-            ),
-        )
-        .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Self {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-
-    async fn client(&self) -> FleetServiceClient<tonic::transport::Channel> {
-        for _ in 0..100 {
-            if let Ok(c) = FleetServiceClient::connect(format!("http://{}", self.addr)).await {
-                return c.max_decoding_message_size(64 << 20);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("the relay did not start");
-    }
-
-    /// Its peak resident memory, in MiB.
-    fn peak_mib(&self) -> f64 {
-        bpfmap_tests::fleet::memory_mib_of(self.child.id()).1
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn relay_bin() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_BIN_EXE_test-bpfmap-relay"))
 }
 
 /// The fleet dump read directly: (time, entries).
@@ -204,8 +89,8 @@ async fn relayed(relay: &RelayProcess) -> (Duration, u64) {
     (t.elapsed(), entries)
 }
 
-fn dump_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
-    let relay = RelayProcess::start(&d.targets);
+fn dump_section(runtime: &tokio::runtime::Runtime, d: &LocalFleet) {
+    let relay = RelayProcess::start(relay_bin(), &d.targets, CONCURRENCY);
     runtime.block_on(async {
         direct(&d.targets).await;
         relayed(&relay).await;
@@ -229,8 +114,8 @@ fn dump_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
     });
 }
 
-fn topk_section(runtime: &tokio::runtime::Runtime, d: &Daemons) {
-    let relay = RelayProcess::start(&d.targets);
+fn topk_section(runtime: &tokio::runtime::Runtime, d: &LocalFleet) {
+    let relay = RelayProcess::start(relay_bin(), &d.targets, CONCURRENCY);
     runtime.block_on(async {
         let options = AggregateOptions::default()
             .with_group_by(["key"])
@@ -301,8 +186,8 @@ fn ctl_dump(args: &[&str]) -> Duration {
     t.elapsed()
 }
 
-fn ctl_section(d: &Daemons) {
-    let relay = RelayProcess::start(&d.targets);
+fn ctl_section(d: &LocalFleet) {
+    let relay = RelayProcess::start(relay_bin(), &d.targets, CONCURRENCY);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("targets");
     let listed: Vec<&str> = d.targets.iter().map(Target::as_str).collect();
@@ -329,9 +214,9 @@ fn ctl_section(d: &Daemons) {
 fn thousand_section(runtime: &tokio::runtime::Runtime) {
     let limit = bpfmap_tests::fleet::raise_fd_limit();
     let t = Instant::now();
-    let d = daemons(1000, 1000);
+    let d = LocalFleet::start(bpfmap_tests::daemon_bin!(), 1000, MAP, 1000);
     let started = t.elapsed();
-    let relay = RelayProcess::start(&d.targets);
+    let relay = RelayProcess::start(relay_bin(), &d.targets, CONCURRENCY);
     runtime.block_on(async {
         relayed(&relay).await;
         let mut times = Vec::new();
@@ -357,7 +242,7 @@ fn main() {
     let wants = |s: &str| sections.is_empty() || sections.iter().any(|a| a == s);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     if wants("dump") || wants("topk") {
-        let d = daemons(100, 10_000);
+        let d = LocalFleet::start(bpfmap_tests::daemon_bin!(), 100, MAP, 10_000);
         if wants("dump") {
             dump_section(&runtime, &d);
         }
@@ -366,7 +251,12 @@ fn main() {
         }
     }
     if wants("ctl") {
-        ctl_section(&daemons(6, 200_000));
+        ctl_section(&LocalFleet::start(
+            bpfmap_tests::daemon_bin!(),
+            6,
+            MAP,
+            200_000,
+        ));
     }
     if wants("thousand") {
         thousand_section(&runtime);

@@ -20,6 +20,7 @@ pub mod dns;
 pub mod fleet;
 pub mod fuzz;
 pub mod h2;
+pub mod local_fleet;
 pub mod metrics;
 pub mod netns;
 pub mod networking;
