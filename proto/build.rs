@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         "bpfmap/v1/map_service.proto",
         "bpfmap/v1/fleet_service.proto",
+        "bpfmap/v1/flight.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -16,6 +17,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(protos, ["."])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("bpfmap_descriptor.bin"), fds.encode_to_vec())?;
+    // Arrow Flight's service, described for reflection only (its code is
+    // the arrow-flight crate's).
+    let flight = "arrow/flight/protocol/flight.proto";
+    println!("cargo:rerun-if-changed={flight}");
+    let flight_fds = protox::compile([flight], ["."])?;
+    fs::write(
+        out.join("flight_descriptor.bin"),
+        flight_fds.encode_to_vec(),
+    )?;
     tonic_prost_build::configure()
         .codec_path("crate::codec::StrictCodec")
         // Packed chunks are read in place: their buffers are slices of the

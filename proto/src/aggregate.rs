@@ -8,6 +8,19 @@ use prost_types::{Value, value::Kind};
 
 pub use crate::v1::aggregate::Op;
 
+/// An aggregate as bpfmapctl, tables and the relay name it:
+/// "count()", "sum(value.bytes)".
+pub fn spelling(a: &crate::v1::Aggregate) -> String {
+    let op = match Op::try_from(a.op) {
+        Ok(Op::Count) => "count",
+        Ok(Op::Sum) => "sum",
+        Ok(Op::Min) => "min",
+        Ok(Op::Max) => "max",
+        Ok(Op::Unspecified) | Err(_) => "unspecified",
+    };
+    format!("{op}({})", a.field)
+}
+
 /// Combines two values of an aggregate: COUNT and SUM add, MIN keeps the
 /// smaller, MAX the larger; `None` (no value yet) changes nothing.
 #[inline]

@@ -17,6 +17,11 @@ pub mod v1 {
     /// server reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/bpfmap_descriptor.bin"));
+
+    /// Encoded `FileDescriptorSet` of Arrow Flight's
+    /// `arrow.flight.protocol.FlightService`, for server reflection.
+    pub const FLIGHT_FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/flight_descriptor.bin"));
 }
 
 pub mod typed;

@@ -12,6 +12,7 @@ use crate::{
     DumpArgs, Interrupted, TargetsFailed, code_and_text,
     cursors::{CursorFile, SavedTarget},
     drive::{End, Io, drive, interrupted},
+    output::Format,
     output::{Printer, Progress},
     refused_render, render_pairs,
     setup::Setup,
@@ -77,6 +78,7 @@ pub(crate) async fn run(
     io: Io<'_>,
     args: DumpArgs,
     saved: Option<CursorFile>,
+    terminal: bool,
 ) -> anyhow::Result<()> {
     check(&args, &setup.targets, saved.as_ref())?;
     if !args.render.is_empty() && !setup.decode {
@@ -108,7 +110,12 @@ pub(crate) async fn run(
     let run = fleet
         .with_options(options)
         .dump(&map, dump_options(&args, &start, decode));
-    let out = &mut *io.out;
+    printer.start_arrow(&args.map);
+    let mut file = output_file(&args, printer.format(), terminal)?;
+    let out: &mut dyn io::Write = match &mut file {
+        Some(f) => f,
+        None => &mut *io.out,
+    };
     let (reports, end) = drive(run, &progress, interrupted(), |target, chunk| {
         write_chunk(&mut printer, out, &progress, &mut written, target, chunk)
     })
@@ -117,11 +124,11 @@ pub(crate) async fn run(
         // Nothing more reaches stdout: what was written is what the
         // summaries say.
         End::Failed(_) => {
-            let _ = io.out.flush();
+            let _ = out.flush();
         }
         End::Done | End::Stopped(_) => {
-            printer.finish(io.out, io.err)?;
-            io.out.flush()?
+            printer.finish(out, io.err)?;
+            out.flush()?
         }
     }
     progress.finish();
@@ -145,6 +152,25 @@ pub(crate) async fn run(
             Err(refused.unwrap_or_else(|| TargetsFailed(failed, total).into()))
         }
         End::Done => Ok(()),
+    }
+}
+
+/// The file of `-o FILE`; `--format arrow` to a terminal is refused.
+fn output_file(
+    args: &DumpArgs,
+    format: Format,
+    terminal: bool,
+) -> anyhow::Result<Option<io::BufWriter<std::fs::File>>> {
+    match &args.output {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .map_err(|e| usage(format!("-o {}: {e}", path.display())))?;
+            Ok(Some(io::BufWriter::with_capacity(256 << 10, file)))
+        }
+        None if format == Format::Arrow && terminal => Err(usage(
+            "--format arrow writes a binary Arrow IPC stream: give -o FILE, or redirect stdout",
+        )),
+        None => Ok(None),
     }
 }
 
@@ -200,9 +226,14 @@ fn write_chunk(
     target: Target,
     answer: FleetChunk,
 ) -> io::Result<()> {
-    let types = answer.types.as_deref();
-    for e in &answer.chunk {
-        printer.typed_entry(out, &target, e, types)?;
+    match printer.arrow() {
+        Some(arrow) => arrow.chunk(out, &target, &answer)?,
+        None => {
+            let types = answer.types.as_deref();
+            for e in &answer.chunk {
+                printer.typed_entry(out, &target, e, types)?;
+            }
+        }
     }
     let n = answer.chunk.len() as u64;
     let w = written.entry(target).or_default();

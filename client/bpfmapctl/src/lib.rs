@@ -3,6 +3,7 @@
 //! binary.
 #![forbid(unsafe_code)]
 
+mod arrow_out;
 mod commands;
 mod cursors;
 mod drain;
@@ -356,6 +357,10 @@ pub struct DumpArgs {
     /// in key-byte order) or batched.
     #[arg(long, value_enum, default_value_t = ScanArg::Auto)]
     pub scan: ScanArg,
+    /// Write the entries to FILE instead of stdout (the summaries still go
+    /// to stderr).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 /// `--scan`: how a filtered dump reads the map.
@@ -503,6 +508,11 @@ pub async fn run_with(
         Command::Dump(args) => cursors::CursorFile::read(args)?,
         _ => None,
     };
+    if cli.format == Some(Format::Arrow) && !matches!(cli.command, Command::Dump(_)) {
+        return Err(usage(
+            "--format arrow writes the table of a dump: use it with dump (json, table or hex elsewhere)",
+        ));
+    }
     let setup = setup::Setup::new(&cli, saved.as_ref(), terminals).await?;
     let io = drive::Io { out, err };
     match cli.command {
@@ -511,7 +521,7 @@ pub async fn run_with(
         Command::Lookup { map, keys, render } => {
             commands::lookup(setup, io, &map, &keys, &render).await
         }
-        Command::Dump(args) => dump::run(setup, io, args, saved).await,
+        Command::Dump(args) => dump::run(setup, io, args, saved, terminals.stdout).await,
         Command::Top(args) => match args.interval {
             Some(every) => {
                 watching::top(setup, io, args, every, cli.per_cpu, terminals.stdout).await

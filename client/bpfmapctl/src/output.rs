@@ -23,6 +23,10 @@ pub enum Format {
     /// `TARGET KEY VALUE` separated by spaces, hex (per-CPU values joined
     /// by commas): for scripts.
     Hex,
+    /// An Arrow IPC stream (`dump` only): one table, a `target` column
+    /// then the map's members, for pyarrow, polars and DuckDB; to `-o
+    /// FILE` or a stdout that is not a terminal.
+    Arrow,
 }
 
 /// How per-CPU values are shown.
@@ -100,6 +104,8 @@ pub(crate) struct Printer {
     target: Option<(Target, Vec<u8>)>,
     /// `--per-cpu sum` met a map that is not per-CPU.
     sum_ignored: bool,
+    /// The Arrow stream (`--format arrow`).
+    arrow: Option<crate::arrow_out::ArrowOut>,
 }
 
 /// A decoded value as a table cell: strings bare, the rest as JSON.
@@ -197,7 +203,24 @@ impl Printer {
             table: None,
             target: None,
             sum_ignored: false,
+            arrow: None,
         }
+    }
+
+    /// Starts the Arrow stream of a dump of `map` (`--format arrow`).
+    pub(crate) fn start_arrow(&mut self, map: &str) {
+        if self.format == Format::Arrow {
+            let per_cpu = match self.per_cpu {
+                PerCpu::List => bpfmap_client::table::PerCpuColumns::List,
+                PerCpu::Sum => bpfmap_client::table::PerCpuColumns::Sum,
+            };
+            self.arrow = Some(crate::arrow_out::ArrowOut::new(per_cpu, map));
+        }
+    }
+
+    /// The Arrow stream, when one was started.
+    pub(crate) fn arrow(&mut self) -> Option<&mut crate::arrow_out::ArrowOut> {
+        self.arrow.as_mut()
     }
 
     /// Writes what a table still holds, and says on `err` what the output
@@ -209,6 +232,9 @@ impl Printer {
     ) -> io::Result<()> {
         if let Some(t) = &mut self.table {
             t.finish(out)?;
+        }
+        if let Some(mut arrow) = self.arrow.take() {
+            arrow.finish(out)?;
         }
         if std::mem::take(&mut self.sum_ignored) {
             writeln!(
@@ -403,7 +429,7 @@ impl Printer {
     ) -> io::Result<()> {
         self.saw(e.value);
         match self.format {
-            Format::Json => self.json_entry(target, e)?,
+            Format::Json | Format::Arrow => self.json_entry(target, e)?,
             Format::Hex => self.hex_entry(target, e)?,
             Format::Table => {
                 let value = value_text(self.per_cpu, e.value)?;
@@ -452,7 +478,7 @@ impl Printer {
         }
         let key = hex(r.key());
         match self.format {
-            Format::Json => {
+            Format::Json | Format::Arrow => {
                 self.start_json_line(target);
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(b"\"key\":");
@@ -495,7 +521,7 @@ impl Printer {
     ) -> io::Result<()> {
         for m in maps {
             match self.format {
-                Format::Json => out.write_all(&map_json(target, m))?,
+                Format::Json | Format::Arrow => out.write_all(&map_json(target, m))?,
                 Format::Hex => writeln!(
                     out,
                     "{} {} {} {} {} {} {}",

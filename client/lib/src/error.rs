@@ -74,6 +74,11 @@ pub enum Error {
     /// The daemon described types that cannot be used.
     #[error("the map's types cannot be used: {0}")]
     Types(#[from] TypeError),
+    /// A map that cannot be a table as asked (per-CPU sums of a member
+    /// that is not an integer).
+    #[cfg(feature = "arrow")]
+    #[error(transparent)]
+    Table(#[from] bpfmap_proto::typed::arrow::TableError),
     /// Renderings that cannot be applied: an unknown rendering, a path
     /// that does not start with "key" or "value", a member the map's type
     /// does not have, a bitfield, or a member whose size or kind does not
@@ -142,6 +147,8 @@ impl Error {
             | Self::Aggregate { .. } => Code::InvalidArgument,
             Self::Connect { .. } => Code::Unavailable,
             Self::Protocol(_) | Self::Types(_) => Code::Internal,
+            #[cfg(feature = "arrow")]
+            Self::Table(_) => Code::FailedPrecondition,
         }
     }
 }

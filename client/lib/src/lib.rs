@@ -200,6 +200,8 @@ mod map;
 mod relay;
 mod resume;
 mod run;
+#[cfg(feature = "arrow")]
+pub mod table;
 mod target;
 mod topk;
 mod transport;

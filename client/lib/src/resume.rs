@@ -314,6 +314,12 @@ impl Default for DumpOptions {
 }
 
 impl DumpOptions {
+    /// The renderings asked for (member path to rendering).
+    #[cfg(feature = "arrow")]
+    pub(crate) fn render_map(&self) -> &BTreeMap<String, String> {
+        &self.render
+    }
+
     /// The options of a `DumpMapRequest` as a caller wrote it (its map
     /// aside), for a program that forwards requests (a relay): every field
     /// goes to the daemon as it came, `raw` and `render` included, and the
@@ -602,6 +608,12 @@ pub struct Dump {
 }
 
 impl Dump {
+    /// Whether it selects fields (its records are a projection's).
+    #[cfg(feature = "arrow")]
+    pub(crate) fn selects_fields(&self) -> bool {
+        !self.options.fields.is_empty()
+    }
+
     pub(crate) fn new(
         client: MapServiceClient<crate::transport::Transport>,
         map: MapName,

@@ -105,6 +105,15 @@ impl IntField {
         Some(mask(v, self.bits))
     }
 
+    /// `raw`, its bits, as a value: sign-extended when signed.
+    #[inline]
+    pub fn sign_extended(&self, raw: u128) -> i128 {
+        match self.signed {
+            true => sign_extend(raw, self.bits),
+            false => raw as i128,
+        }
+    }
+
     /// Its value, sign-extended when signed; `None` when `bytes` is too
     /// short or an unsigned 128-bit value exceeds `i128::MAX` (it cannot be
     /// compared or summed exactly).

@@ -44,6 +44,8 @@
 //! [`MAX_VALUES`] decoded values.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "arrow")]
+pub mod arrow;
 mod declare;
 mod encode;
 mod int;

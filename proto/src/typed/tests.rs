@@ -1013,3 +1013,237 @@ fn layouts_too_long_for_a_plan_decode_from_their_tree() {
     );
     assert!(format!("{:?}", l).contains("decoded from its tree"));
 }
+
+#[cfg(feature = "arrow")]
+mod arrow_tables {
+    use arrow_array::{Array, cast::AsArray, types as t};
+    use arrow_schema::DataType;
+
+    use super::*;
+    use crate::typed::arrow::{PerCpuColumns, TableInfo, TableLayout};
+
+    /// A value of every kind a column takes.
+    fn stats() -> TypeInfo {
+        record(
+            "stats",
+            48,
+            vec![
+                member("packets", 0, u(8)),
+                member("delta", 8, s(4)),
+                bits("lo", 96, 4, u(4)),
+                bits("hi", 100, 12, s(4)),
+                member("proto", 14, ip_proto()),
+                member("up", 15, ty("_Bool", 1, Kind::Bool(BoolType {}))),
+                member("comm", 16, array(char_(), 8)),
+                member("ports", 24, array(be("__be16", 2), 2)),
+                member(
+                    "",
+                    28,
+                    union(
+                        "",
+                        4,
+                        vec![member("word", 0, u(4)), member("half", 0, u(2))],
+                    ),
+                ),
+                member(
+                    "pairs",
+                    32,
+                    array(
+                        record("pair", 8, vec![member("a", 0, u(4)), member("b", 4, s(4))]),
+                        2,
+                    ),
+                ),
+            ],
+        )
+    }
+
+    fn stats_bytes(i: u8) -> Vec<u8> {
+        let mut v = vec![0u8; 48];
+        v[..8].copy_from_slice(&(u64::MAX - u64::from(i)).to_le_bytes());
+        v[8..12].copy_from_slice(&(-i32::from(i)).to_le_bytes());
+        // lo = 5, hi = -3 (12 bits).
+        let bits: u16 = 5 | ((-3i16 as u16 & 0x0fff) << 4);
+        v[12..14].copy_from_slice(&bits.to_le_bytes());
+        v[14] = if i.is_multiple_of(2) { 6 } else { 99 };
+        v[15] = 1;
+        v[16..24].copy_from_slice(b"bash\x1b\0\0\0");
+        v[24..26].copy_from_slice(&443u16.to_be_bytes());
+        v[26..28].copy_from_slice(&80u16.to_be_bytes());
+        v[28..32].copy_from_slice(&0x0001_0002u32.to_le_bytes());
+        for (j, x) in [(32, 7u32), (40, 9)] {
+            v[j..j + 4].copy_from_slice(&x.to_le_bytes());
+            v[j + 4..j + 8].copy_from_slice(&(-(x as i32)).to_le_bytes());
+        }
+        v
+    }
+
+    fn table(layout: &MapLayout, per_cpu: PerCpuColumns) -> TableLayout {
+        let info = TableInfo {
+            map: "m".into(),
+            id: 7,
+            map_type: "hash".into(),
+        };
+        TableLayout::new(layout, per_cpu, &info).unwrap()
+    }
+
+    #[test]
+    fn typed_entries_become_columns_of_their_members() {
+        let r = renderings(&[("key.daddr", "ipv4")]);
+        let layout = MapLayout::new(Some(&ct_tuple()), Some(&stats()), MapShape::new(14, 48))
+            .unwrap()
+            .with_renderings(&r)
+            .unwrap();
+        let t = table(&layout, PerCpuColumns::List);
+        let names: Vec<&str> = t
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "key.daddr",
+                "key.saddr",
+                "key.dport",
+                "key.sport",
+                "key.nexthdr",
+                "key.flags",
+                "value.packets",
+                "value.delta",
+                "value.lo",
+                "value.hi",
+                "value.proto",
+                "value.up",
+                "value.comm",
+                "value.ports",
+                "value.word",
+                "value.half",
+                "value.pairs",
+            ]
+        );
+        let meta = t.schema().metadata();
+        assert_eq!(meta["bpfmap.key_type"], "ipv4_ct_tuple");
+        assert_eq!(meta["bpfmap.map_id"], "7");
+        let mut b = t.builder();
+        let key = ct_bytes();
+        for i in 0..2 {
+            let value = stats_bytes(i);
+            b.push(EntryRef {
+                key: &key,
+                value: &value,
+                stride: 0,
+            });
+        }
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        let col = |name: &str| batch.column_by_name(name).unwrap().clone();
+        assert_eq!(col("key.daddr").as_string::<i32>().value(0), "10.0.0.1");
+        assert_eq!(
+            col("key.saddr").as_primitive::<t::UInt32Type>().value(0),
+            0xc0a8_0002
+        );
+        assert_eq!(
+            col("key.dport").as_primitive::<t::UInt16Type>().value(1),
+            443
+        );
+        assert_eq!(
+            col("value.packets")
+                .as_primitive::<t::UInt64Type>()
+                .value(1),
+            u64::MAX - 1
+        );
+        assert_eq!(
+            col("value.delta").as_primitive::<t::Int32Type>().value(1),
+            -1
+        );
+        assert_eq!(col("value.lo").as_primitive::<t::UInt32Type>().value(0), 5);
+        assert_eq!(col("value.hi").as_primitive::<t::Int32Type>().value(0), -3);
+        let proto = col("value.proto");
+        let proto = proto.as_dictionary::<t::Int32Type>();
+        let names = proto.values().as_string::<i32>();
+        let name = |i: usize| names.value(proto.keys().value(i) as usize).to_owned();
+        assert_eq!(
+            (name(0), name(1)),
+            ("IPPROTO_TCP".to_owned(), "99".to_owned())
+        );
+        assert!(col("value.up").as_boolean().value(0));
+        assert_eq!(col("value.comm").as_string::<i32>().value(0), "bash\\x1b");
+        let ports = col("value.ports");
+        let ports = ports.as_fixed_size_list();
+        let first = ports.value(0);
+        assert_eq!(first.as_primitive::<t::UInt16Type>().values(), &[443, 80]);
+        assert_eq!(
+            col("value.word").as_primitive::<t::UInt32Type>().value(0),
+            0x0001_0002
+        );
+        assert_eq!(
+            col("value.half").as_primitive::<t::UInt16Type>().value(0),
+            2
+        );
+        let pairs = col("value.pairs");
+        let pair = pairs.as_fixed_size_list().value(1);
+        let pair = pair.as_struct();
+        assert_eq!(
+            pair.column(0).as_primitive::<t::UInt32Type>().values(),
+            &[7, 9]
+        );
+        assert_eq!(
+            pair.column(1).as_primitive::<t::Int32Type>().values(),
+            &[-7, -9]
+        );
+    }
+
+    #[test]
+    fn per_cpu_values_are_lists_or_sums_and_bytes_stay_bytes() {
+        let value = record("v", 16, vec![member("n", 0, u(8)), member("m", 8, u(4))]);
+        let layout = MapLayout::new(
+            Some(&u(4)),
+            Some(&value),
+            MapShape::new(4, 16).with_cpus(Some(2)),
+        )
+        .unwrap();
+        let mut values = Vec::new();
+        for (n, m) in [(u64::MAX, 1u32), (5, 2)] {
+            values.extend_from_slice(&n.to_le_bytes());
+            values.extend_from_slice(&m.to_le_bytes());
+            values.extend_from_slice(&[0; 4]);
+        }
+        let entry = EntryRef {
+            key: &3u32.to_le_bytes(),
+            value: &values,
+            stride: 16,
+        };
+        let lists = table(&layout, PerCpuColumns::List);
+        let mut b = lists.builder();
+        b.push(entry);
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.schema().field(1).name(), "values.n");
+        let n = batch.column(1).as_fixed_size_list().value(0);
+        assert_eq!(n.as_primitive::<t::UInt64Type>().values(), &[u64::MAX, 5]);
+        let sums = table(&layout, PerCpuColumns::Sum);
+        let mut b = sums.builder();
+        b.push(entry);
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.schema().field(1).name(), "value.n");
+        assert_eq!(
+            batch.schema().field(1).data_type(),
+            &DataType::Decimal128(38, 0)
+        );
+        let n = batch.column(1).as_primitive::<t::Decimal128Type>();
+        assert_eq!(n.value(0), i128::from(u64::MAX) + 5);
+        assert_eq!(batch.column(2).as_primitive::<t::Int64Type>().value(0), 3);
+        // A map without types: its bytes.
+        let untyped = MapLayout::untyped(MapShape::new(4, 3));
+        let t = table(&untyped, PerCpuColumns::List);
+        let mut b = t.builder();
+        b.push(EntryRef {
+            key: &[1, 2, 3, 4],
+            value: &[5, 6, 7],
+            stride: 0,
+        });
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.column(1).as_fixed_size_binary().value(0), &[5, 6, 7]);
+        assert_eq!(batch.column(0).len(), 1);
+    }
+}

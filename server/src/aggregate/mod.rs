@@ -26,7 +26,7 @@ use walk::{AggregateWalk, CancelOnDrop, KernelPlan};
 
 /// What an AggregateMap call reads with: the daemon's calls, its dump
 /// slots, and its bound on groups (`limits.max_groups`).
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Aggregator<'a> {
     pub(crate) calls: &'a Calls,
     pub(crate) dumps: &'a Dumps,

@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use arrow_flight::flight_service_server::FlightServiceServer;
 use bpfmap_proto::v1::map_service_server::MapServiceServer;
 use prometheus_client::{
     collector::Collector,
@@ -31,11 +32,11 @@ use crate::{
     lookup::Lookups,
     maps::{Catalog, RenderRules},
     metrics::Metrics,
-    model::SERVICE_NAME,
+    model::{FLIGHT_SERVICE_NAME, SERVICE_NAME},
     net::{self, AcceptConfig, ConnRegistry, SharedTls},
     ops::{self, Exposition, Reloader},
     programs::WalkPrograms,
-    rpc::{MapServiceImpl, ServiceParts},
+    rpc::{FlightServiceImpl, MapServiceImpl, ServiceParts},
     watch::{WatchLimits, WatchStats, Watches},
 };
 
@@ -359,7 +360,7 @@ pub async fn start_on(config: &Config, listener: TcpListener) -> anyhow::Result<
     let (unix_listener, unix_file) = unix.unzip();
     let health = Health {
         reporter: &reporter,
-        services: &[SERVICE_NAME],
+        services: &[SERVICE_NAME, FLIGHT_SERVICE_NAME],
     };
     let listening = Listening {
         listener,
@@ -438,13 +439,21 @@ fn map_routes(
     health: Health<'_>,
     stopping: &Stopping,
 ) -> anyhow::Result<tonic::service::Routes> {
+    let flight = FlightServiceServer::new(FlightServiceImpl::new(service.parts()))
+        .max_decoding_message_size(limits.max_request_bytes)
+        .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
     let map_service = MapServiceServer::new(service)
         .max_decoding_message_size(limits.max_request_bytes)
         .max_encoding_message_size(limits.max_message_bytes + (64 << 10));
+    let routes = tonic::service::Routes::new(frontend::authenticated(map_service))
+        .add_service(frontend::authenticated(flight));
     frontend::with_health_and_reflection(
-        tonic::service::Routes::new(frontend::authenticated(map_service)),
+        routes,
         health,
-        &[bpfmap_proto::v1::FILE_DESCRIPTOR_SET],
+        &[
+            bpfmap_proto::v1::FILE_DESCRIPTOR_SET,
+            bpfmap_proto::v1::FLIGHT_FILE_DESCRIPTOR_SET,
+        ],
         stopping.stop_dumps.subscribe(),
     )
 }

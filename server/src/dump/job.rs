@@ -107,6 +107,8 @@ pub(crate) struct DumpJob<M = Source> {
     pub(super) large: Option<usize>,
     pub(super) large_memory: Option<Reservation>,
     pub(super) scan: ScanReport,
+    /// What its records are (a table's schema is made from them).
+    pub(super) records: Option<super::Records>,
 }
 
 impl<M: MapOps> DumpJob<M> {
@@ -178,6 +180,7 @@ impl<M: MapOps> DumpJob<M> {
             large,
             large_memory: None,
             scan: options.scan,
+            records: None,
         })
     }
 
@@ -209,6 +212,19 @@ impl<M: MapOps> DumpJob<M> {
             slot: Some(slot),
             ..self
         }
+    }
+
+    /// The same, its records being `records`.
+    pub(crate) fn with_records(self, records: super::Records) -> Self {
+        Self {
+            records: Some(records),
+            ..self
+        }
+    }
+
+    /// What its records are, when it was started by [`start`](super::start).
+    pub(crate) fn records(&self) -> Option<&super::Records> {
+        self.records.as_ref()
     }
 }
 

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 pub(crate) use job::{ChunkSizes, DumpJob, DumpLimits, Options};
 pub(crate) use kernel::scan_method;
 pub(crate) use producer::{DumpEnv, Queued, Started, Tail, reader_permits, spawn};
-pub(crate) use start::{Dumps, POOL_WAIT, start};
+pub(crate) use start::{DumpCall, Dumps, POOL_WAIT, Records, records, start, start_call};
 
 /// Messages queued between the kernel reader and the transport.
 pub(crate) const CHANNEL_DEPTH: usize = 2;

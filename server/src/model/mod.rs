@@ -16,4 +16,4 @@ pub use declared::{Decl, Declared};
 pub use identity::{Caller, Identity, Operation};
 pub use map_ref::{InnerKey, InvalidPath, MapName, MapRef, MapRequest, Requested};
 pub use quote::{MAX_QUOTE, quote};
-pub use rpc::{Rpc, RpcKind, SERVICE_NAME, VERSION_HEADER};
+pub use rpc::{FLIGHT_SERVICE_NAME, Rpc, RpcKind, SERVICE_NAME, VERSION_HEADER};

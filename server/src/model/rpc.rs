@@ -35,7 +35,18 @@ pub enum Rpc {
     ReflectionV1,
     /// grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo.
     ReflectionV1Alpha,
+    /// arrow.flight.protocol.FlightService/ListFlights.
+    FlightListFlights,
+    /// arrow.flight.protocol.FlightService/GetFlightInfo.
+    FlightGetFlightInfo,
+    /// arrow.flight.protocol.FlightService/GetSchema.
+    FlightGetSchema,
+    /// arrow.flight.protocol.FlightService/DoGet.
+    FlightDoGet,
 }
+
+/// Name of Arrow Flight's service.
+pub const FLIGHT_SERVICE_NAME: &str = "arrow.flight.protocol.FlightService";
 
 /// How an RPC streams (the `grpc_type` of the usual gRPC metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,7 +72,7 @@ impl RpcKind {
 
 impl Rpc {
     /// Every RPC.
-    pub const ALL: [Rpc; 11] = [
+    pub const ALL: [Rpc; 15] = [
         Self::ListMaps,
         Self::GetMap,
         Self::DumpMap,
@@ -73,6 +84,10 @@ impl Rpc {
         Self::HealthWatch,
         Self::ReflectionV1,
         Self::ReflectionV1Alpha,
+        Self::FlightListFlights,
+        Self::FlightGetFlightInfo,
+        Self::FlightGetSchema,
+        Self::FlightDoGet,
     ];
 
     /// The service ("bpfmap.v1.MapService").
@@ -88,6 +103,10 @@ impl Rpc {
             Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
             Self::ReflectionV1 => "grpc.reflection.v1.ServerReflection",
             Self::ReflectionV1Alpha => "grpc.reflection.v1alpha.ServerReflection",
+            Self::FlightListFlights
+            | Self::FlightGetFlightInfo
+            | Self::FlightGetSchema
+            | Self::FlightDoGet => FLIGHT_SERVICE_NAME,
         }
     }
 
@@ -104,15 +123,22 @@ impl Rpc {
             Self::HealthCheck => "Check",
             Self::HealthWatch => "Watch",
             Self::ReflectionV1 | Self::ReflectionV1Alpha => "ServerReflectionInfo",
+            Self::FlightListFlights => "ListFlights",
+            Self::FlightGetFlightInfo => "GetFlightInfo",
+            Self::FlightGetSchema => "GetSchema",
+            Self::FlightDoGet => "DoGet",
         }
     }
 
     /// How it streams.
     pub fn kind(self) -> RpcKind {
         match self {
-            Self::DumpMap | Self::WatchMap | Self::DrainMap | Self::HealthWatch => {
-                RpcKind::ServerStream
-            }
+            Self::DumpMap
+            | Self::WatchMap
+            | Self::DrainMap
+            | Self::HealthWatch
+            | Self::FlightListFlights
+            | Self::FlightDoGet => RpcKind::ServerStream,
             Self::ReflectionV1 | Self::ReflectionV1Alpha => RpcKind::BidiStream,
             _ => RpcKind::Unary,
         }

@@ -3,10 +3,12 @@
 //! and the health service.
 
 mod dump_stream;
+mod flight;
 mod health;
 mod service;
 mod status;
 
+pub(crate) use flight::FlightServiceImpl;
 pub(crate) use health::service as health_service;
-pub(crate) use service::{MapServiceImpl, ServiceParts};
+pub(crate) use service::{MapServiceImpl, ServiceParts, streamed};
 pub(crate) use status::code;

@@ -50,6 +50,11 @@ impl MapServiceImpl {
     pub(crate) fn new(parts: ServiceParts) -> Self {
         Self(Arc::new(parts))
     }
+
+    /// What it is made of (Arrow Flight's service shares it).
+    pub(crate) fn parts(&self) -> Arc<ServiceParts> {
+        self.0.clone()
+    }
 }
 
 /// Starts a call: its caller, its audit record, and the map its request
@@ -69,7 +74,7 @@ fn start_call<T>(
 
 /// A streaming call's response, or its error recorded and turned into a
 /// status.
-fn streamed<S, O>(
+pub(crate) fn streamed<S, O>(
     started: Result<S, Error>,
     audit: access::Record,
     stream: impl FnOnce(S, access::Record) -> Response<O>,
