@@ -54,3 +54,21 @@ struct {
 } counters SEC(".maps");
 
 char LICENSE[] SEC("license") = "GPL";
+
+// A value of arrays and network-order members, for the Arrow tables test.
+struct port_stats {
+	__be16 port;
+	__u16 hist[2][3];
+	struct {
+		__u32 a;
+		__s32 b;
+	} pairs[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, struct port_stats);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ports SEC(".maps");

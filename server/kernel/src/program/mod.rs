@@ -16,7 +16,7 @@
 //! reading and draining its own maps; loading it, with the verifier's log;
 //! running it) goes through [`ProgramOps`]: the running [`Kernel`], or in
 //! unit tests a script
-//! ([`ScriptedKernel`](crate::fake::ScriptedKernel)) that refuses, fails
+//! (`fake::ScriptedKernel`, with the `fake` feature) that refuses, fails
 //! and stops where the kernel will not on demand.
 
 mod asm;

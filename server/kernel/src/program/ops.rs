@@ -2,7 +2,7 @@
 //! written and read, the program loaded with its verifier's log and run.
 //! [`Kernel`] is the running kernel, through the syscalls of `sys`; unit
 //! tests replace it with a scripted one
-//! ([`ScriptedKernel`](crate::fake::ScriptedKernel)) to reach the error
+//! (`fake::ScriptedKernel`, with the `fake` feature) to reach the error
 //! paths the kernel will not produce on demand.
 
 use std::{
