@@ -226,13 +226,18 @@ fn the_unit_grants_what_the_daemon_needs_and_nothing_more() {
     assert_eq!(setting(&sys_admin, "AmbientCapabilities"), caps);
     assert_eq!(setting(&sys_admin, "CapabilityBoundingSet"), caps);
 
-    // The user it runs as.
+    // The user it runs as, created in an empty root: on this host the
+    // user may exist already (an installed package), and sysusers then
+    // says nothing.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("etc")).unwrap();
     let (out, text) = output(
         tool(
             "systemd-sysusers",
             "SYSTEMD_SYSUSERS",
             "apt-get install systemd",
         )
+        .arg(format!("--root={}", root.path().display()))
         .arg("--dry-run")
         .arg(repo("deploy/systemd/bpfmapd.sysusers")),
     );
