@@ -4,6 +4,8 @@
 pub mod aggregate;
 pub mod codec;
 mod entry;
+#[cfg(feature = "arrow")]
+pub mod flight;
 pub mod status;
 
 /// Package `bpfmap.v1`.

@@ -121,6 +121,9 @@ reasons! {
     /// A target the relay has neither probed nor called yet (in-band,
     /// ListTargets).
     TargetNotProbed => "TARGET_NOT_PROBED",
+    /// A target whose map has other types than the rest of a fleet table
+    /// (in-band, the relay's Arrow Flight).
+    TypesDiffer => "TYPES_DIFFER",
 }
 
 impl std::fmt::Display for Reason {

@@ -73,8 +73,9 @@ pub use export::{Buckets, ExportConfig, ExportConfigError, ExportKind, LabelName
 pub use maps::{
     Demo, RenderConfig, TypesConfig, btf, flow_key, flow_types, flow_value, typed_flows,
 };
-pub use model::{Operation, SERVICE_NAME, VERSION_HEADER};
+pub use model::{FLIGHT_SERVICE_NAME, Operation, SERVICE_NAME, VERSION_HEADER};
 pub use net::TlsFiles;
+pub use rpc::FlightEncoder;
 
 /// Rotates the cursor key in `state_dir` (see `bpfmapd --rotate-cursor-key`):
 /// the current key becomes the previous one, whose cursors stay valid until

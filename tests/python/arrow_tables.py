@@ -4,6 +4,7 @@ pyarrow.ipc, polars, DuckDB). Prints one JSON document on stdout.
     arrow_tables.py table  URL COMMAND [TLS...]   the table of a command
     arrow_tables.py list   URL [TLS...]           ListFlights
     arrow_tables.py resume URL COMMAND BATCHES    cut after BATCHES batches, resumed
+                                                  (a relay's: with the fleet cursor)
     arrow_tables.py sql    URL COMMAND SQL        DuckDB over the table (named t)
     arrow_tables.py ipc    FILE                   an IPC stream file, through polars
 
@@ -60,7 +61,7 @@ def table(url, command, tls):
                 batches.append(chunk.data)
             if chunk.app_metadata is not None:
                 metadata.append(json.loads(chunk.app_metadata.to_pybytes()))
-    except flight.FlightError as e:
+    except (flight.FlightError, pa.ArrowException) as e:
         return failure(e)
     t = pa.Table.from_batches(batches, schema=reader.schema)
     return {
@@ -75,7 +76,7 @@ def table(url, command, tls):
 def listing(url, tls):
     try:
         flights = list(client(url, tls).list_flights())
-    except flight.FlightError as e:
+    except (flight.FlightError, pa.ArrowException) as e:
         return failure(e)
     return [
         {
@@ -88,16 +89,25 @@ def listing(url, tls):
 
 
 def resume(url, command, cut):
+    """Reads CUT batches, then resumes from the cursor of the last message
+    read: a daemon's dump cursor, or (a command with "targets") the
+    relay's fleet cursor, which its ends carry too. The rest is read with
+    read_all(), as most programs read a table."""
     c = client(url, None)
     reader = c.do_get(flight.Ticket(command))
     kept, cursor = [], None
-    for _ in range(cut):
+    while len(kept) < cut:
         chunk = reader.read_chunk()
-        kept.append(chunk.data)
-        cursor = json.loads(chunk.app_metadata.to_pybytes())["cursor"]
+        if chunk.data is not None and chunk.data.num_rows:
+            kept.append(chunk.data)
+        if chunk.app_metadata is not None:
+            cursor = json.loads(chunk.app_metadata.to_pybytes())["cursor"]
     reader.cancel()
     again = json.loads(command)
-    again["dump"]["cursor"] = cursor
+    if "targets" in again:
+        again["fleet_cursor"] = cursor
+    else:
+        again["dump"]["cursor"] = cursor
     rest = c.do_get(flight.Ticket(json.dumps(again).encode())).read_all()
     first = pa.Table.from_batches(kept)
     return {"before": rows(first), "after": rows(rest)}

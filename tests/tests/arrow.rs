@@ -210,7 +210,12 @@ async fn a_table_cut_after_a_batch_resumes_from_its_cursor_with_every_entry_once
             .collect()
     };
     let (before, after) = (keys(&out["before"]), keys(&out["after"]));
-    assert_eq!(before.len(), 1_200, "three batches of 400");
+    // A batch of a hash map holds whole buckets: up to 400 entries.
+    assert!(
+        (1_000..=1_200).contains(&before.len()),
+        "three batches of at most 400: {}",
+        before.len()
+    );
     let mut all = [before, after].concat();
     all.sort();
     assert_eq!(all, (0..5_000).collect::<Vec<u64>>(), "every entry once");
@@ -543,4 +548,245 @@ async fn the_library_reads_dumps_as_record_batches() {
     assert_eq!(daddrs["192.168.0.1"], 12);
     assert!(dump.summary().unwrap().complete());
     daemon.stop().await;
+}
+
+/// A host of the relay's fleet: its daemon, and the map `m` it holds
+/// (keys from `first`, value key * 7).
+struct FleetHost {
+    _fs: BpfFs,
+    _state: tempfile::TempDir,
+    _map: bpfmap_kernel::OwnedMap,
+    daemon: Daemon,
+}
+
+/// A daemon whose map `m` holds `n` keys from `first`; declared as
+/// `__u64` keys and values when `typed` (without types its columns are
+/// bytes).
+async fn fleet_host(first: u64, n: u64, typed: bool) -> FleetHost {
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let (map, _) = u64_hash_of(&fs, "m", first..first + n, |k| k * 7, 4096);
+    let types = match typed {
+        true => vec![bpfmapd::TypesConfig {
+            maps: vec!["m".into()],
+            names: Vec::new(),
+            key: "__u64".into(),
+            value: "__u64".into(),
+        }],
+        false => Vec::new(),
+    };
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        types,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    FleetHost {
+        _fs: fs,
+        _state: state,
+        _map: map,
+        daemon,
+    }
+}
+
+/// The relay's Arrow Flight, read with pyarrow: one table of three
+/// daemons' entries with a `target` column; a target nothing listens on
+/// and one whose map has other types named in-band, the call going on;
+/// a table cut after three batches resumed from the fleet cursor with
+/// every entry once; an aggregate's merged groups with the targets that
+/// hold them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_serves_the_fleet_as_one_table_with_failures_in_band() {
+    let mut hosts = Vec::new();
+    for h in 0..3 {
+        hosts.push(fleet_host(h * 1_000_000, 1_000, true).await);
+    }
+    let untyped = fleet_host(9_000_000, 10, false).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let target = |d: &Daemon| d.running.local_addr().to_string();
+    let good: Vec<String> = hosts.iter().map(|h| target(&h.daemon)).collect();
+    let all: Vec<String> = good
+        .iter()
+        .cloned()
+        .chain([dead.to_string(), target(&untyped.daemon)])
+        .collect();
+    let state = tempfile::tempdir().unwrap();
+    let config = bpfmap_relay::Config {
+        targets: all.clone(),
+        state_dir: state.path().to_owned(),
+        answer_timeout: std::time::Duration::from_secs(2),
+        ..Default::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = bpfmap_relay::Relay::start_on(&config, listener)
+        .await
+        .unwrap();
+    let url = format!("grpc://{}", relay.local_addr());
+    let expected: BTreeMap<(String, u64), u64> = good
+        .iter()
+        .enumerate()
+        .flat_map(|(h, t)| {
+            let first = h as u64 * 1_000_000;
+            (first..first + 1_000).map(move |k| ((t.clone(), k), k * 7))
+        })
+        .collect();
+
+    // The whole table: its schema, the exact rows, every target's end.
+    let command =
+        json!({"dump": {"map": {"path": "m"}, "chunk_size": 250}, "targets": {"targets": all}});
+    let out = py(&["table", &url, &command.to_string()]).await;
+    let columns = json!([["target", "string"], ["key", "uint64"], ["value", "uint64"]]);
+    assert_eq!(out["schema"], columns, "{out}");
+    assert_eq!(out["read_schema"], columns);
+    let rows: BTreeMap<(String, u64), u64> = out["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let t = r["target"].as_str().unwrap().to_owned();
+            let k = r["key"].as_u64().unwrap();
+            ((t, k), r["value"].as_u64().unwrap())
+        })
+        .collect();
+    assert_eq!(out["rows"].as_array().unwrap().len(), 3_000, "no row twice");
+    assert_eq!(rows, expected);
+    let metadata = out["metadata"].as_array().unwrap();
+    let ends: BTreeMap<&str, &Json> = metadata
+        .iter()
+        .filter(|m| m.get("code").is_some())
+        .map(|m| (m["target"].as_str().unwrap(), m))
+        .collect();
+    assert_eq!(ends.len(), 5, "an end per target: {metadata:?}");
+    for t in &good {
+        let end = ends[t.as_str()];
+        assert_eq!(
+            (end["code"].as_str(), end["entries"].as_u64()),
+            (Some("OK"), Some(1_000))
+        );
+        assert_eq!(end["complete"], true);
+    }
+    let gone = ends[dead.to_string().as_str()];
+    assert_eq!(gone["code"], "UNAVAILABLE", "{gone}");
+    assert_eq!(gone["reason"], "TARGET_UNREACHABLE", "{gone}");
+    let other = ends[target(&untyped.daemon).as_str()];
+    assert_eq!(
+        (other["code"].as_str(), other["reason"].as_str()),
+        (Some("FAILED_PRECONDITION"), Some("TYPES_DIFFER")),
+        "{other}"
+    );
+    assert!(
+        other["error"].as_str().unwrap().contains("other types"),
+        "{other}"
+    );
+    assert_eq!(other["entries"], 0);
+    let batches = metadata.iter().filter(|m| m.get("rows").is_some());
+    for m in batches {
+        assert!(
+            good.contains(&m["target"].as_str().unwrap().to_owned()),
+            "{m}"
+        );
+        assert!(!m["cursor"].as_str().unwrap().is_empty(), "{m}");
+    }
+    let last = metadata.last().unwrap();
+    assert_eq!(
+        (last["done"].as_bool(), last["entries"].as_u64()),
+        (Some(true), Some(3_000))
+    );
+
+    // Cut after three batches, resumed from the fleet cursor.
+    let command =
+        json!({"dump": {"map": {"path": "m"}, "chunk_size": 250}, "targets": {"targets": good}});
+    let out = py(&["resume", &url, &command.to_string(), "3"]).await;
+    let keys = |rows: &Json| -> Vec<(String, u64)> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["target"].as_str().unwrap().to_owned(),
+                    r["key"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (before, after) = (keys(&out["before"]), keys(&out["after"]));
+    assert!(
+        (500..=750).contains(&before.len()),
+        "three batches of at most 250: {}",
+        before.len()
+    );
+    let (kept, resumed) = (before.len(), after.len());
+    let got = [before, after].concat();
+    let once: std::collections::BTreeSet<_> = got.iter().cloned().collect();
+    let missing = expected.keys().filter(|k| !once.contains(*k)).count();
+    assert_eq!(
+        (got.len() - once.len(), missing),
+        (0, 0),
+        "duplicates and missing entries: {kept} before the cut, {resumed} after: {:?}",
+        got.iter()
+            .fold(BTreeMap::<&str, usize>::new(), |mut m, (t, _)| {
+                *m.entry(t.as_str()).or_default() += 1;
+                m
+            })
+    );
+
+    // The fleet's merged aggregate as a table.
+    let command = json!({"aggregate": {
+        "map": {"path": "m"},
+        "aggregates": [{"op": "COUNT"}, {"op": "SUM", "field": "value"}],
+    }, "targets": {"targets": [good[0], good[1], good[2], dead.to_string()]}});
+    let out = py(&["table", &url, &command.to_string()]).await;
+    assert_eq!(
+        out["schema"],
+        json!([
+            ["count()", "decimal128(38, 0)"],
+            ["sum(value)", "decimal128(38, 0)"],
+            ["targets", "string"]
+        ]),
+        "{out}"
+    );
+    let sum: u64 = expected.values().sum();
+    let mut holders = good.clone();
+    holders.sort();
+    let row = &out["rows"][0];
+    assert_eq!(out["rows"].as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(
+        (row["count()"].as_str(), row["sum(value)"].as_str()),
+        (Some("3000"), Some(sum.to_string().as_str()))
+    );
+    let mut held: Vec<&str> = row["targets"].as_str().unwrap().split(',').collect();
+    held.sort();
+    assert_eq!(held, holders);
+    let done = out["metadata"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(done["failed"][0]["target"], dead.to_string(), "{done}");
+    assert_eq!(done["failed"][0]["code"], "UNAVAILABLE", "{done}");
+
+    // A map no target has: NOT_FOUND from GetFlightInfo, every target
+    // having said so.
+    let command = json!({"dump": {"map": {"path": "nothing"}}, "targets": {"targets": good}});
+    let out = py(&["table", &url, &command.to_string()]).await;
+    let said = out["message"].as_str().unwrap_or_default();
+    assert!(said.contains("no target described nothing"), "{out}");
+    let relay_url = format!("http://{}", relay.local_addr());
+    let mut flight = FlightServiceClient::new(channel_from(&relay_url, "127.0.0.1").await);
+    let status = flight
+        .get_schema(FlightDescriptor::new_cmd(command.to_string()))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(
+        status.message().contains("no target described nothing"),
+        "{status:?}"
+    );
+    let status = flight
+        .do_get(Ticket::new(r#"{"dump": {}}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    relay.stop().await.unwrap();
+    for h in hosts {
+        h.daemon.stop().await;
+    }
+    untyped.daemon.stop().await;
 }

@@ -3,37 +3,33 @@
 //! first, then the map's members as the daemon's Flight tables name them;
 //! one record batch per chunk.
 
-use std::{io, sync::Arc};
+use std::io;
 
-use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
 };
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::Schema;
 use bpfmap_client::{
-    FleetChunk, MapTypes, Target, ValueRef,
-    table::{PerCpuColumns, Record, TableInfo, TableLayout},
-    typed::{MapLayout, MapShape},
+    FleetChunk, Target,
+    table::{FleetTable, PerCpuColumns, RecordBatch},
 };
 
 /// The stream being written.
 pub(crate) struct ArrowOut {
-    per_cpu: PerCpuColumns,
-    map: String,
-    /// The columns, made from the first chunk's types; the schema with
-    /// `target` first.
-    table: Option<(TableLayout, SchemaRef)>,
+    table: FleetTable,
+    /// Whether the schema was written.
+    began: bool,
     generator: IpcDataGenerator,
     dictionaries: DictionaryTracker,
     options: IpcWriteOptions,
     context: IpcWriteContext,
-    /// Per-CPU values of an entry, back to back.
-    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for ArrowOut {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ArrowOut").field("map", &self.map).finish()
+        f.debug_struct("ArrowOut")
+            .field("table", &self.table)
+            .finish()
     }
 }
 
@@ -44,14 +40,12 @@ fn bad(e: impl std::fmt::Display) -> io::Error {
 impl ArrowOut {
     pub(crate) fn new(per_cpu: PerCpuColumns, map: &str) -> Self {
         Self {
-            per_cpu,
-            map: map.to_owned(),
-            table: None,
+            table: FleetTable::new(per_cpu, map),
+            began: false,
             generator: IpcDataGenerator::default(),
             dictionaries: DictionaryTracker::new(false),
             options: IpcWriteOptions::default(),
             context: IpcWriteContext::default(),
-            scratch: Vec::new(),
         }
     }
 
@@ -62,33 +56,34 @@ impl ArrowOut {
         target: &Target,
         answer: &FleetChunk,
     ) -> io::Result<()> {
-        let Some(first) = answer.chunk.first() else {
-            return Ok(());
+        let batch = match self.table.batch(target.as_str(), answer) {
+            Ok(Some(batch)) => batch,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(bad(format!("{target}: {e}"))),
         };
-        let table = self.table_of(answer.types.as_deref(), first)?;
-        if self.table.is_none() {
-            let schema = with_target(table.schema());
-            let encoded = self.generator.schema_to_bytes_with_dictionary_tracker(
-                &schema,
-                &mut self.dictionaries,
-                &self.options,
-            );
-            write_message(&mut *out, encoded, &self.options).map_err(bad)?;
-            self.table = Some((table, schema));
-        } else if self
-            .table
-            .as_ref()
-            .is_some_and(|(t, _)| t.schema() != table.schema())
-        {
-            return Err(bad(format!(
-                "{target}'s map has other types than the first target's: one table cannot hold both (dump them one at a time)"
-            )));
+        if !self.began {
+            let schema = batch.schema();
+            self.schema(out, &schema)?;
         }
-        let batch = self.batch(target, answer)?;
+        self.write_batch(out, &batch)
+    }
+
+    fn schema(&mut self, out: &mut dyn io::Write, schema: &Schema) -> io::Result<()> {
+        let encoded = self.generator.schema_to_bytes_with_dictionary_tracker(
+            schema,
+            &mut self.dictionaries,
+            &self.options,
+        );
+        write_message(&mut *out, encoded, &self.options).map_err(bad)?;
+        self.began = true;
+        Ok(())
+    }
+
+    fn write_batch(&mut self, out: &mut dyn io::Write, batch: &RecordBatch) -> io::Result<()> {
         let (dictionaries, data) = self
             .generator
             .encode(
-                &batch,
+                batch,
                 &mut self.dictionaries,
                 &self.options,
                 &mut self.context,
@@ -102,74 +97,12 @@ impl ArrowOut {
     }
 
     /// Ends the stream: an empty table when no entry came (with the
-    /// `target` column only when no target gave types).
+    /// `target` column only).
     pub(crate) fn finish(&mut self, out: &mut dyn io::Write) -> io::Result<()> {
-        if self.table.is_none() {
-            let schema = Schema::new(vec![Field::new("target", DataType::Utf8, false)]);
-            let encoded = self.generator.schema_to_bytes_with_dictionary_tracker(
-                &schema,
-                &mut self.dictionaries,
-                &self.options,
-            );
-            write_message(&mut *out, encoded, &self.options).map_err(bad)?;
+        if !self.began {
+            self.schema(out, &FleetTable::empty_schema())?;
         }
         // The end of the stream: a continuation marker and a zero length.
         out.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
     }
-
-    /// The columns of a chunk with these types (or of its bytes).
-    fn table_of(
-        &self,
-        types: Option<&MapTypes>,
-        first: bpfmap_client::EntryRef<'_>,
-    ) -> io::Result<TableLayout> {
-        let layout = match types {
-            Some(t) => t.layout().clone(),
-            None => {
-                let (value, cpus) = match first.value {
-                    ValueRef::Single(v) => (v.len(), None),
-                    ValueRef::PerCpu(c) => (c.get(0).map_or(0, <[u8]>::len), Some(c.len())),
-                };
-                MapLayout::untyped(MapShape::new(first.key.len(), value).with_cpus(cpus))
-            }
-        };
-        let info = TableInfo {
-            map: self.map.clone(),
-            ..Default::default()
-        };
-        TableLayout::new(&layout, self.per_cpu, &info).map_err(bad)
-    }
-
-    fn batch(&mut self, target: &Target, answer: &FleetChunk) -> io::Result<RecordBatch> {
-        let Self { table, scratch, .. } = self;
-        let (table, schema) = table.as_ref().expect("a schema written");
-        let mut builder = table.builder();
-        for e in &answer.chunk {
-            let (value, stride) = match e.value {
-                ValueRef::Single(v) => (v, 0),
-                ValueRef::PerCpu(cpus) => {
-                    scratch.clear();
-                    cpus.iter().for_each(|v| scratch.extend_from_slice(v));
-                    (scratch.as_slice(), cpus.get(0).map_or(0, <[u8]>::len))
-                }
-            };
-            builder.push(Record {
-                key: e.key,
-                value,
-                stride,
-            });
-        }
-        let rows = builder.finish().map_err(bad)?;
-        let targets: ArrayRef = Arc::new(StringArray::from(vec![target.as_str(); rows.num_rows()]));
-        let mut columns = vec![targets];
-        columns.extend(rows.columns().iter().cloned());
-        RecordBatch::try_new(schema.clone(), columns).map_err(bad)
-    }
-}
-
-/// `schema` with a `target` column first.
-fn with_target(schema: &SchemaRef) -> SchemaRef {
-    let mut fields = vec![Arc::new(Field::new("target", DataType::Utf8, false))];
-    fields.extend(schema.fields().iter().cloned());
-    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
 }

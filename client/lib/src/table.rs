@@ -4,18 +4,27 @@
 //! The dump resumes by itself as any [`Dump`] does; each batch is followed
 //! by the cursor after its last row ([`TableDump::cursor`]).
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 pub use arrow_array::RecordBatch;
+use arrow_array::{ArrayRef, StringArray};
 pub use arrow_schema::SchemaRef;
+use arrow_schema::{ArrowError, DataType, Field, Schema};
 /// An entry's bytes as a [`TableBuilder`] reads them: the key, and the
 /// value (per-CPU values back to back, `stride` bytes each).
 pub use bpfmap_proto::typed::EntryRef as Record;
-pub use bpfmap_proto::typed::arrow::{PerCpuColumns, TableBuilder, TableInfo, TableLayout};
+pub use bpfmap_proto::typed::arrow::{
+    PerCpuColumns, TableBuilder, TableError, TableInfo, TableLayout, aggregate_array,
+    aggregate_decimal, aggregate_field, with_target,
+};
 use bpfmap_proto::typed::{EntryRef, MapLayout, MapShape};
 
 use crate::{
-    Client, Dump, DumpOptions, DumpSummary, Error, MapInfo, MapName, ValueRef, typed::MapTypes,
+    Chunk, Client, Dump, DumpOptions, DumpSummary, Error, FleetChunk, MapInfo, MapName, ValueRef,
+    typed::MapTypes,
 };
 
 /// A dump read as record batches.
@@ -63,26 +72,8 @@ impl TableDump {
             return Ok(None);
         };
         self.table()?;
-        let (table, scratch) = (self.table.as_ref().expect("made above"), &mut self.scratch);
-        let mut builder = table.builder();
-        for e in &chunk {
-            let (value, stride) = match e.value {
-                ValueRef::Single(v) => (v, 0),
-                ValueRef::PerCpu(cpus) => {
-                    scratch.clear();
-                    let one = cpus.get(0).map_or(0, <[u8]>::len);
-                    cpus.iter().for_each(|v| scratch.extend_from_slice(v));
-                    (scratch.as_slice(), one)
-                }
-            };
-            builder.push(EntryRef {
-                key: e.key,
-                value,
-                stride,
-            });
-        }
-        builder
-            .finish()
+        let table = self.table.as_ref().expect("made above");
+        push_chunk(table, &chunk, &mut self.scratch)
             .map(Some)
             .map_err(|e| Error::Protocol(format!("a record batch could not be made: {e}")))
     }
@@ -138,5 +129,154 @@ impl TableDump {
                 MapLayout::untyped(shape.with_cpus(cpus))
             }
         })
+    }
+}
+
+/// A chunk's entries as a batch of `table`'s columns (`scratch` holds an
+/// entry's per-CPU values back to back).
+fn push_chunk(
+    table: &TableLayout,
+    chunk: &Chunk,
+    scratch: &mut Vec<u8>,
+) -> Result<RecordBatch, ArrowError> {
+    let mut builder = table.builder();
+    for e in chunk {
+        let (value, stride) = match e.value {
+            ValueRef::Single(v) => (v, 0),
+            ValueRef::PerCpu(cpus) => {
+                scratch.clear();
+                cpus.iter().for_each(|v| scratch.extend_from_slice(v));
+                (scratch.as_slice(), cpus.get(0).map_or(0, <[u8]>::len))
+            }
+        };
+        builder.push(EntryRef {
+            key: e.key,
+            value,
+            stride,
+        });
+    }
+    builder.finish()
+}
+
+/// A fleet dump's chunks as one table: a `target` column first, then the
+/// columns of the map's types (or of its bytes, without types), which
+/// every target's map must have: the types given
+/// ([`with_layout`](Self::with_layout)), or else the first chunk's. Each
+/// target's entries are decoded by its own types (its members may lie
+/// elsewhere in its bytes). What bpfmapctl's `--format arrow` writes and
+/// the relay's Arrow Flight serves.
+#[derive(Debug)]
+pub struct FleetTable {
+    per_cpu: PerCpuColumns,
+    map: String,
+    /// The schema, `target` first, once known.
+    schema: Option<SchemaRef>,
+    /// Each target's columns, made from its first chunk's types.
+    targets: HashMap<String, TableLayout>,
+    scratch: Vec<u8>,
+}
+
+/// Why a chunk has no place in a [`FleetTable`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FleetTableError {
+    /// Its target's map has other columns than the table's.
+    #[error(
+        "its map has other types than the table's (made from another target's): one table cannot hold both (read this target alone)"
+    )]
+    TypesDiffer,
+    /// Its map's values cannot be columns as asked.
+    #[error("{0}")]
+    Columns(#[from] TableError),
+    /// Arrow refused the batch.
+    #[error("a record batch could not be made: {0}")]
+    Arrow(#[from] ArrowError),
+}
+
+impl FleetTable {
+    /// A table of `map` (its name as the call gave it, in the schema's
+    /// metadata), per-CPU values as `per_cpu` says.
+    pub fn new(per_cpu: PerCpuColumns, map: &str) -> Self {
+        Self {
+            per_cpu,
+            map: map.to_owned(),
+            schema: None,
+            targets: HashMap::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The table with the columns of `layout` (a map's types, or a
+    /// projection's), which every target's must match.
+    pub fn with_layout(mut self, layout: &MapLayout) -> Result<Self, TableError> {
+        let table = self.table(layout)?;
+        self.schema = Some(with_target(table.schema()));
+        Ok(self)
+    }
+
+    /// The schema, once known.
+    pub fn schema(&self) -> Option<&SchemaRef> {
+        self.schema.as_ref()
+    }
+
+    /// The schema of a table no entry came for: the `target` column alone.
+    pub fn empty_schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new(
+            "target",
+            DataType::Utf8,
+            false,
+        )]))
+    }
+
+    /// `answer`'s entries from `target` as a batch (the first chunk with
+    /// entries makes the schema if none was given); `None` for a chunk
+    /// without entries.
+    pub fn batch(
+        &mut self,
+        target: &str,
+        answer: &FleetChunk,
+    ) -> Result<Option<RecordBatch>, FleetTableError> {
+        let Some(first) = answer.chunk.first() else {
+            return Ok(None);
+        };
+        if !self.targets.contains_key(target) {
+            let table = self.table(&layout_of(answer.types.as_deref(), first))?;
+            match &self.schema {
+                None => self.schema = Some(with_target(table.schema())),
+                Some(s) if s.fields()[1..] != table.schema().fields()[..] => {
+                    return Err(FleetTableError::TypesDiffer);
+                }
+                Some(_) => {}
+            }
+            self.targets.insert(target.to_owned(), table);
+        }
+        let (table, schema) = (&self.targets[target], self.schema.as_ref().expect("made"));
+        let rows = push_chunk(table, &answer.chunk, &mut self.scratch)?;
+        let targets: ArrayRef = Arc::new(StringArray::from(vec![target; rows.num_rows()]));
+        let mut columns = vec![targets];
+        columns.extend(rows.columns().iter().cloned());
+        Ok(Some(RecordBatch::try_new(schema.clone(), columns)?))
+    }
+
+    fn table(&self, layout: &MapLayout) -> Result<TableLayout, TableError> {
+        let info = TableInfo {
+            map: self.map.clone(),
+            ..Default::default()
+        };
+        TableLayout::new(layout, self.per_cpu, &info)
+    }
+}
+
+/// The layout of a chunk with these types (or of its bytes).
+fn layout_of(types: Option<&MapTypes>, first: crate::EntryRef<'_>) -> MapLayout {
+    match types {
+        Some(t) => t.layout().clone(),
+        None => {
+            let (value, cpus) = match first.value {
+                ValueRef::Single(v) => (v.len(), None),
+                ValueRef::PerCpu(c) => (c.get(0).map_or(0, <[u8]>::len), Some(c.len())),
+            };
+            MapLayout::untyped(MapShape::new(first.key.len(), value).with_cpus(cpus))
+        }
     }
 }

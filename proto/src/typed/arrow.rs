@@ -774,3 +774,44 @@ impl Sink for Shown {
     fn begin_array(&mut self) {}
     fn end_array(&mut self) {}
 }
+
+/// `schema` with a `target` column first (Utf8): the table of a fleet, one
+/// row per entry of each target.
+pub fn with_target(schema: &SchemaRef) -> SchemaRef {
+    let mut fields = vec![Arc::new(Field::new("target", DataType::Utf8, false))];
+    fields.extend(schema.fields().iter().cloned());
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// The column of an aggregate in a table of groups: named as bpfmapctl
+/// spells it ("sum(value.bytes)"), an exact decimal (null for the MIN or
+/// MAX of a group without entries).
+pub fn aggregate_field(a: &crate::v1::Aggregate) -> Field {
+    Field::new(
+        crate::aggregate::spelling(a),
+        DataType::Decimal128(38, 0),
+        true,
+    )
+}
+
+/// An aggregate's value as AggregateMap answers it (a decimal string or a
+/// number); none for the MIN or MAX of a group without entries.
+pub fn aggregate_decimal(v: &prost_types::Value) -> Option<i128> {
+    use prost_types::value::Kind;
+    match v.kind.as_ref()? {
+        Kind::StringValue(s) => s.parse().ok(),
+        Kind::NumberValue(n) => Some(*n as i128),
+        _ => None,
+    }
+}
+
+/// The values of an aggregate's column.
+pub fn aggregate_array(
+    values: impl IntoIterator<Item = Option<i128>>,
+) -> Result<ArrayRef, ArrowError> {
+    let array = values
+        .into_iter()
+        .collect::<Decimal128Array>()
+        .with_precision_and_scale(38, 0)?;
+    Ok(Arc::new(array))
+}

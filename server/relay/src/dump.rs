@@ -12,6 +12,7 @@ use bpfmap_client::{
 use bpfmapd::Operation;
 use futures::StreamExt as _;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 use crate::{
     call::{Answers, Ask, Asker, Call, Calls, Ended, QUEUED},
@@ -29,6 +30,52 @@ pub(crate) fn start(
     asker: Asker,
     req: pb::FleetServiceDumpMapRequest,
 ) -> Result<Answers<pb::FleetServiceDumpMapResponse>, Error> {
+    let events = events(calls, asker, req, false)?;
+    Ok(Box::pin(events.map(|e| Ok(e.into_message()))))
+}
+
+/// One event of a fleet dump: a target's chunk (with its types, when they
+/// were asked for) or its end, and the fleet cursor right after it.
+#[derive(Debug)]
+pub(crate) struct Sealed {
+    pub(crate) target: String,
+    pub(crate) part: SealedPart,
+    pub(crate) cursor: String,
+}
+
+/// What a [`Sealed`] event carries.
+#[derive(Debug)]
+pub(crate) enum SealedPart {
+    Chunk(Box<FleetChunk>),
+    End(pb::TargetEnd),
+}
+
+impl Sealed {
+    /// The event as DumpMap's message.
+    fn into_message(self) -> pb::FleetServiceDumpMapResponse {
+        let part = match self.part {
+            SealedPart::Chunk(answer) => {
+                let FleetChunk {
+                    chunk, projection, ..
+                } = *answer;
+                let mut chunk = chunk.into_proto();
+                chunk.projection = projection;
+                Part::Chunk(chunk)
+            }
+            SealedPart::End(end) => Part::End(end),
+        };
+        message(self.target, part, self.cursor)
+    }
+}
+
+/// [`start`]'s events, each chunk with its target's types when `types`
+/// (what a table of the fleet is made from).
+pub(crate) fn events(
+    calls: &Calls,
+    asker: Asker,
+    req: pb::FleetServiceDumpMapRequest,
+    types: bool,
+) -> Result<ReceiverStream<Sealed>, Error> {
     let request = req.request.unwrap_or_default();
     let ask = Ask {
         op: Operation::Dump,
@@ -58,7 +105,8 @@ pub(crate) fn start(
         .collect();
     let options = FleetDumpOptions::default()
         .with_dump(DumpOptions::from_proto(&request).with_cursor(""))
-        .with_cursors(cursors);
+        .with_cursors(cursors)
+        .with_types(types);
     let dump = FleetDump {
         run: calls.fleet(&call.asker, &running).dump(&call.map, options),
         ended,
@@ -174,9 +222,9 @@ struct FleetDump {
 }
 
 impl FleetDump {
-    /// The messages of the dump: the ends of the targets that ended before
+    /// The events of the dump: the ends of the targets that ended before
     /// it first, then every chunk and end as they come.
-    fn stream(self, targets: Arc<Targets>) -> Answers<pb::FleetServiceDumpMapResponse> {
+    fn stream(self, targets: Arc<Targets>) -> ReceiverStream<Sealed> {
         let (tx, rx) = mpsc::channel(QUEUED);
         let Self {
             mut run,
@@ -191,41 +239,43 @@ impl FleetDump {
                     entries: 0,
                     complete: false,
                 };
-                let msg = message(e.target, Part::End(end), sealing.seal());
-                if tx.send(Ok(msg)).await.is_err() {
+                let event = Sealed {
+                    target: e.target,
+                    part: SealedPart::End(end),
+                    cursor: sealing.seal(),
+                };
+                if tx.send(event).await.is_err() {
                     return;
                 }
             }
             while let Some(event) = run.next().await {
-                let msg = match event {
+                let event = match event {
                     FleetEvent::Answer { target, answer } => {
                         targets.record(&target, None);
                         let name = target.as_str().to_owned();
                         let at = Standing::At(answer.chunk.cursor().to_owned());
                         let cursor = sealing.after(&name, at);
-                        let mut chunk = answer.chunk.into_proto();
-                        chunk.projection = answer.projection;
-                        message(name, Part::Chunk(chunk), cursor)
+                        Sealed {
+                            target: name,
+                            part: SealedPart::Chunk(Box::new(answer)),
+                            cursor,
+                        }
                     }
                     FleetEvent::Done(report) => end_of(&targets, &mut sealing, &report),
                     _ => continue,
                 };
-                if tx.send(Ok(msg)).await.is_err() {
+                if tx.send(event).await.is_err() {
                     return; // the caller left: dropping the run ends every target's dump
                 }
             }
         });
-        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+        ReceiverStream::new(rx)
     }
 }
 
 /// A target's end: done when its map was read to the end; otherwise it
 /// resumes where it stood (a limit reached, a failure).
-fn end_of(
-    targets: &Targets,
-    sealing: &mut Sealing,
-    report: &TargetReport,
-) -> pb::FleetServiceDumpMapResponse {
+fn end_of(targets: &Targets, sealing: &mut Sealing, report: &TargetReport) -> Sealed {
     let failed = targets.record_end(report);
     let standing = match (failed.is_none(), report.complete, report.cursor.as_str()) {
         (true, true, _) => Standing::Done,
@@ -239,7 +289,11 @@ fn end_of(
         entries: report.entries,
         complete: report.complete,
     };
-    message(name, Part::End(end), cursor)
+    Sealed {
+        target: name,
+        part: SealedPart::End(end),
+        cursor,
+    }
 }
 
 fn message(target: String, part: Part, cursor: String) -> pb::FleetServiceDumpMapResponse {

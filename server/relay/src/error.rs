@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use bpfmapd::{Operation, frontend::Identity};
 
+use bpfmap_client::table::TableError;
+use bpfmap_proto::{flight::CommandError, typed::ProjectionError};
+
 use crate::cursor::CursorError;
 
 /// Why a fleet call cannot be made.
@@ -59,6 +62,47 @@ pub(crate) enum Error {
     /// A fleet cursor that cannot be used.
     #[error("cursor: {0}")]
     Cursor(#[from] CursorError),
+    /// A Flight ticket or descriptor whose command is not one.
+    #[error("{0}")]
+    Command(#[from] CommandError),
+    /// A Flight descriptor that names no map and carries no command.
+    #[error(
+        "a descriptor names a map by its path, or carries a bpfmap.v1.FlightCommand (CMD); for example {}",
+        bpfmap_proto::flight::EXAMPLE
+    )]
+    Descriptor,
+    /// A Flight command asking for raw bytes or another layout.
+    #[error("a table's columns are typed: leave layout and raw out of a Flight command")]
+    NotATable,
+    /// A table's `fields` that select no members of the map.
+    #[error("fields: {0}")]
+    Fields(#[from] ProjectionError),
+    /// The values of a map cannot be columns as asked (a sum of members
+    /// that are not integers).
+    #[error("per_cpu = PER_CPU_SUM: the values of {map} cannot be summed: {error}")]
+    Columns {
+        /// The map, as requested.
+        map: String,
+        /// Why.
+        error: TableError,
+    },
+    /// No target of the call described the map (a table's schema comes
+    /// from a target's types).
+    #[error("no target described {map}: {}", failures_text(.failures))]
+    Undescribed {
+        /// The map, as requested.
+        map: String,
+        /// Each target's failure.
+        failures: Vec<bpfmap_client::Error>,
+    },
+}
+
+fn failures_text(failures: &[bpfmap_client::Error]) -> String {
+    match failures.first() {
+        None => "no target was asked".into(),
+        Some(first) if failures.len() == 1 => first.to_string(),
+        Some(first) => format!("{first} (and {} more)", failures.len() - 1),
+    }
 }
 
 /// How a target ends in-band when the relay says so.

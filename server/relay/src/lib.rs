@@ -27,6 +27,7 @@ pub mod config;
 mod cursor;
 mod dump;
 mod error;
+mod flight;
 mod info;
 pub mod policy;
 mod service;
@@ -36,6 +37,7 @@ mod watch;
 
 use std::{io, net::SocketAddr, process::ExitCode, sync::Arc};
 
+use arrow_flight::flight_service_server::FlightServiceServer;
 use bpfmap_client::{ConnectOptions, FleetOptions, RetryPolicy};
 use bpfmap_proto::v1::fleet_service_server::FleetServiceServer;
 use bpfmapd::{
@@ -112,31 +114,41 @@ impl Relay {
         keys.spawn_reload(config.refresh, stopped);
         let policy = policy::RelayPolicy::new(&config.rules, config.tls.is_some())
             .map_err(ConfigError::from)?;
-        let service = service::FleetServiceImpl {
-            calls: call::Calls {
-                targets,
-                connect,
-                options: FleetOptions::default()
-                    .with_concurrency(config.concurrency)
-                    .with_buffer(call::QUEUED)
-                    .with_answer_timeout(config.answer_timeout),
-                policy: Arc::new(policy),
-                keys,
-            },
+        let calls = call::Calls {
+            targets,
+            connect,
+            options: FleetOptions::default()
+                .with_concurrency(config.concurrency)
+                .with_buffer(call::QUEUED)
+                .with_answer_timeout(config.answer_timeout),
+            policy: Arc::new(policy),
+            keys,
         };
-        let server = FleetServiceServer::new(service)
-            .max_decoding_message_size(config.limits.max_request_bytes)
-            .max_encoding_message_size(config.limits.max_message_bytes + (64 << 10));
+        let (max_in, max_out) = (
+            config.limits.max_request_bytes,
+            config.limits.max_message_bytes + (64 << 10),
+        );
+        let flight = FlightServiceServer::new(flight::RelayFlight {
+            calls: calls.clone(),
+        })
+        .max_decoding_message_size(max_in)
+        .max_encoding_message_size(max_out);
+        let server = FleetServiceServer::new(service::FleetServiceImpl { calls })
+            .max_decoding_message_size(max_in)
+            .max_encoding_message_size(max_out);
         let frontend = Frontend::start(
             listener,
             FrontendConfig {
                 tls: config.tls.as_ref(),
                 limits: &config.limits,
-                descriptors: &[bpfmap_proto::v1::FILE_DESCRIPTOR_SET],
-                services: &[SERVICE_NAME],
+                descriptors: &[
+                    bpfmap_proto::v1::FILE_DESCRIPTOR_SET,
+                    bpfmap_proto::v1::FLIGHT_FILE_DESCRIPTOR_SET,
+                ],
+                services: &[SERVICE_NAME, bpfmapd::FLIGHT_SERVICE_NAME],
                 health_listen: config.health_listen,
             },
-            tonic::service::Routes::new(authenticated(server)),
+            tonic::service::Routes::new(authenticated(server)).add_service(authenticated(flight)),
         )
         .await
         .map_err(|e| RelayError::Frontend(format!("{e:#}")))?;

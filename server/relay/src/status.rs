@@ -24,7 +24,13 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::TwoCursors
         | Error::UnknownTarget { .. }
         | Error::NotACallTarget(_)
-        | Error::TargetCursorTooLong { .. } => Code::InvalidArgument,
+        | Error::TargetCursorTooLong { .. }
+        | Error::Command(_)
+        | Error::Descriptor
+        | Error::NotATable
+        | Error::Fields(_)
+        | Error::Columns { .. } => Code::InvalidArgument,
+        Error::Undescribed { failures, .. } => undescribed(failures).0,
         Error::Denied { .. } => Code::PermissionDenied,
         Error::Cursor(c) => match c {
             CursorError::OtherIdentity => Code::PermissionDenied,
@@ -38,9 +44,16 @@ pub(crate) fn code(e: &Error) -> Code {
 /// The stable reason.
 pub(crate) fn reason(e: &Error) -> Reason {
     match e {
-        Error::NoMap | Error::Map(_) | Error::Request(_) | Error::TwoCursors => {
-            Reason::InvalidRequest
-        }
+        Error::NoMap
+        | Error::Map(_)
+        | Error::Request(_)
+        | Error::TwoCursors
+        | Error::Command(_)
+        | Error::Descriptor
+        | Error::NotATable
+        | Error::Fields(_)
+        | Error::Columns { .. } => Reason::InvalidRequest,
+        Error::Undescribed { failures, .. } => undescribed(failures).1,
         Error::UnknownTarget { .. } | Error::NotACallTarget(_) => Reason::TargetUnknown,
         Error::TargetCursorTooLong { .. } => Reason::CursorInvalid,
         Error::Denied { .. } => Reason::PermissionDenied,
@@ -49,6 +62,16 @@ pub(crate) fn reason(e: &Error) -> Reason {
             CursorError::OtherCall => Reason::CursorOtherCall,
             CursorError::Invalid | CursorError::NotATarget => Reason::CursorInvalid,
         },
+    }
+}
+
+/// A map no target described: NOT_FOUND when every target said so,
+/// UNAVAILABLE (no answer to read) otherwise.
+fn undescribed(failures: &[bpfmap_client::Error]) -> (Code, Reason) {
+    let not_found = |e: &bpfmap_client::Error| e.code() == Code::NotFound;
+    match !failures.is_empty() && failures.iter().all(not_found) {
+        true => (Code::NotFound, Reason::MapNotFound),
+        false => (Code::Unavailable, Reason::TargetUnreachable),
     }
 }
 

@@ -8,6 +8,7 @@ mod health;
 mod service;
 mod status;
 
+pub use flight::FlightEncoder;
 pub(crate) use flight::FlightServiceImpl;
 pub(crate) use health::service as health_service;
 pub(crate) use service::{MapServiceImpl, ServiceParts, streamed};

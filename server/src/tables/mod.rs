@@ -7,13 +7,16 @@ pub(crate) mod command;
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Decimal128Array, RecordBatch, RecordBatchOptions};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_schema::{Field, Schema, SchemaRef};
 use bpfmap_kernel::MapMeta;
 use bpfmap_proto::{
     typed::{
         EntryRef, MapLayout, MapShape,
-        arrow::{PerCpuColumns, TableError, TableInfo, TableLayout},
+        arrow::{
+            PerCpuColumns, TableError, TableInfo, TableLayout, aggregate_array, aggregate_decimal,
+            aggregate_field,
+        },
     },
     v1 as pb,
 };
@@ -157,13 +160,7 @@ fn groups_schema(groups: &Records, req: &pb::AggregateMapRequest) -> Result<Sche
         .iter()
         .map(|f| f.as_ref().clone())
         .collect();
-    for a in &req.aggregates {
-        fields.push(Field::new(
-            bpfmap_proto::aggregate::spelling(a),
-            DataType::Decimal128(38, 0),
-            true,
-        ));
-    }
+    fields.extend(req.aggregates.iter().map(aggregate_field));
     let metadata = key.schema().metadata().clone();
     Ok(Arc::new(Schema::new_with_metadata(fields, metadata)))
 }
@@ -225,13 +222,11 @@ pub(crate) async fn groups(
     let keys = builder.finish().map_err(internal)?;
     let mut columns: Vec<ArrayRef> = keys.columns().to_vec();
     for i in 0..aggregates {
-        let values: Decimal128Array = answer
+        let values = answer
             .groups
             .iter()
-            .map(|g| g.values.get(i).and_then(decimal))
-            .collect();
-        let values = values.with_precision_and_scale(38, 0).map_err(internal)?;
-        columns.push(Arc::new(values));
+            .map(|g| g.values.get(i).and_then(aggregate_decimal));
+        columns.push(aggregate_array(values).map_err(internal)?);
     }
     let options = RecordBatchOptions::new().with_row_count(Some(answer.groups.len()));
     let batch = RecordBatch::try_new_with_options(schema, columns, &options).map_err(internal)?;
@@ -242,17 +237,6 @@ pub(crate) async fn groups(
 /// record.
 fn key_split(layout: &MapLayout) -> usize {
     layout.key().size()
-}
-
-/// An aggregate's value: a decimal string or a number; none for the MIN
-/// or MAX of a group without entries.
-fn decimal(v: &prost_types::Value) -> Option<i128> {
-    use prost_types::value::Kind;
-    match v.kind.as_ref()? {
-        Kind::StringValue(s) => s.parse().ok(),
-        Kind::NumberValue(n) => Some(*n as i128),
-        _ => None,
-    }
 }
 
 fn internal(e: arrow_schema::ArrowError) -> Error {

@@ -18,6 +18,7 @@ use bpfmap_proto::v1 as pb;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use tonic::{Request, Response, Status, Streaming};
 
+pub use table_stream::Encoder as FlightEncoder;
 use table_stream::{Encoder, TableStream};
 
 use super::{ServiceParts, dump_stream::DumpStream, status::code_of, streamed};

@@ -21,16 +21,30 @@ use tonic::Status;
 
 use super::super::dump_stream::DumpStream;
 
-/// Record batches as Flight messages, with the dictionaries each needs.
-pub(crate) struct Encoder {
+/// Record batches as Flight messages, with the dictionaries each needs:
+/// one per stream (it numbers the dictionaries of the schema it wrote).
+pub struct Encoder {
     generator: IpcDataGenerator,
     dictionaries: DictionaryTracker,
     options: IpcWriteOptions,
     context: IpcWriteContext,
 }
 
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlightEncoder")
+    }
+}
+
 impl Encoder {
-    pub(crate) fn new() -> Self {
+    /// An encoder for a new stream.
+    pub fn new() -> Self {
         Self {
             generator: IpcDataGenerator::default(),
             // Each batch sends its dictionaries again (an enum's values
@@ -43,7 +57,7 @@ impl Encoder {
 
     /// The schema's message (numbering its dictionaries as the batches
     /// will, as an IPC stream does).
-    pub(crate) fn schema(&mut self, schema: &arrow_schema::Schema) -> FlightData {
+    pub fn schema(&mut self, schema: &arrow_schema::Schema) -> FlightData {
         self.generator
             .schema_to_bytes_with_dictionary_tracker(schema, &mut self.dictionaries, &self.options)
             .into()
@@ -51,7 +65,7 @@ impl Encoder {
 
     /// A batch's messages: its dictionaries, then the batch, which carries
     /// `app_metadata`.
-    pub(crate) fn batch(
+    pub fn batch(
         &mut self,
         batch: &RecordBatch,
         app_metadata: Vec<u8>,
