@@ -288,8 +288,11 @@ async fn what_a_program_cannot_compute_is_read_in_batches_and_said() {
             "the filter computes arithmetic",
         ),
         (
-            sum("s/percpu", "value.big", ""),
-            "a scan in the kernel sees one CPU's value of a per-CPU map",
+            pb::AggregateMapRequest {
+                group_by: vec!["values[0].name".into()],
+                ..sum("s/percpu", "value.big", "")
+            },
+            "a group by bytes of a per-CPU map's value is computed in user space",
         ),
     ] {
         let auto = c.aggregate_map(req.clone()).await.unwrap().into_inner();
