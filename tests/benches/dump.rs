@@ -1577,6 +1577,7 @@ fn queries(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
         filter_rates(n, &map, &info, report);
         daemon.stop().await;
     });
+    scan_shapes(n, rt, report);
 }
 
 /// Filters evaluated on the compiled path over the map's entries in
@@ -1680,4 +1681,319 @@ fn group_table_rate(
         u64::from(n),
         None,
     );
+}
+
+/// Distinct `key.dport` values of the scan-shape connections.
+const CONN_PORTS: u32 = 50_000;
+
+/// The filter of the scan-shape filtered dump: about 1 % of the
+/// connections.
+const FEW_PACKETS: &str = "value.packets < 10000";
+
+/// Connection `i` of the scan-shape maps (`bpfmap_tests::conns`), on CPU
+/// `cpu`: saddr 10.0.0.0 + i, dport i % 50,000, proto TCP, UDP, ICMP in
+/// turn, packets a permutation of 0..1,000,000 (plus the CPU), bytes 1,500
+/// a packet, delta -1,000..1,000, lo and hi bitfields.
+fn conn(i: u32, cpu: u32) -> bpfmap_tests::conns::Conn {
+    let packets = (u64::from(i) * 7919) % 1_000_000 + u64::from(cpu);
+    bpfmap_tests::conns::Conn {
+        saddr: 0x0A00_0000 | i,
+        dport: (i % CONN_PORTS) as u16,
+        proto: bpfmap_tests::conns::PROTOS[(i % 3) as usize].1,
+        packets,
+        bytes: packets * 1500,
+        comm: *b"conn\0\0\0\0",
+        delta: (i % 2001) as i32 - 1000,
+        lo: i % 16,
+        hi: (i / 16) % 4096,
+    }
+}
+
+/// A connection map of `n` entries of `map_type`, pinned at `name`.
+fn conn_map(fs: &BpfFs, name: &str, map_type: MapType, n: u32) -> OwnedMap {
+    let map = bpfmap_tests::conns::map(map_type, n);
+    bpfmap_tests::conns::fill(&map, n, conn);
+    fs.pin(&map, name);
+    map
+}
+
+/// A top 10 of connections: the groups of `group_by` (there are `groups`)
+/// by SUM(`sum`), of the map pinned at `map`.
+#[derive(Debug, Clone, Copy)]
+struct ConnTop {
+    map: &'static str,
+    group_by: &'static str,
+    sum: &'static str,
+    groups: u64,
+}
+
+/// [`ConnTop`] through AggregateMap, read as `scan` says; its summary.
+async fn top_conns(mut c: Grpc, top: ConnTop, scan: pb::ScanMethod) -> pb::AggregateSummary {
+    let req = pb::AggregateMapRequest {
+        map: bpfmap_tests::map_ref(top.map),
+        group_by: vec![top.group_by.into()],
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Sum as i32,
+            field: top.sum.into(),
+        }],
+        limit: 10,
+        scan: scan as i32,
+        ..Default::default()
+    };
+    let r = c.aggregate_map(req).await.unwrap().into_inner();
+    let s = r.summary.unwrap();
+    assert_eq!(
+        (r.groups.len() as u64, s.groups_total),
+        (top.groups.min(10), top.groups)
+    );
+    if scan == pb::ScanMethod::ScanBatched {
+        assert!(!s.scanned_in_kernel);
+    }
+    s
+}
+
+/// How a scan ran, for a row's name.
+fn walked(s: &pb::AggregateSummary) -> String {
+    if s.scanned_in_kernel {
+        "in the kernel".into()
+    } else if s.scan_note.is_empty() {
+        "batched".into()
+    } else {
+        format!("batched: {}", s.scan_note)
+    }
+}
+
+/// The floor walks of the scan-shape maps: the hash, the per-CPU hash.
+struct ConnFloors<'a> {
+    hash: &'a dyn Fn() -> u64,
+    per_cpu: &'a dyn Fn() -> u64,
+}
+
+impl ConnFloors<'_> {
+    /// The floor of the map pinned at `map`.
+    fn of(&self, map: &str) -> &dyn Fn() -> u64 {
+        if map == "pconns" {
+            self.per_cpu
+        } else {
+            self.hash
+        }
+    }
+}
+
+/// The daemon of the scan-shape cases: groups up to 1,000,000
+/// (limits.max_groups), for the sweep of [`group_sweep`].
+async fn sweep_daemon(fs: &BpfFs, state: &Path) -> Daemon {
+    let mut config = Daemon::config(fs.path(), state);
+    config.limits.max_groups = 1_000_000;
+    Daemon::start_with(config).await
+}
+
+/// The shapes of scans inside the kernel on `n` connections
+/// (`bpfmap_tests::conns`, 32-byte values): a top 10 of 50,000 groups by
+/// a `__u16` member and of 3 by an enum, a dump filtered to 1 %, a top 10
+/// of a per-CPU hash, each against the floor walk of its own map in the
+/// same run; the two tops also as a user runs them (bpfmapctl, a process
+/// of its own); then where a hash group table stops paying.
+fn scan_shapes(n: u32, rt: &tokio::runtime::Runtime, report: &mut Report) {
+    let fs = BpfFs::new();
+    let hash = conn_map(&fs, "conns", MapType::HASH, n);
+    let _per_cpu = conn_map(&fs, "pconns", MapType::PERCPU_HASH, n);
+    let n64 = u64::from(n);
+    println!("{n} connections (32-byte values), and as a per-CPU hash: scan shapes");
+    let floor_of = |name: &str| {
+        let path = fs.path().join(name);
+        move || {
+            assert_eq!(batch_walk(&path), n64);
+            n64
+        }
+    };
+    let (floor, per_cpu_floor) = (floor_of("conns"), floor_of("pconns"));
+    report.row(FLOOR, time(&floor), n64, None);
+    let per_cpu_name = format!("{FLOOR}, per-CPU");
+    report.row(&per_cpu_name, time(&per_cpu_floor), n64, None);
+    let floors = ConnFloors {
+        hash: &floor,
+        per_cpu: &per_cpu_floor,
+    };
+    rt.block_on(async {
+        let state = tempfile::tempdir().unwrap();
+        let daemon = sweep_daemon(&fs, state.path()).await;
+        let c = MapServiceClient::connect(daemon.addr())
+            .await
+            .unwrap()
+            .max_decoding_message_size(64 << 20);
+        conn_tops(n, &c, &floors, report).await;
+        conn_dumps(n, &c, &floor, report).await;
+        conn_tops_by_process(n, &daemon.addr(), &floors, report);
+        group_sweep(n, &hash, &c, &floor, report).await;
+        daemon.stop().await;
+    });
+}
+
+/// The tops of the scan shapes, batched and with SCAN_AUTO, against the
+/// floor of their map.
+async fn conn_tops(n: u32, c: &Grpc, floors: &ConnFloors<'_>, report: &mut Report) {
+    let ports = u64::from(CONN_PORTS.min(n));
+    let tops = [
+        ("50,000 groups (key.dport)", "conns", "key.dport", ports),
+        ("3 groups (key.proto)", "conns", "key.proto", 3),
+        (
+            "per-CPU hash, 50,000 groups (key.dport)",
+            "pconns",
+            "key.dport",
+            ports,
+        ),
+    ];
+    for (what, map, group_by, groups) in tops {
+        let top = ConnTop {
+            map,
+            group_by,
+            sum: "value.packets",
+            groups,
+        };
+        for scan in [pb::ScanMethod::ScanBatched, pb::ScanMethod::ScanAuto] {
+            let run = || top_conns(c.clone(), top, scan);
+            let how = walked(&run().await);
+            let (d, r) =
+                paired_async(floors.of(map), || async { run().await.entries_scanned }).await;
+            let name = format!("top 10 of {what}, {how}");
+            report.row(&name, d, u64::from(n), Some(("its floor", r)));
+            if scan == pb::ScanMethod::ScanAuto {
+                report.target(
+                    &format!("top 10 of {what}, {n} entries, SCAN_AUTO ({how}), vs its floor"),
+                    r,
+                    "x",
+                    0.6,
+                    true,
+                );
+            }
+        }
+    }
+}
+
+/// The dump of the connections filtered to 1 % ([`FEW_PACKETS`]), packed,
+/// walked inside the kernel (SCAN_KERNEL) and read in batches.
+async fn conn_dumps(n: u32, c: &Grpc, floor: &impl Fn() -> u64, report: &mut Report) {
+    let want = (0..n).filter(|&i| conn(i, 0).packets < 10_000).count() as u64;
+    for scan in [pb::ScanMethod::ScanBatched, pb::ScanMethod::ScanKernel] {
+        let run = || {
+            let mut c = c.clone();
+            async move {
+                let req = pb::DumpMapRequest {
+                    map: bpfmap_tests::map_ref("conns"),
+                    filter: FEW_PACKETS.into(),
+                    layout: pb::Layout::Packed as i32,
+                    scan: scan as i32,
+                    ..Default::default()
+                };
+                let mut stream = c.dump_map(req).await.unwrap().into_inner();
+                let mut got = 0;
+                while let Some(m) = stream.message().await.unwrap() {
+                    got += m.packed.map_or(0, |p| u64::from(p.count));
+                    if let Some(s) = m.summary {
+                        let kernel = scan == pb::ScanMethod::ScanKernel;
+                        assert_eq!(s.scanned_in_kernel, kernel, "{}", s.scan_note);
+                    }
+                }
+                assert_eq!(got, want);
+                got
+            }
+        };
+        let (d, r) = paired_async(floor, run).await;
+        let how = if scan == pb::ScanMethod::ScanKernel {
+            "SCAN_KERNEL"
+        } else {
+            "batched"
+        };
+        let what = format!("DumpMap, packed, filtered to 1 % ({want}: {FEW_PACKETS}), {how}");
+        report.row(&what, d, u64::from(n), Some(("the floor", r)));
+        if scan == pb::ScanMethod::ScanKernel {
+            report.target(
+                &format!("connections dump filtered to 1 %, {n} entries, {how}, vs the floor"),
+                r,
+                "x",
+                0.45,
+                true,
+            );
+        }
+    }
+}
+
+/// `bpfmapctl top` of the connections' 50,000 ports by packets, and of the
+/// per-CPU map's, each a process of its own against the daemon, timed
+/// alternately with the floor walk of its map.
+fn conn_tops_by_process(n: u32, url: &str, floors: &ConnFloors<'_>, report: &mut Report) {
+    for map in ["conns", "pconns"] {
+        let args = [
+            "top",
+            map,
+            "--by",
+            "sum(value.packets)",
+            "--group-by",
+            "key.dport",
+            "-n",
+            "10",
+        ];
+        let (d, r) = paired(floors.of(map), || bpfmapctl(url, &args));
+        let what = format!("bpfmapctl {}", args.join(" "));
+        report.row(&what, d, u64::from(n), Some(("its floor", r)));
+        report.target(
+            &format!("{what}, {n} entries, a process, vs its floor"),
+            r,
+            "x",
+            0.6,
+            true,
+        );
+    }
+}
+
+/// Where a walk inside the kernel with a hash group table stops paying:
+/// the connections grouped by `value.delta` (32 bits: a hash table) taking
+/// from 2,000 to 1,000,000 values, inside the kernel (SCAN_KERNEL) and
+/// batched, each against the floor.
+async fn group_sweep(
+    n: u32,
+    map: &OwnedMap,
+    c: &Grpc,
+    floor: &impl Fn() -> u64,
+    report: &mut Report,
+) {
+    let sweep = [
+        2_000u32, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000,
+    ];
+    for groups in sweep.into_iter().filter(|g| *g <= n) {
+        bpfmap_tests::conns::fill(map, n, |i, cpu| bpfmap_tests::conns::Conn {
+            delta: ((u64::from(i) * 7919) % u64::from(groups)) as i32,
+            ..conn(i, cpu)
+        });
+        let top = ConnTop {
+            map: "conns",
+            group_by: "value.delta",
+            sum: "value.packets",
+            groups: u64::from(groups),
+        };
+        let mut ratios = Vec::new();
+        for scan in [pb::ScanMethod::ScanBatched, pb::ScanMethod::ScanKernel] {
+            let run = || top_conns(c.clone(), top, scan);
+            let (d, r) = paired_async(floor, || async { run().await.entries_scanned }).await;
+            let how = if scan == pb::ScanMethod::ScanKernel {
+                "SCAN_KERNEL"
+            } else {
+                "batched"
+            };
+            report.row(
+                &format!("top 10 of {groups} groups (value.delta, a hash), {how}"),
+                d,
+                u64::from(n),
+                Some(("the floor", r)),
+            );
+            ratios.push(r);
+        }
+        println!(
+            "  {:<58} {:>9.2} kernel / batched",
+            "",
+            ratios[1] / ratios[0]
+        );
+    }
+    bpfmap_tests::conns::fill(map, n, conn);
 }

@@ -16,6 +16,7 @@ use tempfile::TempDir;
 
 pub use bpfmap_kernel::{MapType, OwnedMap};
 
+pub mod conns;
 pub mod dns;
 pub mod fleet;
 pub mod fuzz;

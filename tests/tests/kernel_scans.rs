@@ -9,7 +9,7 @@
 //! `BPFMAP_SCAN_SEED=N` replays it (`Rng::from_env`).
 
 use bpfmap_proto::v1 as pb;
-use bpfmap_tests::*;
+use bpfmap_tests::{conns, *};
 use serde_json::Value as Json;
 
 const KEY: &str = "struct { __u32 id; __u8 kind; __u8 pad[3]; }";
@@ -247,6 +247,295 @@ async fn random_aggregates_in_the_kernel_equal_the_batched_reads() {
     daemon.stop().await;
 }
 
+/// A member of one CPU's value or of the sum, as a path.
+fn per_cpu_path(rng: &mut Rng, cpus: u64) -> String {
+    let member = rng.pick(INTS).trim_start_matches("value.");
+    if rng.below(4) == 0 {
+        format!("values[{}].{member}", rng.below(cpus))
+    } else {
+        format!("value.{member}")
+    }
+}
+
+/// [`request`] for a per-CPU map: its members summed (`value.x`) or one
+/// CPU's (`values[i].x`), each CPU's value taken alone or the sums
+/// (per_cpu).
+fn per_cpu_request(rng: &mut Rng, path: &str, cpus: u64) -> pb::AggregateMapRequest {
+    let mut req = request(rng, path, path != "p/array");
+    for a in &mut req.aggregates {
+        if !a.field.is_empty() {
+            a.field = per_cpu_path(rng, cpus);
+        }
+    }
+    if rng.below(3) == 0 {
+        let cpu = rng.below(cpus);
+        let k = literal(*rng.pick(CONSTANTS));
+        req.filter = format!("values[{cpu}].flags < 2 || value.small >= {k}");
+    }
+    req.per_cpu = if rng.below(2) == 0 {
+        pb::PerCpu::Each
+    } else {
+        pb::PerCpu::Sum
+    } as i32;
+    req
+}
+
+/// Per-CPU maps walked inside the kernel (every CPU's value looked up in
+/// the callback) answer as the batched read: random filters on sums and on
+/// one CPU's value, groups by summed members, every aggregate with
+/// PER_CPU_EACH and PER_CPU_SUM, over per-CPU hash, LRU per-CPU hash and
+/// per-CPU array maps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_aggregates_of_per_cpu_maps_in_the_kernel_equal_the_batched_reads() {
+    let mut rng = Rng::from_env("BPFMAP_SCAN_SEED");
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let kinds = [
+        ("p/hash", MapType::PERCPU_HASH),
+        ("p/lru", MapType::LRU_PERCPU_HASH),
+        ("p/array", MapType::PERCPU_ARRAY),
+    ];
+    let maps: Vec<_> = kinds
+        .iter()
+        .map(|(p, t)| random_map(&fs, p, *t, &mut rng))
+        .collect();
+    let cpus = u64::from(maps[0].meta().possible_cpus);
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        types: vec![
+            types(&["p/hash", "p/lru"], KEY),
+            types(&["p/array"], "__u32"),
+        ],
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let mut c = grpc(&daemon.addr()).await;
+    let (mut in_kernel, mut cases) = (0, 0);
+    for (path, _) in kinds {
+        for case in 0..50 {
+            let req = per_cpu_request(&mut rng, path, cpus);
+            let Some((auto, batched)) = both_ways(&mut c, &req).await else {
+                continue;
+            };
+            assert_eq!(
+                answer(&auto),
+                answer(&batched),
+                "case {case} of {path}: {req:?}"
+            );
+            cases += 1;
+            let s = auto.summary.unwrap();
+            if s.scanned_in_kernel {
+                in_kernel += 1;
+            } else {
+                assert!(!s.scan_note.is_empty(), "case {case} of {path}: {req:?}");
+            }
+        }
+    }
+    eprintln!("{in_kernel} of {cases} aggregates of per-CPU maps walked inside the kernel");
+    assert!(in_kernel >= cases * 9 / 10, "only {in_kernel} of {cases}");
+    daemon.stop().await;
+}
+
+/// `req` answered with SCAN_AUTO and with SCAN_BATCHED; `None` when both
+/// fail alike (the same code and message).
+async fn both_ways(
+    c: &mut Grpc,
+    req: &pb::AggregateMapRequest,
+) -> Option<(pb::AggregateMapResponse, pb::AggregateMapResponse)> {
+    let auto = c.aggregate_map(req.clone()).await;
+    let batched = c
+        .aggregate_map(pb::AggregateMapRequest {
+            scan: pb::ScanMethod::ScanBatched as i32,
+            ..req.clone()
+        })
+        .await;
+    match (auto, batched) {
+        (Ok(a), Ok(b)) => Some((a.into_inner(), b.into_inner())),
+        (Err(a), Err(b)) => {
+            assert_eq!((a.code(), a.message()), (b.code(), b.message()), "{req:?}");
+            None
+        }
+        (a, b) => panic!("{a:?} against {b:?}: {req:?}"),
+    }
+}
+
+/// Group keys of the connections (`bpfmap_tests::conns`), from an enum
+/// to several members: the narrow ones (at most 16 bits) go to a dense
+/// table inside the program, the others to a hash map.
+const CONN_GROUPS: &[&[&str]] = &[
+    &["key.proto"],
+    &["key.dport"],
+    &["value.lo"],
+    &["value.hi"],
+    &["key.proto", "value.lo"],
+    &["value.lo", "key.proto", "key.pad"],
+    &["key.dport", "key.proto"],
+    &["key.saddr"],
+    &["value.delta"],
+    &["value.comm"],
+];
+
+/// Members of the connections aggregates and filters read.
+const CONN_INTS: &[&str] = &[
+    "value.packets",
+    "value.bytes",
+    "value.delta",
+    "value.lo",
+    "value.hi",
+    "key.dport",
+    "key.proto",
+];
+
+/// `n` random connections, pinned at `path`: few protocols and ports, a
+/// signed delta, every bit of the bitfields.
+fn random_conns(fs: &BpfFs, path: &str, n: u32, rng: &mut Rng) -> OwnedMap {
+    let map = conns::map(MapType::HASH, n * 2);
+    let rows: Vec<conns::Conn> = (0..n)
+        .map(|i| conns::Conn {
+            saddr: i,
+            dport: rng.below(3000) as u16,
+            proto: rng.pick(&conns::PROTOS).1,
+            packets: rng.next() >> rng.below(64),
+            bytes: rng.next(),
+            comm: *b"conn\0\0\0\0",
+            delta: rng.next() as i32 >> rng.below(31),
+            lo: rng.below(16) as u32,
+            hi: rng.below(4096) as u32,
+        })
+        .collect();
+    conns::fill(&map, n, |i, _| rows[i as usize]);
+    fs.pin(&map, path);
+    map
+}
+
+/// A random aggregate of the connections.
+fn conn_request(rng: &mut Rng, path: &str) -> pb::AggregateMapRequest {
+    let n = 1 + rng.below(3) as usize;
+    let aggregates = (0..n)
+        .map(|_| {
+            let op = *rng.pick(&[
+                pb::aggregate::Op::Count,
+                pb::aggregate::Op::Sum,
+                pb::aggregate::Op::Min,
+                pb::aggregate::Op::Max,
+            ]);
+            let field = match op {
+                pb::aggregate::Op::Count => String::new(),
+                _ => rng.pick(CONN_INTS).to_string(),
+            };
+            pb::Aggregate {
+                op: op as i32,
+                field,
+            }
+        })
+        .collect();
+    let member = rng.pick(CONN_INTS);
+    let k = *rng.pick(&[0i128, 6, 17, 100, 1000, -5, 1 << 40]);
+    pb::AggregateMapRequest {
+        map: map_ref(path),
+        filter: match rng.below(3) {
+            0 => String::new(),
+            1 => format!("{member} > {k}"),
+            _ => format!("!({member} <= {k}) || key.dport < 1000"),
+        },
+        group_by: rng
+            .pick(CONN_GROUPS)
+            .iter()
+            .map(|g| g.to_string())
+            .collect(),
+        order_by: rng.below(n as u64) as u32,
+        ascending: rng.below(2) == 0,
+        limit: *rng.pick(&[0, 3, 10]),
+        aggregates,
+        ..Default::default()
+    }
+}
+
+/// Aggregates of connections with BTF (an enum, bitfields, a char array)
+/// grouped by narrow keys (a dense table inside the program: an enum, a
+/// __u16, bitfields, several members of 16 bits in all) and wide ones (a
+/// hash map: 24 and 32 bits, 5,000 groups, bytes) answer as the batched
+/// read, all inside the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_aggregates_by_narrow_and_wide_keys_in_the_kernel_equal_the_batched_reads() {
+    let mut rng = Rng::from_env("BPFMAP_SCAN_SEED");
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let _conns = random_conns(&fs, "c/conns", 5000, &mut rng);
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let mut c = grpc(&daemon.addr()).await;
+    for case in 0..80 {
+        let req = conn_request(&mut rng, "c/conns");
+        let (auto, batched) = both_ways(&mut c, &req)
+            .await
+            .unwrap_or_else(|| panic!("case {case} failed: {req:?}"));
+        assert_eq!(answer(&auto), answer(&batched), "case {case}: {req:?}");
+        let s = auto.summary.unwrap();
+        assert!(s.scanned_in_kernel, "case {case}: {}: {req:?}", s.scan_note);
+    }
+    // Every group of the 32-bit member: 5,000 of them.
+    let by_saddr = pb::AggregateMapRequest {
+        group_by: vec!["key.saddr".into()],
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Count as i32,
+            field: String::new(),
+        }],
+        ..conn_request(&mut rng, "c/conns")
+    };
+    let (auto, batched) = both_ways(
+        &mut c,
+        &pb::AggregateMapRequest {
+            filter: String::new(),
+            ..by_saddr
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(auto.summary.as_ref().unwrap().groups_total, 5000);
+    assert_eq!(answer(&auto), answer(&batched));
+    daemon.stop().await;
+}
+
+/// One group more than limits.max_groups ends the call as the batched read
+/// does, whether the program keeps its groups in a dense table (a 12-bit
+/// member, 4,096 slots) or a hash map (a 32-bit member).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_in_the_kernel_keeps_to_max_groups_in_either_table() {
+    let mut rng = Rng(5);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let _conns = random_conns(&fs, "c/conns", 5000, &mut rng);
+    let mut config = Daemon::config(fs.path(), state.path());
+    config.limits.max_groups = 100;
+    let daemon = Daemon::start_with(config).await;
+    let mut c = grpc(&daemon.addr()).await;
+    for group_by in ["value.hi", "key.saddr"] {
+        let req = pb::AggregateMapRequest {
+            map: map_ref("c/conns"),
+            group_by: vec![group_by.into()],
+            aggregates: vec![pb::Aggregate {
+                op: pb::aggregate::Op::Sum as i32,
+                field: "value.packets".into(),
+            }],
+            ..Default::default()
+        };
+        let auto = c.aggregate_map(req.clone()).await.unwrap_err();
+        let batched = c
+            .aggregate_map(pb::AggregateMapRequest {
+                scan: pb::ScanMethod::ScanBatched as i32,
+                ..req
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(auto.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            auto.message(),
+            "more than 100 groups (limits.max_groups): 101 seen before the walk stopped; group by fewer or coarser members, or filter"
+        );
+        assert_eq!(
+            (auto.code(), auto.message()),
+            (batched.code(), batched.message())
+        );
+    }
+    daemon.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_program_cannot_compute_is_read_in_batches_and_said() {
     let mut rng = Rng(7);
@@ -288,8 +577,11 @@ async fn what_a_program_cannot_compute_is_read_in_batches_and_said() {
             "the filter computes arithmetic",
         ),
         (
-            sum("s/percpu", "value.big", ""),
-            "a scan in the kernel sees one CPU's value of a per-CPU map",
+            pb::AggregateMapRequest {
+                group_by: vec!["values[0].name".into()],
+                ..sum("s/percpu", "value.big", "")
+            },
+            "a group by bytes of a per-CPU map's value is computed in user space",
         ),
     ] {
         let auto = c.aggregate_map(req.clone()).await.unwrap().into_inner();

@@ -9,7 +9,7 @@ use std::{
     time::Instant,
 };
 
-use bpfmap_kernel::MapMeta;
+use bpfmap_kernel::{MapMeta, program::GroupTable};
 use bpfmap_proto::v1 as pb;
 
 use crate::{
@@ -22,7 +22,7 @@ use crate::{
     watch::Scanner,
 };
 
-use walk::{AggregateWalk, CancelOnDrop, KernelPlan};
+use walk::{AggregateWalk, CancelOnDrop, InKernel, KernelPlan};
 
 /// What an AggregateMap call reads with: the daemon's calls, its dump
 /// slots, and its bound on groups (`limits.max_groups`).
@@ -110,9 +110,17 @@ pub(crate) async fn prepare(
     })
 }
 
+/// Groups beyond which a walk inside the kernel that keeps its groups in a
+/// hash map costs more than the batched read with SCAN_AUTO (measured:
+/// tests/docs/performance.md, the query benchmark): such a walk stops
+/// there and the map is read in batches. A dense table has no such bound.
+pub(crate) const KERNEL_HASH_GROUPS: u32 = 1 << 20;
+
 /// Whether the call's walk may run inside the kernel: asked for (`scan`,
 /// the request's; by default), possible here for this map, and
-/// expressible as a program.
+/// expressible as a program, with a group table sized for the map: no more
+/// groups than it holds entries, and with SCAN_AUTO no more groups in a
+/// hash map than [`KERNEL_HASH_GROUPS`].
 fn kernel_plan(
     calls: &Calls,
     handle: &bpfmap_kernel::MapHandle,
@@ -128,14 +136,22 @@ fn kernel_plan(
     if let Some(why) = calls.programs.unavailable(meta) {
         return KernelPlan::Cannot(why.into());
     }
-    let sizes = Sizes {
-        key: meta.key_size as usize,
-        value: meta.value_size as usize,
+    let mut plan = match crate::query::scan::plan(spec, filter, Sizes::of(meta), max_groups) {
+        Ok(plan) => plan,
+        Err(why) => return KernelPlan::Cannot(why.into()),
     };
-    match crate::query::scan::plan(spec, filter, sizes, max_groups) {
-        Ok(plan) => KernelPlan::Plan(calls.programs.clone(), plan),
-        Err(why) => KernelPlan::Cannot(why.into()),
+    // A map of N entries makes at most N groups (rounded up: maps of
+    // similar sizes share a program).
+    let held = meta.max_entries.max(1).checked_next_power_of_two();
+    plan.max_groups = plan.max_groups.min(held.unwrap_or(u32::MAX));
+    if scan == pb::ScanMethod::ScanAuto as i32 && plan.table() == GroupTable::Hash {
+        plan.max_groups = plan.max_groups.min(KERNEL_HASH_GROUPS);
     }
+    KernelPlan::Plan(InKernel {
+        programs: calls.programs.clone(),
+        plan,
+        limit: max_groups,
+    })
 }
 
 impl Prepared {

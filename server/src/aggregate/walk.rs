@@ -4,9 +4,11 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use bpfmap_kernel::{
     MapHandle,
-    program::{AggOp, WalkOutput, WalkPlan},
+    program::{AggOp, GroupTable, WalkOutput, WalkPlan},
     walk::Position,
 };
 use bpfmap_proto::v1 as pb;
@@ -48,9 +50,18 @@ pub(super) enum KernelPlan {
     /// The call asked for batched reads (SCAN_BATCHED).
     Off,
     /// The program's plan, and the daemon's programs.
-    Plan(Arc<WalkPrograms>, WalkPlan),
+    Plan(InKernel),
     /// Why it cannot.
     Cannot(NotInKernel),
+}
+
+/// A walk inside the kernel: the daemon's programs, the plan, and the
+/// call's bound on groups (`limits.max_groups`; the plan's table may hold
+/// fewer).
+pub(super) struct InKernel {
+    pub(super) programs: Arc<WalkPrograms>,
+    pub(super) plan: WalkPlan,
+    pub(super) limit: usize,
 }
 
 /// Why an aggregate's walk does not run inside the kernel.
@@ -62,6 +73,16 @@ pub(super) enum NotInKernel {
     /// The question is not one a walk program computes.
     #[error(transparent)]
     Question(#[from] Untranslatable),
+    /// The walk found more groups than its hash map of groups holds with
+    /// SCAN_AUTO, where the batched read costs less.
+    #[error(
+        "more than {0} groups: beyond that a walk inside the kernel costs more than the batched read (SCAN_KERNEL walks inside the kernel still)"
+    )]
+    ManyGroups(u32),
+    /// The walk found more groups than the map holds entries (entries
+    /// replaced while it ran).
+    #[error("the walk inside the kernel found more groups than the map holds entries")]
+    MoreGroupsThanEntries,
 }
 
 /// Entries read per kernel call of an aggregate.
@@ -74,10 +95,22 @@ impl AggregateWalk {
         let note = match &self.kernel {
             KernelPlan::Off => String::new(),
             KernelPlan::Cannot(why) => why.to_string(),
-            KernelPlan::Plan(programs, plan) => {
+            KernelPlan::Plan(k) => {
                 self.check()?;
-                match programs.run(&self.handle, plan) {
-                    Ok(out) => return self.kernel_groups(out, plan),
+                match k.programs.run(&self.handle, &k.plan) {
+                    // Its table filled before the call's bound: the walk
+                    // stopped short.
+                    Ok(out) if out.overflowed && (k.plan.max_groups as usize) < k.limit => {
+                        k.programs.stats.fallbacks.fetch_add(1, Relaxed);
+                        let why = match k.plan.table() {
+                            GroupTable::Hash if k.plan.max_groups <= super::KERNEL_HASH_GROUPS => {
+                                NotInKernel::ManyGroups(k.plan.max_groups)
+                            }
+                            _ => NotInKernel::MoreGroupsThanEntries,
+                        };
+                        why.to_string()
+                    }
+                    Ok(out) => return self.kernel_groups(out, &k.plan),
                     Err(why) => why.to_string(),
                 }
             }

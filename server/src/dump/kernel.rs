@@ -226,11 +226,7 @@ fn prefilter(
     filter: &Filter,
     meta: &MapMeta,
 ) -> Result<(program::Cond, Vec<Untranslatable>), Batched> {
-    let sizes = Sizes {
-        key: meta.key_size as usize,
-        value: meta.value_size as usize,
-    };
-    let (cond, left_out) = filter.kernel_prefilter(sizes);
+    let (cond, left_out) = filter.kernel_prefilter(Sizes::of(meta));
     match (cond, left_out.is_empty()) {
         (program::Cond::Const(true), true) => Err(Batched::EveryEntry),
         (program::Cond::Const(true), false) => Err(Batched::Untested(left_out)),

@@ -228,43 +228,14 @@ impl Spec {
             key_len = g.key_size() + g.value_size();
             for (source, out, size) in g.places() {
                 let out = u16::try_from(out).map_err(|_| Untranslatable::GroupKeyTooLong)?;
-                parts.push(match source {
-                    Source::Bytes { root, offset, len } => GroupPart::Bytes {
-                        side: match root {
-                            Root::Key => Side::Key,
-                            Root::Value => Side::Value,
-                            Root::Cpu(_) => return Err(Untranslatable::GroupCpuValue),
-                        },
-                        offset: u16::try_from(offset).map_err(|_| Untranslatable::MemberTooFar)?,
-                        len: u16::try_from(len).map_err(|_| Untranslatable::MemberTooLong)?,
-                        out,
-                    },
-                    Source::Int(m) if matches!(size, 1 | 2 | 4 | 8) => GroupPart::Int {
-                        read: int_read(&m, sizes)?,
-                        out,
-                        size: size as u8,
-                    },
-                    Source::Int(_) => return Err(Untranslatable::WideGroupMember),
-                });
+                parts.push(group_part(source, out, size, sizes)?);
             }
         }
         let key_len = u16::try_from(key_len).map_err(|_| Untranslatable::GroupKeyTooLong)?;
         let aggs = self
             .aggs
             .iter()
-            .map(|a| {
-                let load = match a.loads.as_slice() {
-                    [] => return Ok(AggOp::Count),
-                    [load] => int_read(load, sizes)?,
-                    _ => return Err(Untranslatable::PerCpuValues),
-                };
-                Ok(match a.op {
-                    Op::Sum => AggOp::Sum(load),
-                    Op::Min => AggOp::Min(load),
-                    Op::Max => AggOp::Max(load),
-                    _ => AggOp::Count,
-                })
-            })
+            .map(|a| a.kernel_op(sizes))
             .collect::<Result<Vec<_>, _>>()?;
         Ok((parts, key_len, aggs))
     }
@@ -275,6 +246,83 @@ impl Spec {
     pub fn non_negative_order(&self) -> bool {
         let a = &self.aggs[self.order_by];
         a.op == Op::Count || (a.op == Op::Sum && a.loads.iter().all(|l| !l.signed()))
+    }
+}
+
+/// A member of a group key as a walk inside the kernel writes it (`size`
+/// bytes at `out`): bytes of the key or of a value that is not per-CPU, an
+/// integer of up to 64 bits, a per-CPU map's member summed in 128.
+fn group_part(
+    source: Source,
+    out: u16,
+    size: usize,
+    sizes: Sizes,
+) -> Result<GroupPart, Untranslatable> {
+    Ok(match source {
+        Source::Bytes { root, offset, len } => GroupPart::Bytes {
+            side: match root {
+                Root::Key => Side::Key,
+                Root::Value if sizes.cpus.is_none() => Side::Value,
+                Root::Value | Root::Cpu(_) => return Err(Untranslatable::GroupCpuValue),
+            },
+            offset: u16::try_from(offset).map_err(|_| Untranslatable::MemberTooFar)?,
+            len: u16::try_from(len).map_err(|_| Untranslatable::MemberTooLong)?,
+            out,
+        },
+        Source::Int(m) => {
+            let read = int_read(&m, sizes)?;
+            let summed = m.root() == Root::Value && sizes.cpus.is_some();
+            if !(matches!(size, 1 | 2 | 4 | 8) || (summed && size == 16)) {
+                return Err(Untranslatable::WideGroupMember);
+            }
+            GroupPart::Int {
+                read,
+                out,
+                size: size as u8,
+            }
+        }
+    })
+}
+
+impl Agg {
+    /// The aggregate as a walk inside the kernel computes it: of a
+    /// per-CPU map's `value` member, SUM over every CPU's value, MIN and
+    /// MAX of the sums (PER_CPU_SUM) or of each CPU's value (PER_CPU_EACH).
+    fn kernel_op(&self, sizes: Sizes) -> Result<AggOp, Untranslatable> {
+        let read = match self.loads.as_slice() {
+            [] => return Ok(AggOp::Count),
+            [load] => int_read(load, sizes)?,
+            loads => {
+                let every_cpu = loads
+                    .iter()
+                    .enumerate()
+                    .all(|(i, l)| l.root() == Root::Cpu(i))
+                    && sizes.cpus.is_some_and(|n| usize::from(n) == loads.len());
+                if !every_cpu {
+                    return Err(Untranslatable::SomeCpus);
+                }
+                // One CPU's value of the member, as a program reads it.
+                let one = IntMember::new(Root::Value, loads[0].field());
+                let one = int_read(
+                    &one,
+                    Sizes {
+                        cpus: None,
+                        ..sizes
+                    },
+                )?;
+                return Ok(match self.op {
+                    Op::Min => AggOp::MinOfEach(one),
+                    Op::Max => AggOp::MaxOfEach(one),
+                    _ => AggOp::Sum(one.summed_over(loads.len() as u16)),
+                });
+            }
+        };
+        Ok(match self.op {
+            Op::Sum => AggOp::Sum(read),
+            Op::Min => AggOp::Min(read),
+            Op::Max => AggOp::Max(read),
+            _ => AggOp::Count,
+        })
     }
 }
 

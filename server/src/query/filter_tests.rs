@@ -748,6 +748,7 @@ fn a_prefilter_for_the_kernel_leaves_out_what_it_cannot_test_and_says_what() {
     let sizes = crate::query::scan::Sizes {
         key: 64,
         value: 4096,
+        cpus: None,
     };
     let pre = |source: &str| map.compile(source).unwrap().kernel_prefilter(sizes);
     // All of it: no reason.

@@ -7,9 +7,10 @@
 //! real calls, so that messages read as they would with the kernel.
 //!
 //! As the kernel does, it finds the maps a program uses in the program's
-//! `ld_imm64` instructions: the one it points into (its scratch value),
-//! and the maps it names by descriptor (first its slot, which holds the
-//! walked map while it runs, then its output map).
+//! `ld_imm64` instructions: those it points into (first its scratch value,
+//! then the array of a dense table), and the maps it names by descriptor
+//! (first its slot, which holds the walked map while it runs, then its
+//! output map).
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -65,13 +66,12 @@ pub struct Run {
     pub result: Result<u32, i32>,
     /// Entries visited, written to the scratch value.
     pub visited: u64,
-    /// Entries the condition took, written to the scratch value.
-    pub matched: u64,
     /// The error the program stores in its scratch value, as it stores it
     /// (a negative errno); 0 for none.
     pub error: i64,
     /// Entries it inserts into its output map: key and value bytes, of
-    /// that map's sizes.
+    /// that map's sizes; for a dense table, the slot's index (a `u32`) and
+    /// the slot's bytes.
     pub output: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
@@ -81,7 +81,6 @@ impl Run {
         Self {
             result: Ok(0),
             visited,
-            matched: 0,
             error: 0,
             output: Vec::new(),
         }
@@ -115,8 +114,9 @@ struct State {
     /// Answers to the next loads: `Err((errno, log))` refuses one.
     loads: VecDeque<Result<(), (i32, String)>>,
     runs: VecDeque<Run>,
-    /// The next call of each kind in here fails with its errno.
-    faults: Vec<(Call, i32)>,
+    /// The next call of each kind in here fails with its errno, after
+    /// the number of such calls given succeed.
+    faults: Vec<(Call, usize, i32)>,
     /// The entries of the maps created, by descriptor.
     maps: HashMap<RawFd, BTreeMap<Vec<u8>, Vec<u8>>>,
     next_fd: RawFd,
@@ -125,6 +125,8 @@ struct State {
     walked: Vec<Option<RawFd>>,
     /// The maps created as slots (arrays of maps).
     slots: Vec<RawFd>,
+    /// The value size of each map created.
+    sizes: HashMap<RawFd, usize>,
 }
 
 impl Default for State {
@@ -140,6 +142,7 @@ impl Default for State {
             loaded: Vec::new(),
             walked: Vec::new(),
             slots: Vec::new(),
+            sizes: HashMap::new(),
         }
     }
 }
@@ -147,8 +150,12 @@ impl Default for State {
 impl State {
     /// The errno of the next fault scripted for `call`, taken.
     fn fault(&mut self, call: Call) -> SysResult<()> {
-        match self.faults.iter().position(|(c, _)| *c == call) {
-            Some(at) => Err(error(call.name(), self.faults.remove(at).1)),
+        match self.faults.iter().position(|(c, _, _)| *c == call) {
+            Some(at) if self.faults[at].1 > 0 => {
+                self.faults[at].1 -= 1;
+                Ok(())
+            }
+            Some(at) => Err(error(call.name(), self.faults.remove(at).2)),
             None => Ok(()),
         }
     }
@@ -159,6 +166,42 @@ fn error(call: &'static str, errno: i32) -> SyscallError {
     SyscallError {
         call,
         io_error: io::Error::from_raw_os_error(errno),
+    }
+}
+
+impl State {
+    /// Puts what a run outputs into the program's output map: the map it
+    /// names after its slot, or the dense table it points into after its
+    /// scratch value.
+    fn output(&mut self, program: &ScriptedProgram, output: Vec<(Vec<u8>, Vec<u8>)>) {
+        let named = program
+            .maps
+            .iter()
+            .skip(1)
+            .find(|fd| self.maps.contains_key(fd));
+        if let Some(fd) = named {
+            let entries = self.maps.get_mut(fd).expect("a map of this kernel");
+            entries.extend(output);
+            return;
+        }
+        let scratch = program.values.first();
+        let dense = program.values.iter().find(|fd| Some(*fd) != scratch);
+        let Some(dense) = dense.filter(|fd| self.maps.contains_key(fd)) else {
+            assert!(output.is_empty(), "the program has no output map");
+            return;
+        };
+        let size = self.sizes[dense];
+        let table = self
+            .maps
+            .get_mut(dense)
+            .expect("a map of this kernel")
+            .entry(0u32.to_ne_bytes().to_vec())
+            .or_insert_with(|| vec![0; size]);
+        for (index, slot) in output {
+            let at = u32::from_ne_bytes(index[..4].try_into().expect("an index")) as usize;
+            let at = at * slot.len();
+            table[at..at + slot.len()].copy_from_slice(&slot);
+        }
     }
 }
 
@@ -192,7 +235,12 @@ impl ScriptedKernel {
 
     /// Makes the next `call` fail with `errno`.
     pub fn fail(&self, call: Call, errno: i32) {
-        self.state().faults.push((call, errno));
+        self.fail_after(call, 0, errno);
+    }
+
+    /// Makes the call of `call` after the next `calls` fail with `errno`.
+    pub fn fail_after(&self, call: Call, calls: usize, errno: i32) {
+        self.state().faults.push((call, calls, errno));
     }
 
     /// Scripts the next test run.
@@ -285,6 +333,7 @@ impl ProgramOps for ScriptedKernel {
         let fd = s.next_fd;
         s.next_fd += 1;
         s.maps.insert(fd, BTreeMap::new());
+        s.sizes.insert(fd, params.value_size as usize);
         if params.map_type == MapType::ARRAY_OF_MAPS.0 {
             s.slots.push(fd);
         }
@@ -342,33 +391,19 @@ impl ProgramOps for ScriptedKernel {
             .expect("a test run the script did not expect");
         let words = [
             (plan::VISITED, run.visited),
-            (plan::MATCHED, run.matched),
             (plan::ERROR, run.error as u64),
         ];
-        for fd in &program.values {
-            let value = s
-                .maps
-                .get_mut(fd)
-                .and_then(|m| m.get_mut(&0u32.to_ne_bytes()[..]))
-                .expect("the scratch value is written before the program runs");
-            for (at, word) in words {
-                let at = at as usize;
-                value[at..at + 8].copy_from_slice(&word.to_ne_bytes());
-            }
+        let scratch = program
+            .values
+            .first()
+            .and_then(|fd| s.maps.get_mut(fd))
+            .and_then(|m| m.get_mut(&0u32.to_ne_bytes()[..]))
+            .expect("the scratch value is written before the program runs");
+        for (at, word) in words {
+            let at = at as usize;
+            scratch[at..at + 8].copy_from_slice(&word.to_ne_bytes());
         }
-        // The first map a program names is its slot (the walked map is in
-        // it); a later one is its output.
-        let output = program
-            .maps
-            .iter()
-            .skip(1)
-            .find(|fd| s.maps.contains_key(fd));
-        if let Some(fd) = output.copied() {
-            let entries = s.maps.get_mut(&fd).expect("a map of this kernel");
-            entries.extend(run.output);
-        } else {
-            assert!(run.output.is_empty(), "the program has no output map");
-        }
+        s.output(program, run.output);
         run.result
             .map_err(|errno| error("BPF_PROG_TEST_RUN", errno))
     }

@@ -4,11 +4,11 @@
 //! code is finished. Opcodes are the kernel's (`aya_obj::generated`).
 
 use aya_obj::generated::{
-    BPF_ADD, BPF_ALU, BPF_ALU64, BPF_ARSH, BPF_B, BPF_CALL, BPF_DW, BPF_END, BPF_EXIT, BPF_H,
-    BPF_IMM, BPF_JA, BPF_JEQ, BPF_JGE, BPF_JGT, BPF_JLE, BPF_JLT, BPF_JMP, BPF_JNE, BPF_JSGE,
-    BPF_JSGT, BPF_JSLE, BPF_JSLT, BPF_K, BPF_LD, BPF_LDX, BPF_LSH, BPF_MEM, BPF_MOV,
-    BPF_PSEUDO_FUNC, BPF_PSEUDO_KFUNC_CALL, BPF_PSEUDO_MAP_FD, BPF_PSEUDO_MAP_VALUE, BPF_RSH,
-    BPF_STX, BPF_SUB, BPF_TO_BE, BPF_W, BPF_X,
+    BPF_ADD, BPF_ALU, BPF_ALU64, BPF_AND, BPF_ARSH, BPF_B, BPF_CALL, BPF_DW, BPF_END, BPF_EXIT,
+    BPF_H, BPF_IMM, BPF_JA, BPF_JEQ, BPF_JGE, BPF_JGT, BPF_JLE, BPF_JLT, BPF_JMP, BPF_JNE,
+    BPF_JSGE, BPF_JSGT, BPF_JSLE, BPF_JSLT, BPF_K, BPF_LD, BPF_LDX, BPF_LSH, BPF_MEM, BPF_MOV,
+    BPF_MUL, BPF_OR, BPF_PSEUDO_FUNC, BPF_PSEUDO_KFUNC_CALL, BPF_PSEUDO_MAP_FD,
+    BPF_PSEUDO_MAP_VALUE, BPF_RSH, BPF_STX, BPF_SUB, BPF_TO_BE, BPF_W, BPF_X,
 };
 
 /// A register (r0 to r10).
@@ -24,6 +24,8 @@ pub(super) const R6: Reg = Reg(6);
 pub(super) const R7: Reg = Reg(7);
 pub(super) const R8: Reg = Reg(8);
 pub(super) const R9: Reg = Reg(9);
+/// The frame pointer (read only).
+pub(super) const R10: Reg = Reg(10);
 
 /// An opcode's bits, from the kernel's header (`u32` there).
 const fn op(bits: u32) -> u8 {
@@ -35,6 +37,9 @@ const fn op(bits: u32) -> u8 {
 pub(super) enum Alu {
     Add = op(BPF_ADD) as isize,
     Sub = op(BPF_SUB) as isize,
+    Mul = op(BPF_MUL) as isize,
+    Or = op(BPF_OR) as isize,
+    And = op(BPF_AND) as isize,
     Lsh = op(BPF_LSH) as isize,
     Rsh = op(BPF_RSH) as isize,
     Mov = op(BPF_MOV) as isize,
@@ -359,6 +364,9 @@ mod tests {
         a.alu_reg(Alu::Add, R2, R1); // 0f 12 0000 00000000
         a.call(164); // 85 00 0000 a4000000
         a.call_kfunc(77); // 85 20 0000 4d000000
+        a.alu_imm(Alu::Mul, R1, 24); // 27 01 0000 18000000
+        a.alu_reg(Alu::Or, R1, R2); // 4f 21 0000 00000000
+        a.alu_imm(Alu::And, R1, 0xffff); // 57 01 0000 ffff0000
         let insns = a.finish().unwrap();
         assert_eq!(
             insns,
@@ -374,6 +382,9 @@ mod tests {
                 0x0000_0000_0000_120f,
                 0x0000_00a4_0000_0085,
                 0x0000_004d_0000_2085,
+                0x0000_0018_0000_0127,
+                0x0000_0000_0000_214f,
+                0x0000_ffff_0000_0157,
             ]
         );
     }

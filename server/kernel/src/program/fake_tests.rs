@@ -55,8 +55,8 @@ fn value() -> IntRead {
     IntRead::new(member, 4).unwrap()
 }
 
-/// Entries whose value is above 10, grouped by the key's first byte: their
-/// count and the sum of their values (at most 4 groups).
+/// Entries whose value is above 10, grouped by their key (a hash map of
+/// groups): their count and the sum of their values (at most 4 groups).
 fn grouping() -> WalkPlan {
     WalkPlan {
         output: Output::Groups,
@@ -64,17 +64,32 @@ fn grouping() -> WalkPlan {
         group: vec![GroupPart::Bytes {
             side: Side::Key,
             offset: 0,
-            len: 1,
+            len: 4,
             out: 0,
         }],
-        key_len: 1,
+        key_len: 4,
         aggs: vec![AggOp::Count, AggOp::Sum(value())],
         max_groups: 4,
     }
 }
 
+/// The same grouped by the key's first byte: a dense table of 256 groups.
+fn dense_grouping() -> WalkPlan {
+    WalkPlan {
+        group: vec![GroupPart::Bytes {
+            side: Side::Key,
+            offset: 0,
+            len: 1,
+            out: 0,
+        }],
+        key_len: 1,
+        ..grouping()
+    }
+}
+
 /// A group as the program leaves it in its output map: a 4-byte key (the
-/// first byte the group's), its count, and two words per aggregate.
+/// first byte the group's; for a dense table, the slot's index), its
+/// count, and two words per aggregate.
 fn group(first: u8, count: u64, sum: u64) -> (Vec<u8>, Vec<u8>) {
     let mut value = Vec::new();
     for word in [count, 0, 0, sum, 0] {
@@ -85,7 +100,6 @@ fn group(first: u8, count: u64, sum: u64) -> (Vec<u8>, Vec<u8>) {
 
 fn ran(output: Vec<(Vec<u8>, Vec<u8>)>) -> Run {
     Run {
-        matched: 30,
         output,
         ..Run::visiting(100)
     }
@@ -113,12 +127,12 @@ fn a_run_reads_its_figures_and_drains_its_groups() {
         out.groups,
         [
             WalkGroup {
-                key: vec![1],
+                key: vec![1, 0, 0, 0],
                 count: 10,
                 words: vec![(0, 0), (150, 0)],
             },
             WalkGroup {
-                key: vec![2],
+                key: vec![2, 0, 0, 0],
                 count: 20,
                 words: vec![(0, 0), (400, 0)],
             },
@@ -480,14 +494,30 @@ fn what_a_program_cannot_read_is_refused_before_any_call() {
         map_type: MapType::PERCPU_HASH,
         ..fake::meta()
     };
+    // A value member of a per-CPU map is read summed over its CPUs (or
+    // one CPU's): a plan that reads it once does not run there.
     let e = load_on(&kernel, &per_cpu, &grouping()).unwrap_err();
+    assert!(matches!(e, LoadError::Plan(PlanError::OtherCpus)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "the plan reads CPUs' values the map does not have"
+    );
+    let summed = WalkPlan {
+        filter: Cond::Cmp(value().summed_over(2), CmpOp::Gt, 10),
+        aggs: vec![AggOp::Count, AggOp::Sum(value().summed_over(2))],
+        ..grouping()
+    };
+    let e = load_on(&kernel, &fake::meta(), &summed).unwrap_err();
+    assert!(matches!(e, LoadError::Plan(PlanError::OtherCpus)), "{e:?}");
+    // Entries of a per-CPU map are not copied out.
+    let e = load_on(&kernel, &per_cpu, &WalkPlan::entries(Cond::Const(true), 8)).unwrap_err();
     assert!(
-        matches!(e, LoadError::Plan(PlanError::PerCpuValue)),
+        matches!(e, LoadError::Plan(PlanError::PerCpuEntries)),
         "{e:?}"
     );
     assert_eq!(
         e.to_string(),
-        "a scan in the kernel sees one CPU's value of a per-CPU map"
+        "a scan in the kernel does not copy out the entries of a per-CPU map"
     );
     let short_value = MapMeta {
         value_size: 2,
@@ -501,4 +531,77 @@ fn what_a_program_cannot_read_is_refused_before_any_call() {
     assert_eq!(e.to_string(), "a member beyond the value");
     assert_eq!(kernel.unused(), 1, "no map was created");
     assert_eq!(loads(&kernel), []);
+}
+
+#[test]
+fn a_dense_table_is_read_back_by_slot_and_zeroed_for_the_next_run() {
+    let kernel = ScriptedKernel::new();
+    let plan = dense_grouping();
+    assert_eq!(plan.table(), GroupTable::Dense { slots: 256 });
+    let p = load(&kernel, &plan).unwrap();
+    kernel.push_run(ran(vec![group(2, 20, 400), group(1, 10, 150)]));
+    let out = p.run(target()).unwrap();
+    assert_eq!((out.visited, out.matched, out.overflowed), (100, 30, false));
+    assert_eq!(
+        out.groups,
+        [
+            WalkGroup {
+                key: vec![1],
+                count: 10,
+                words: vec![(0, 0), (150, 0)],
+            },
+            WalkGroup {
+                key: vec![2],
+                count: 20,
+                words: vec![(0, 0), (400, 0)],
+            },
+        ]
+    );
+    // Zeroed after the run: the next finds only its own.
+    kernel.push_run(ran(vec![group(7, 1, 11)]));
+    let out = p.run(target()).unwrap();
+    assert_eq!(out.groups.len(), 1);
+    assert_eq!((out.groups[0].key.as_slice(), out.matched), (&[7u8][..], 1));
+    assert_eq!(kernel.unused(), 0);
+}
+
+#[test]
+fn failures_reading_or_zeroing_a_dense_table_are_errors_of_the_run() {
+    let kernel = ScriptedKernel::new();
+    let p = load(&kernel, &dense_grouping()).unwrap();
+    // The scratch value is read after the table: the first lookup is the
+    // table's.
+    kernel.push_run(ran(vec![group(1, 10, 150)]));
+    kernel.fail(Call::MapLookup, libc::ENOMEM);
+    let e = p.run(target()).unwrap_err();
+    assert!(matches!(e, RunError::Sys(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "BPF_MAP_LOOKUP_ELEM failed: Cannot allocate memory (os error 12)"
+    );
+    assert!(kernel.slots_empty(), "the map left the slot");
+    // Zeroing it: the third update of a run (the scratch value, the slot,
+    // the table).
+    kernel.push_run(ran(vec![group(1, 10, 150)]));
+    kernel.fail_after(Call::MapUpdate, 2, libc::EFAULT);
+    let e = p.run(target()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "BPF_MAP_UPDATE_ELEM failed: Bad address (os error 14)"
+    );
+    assert_eq!(kernel.unused(), 0);
+}
+
+#[test]
+fn a_dense_table_past_max_groups_says_it_overflowed() {
+    let kernel = ScriptedKernel::new();
+    let p = load(&kernel, &dense_grouping()).unwrap();
+    let full: Vec<_> = (1..=4).map(|k| group(k, 1, 11)).collect();
+    kernel.push_run(Run {
+        error: -i64::from(libc::E2BIG),
+        ..ran(full)
+    });
+    let out = p.run(target()).unwrap();
+    assert!(out.overflowed);
+    assert_eq!(out.groups.len(), 4);
 }

@@ -20,6 +20,8 @@
 //! and stops where the kernel will not on demand.
 
 mod asm;
+mod code;
+mod cpus;
 mod matches;
 mod ops;
 mod own;
@@ -36,11 +38,12 @@ pub use matches::{KeyOrder, Matches, byte_order, index_order};
 pub use ops::{Kernel, ProgramLoad, ProgramMap, ProgramOps};
 pub use own::{OwnIds, own_ids};
 pub use plan::{
-    AggOp, CmpOp, Cond, GroupPart, IntRead, IntSpec, Output, PlanError, Side, WalkPlan,
+    AggOp, CmpOp, Cond, GroupPart, GroupTable, IntRead, IntSpec, MAX_DENSE_BYTES, Output,
+    PlanError, Side, WalkPlan,
 };
 
 use aya_obj::generated::BPF_F_NO_PREALLOC;
-use plan::MapFds;
+use code::MapFds;
 
 use crate::{
     BtfBuilder, IntEncoding, MapHandle, MapMeta, MapType,
@@ -228,10 +231,9 @@ pub struct WalkProgram<O: ProgramOps = Kernel> {
     /// An array of one map, holding the walked map while a run lasts.
     slot: O::Map,
     scratch: O::Map,
-    /// The groups (or the entries taken), drained after each run.
+    /// The groups (or the entries taken), drained after each run; or the
+    /// one-element array of a dense table, read and zeroed after each run.
     groups: Option<O::Map>,
-    /// Whether its condition takes every entry (matched = visited).
-    unfiltered: bool,
     /// Whether it counts a hash map's entries from the kernel's counters,
     /// without walking them.
     counter: bool,
@@ -329,11 +331,8 @@ impl<O: ProgramOps> WalkProgram<O> {
         if !walks(meta.map_type) {
             return Err(LoadError::NotWalked(meta.map_type));
         }
-        plan.check(
-            meta.key_size as usize,
-            meta.value_size as usize,
-            meta.per_cpu(),
-        )?;
+        let cpus = cpus_of(meta)?;
+        plan.check(meta.key_size as usize, meta.value_size as usize, cpus)?;
         let scratch = ops.create_map(&CreateMap {
             map_type: MapType::ARRAY.0,
             key_size: 4,
@@ -353,10 +352,9 @@ impl<O: ProgramOps> WalkProgram<O> {
             inner_map: target.open,
             ..Default::default()
         })?;
-        let groups = if plan.counts_only() {
-            None
-        } else {
-            Some(ops.create_map(&output_map(plan, meta))?)
+        let groups = match output_map(plan, meta) {
+            Some(params) => Some(ops.create_map(&params)?),
+            None => None,
         };
         if plan.counts_only()
             && let Some(prog) = count_program(&ops, meta, &slot, &scratch)
@@ -370,7 +368,6 @@ impl<O: ProgramOps> WalkProgram<O> {
                 slot,
                 scratch,
                 groups: None,
-                unfiltered: true,
                 counter: true,
                 _own: own,
             });
@@ -380,7 +377,7 @@ impl<O: ProgramOps> WalkProgram<O> {
             groups: groups.as_ref().map(ProgramMap::fd),
             scratch: scratch.fd(),
         };
-        let (insns, callback) = plan.assemble(fds)?;
+        let (insns, callback) = plan.assemble(fds, cpus)?;
         let (btf, funcs) = functions(callback as u32);
         let prog = ops.load(&ProgramLoad {
             name: "bpfmapd_scan",
@@ -398,7 +395,6 @@ impl<O: ProgramOps> WalkProgram<O> {
             slot,
             scratch,
             groups,
-            unfiltered: plan.filter.clone().simplified() == Cond::Const(true),
             counter: false,
             _own: own,
         })
@@ -443,7 +439,7 @@ impl<O: ProgramOps> WalkProgram<O> {
         // The map leaves the slot whatever happened: no reference to it is
         // kept past the run.
         let emptied = self.slot.delete(&zero);
-        let drained = self.drain()?;
+        let taken = self.take()?;
         ran?;
         emptied?;
         let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
@@ -461,17 +457,20 @@ impl<O: ProgramOps> WalkProgram<O> {
             });
         }
         let visited = word(plan::VISITED);
-        let (groups, entries) = match self.plan.output {
-            Output::Groups => (self.groups_of(&drained), Chunk::default()),
-            Output::Entries => (Vec::new(), drained),
+        let (groups, entries) = match taken {
+            Taken::Entries(c) if self.plan.output == Output::Entries => (Vec::new(), c),
+            Taken::Entries(c) => (self.groups_of(&c), Chunk::default()),
+            Taken::Dense(table) => (self.dense_groups(&table), Chunk::default()),
+        };
+        // Each entry taken is counted in its group, or copied.
+        let matched = match self.plan.table() {
+            GroupTable::None => visited,
+            _ if self.plan.output == Output::Entries => entries.count as u64,
+            _ => groups.iter().map(|g| g.count).sum(),
         };
         Ok(WalkOutput {
             visited,
-            matched: if self.unfiltered {
-                visited
-            } else {
-                word(plan::MATCHED)
-            },
+            matched,
             groups,
             entries,
             overflowed: error == full,
@@ -488,23 +487,59 @@ impl<O: ProgramOps> WalkProgram<O> {
         (0..drained.count)
             .map(|i| {
                 let v = &drained.values[i * vs..(i + 1) * vs];
-                let word = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().expect("8"));
                 WalkGroup {
                     key: drained.keys[i * ks..i * ks + key_len].to_vec(),
-                    count: word(0),
-                    words: (0..self.plan.aggs.len())
-                        .map(|a| (word(8 + 16 * a), word(16 + 16 * a)))
-                        .collect(),
+                    ..self.group_of(v)
                 }
             })
             .collect()
     }
 
-    /// Reads and deletes every entry of the groups map.
-    fn drain(&self) -> Result<Chunk, RunError> {
+    /// The groups of a dense table: the slots that counted entries, their
+    /// keys made again from their indexes.
+    fn dense_groups(&self, table: &[u8]) -> Vec<WalkGroup> {
+        let size = self.plan.group_value_size();
+        table
+            .chunks_exact(size)
+            .enumerate()
+            .filter(|(_, v)| v[..8] != [0; 8])
+            .map(|(index, v)| WalkGroup {
+                key: self.plan.dense_key(index as u32),
+                ..self.group_of(v)
+            })
+            .collect()
+    }
+
+    /// A group's count and words, from its value (its key left empty).
+    fn group_of(&self, v: &[u8]) -> WalkGroup {
+        let word = |at: usize| u64::from_ne_bytes(v[at..at + 8].try_into().expect("8"));
+        WalkGroup {
+            key: Vec::new(),
+            count: word(0),
+            words: (0..self.plan.aggs.len())
+                .map(|a| (word(8 + 16 * a), word(16 + 16 * a)))
+                .collect(),
+        }
+    }
+
+    /// What the run left in its groups map, which is empty (a dense table
+    /// zeroed) for the next run.
+    fn take(&self) -> Result<Taken, RunError> {
         let Some(map) = &self.groups else {
-            return Ok(Chunk::default());
+            return Ok(Taken::Entries(Chunk::default()));
         };
+        if !matches!(self.plan.table(), GroupTable::Dense { .. }) {
+            return self.drain(map).map(Taken::Entries);
+        }
+        let zero = 0u32.to_ne_bytes();
+        let size = map.meta().value_size as usize;
+        let table = map.lookup(&zero)?.unwrap_or_else(|| vec![0; size]);
+        map.update(&zero, &vec![0; size])?;
+        Ok(Taken::Dense(table))
+    }
+
+    /// Reads and deletes every entry of the groups map.
+    fn drain(&self, map: &O::Map) -> Result<Chunk, RunError> {
         let mut drainer = Drainer::with_ops(map, map.meta().clone()).map_err(RunError::Drain)?;
         let mut out = Chunk::default();
         while let Some(c) = drainer.next_chunk(4096).map_err(RunError::Drain)? {
@@ -517,6 +552,14 @@ impl<O: ProgramOps> WalkProgram<O> {
         }
         Ok(out)
     }
+}
+
+/// What a run left in its groups map.
+enum Taken {
+    /// The entries of a hash map: groups, or the entries taken.
+    Entries(Chunk),
+    /// The value of a dense table.
+    Dense(Vec<u8>),
 }
 
 /// Lists a loaded program and its maps as this process's own.
@@ -533,13 +576,15 @@ fn register<O: ProgramOps>(
     own::Registration::new(ids, ops.program_id(prog))
 }
 
-/// The hash map a program keeps its groups (or the entries it takes) in.
-fn output_map(plan: &WalkPlan, target: &MapMeta) -> CreateMap<'static> {
+/// The map a program keeps its groups (or the entries it takes) in: a
+/// hash map, or for a dense table an array of one element holding every
+/// slot (the program points into it); none when it only counts.
+fn output_map(plan: &WalkPlan, target: &MapMeta) -> Option<CreateMap<'static>> {
     let (key_size, value_size) = match plan.output {
         Output::Groups => (plan.group_key_size() as u32, plan.group_value_size() as u32),
         Output::Entries => (target.key_size, target.value_size),
     };
-    CreateMap {
+    let hash = CreateMap {
         map_type: MapType::HASH.0,
         key_size,
         value_size,
@@ -547,7 +592,33 @@ fn output_map(plan: &WalkPlan, target: &MapMeta) -> CreateMap<'static> {
         flags: BPF_F_NO_PREALLOC,
         name: "bpfmapd_groups",
         ..Default::default()
+    };
+    match plan.table() {
+        GroupTable::None => None,
+        GroupTable::Hash => Some(hash),
+        GroupTable::Dense { slots } => Some(CreateMap {
+            map_type: MapType::ARRAY.0,
+            key_size: 4,
+            value_size: slots * value_size,
+            max_entries: 1,
+            flags: 0,
+            ..hash
+        }),
     }
+}
+
+/// The possible CPUs of a per-CPU map, which a program reads every value
+/// of (by their numbers: the possible CPUs must be numbered from 0 without
+/// gaps); `None` for a map that is not per-CPU.
+fn cpus_of(meta: &MapMeta) -> Result<Option<u16>, PlanError> {
+    if !meta.per_cpu() {
+        return Ok(None);
+    }
+    let cpus = u16::try_from(meta.possible_cpus).map_err(|_| PlanError::OtherCpus)?;
+    if !cpus::numbered_from_zero() {
+        return Err(PlanError::CpuNumbers);
+    }
+    Ok(Some(cpus))
 }
 
 /// The program that counts the entries of `target`, a hash map, from the

@@ -1,37 +1,46 @@
 //! What a walk inside the kernel computes, in terms of bytes and bits of a
-//! map's keys and values, and the code that computes it.
+//! map's keys and values: which entries it takes, how it groups them,
+//! what it computes per group, and in which table it keeps the groups.
+//! The code that computes it is [`code`](super::code)'s.
 
-use aya_obj::generated::{BPF_NOEXIST, bpf_func_id};
+use super::asm::{Alu, Asm, Jmp, Reg};
 
-use super::asm::{Alu, Asm, Jmp, Label, Pseudo, R0, R1, R2, R3, R4, R6, R7, R8, R9, Reg};
-
-/// Which half of an entry a member is in.
+/// Which part of an entry a member is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Side {
     Key,
+    /// The value; of a per-CPU map, every CPU's (a read sums them, or an
+    /// aggregate takes each: [`IntRead::summed_over`], [`AggOp::MinOfEach`]).
     Value,
+    /// One CPU's value of a per-CPU map: the CPU's index among the
+    /// possible CPUs.
+    Cpu(u16),
 }
 
 /// An integer member as a walk program reads it: one load of 1, 2, 4 or 8 bytes,
 /// swapped from network order, shifted and cut to its bits, sign-extended
-/// to 64 bits.
+/// to 64 bits; of a per-CPU map's value, summed over the CPUs (in 128
+/// bits when the sum can pass 63).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct IntRead {
-    side: Side,
+    pub(super) side: Side,
     offset: u16,
     size: u8,
     shift: u8,
-    bits: u8,
-    signed: bool,
+    pub(super) bits: u8,
+    pub(super) signed: bool,
     big_endian: bool,
+    /// The CPUs whose values it sums (a per-CPU map's `value`); 0 for a
+    /// member read once.
+    pub(super) summed: u16,
 }
 
 /// An integer member of an entry: where it lies and how it is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IntSpec {
-    /// The half of the entry it is in.
+    /// The part of the entry it is in.
     pub side: Side,
-    /// Its first bit in that half.
+    /// Its first bit in that part.
     pub bit_offset: usize,
     /// Its width in bits.
     pub bits: usize,
@@ -72,22 +81,52 @@ impl IntRead {
             bits: bits as u8,
             signed,
             big_endian,
+            summed: 0,
         })
     }
 
-    /// The smallest and largest value the member holds.
-    fn range(&self) -> (i128, i128) {
-        let b = u32::from(self.bits);
-        if self.signed {
-            (-(1i128 << (b - 1)), (1i128 << (b - 1)) - 1)
-        } else {
-            (0, (1i128 << b) - 1)
+    /// The same member of a per-CPU map's value, summed over its `cpus`
+    /// CPUs (what `value.x` means there).
+    pub fn summed_over(self, cpus: u16) -> Self {
+        Self {
+            summed: cpus,
+            ..self
         }
     }
 
-    /// Loads it into `dst` (the key is in r6, the value in r7).
-    fn emit(&self, a: &mut Asm, dst: Reg) {
-        let base = if self.side == Side::Key { R6 } else { R7 };
+    /// The byte after the last one it loads.
+    pub(super) fn end(&self) -> usize {
+        usize::from(self.offset) + usize::from(self.size)
+    }
+
+    /// The smallest and largest value it reads (a sum: that many times
+    /// the member's).
+    pub(super) fn range(&self) -> (i128, i128) {
+        let b = u32::from(self.bits);
+        let (min, max) = if self.signed {
+            (-(1i128 << (b - 1)), (1i128 << (b - 1)) - 1)
+        } else {
+            (0, (1i128 << b) - 1)
+        };
+        let n = i128::from(self.summed.max(1));
+        (min * n, max * n)
+    }
+
+    /// Whether it is a sum that may not fit 63 bits: kept in 128.
+    pub(super) fn wide(&self) -> bool {
+        self.summed > 0
+            && u32::from(self.bits) + u32::from(self.summed).next_power_of_two().ilog2() > 63
+    }
+
+    /// The member, one value of it, as a read of one CPU's value (the
+    /// reads a per-CPU sum is made of).
+    pub(super) fn one(&self) -> Self {
+        Self { summed: 0, ..*self }
+    }
+
+    /// Loads one value of it into `dst` from the part of the entry `base`
+    /// points to.
+    pub(super) fn emit_from(&self, a: &mut Asm, base: Reg, dst: Reg) {
         let size = u32::from(self.size);
         a.load(dst, base, self.offset as i16, size);
         if self.big_endian && size > 1 {
@@ -117,7 +156,7 @@ pub enum CmpOp {
 }
 
 impl CmpOp {
-    fn test(self, a: i128, b: i128) -> bool {
+    pub(super) fn test(self, a: i128, b: i128) -> bool {
         match self {
             Self::Eq => a == b,
             Self::Ne => a != b,
@@ -128,7 +167,7 @@ impl CmpOp {
         }
     }
 
-    fn jump(self, signed: bool) -> Jmp {
+    pub(super) fn jump(self, signed: bool) -> Jmp {
         match (self, signed) {
             (Self::Eq, _) => Jmp::Eq,
             (Self::Ne, _) => Jmp::Ne,
@@ -179,6 +218,16 @@ impl Cond {
             c @ Self::Const(_) => c,
         }
     }
+
+    /// The members it reads.
+    pub(super) fn reads(&self, out: &mut Vec<IntRead>) {
+        match self {
+            Self::Const(_) => {}
+            Self::Cmp(r, _, _) => out.push(*r),
+            Self::Not(c) => c.reads(out),
+            Self::All(cs) | Self::Any(cs) => cs.iter().for_each(|c| c.reads(out)),
+        }
+    }
 }
 
 /// An `All` (`all`) or `Any` of `cs`, simplified.
@@ -208,25 +257,30 @@ pub enum AggOp {
     Sum(IntRead),
     Min(IntRead),
     Max(IntRead),
+    /// The smallest of every CPU's value of a per-CPU map's member (each
+    /// CPU's value a value of its own).
+    MinOfEach(IntRead),
+    /// The largest of every CPU's value.
+    MaxOfEach(IntRead),
 }
 
 impl AggOp {
     /// Its value in a group, from the two words the program keeps: a SUM's
-    /// 128 bits (low, high), a MIN's or MAX's 64.
+    /// 128 bits (low, high), a MIN's or MAX's 64 (128 for a sum that can
+    /// pass 63 bits).
     pub fn value(&self, count: u64, words: (u64, u64)) -> i128 {
         let (low, high) = words;
+        let wide = ((u128::from(high) << 64) | u128::from(low)) as i128;
         match self {
             Self::Count => i128::from(count),
-            Self::Sum(_) => ((u128::from(high) << 64) | u128::from(low)) as i128,
-            Self::Min(r) | Self::Max(r) if r.signed => i128::from(low as i64),
-            Self::Min(_) | Self::Max(_) => i128::from(low),
-        }
-    }
-
-    fn read(&self) -> Option<&IntRead> {
-        match self {
-            Self::Count => None,
-            Self::Sum(r) | Self::Min(r) | Self::Max(r) => Some(r),
+            Self::Sum(_) => wide,
+            Self::Min(r) | Self::Max(r) if r.wide() => wide,
+            Self::Min(r) | Self::Max(r) | Self::MinOfEach(r) | Self::MaxOfEach(r) if r.signed => {
+                i128::from(low as i64)
+            }
+            Self::Min(_) | Self::Max(_) | Self::MinOfEach(_) | Self::MaxOfEach(_) => {
+                i128::from(low)
+            }
         }
     }
 }
@@ -241,9 +295,21 @@ pub enum GroupPart {
         len: u16,
         out: u16,
     },
-    /// An integer, written little-endian in `size` bytes (1, 2, 4, 8) at
-    /// `out`.
+    /// An integer, written little-endian in `size` bytes (1, 2, 4, 8; 16
+    /// for a sum over CPUs) at `out`.
     Int { read: IntRead, out: u16, size: u8 },
+}
+
+impl GroupPart {
+    /// Its bits in a dense table's index, when it can be part of one: an
+    /// integer read once, or one or two bytes.
+    fn index_bits(&self) -> Option<u32> {
+        match self {
+            Self::Int { read, .. } if read.summed == 0 => Some(u32::from(read.bits)),
+            Self::Bytes { len, .. } if *len <= 2 => Some(u32::from(*len) * 8),
+            _ => None,
+        }
+    }
 }
 
 /// What a walk keeps of the entries its condition takes.
@@ -272,12 +338,42 @@ pub struct WalkPlan {
     pub max_groups: u32,
 }
 
+/// Where a walk program keeps its groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupTable {
+    /// Nowhere: it counts the entries.
+    None,
+    /// An array of `slots` groups indexed by the group key's bits (a key
+    /// of at most 16 bits: small integers, enums, bitfields, bytes): no
+    /// lookup per entry.
+    Dense { slots: u32 },
+    /// A hash map of at most `max_groups` groups (or of the entries taken).
+    Hash,
+}
+
+/// The largest dense table, in bytes: beyond it, groups go to a hash map.
+pub const MAX_DENSE_BYTES: usize = 8 << 20;
+
 /// Why a plan cannot run on a map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    /// It reads a per-CPU map's value, or takes its entries.
-    #[error("a scan in the kernel sees one CPU's value of a per-CPU map")]
-    PerCpuValue,
+    /// It copies a per-CPU map's entries.
+    #[error("a scan in the kernel does not copy out the entries of a per-CPU map")]
+    PerCpuEntries,
+    /// It reads bytes of a per-CPU map's value.
+    #[error("a scan in the kernel reads the integers of a per-CPU map's values, not their bytes")]
+    PerCpuBytes,
+    /// It reads the CPUs' values of a map that has one value per entry, or
+    /// sums another number of CPUs than the map has.
+    #[error("the plan reads CPUs' values the map does not have")]
+    OtherCpus,
+    /// This host's possible CPUs are not numbered from 0 without gaps.
+    #[error("this host's possible CPUs are not numbered from 0 without gaps")]
+    CpuNumbers,
+    /// It reads more members of a per-CPU map's values than a program
+    /// keeps while it visits an entry.
+    #[error("a scan in the kernel reads at most {0} members of a per-CPU map's values")]
+    TooManyMembers(usize),
     /// A member past the end of the key.
     #[error("a member beyond the key")]
     BeyondKey,
@@ -291,25 +387,10 @@ pub enum PlanError {
 
 /// Offsets in the scratch value the program and user space share.
 pub(crate) const VISITED: i16 = 0;
-pub(crate) const MATCHED: i16 = 8;
+/// Groups a dense table holds.
+pub(crate) const GROUPS: i16 = 8;
 pub(crate) const ERROR: i16 = 16;
 pub(super) const ZERO: i16 = 24;
-
-const MAP_LOOKUP_ELEM: i32 = bpf_func_id::BPF_FUNC_map_lookup_elem as i32;
-const MAP_UPDATE_ELEM: i32 = bpf_func_id::BPF_FUNC_map_update_elem as i32;
-const FOR_EACH_MAP_ELEM: i32 = bpf_func_id::BPF_FUNC_for_each_map_elem as i32;
-
-/// The descriptors a program's instructions name its maps by.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct MapFds {
-    /// Its slot: an array of one map, which holds the map it walks while
-    /// it runs (the program holds no reference to that map).
-    pub(super) slot: i32,
-    /// Its groups (or the entries it takes); none when it only counts.
-    pub(super) groups: Option<i32>,
-    /// Its one-element array of figures.
-    pub(super) scratch: i32,
-}
 
 impl WalkPlan {
     /// Counts the entries, nothing else.
@@ -341,6 +422,61 @@ impl WalkPlan {
         self.output == Output::Groups && self.aggs.is_empty() && self.filter == Cond::Const(true)
     }
 
+    /// Where its program keeps its groups: a dense array when the group
+    /// key has at most 16 bits and the array is at most
+    /// [`MAX_DENSE_BYTES`] and not much larger than `max_groups` groups
+    /// (32 times, or 4,096 slots: the array is read back after each walk);
+    /// a hash map otherwise.
+    pub fn table(&self) -> GroupTable {
+        if self.counts_only() {
+            return GroupTable::None;
+        }
+        if self.output == Output::Entries {
+            return GroupTable::Hash;
+        }
+        let bits: Option<u32> = self.group.iter().map(GroupPart::index_bits).sum();
+        let Some(bits) = bits.filter(|b| *b <= 16) else {
+            return GroupTable::Hash;
+        };
+        let slots = 1u32 << bits;
+        let bytes = slots as usize * self.group_value_size();
+        let most = (u64::from(self.max_groups) * 32).max(4096);
+        if bytes <= MAX_DENSE_BYTES && u64::from(slots) <= most {
+            GroupTable::Dense { slots }
+        } else {
+            GroupTable::Hash
+        }
+    }
+
+    /// The group key of slot `index` of its dense table: each part's bits
+    /// (the first part's highest) back to the member's value, written as
+    /// the hash map's keys hold it.
+    pub(super) fn dense_key(&self, index: u32) -> Vec<u8> {
+        let mut key = vec![0u8; usize::from(self.key_len)];
+        let mut shift = 0;
+        for part in self.group.iter().rev() {
+            let bits = part.index_bits().expect("a dense table's part");
+            let v = (u64::from(index) >> shift) & ((1u64 << bits) - 1);
+            shift += bits;
+            match *part {
+                GroupPart::Int { read, out, size } => {
+                    let min = if read.signed { 1i64 << (bits - 1) } else { 0 };
+                    let bytes = (v as i64 - min).to_le_bytes();
+                    let out = usize::from(out);
+                    key[out..out + usize::from(size)].copy_from_slice(&bytes[..usize::from(size)]);
+                }
+                // As the program loaded them: one byte, or two in the
+                // host's order.
+                GroupPart::Bytes { len: 1, out, .. } => key[usize::from(out)] = v as u8,
+                GroupPart::Bytes { out, .. } => {
+                    let out = usize::from(out);
+                    key[out..out + 2].copy_from_slice(&(v as u16).to_ne_bytes());
+                }
+            }
+        }
+        key
+    }
+
     /// Bytes of one group's value: the count, then two words per aggregate.
     pub(super) fn group_value_size(&self) -> usize {
         8 + 16 * self.aggs.len()
@@ -362,318 +498,97 @@ impl WalkPlan {
         (self.key_at() + self.group_key_size()).next_multiple_of(8)
     }
 
-    /// Whether every member it reads is within a map of these sizes whose
-    /// values are per-CPU (`per_cpu`: then no value member can be read: a
-    /// walk program sees one CPU's value); the reason when it is not.
-    pub fn check(
-        &self,
-        key_size: usize,
-        value_size: usize,
-        per_cpu: bool,
-    ) -> Result<(), PlanError> {
-        let mut reads: Vec<(Side, usize)> = Vec::new();
-        cond_reads(&self.filter, &mut reads);
+    /// Every member it reads as an integer (but those of MIN and MAX of
+    /// each CPU's value), and the bytes it copies: (side, end offset).
+    fn reads(&self) -> (Vec<IntRead>, Vec<(Side, usize)>) {
+        let mut ints = Vec::new();
+        self.filter.reads(&mut ints);
         for a in &self.aggs {
-            if let Some(r) = a.read() {
-                reads.push((r.side, usize::from(r.offset) + usize::from(r.size)));
+            match a {
+                AggOp::Count | AggOp::MinOfEach(_) | AggOp::MaxOfEach(_) => {}
+                AggOp::Sum(r) | AggOp::Min(r) | AggOp::Max(r) => ints.push(*r),
             }
         }
+        let mut bytes = Vec::new();
         for g in &self.group {
             match g {
                 GroupPart::Bytes {
                     side, offset, len, ..
-                } => reads.push((*side, usize::from(*offset) + usize::from(*len))),
-                GroupPart::Int { read, .. } => {
-                    reads.push((read.side, usize::from(read.offset) + usize::from(read.size)))
+                } => bytes.push((*side, usize::from(*offset) + usize::from(*len))),
+                GroupPart::Int { read, .. } => ints.push(*read),
+            }
+        }
+        (ints, bytes)
+    }
+
+    /// Whether every member it reads is within a map of these sizes, whose
+    /// values are per-CPU over `cpus` CPUs when `cpus` is given (then a
+    /// value member is read summed over them, or one CPU's, and no bytes
+    /// of the value are read); the reason when it is not.
+    pub fn check(
+        &self,
+        key_size: usize,
+        value_size: usize,
+        cpus: Option<u16>,
+    ) -> Result<(), PlanError> {
+        if self.output == Output::Entries && cpus.is_some() {
+            return Err(PlanError::PerCpuEntries);
+        }
+        let (ints, bytes) = self.reads();
+        for (side, end) in bytes {
+            match side {
+                Side::Key if end > key_size => return Err(PlanError::BeyondKey),
+                Side::Key => {}
+                _ if cpus.is_some() => return Err(PlanError::PerCpuBytes),
+                Side::Cpu(_) => return Err(PlanError::OtherCpus),
+                Side::Value if end > value_size => return Err(PlanError::BeyondValue),
+                Side::Value => {}
+            }
+        }
+        for r in &ints {
+            check_int(r, key_size, value_size, cpus)?;
+        }
+        for a in &self.aggs {
+            if let AggOp::MinOfEach(r) | AggOp::MaxOfEach(r) = a {
+                if cpus.is_none() || r.side != Side::Value || r.summed != 0 {
+                    return Err(PlanError::OtherCpus);
+                }
+                if r.end() > value_size {
+                    return Err(PlanError::BeyondValue);
                 }
             }
         }
-        if self.output == Output::Entries && per_cpu {
-            return Err(PlanError::PerCpuValue);
-        }
-        for (side, end) in reads {
-            match side {
-                Side::Value if per_cpu => return Err(PlanError::PerCpuValue),
-                Side::Key if end > key_size => return Err(PlanError::BeyondKey),
-                Side::Value if end > value_size => return Err(PlanError::BeyondValue),
-                _ => {}
-            }
+        if let Some(cpus) = cpus {
+            super::cpus::Reductions::of(self, cpus)?;
         }
         if self.scratch_size() > 0x7000 {
             return Err(PlanError::KeyTooLong);
         }
         Ok(())
     }
-
-    /// The program: `main` walks the target map with its callback, which
-    /// groups the entries it takes in the groups map, keeping figures in
-    /// the scratch value. Returns the instructions and where the callback
-    /// starts.
-    pub(super) fn assemble(&self, fds: MapFds) -> Result<(Vec<u64>, usize), super::asm::AsmError> {
-        let mut a = Asm::default();
-        let callback = a.label();
-        slotted_map(&mut a, fds.slot, fds.scratch);
-        a.alu_reg(Alu::Mov, R1, R0);
-        a.load_func(R2, callback);
-        a.alu_imm(Alu::Mov, R3, 0);
-        a.alu_imm(Alu::Mov, R4, 0);
-        a.call(FOR_EACH_MAP_ELEM);
-        a.load_pseudo(R1, Pseudo::MapValue, fds.scratch, 0);
-        a.store(R1, VISITED, R0, 8);
-        a.ret(0);
-        let callback_at = a.here();
-        a.bind(callback);
-        match fds.groups {
-            Some(groups) if !self.counts_only() => self.callback(&mut a, groups, fds.scratch),
-            _ => a.ret(0),
-        }
-        Ok((a.finish()?, callback_at))
-    }
-
-    /// The program that counts a hash map's entries without walking it: it
-    /// sums the kernel's per-CPU counters of the map's elements (the kernel
-    /// function `bpf_map_sum_elem_count`, of BTF id `kfunc`, Linux 6.6)
-    /// into the scratch value's VISITED.
-    pub(super) fn assemble_count(
-        slot: i32,
-        scratch: i32,
-        kfunc: u32,
-    ) -> Result<Vec<u64>, super::asm::AsmError> {
-        let mut a = Asm::default();
-        slotted_map(&mut a, slot, scratch);
-        a.alu_reg(Alu::Mov, R1, R0);
-        a.call_kfunc(kfunc as i32);
-        a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
-        a.store(R1, VISITED, R0, 8);
-        a.ret(0);
-        a.finish()
-    }
-
-    /// The callback: (map, key, value, ctx) in r1-r4.
-    fn callback(&self, a: &mut Asm, groups: i32, scratch: i32) {
-        let filter = self.filter.clone().simplified();
-        if filter == Cond::Const(false) {
-            a.ret(0);
-            return;
-        }
-        let reject = a.label();
-        a.alu_reg(Alu::Mov, R6, R2);
-        a.alu_reg(Alu::Mov, R7, R3);
-        branch(a, &filter, reject, false);
-        a.load_pseudo(R9, Pseudo::MapValue, scratch, 0);
-        // Without a condition every entry visited is taken.
-        if filter != Cond::Const(true) {
-            a.load(R1, R9, MATCHED, 8);
-            a.alu_imm(Alu::Add, R1, 1);
-            a.store(R9, MATCHED, R1, 8);
-        }
-        if self.output == Output::Entries {
-            copy_entry(a, groups);
-            a.bind(reject);
-            a.ret(0);
-            return;
-        }
-        let key = self.key_at() as i16;
-        for part in &self.group {
-            copy_part(a, part, key);
-        }
-        let (found, again) = (a.label(), a.label());
-        let lookup = |a: &mut Asm| {
-            a.load_pseudo(R1, Pseudo::MapFd, groups, 0);
-            a.alu_reg(Alu::Mov, R2, R9);
-            a.alu_imm(Alu::Add, R2, i32::from(key));
-            a.call(MAP_LOOKUP_ELEM);
-        };
-        lookup(a);
-        a.jump_imm(Jmp::Ne, R0, 0, found);
-        a.load_pseudo(R1, Pseudo::MapFd, groups, 0);
-        a.alu_reg(Alu::Mov, R2, R9);
-        a.alu_imm(Alu::Add, R2, i32::from(key));
-        a.alu_reg(Alu::Mov, R3, R9);
-        a.alu_imm(Alu::Add, R3, i32::from(ZERO));
-        a.alu_imm(Alu::Mov, R4, BPF_NOEXIST as i32);
-        a.call(MAP_UPDATE_ELEM);
-        a.jump_imm(Jmp::Eq, R0, 0, again);
-        // The groups are full (E2BIG) or the insert failed: stop.
-        a.store(R9, ERROR, R0, 8);
-        a.ret(1);
-        a.bind(again);
-        lookup(a);
-        a.jump_imm(Jmp::Ne, R0, 0, found);
-        a.alu_imm(Alu::Mov, R1, -libc::ENOENT);
-        a.store(R9, ERROR, R1, 8);
-        a.ret(1);
-        a.bind(found);
-        a.alu_reg(Alu::Mov, R8, R0);
-        // r9: the group's count before this entry.
-        a.load(R9, R8, 0, 8);
-        for (i, op) in self.aggs.iter().enumerate() {
-            aggregate(a, op, 8 + 16 * i as i16);
-        }
-        a.alu_imm(Alu::Add, R9, 1);
-        a.store(R8, 0, R9, 8);
-        a.bind(reject);
-        a.ret(0);
-    }
 }
 
-/// The map in `slot` (an array of one map), in r0; an empty slot stops the
-/// program with ENOENT in `scratch`'s error word. The key 0 is the
-/// scratch value's zeroed words.
-fn slotted_map(a: &mut Asm, slot: i32, scratch: i32) {
-    let found = a.label();
-    a.load_pseudo(R1, Pseudo::MapFd, slot, 0);
-    a.load_pseudo(R2, Pseudo::MapValue, scratch, i32::from(ZERO));
-    a.call(MAP_LOOKUP_ELEM);
-    a.jump_imm(Jmp::Ne, R0, 0, found);
-    a.load_pseudo(R1, Pseudo::MapValue, scratch, 0);
-    a.alu_imm(Alu::Mov, R2, -libc::ENOENT);
-    a.store(R1, ERROR, R2, 8);
-    a.ret(1);
-    a.bind(found);
-}
-
-/// Copies the entry (key in r6, value in r7) into `out`, a map of the
-/// target's key and value sizes; a full map (E2BIG) or a failed insert
-/// stops the walk, the error kept in r9's scratch.
-fn copy_entry(a: &mut Asm, out: i32) {
-    let copied = a.label();
-    a.load_pseudo(R1, Pseudo::MapFd, out, 0);
-    a.alu_reg(Alu::Mov, R2, R6);
-    a.alu_reg(Alu::Mov, R3, R7);
-    // BPF_ANY: an entry the walk meets twice is kept once.
-    a.alu_imm(Alu::Mov, R4, 0);
-    a.call(MAP_UPDATE_ELEM);
-    a.jump_imm(Jmp::Eq, R0, 0, copied);
-    a.store(R9, ERROR, R0, 8);
-    a.ret(1);
-    a.bind(copied);
-}
-
-/// The members a condition reads: (side, end offset).
-fn cond_reads(c: &Cond, out: &mut Vec<(Side, usize)>) {
-    match c {
-        Cond::Const(_) => {}
-        Cond::Cmp(r, _, _) => out.push((r.side, usize::from(r.offset) + usize::from(r.size))),
-        Cond::Not(c) => cond_reads(c, out),
-        Cond::All(cs) | Cond::Any(cs) => cs.iter().for_each(|c| cond_reads(c, out)),
+/// Whether `r` is within a map of these sizes and CPUs.
+fn check_int(
+    r: &IntRead,
+    key_size: usize,
+    value_size: usize,
+    cpus: Option<u16>,
+) -> Result<(), PlanError> {
+    let fits = match r.side {
+        Side::Key => {
+            return (r.end() <= key_size)
+                .then_some(())
+                .ok_or(PlanError::BeyondKey);
+        }
+        // Of a per-CPU map, a value member is a sum over every CPU.
+        Side::Value => r.summed == cpus.unwrap_or(0),
+        Side::Cpu(i) => cpus.is_some_and(|n| i < n) && r.summed == 0,
+    };
+    if !fits {
+        return Err(PlanError::OtherCpus);
     }
-}
-
-/// Code that jumps to `target` when `c` (simplified) is `when`, and goes
-/// on otherwise.
-fn branch(a: &mut Asm, c: &Cond, target: Label, when: bool) {
-    match c {
-        Cond::Const(b) => {
-            if *b == when {
-                a.ja(target);
-            }
-        }
-        Cond::Not(c) => branch(a, c, target, !when),
-        Cond::All(cs) | Cond::Any(cs) if cs.is_empty() => {
-            branch(a, &Cond::Const(matches!(c, Cond::All(_))), target, when)
-        }
-        // All jumps when one is false; Any when one is true.
-        Cond::All(cs) | Cond::Any(cs) if matches!(c, Cond::Any(_)) == when => {
-            for c in cs {
-                branch(a, c, target, when);
-            }
-        }
-        Cond::All(cs) | Cond::Any(cs) => {
-            let skip = a.label();
-            let (last, rest) = cs.split_last().expect("not empty");
-            for c in rest {
-                branch(a, c, skip, !when);
-            }
-            branch(a, last, target, when);
-            a.bind(skip);
-        }
-        // In the member's range (`Cond::simplified` folded the others).
-        Cond::Cmp(r, op, k) => {
-            r.emit(a, R1);
-            let jump = if when {
-                op.jump(r.signed)
-            } else {
-                op.jump(r.signed).negated()
-            };
-            match i32::try_from(*k) {
-                Ok(k) if r.signed || k >= 0 => a.jump_imm(jump, R1, k, target),
-                _ => {
-                    a.load_imm64(R2, *k as u64);
-                    a.jump_reg(jump, R1, R2, target);
-                }
-            }
-        }
-    }
-}
-
-/// Copies one group member into the key at `key` in r9's scratch.
-fn copy_part(a: &mut Asm, part: &GroupPart, key: i16) {
-    match *part {
-        GroupPart::Bytes {
-            side,
-            offset,
-            len,
-            out,
-        } => {
-            let base = if side == Side::Key { R6 } else { R7 };
-            let mut done = 0u16;
-            while done < len {
-                let left = u32::from(len - done);
-                let size = [8u32, 4, 2, 1]
-                    .into_iter()
-                    .find(|s| *s <= left)
-                    .unwrap_or(1);
-                a.load(R1, base, (offset + done) as i16, size);
-                a.store(R9, key + (out + done) as i16, R1, size);
-                done += size as u16;
-            }
-        }
-        GroupPart::Int { read, out, size } => {
-            read.emit(a, R1);
-            a.store(R9, key + out as i16, R1, u32::from(size));
-        }
-    }
-}
-
-/// Adds the member of r6/r7's entry to aggregate slot `at` of the group
-/// value in r8 (r9: the group's count before the entry).
-fn aggregate(a: &mut Asm, op: &AggOp, at: i16) {
-    match op {
-        AggOp::Count => {}
-        AggOp::Sum(r) => {
-            r.emit(a, R1);
-            let (carry, sign) = (a.label(), a.label());
-            a.load(R2, R8, at, 8);
-            a.alu_reg(Alu::Add, R2, R1);
-            a.store(R8, at, R2, 8);
-            a.load(R3, R8, at + 8, 8);
-            a.jump_reg(Jmp::Ge, R2, R1, carry);
-            a.alu_imm(Alu::Add, R3, 1);
-            a.bind(carry);
-            if r.signed {
-                a.jump_imm(Jmp::Sge, R1, 0, sign);
-                a.alu_imm(Alu::Sub, R3, 1);
-            }
-            a.bind(sign);
-            a.store(R8, at + 8, R3, 8);
-        }
-        AggOp::Min(r) | AggOp::Max(r) => {
-            r.emit(a, R1);
-            let (set, skip) = (a.label(), a.label());
-            a.jump_imm(Jmp::Eq, R9, 0, set);
-            a.load(R2, R8, at, 8);
-            let better = match (op, r.signed) {
-                (AggOp::Min(_), false) => Jmp::Lt,
-                (AggOp::Min(_), true) => Jmp::Slt,
-                (_, false) => Jmp::Gt,
-                (_, true) => Jmp::Sgt,
-            };
-            a.jump_reg(better, R1, R2, set);
-            a.ja(skip);
-            a.bind(set);
-            a.store(R8, at, R1, 8);
-            a.bind(skip);
-        }
-    }
+    (r.end() <= value_size)
+        .then_some(())
+        .ok_or(PlanError::BeyondValue)
 }

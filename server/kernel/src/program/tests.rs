@@ -1,6 +1,8 @@
 //! Walk programs against real maps: what they count, group and add up
 //! equals what the entries hold.
 
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::{MapOps, OwnedMap};
 
@@ -189,7 +191,10 @@ fn a_walk_of_entries_of_a_per_cpu_map_is_refused_before_loading() {
     let e_map = open(&map);
 
     let e = WalkProgram::load(&e_map, &WalkPlan::entries(Cond::Const(true), 4)).unwrap_err();
-    assert!(e.to_string().contains("one CPU's value"), "{e}");
+    assert!(
+        matches!(e, LoadError::Plan(PlanError::PerCpuEntries)),
+        "{e}"
+    );
 }
 
 #[test]
@@ -236,4 +241,262 @@ fn a_count_of_a_hash_map_reads_the_kernels_element_counters() {
     let p = WalkProgram::load(&p_map, &WalkPlan::count()).unwrap();
     assert!(!p.counts_without_walking());
     assert_eq!(p.walk(&p_map).unwrap().visited, 64);
+}
+
+/// Groups by key: their count and the values of their aggregates.
+type Groups = BTreeMap<Vec<u8>, (u64, Vec<i128>)>;
+
+/// The groups of `out` by key, with their count and the values of `aggs`.
+fn groups_of(out: &WalkOutput, aggs: &[AggOp]) -> Groups {
+    out.groups
+        .iter()
+        .map(|g| {
+            let values = aggs
+                .iter()
+                .zip(&g.words)
+                .map(|(a, w)| a.value(g.count, *w))
+                .collect();
+            (g.key.clone(), (g.count, values))
+        })
+        .collect()
+}
+
+/// COUNT, SUM and MIN of `delta`, MAX of `bytes` of [`hash`]'s values, of
+/// the entries whose delta is not 7, grouped by `group` (`key_len` bytes).
+fn grouped(group: Vec<GroupPart>, key_len: u16, max_groups: u32) -> WalkPlan {
+    let delta = int(Side::Value, 8 * 8, 32, true, false);
+    let bytes = int(Side::Value, 0, 64, false, false);
+    WalkPlan {
+        output: Output::Groups,
+        filter: Cond::Cmp(delta, CmpOp::Ne, 7),
+        group,
+        key_len,
+        aggs: vec![
+            AggOp::Count,
+            AggOp::Sum(delta),
+            AggOp::Min(delta),
+            AggOp::Max(bytes),
+        ],
+        max_groups,
+    }
+}
+
+#[test]
+fn a_dense_table_of_small_members_holds_their_groups() {
+    let map = hash(3000);
+    let handle = open(&map);
+    let proto = int(Side::Value, 14 * 8, 8, false, false);
+    // The low 4 bits of flags, signed: -8..7.
+    let signed_flags = int(Side::Value, 15 * 8, 4, true, false);
+    let parts = vec![
+        GroupPart::Int {
+            read: proto,
+            out: 0,
+            size: 1,
+        },
+        GroupPart::Int {
+            read: signed_flags,
+            out: 1,
+            size: 1,
+        },
+    ];
+    let plan = grouped(parts.clone(), 2, 100);
+    assert_eq!(plan.table(), GroupTable::Dense { slots: 4096 });
+    let out = WalkProgram::load(&handle, &plan)
+        .unwrap()
+        .walk(&handle)
+        .unwrap();
+    let mut want = Groups::new();
+    for i in 0..3000u32 {
+        let d = i as i128 - 50;
+        if d == 7 {
+            continue;
+        }
+        let low = (i % 16) as i8;
+        let flags = if low >= 8 { low - 16 } else { low };
+        let g = want
+            .entry(vec![(i % 2) as u8, flags as u8])
+            .or_insert((0, vec![0, 0, i128::MAX, 0]));
+        g.0 += 1;
+        g.1[0] = i128::from(g.0);
+        g.1[1] += d;
+        g.1[2] = g.1[2].min(d);
+        g.1[3] = g.1[3].max(i128::from(i) * 1000);
+    }
+    assert_eq!(groups_of(&out, &plan.aggs), want);
+    assert_eq!((out.visited, out.matched), (3000, 2999));
+    // More groups than allowed: the walk stops at the first one too many
+    // and says so.
+    let few = grouped(parts, 2, 2);
+    assert_eq!(few.table(), GroupTable::Dense { slots: 4096 });
+    let out = WalkProgram::load(&handle, &few)
+        .unwrap()
+        .walk(&handle)
+        .unwrap();
+    assert!(out.overflowed);
+    assert_eq!(out.groups.len(), 2);
+}
+
+#[test]
+fn a_16_bit_member_groups_alike_in_a_dense_table_and_a_hash_map() {
+    let map = hash(3000);
+    let handle = open(&map);
+    // The network-order port, as bytes.
+    let by_port = |max_groups| {
+        let port = GroupPart::Bytes {
+            side: Side::Value,
+            offset: 12,
+            len: 2,
+            out: 0,
+        };
+        grouped(vec![port], 2, max_groups)
+    };
+    // Dense when the table may hold enough groups, a hash map otherwise.
+    let (dense, hashed) = (by_port(4096), by_port(100));
+    assert_eq!(dense.table(), GroupTable::Dense { slots: 65536 });
+    assert_eq!(hashed.table(), GroupTable::Hash);
+    let run = |plan: &WalkPlan| {
+        let p = WalkProgram::load(&handle, plan).unwrap();
+        groups_of(&p.walk(&handle).unwrap(), &plan.aggs)
+    };
+    let got = run(&dense);
+    let ports: Vec<&[u8]> = got.keys().map(Vec::as_slice).collect();
+    assert_eq!(ports, [[0, 0], [3, 0xe8], [7, 0xd0]]);
+    assert_eq!(got, run(&hashed));
+}
+
+/// One CPU's value of an entry of [`per_cpu_hash`].
+#[derive(Debug, Clone, Copy)]
+struct CpuValue {
+    bytes: u64,
+    delta: i32,
+    flags: u8,
+}
+
+/// A per-CPU hash map of `n` entries (at most 512): key u32 i, on CPU c
+/// the value `{ u64 bytes: 2^64 - 1 - i * 2^55; i32 delta: i * (c + 1) -
+/// 50 * c; u8 flags: (i + c) % 8 }` (16 bytes): sums of `bytes` pass 64
+/// bits. Returns each entry's values, CPU by CPU.
+fn per_cpu_hash(n: u32) -> (OwnedMap, Vec<Vec<CpuValue>>) {
+    let map = OwnedMap::new(MapType::PERCPU_HASH, 4, 16, n, "scan_test").unwrap();
+    let cpus = map.meta().possible_cpus;
+    let mut all = Vec::new();
+    for i in 0..n {
+        let mut value = Vec::new();
+        let each: Vec<CpuValue> = (0..cpus)
+            .map(|c| CpuValue {
+                bytes: u64::MAX - (u64::from(i) << 55),
+                delta: i as i32 * (c as i32 + 1) - 50 * c as i32,
+                flags: ((i + c) % 8) as u8,
+            })
+            .collect();
+        for v in &each {
+            value.extend(v.bytes.to_ne_bytes());
+            value.extend(v.delta.to_ne_bytes());
+            value.extend([v.flags, 0, 0, 0]);
+        }
+        map.update(&i.to_ne_bytes(), &value).unwrap();
+        all.push(each);
+    }
+    (map, all)
+}
+
+/// A member of [`per_cpu_hash`]'s values, in `side`.
+fn cpu_member(side: Side, bit_offset: usize, bits: usize, signed: bool) -> IntRead {
+    let member = IntSpec {
+        side,
+        bit_offset,
+        bits,
+        signed,
+        big_endian: false,
+    };
+    IntRead::new(member, 16).unwrap()
+}
+
+/// What [`per_cpu_question`] answers, computed from the values: groups by
+/// (key % 4, the sum of flags) of the entries whose bytes sum to more than
+/// `threshold` and whose last CPU's delta is not 60: COUNT, SUM and MIN of
+/// the bytes' sums, MAX of the deltas' sums, MIN of each CPU's delta, MAX
+/// of each CPU's flags, SUM of the last CPU's delta.
+fn per_cpu_answer(values: &[Vec<CpuValue>], threshold: i128) -> Groups {
+    let mut want = Groups::new();
+    for (i, each) in values.iter().enumerate() {
+        let sum = |f: &dyn Fn(&CpuValue) -> i128| each.iter().map(f).sum::<i128>();
+        let total = sum(&|v| i128::from(v.bytes));
+        let last_delta = each.last().unwrap().delta;
+        if total <= threshold || last_delta == 60 {
+            continue;
+        }
+        let mut key = vec![(i % 4) as u8];
+        key.extend(sum(&|v| i128::from(v.flags)).to_le_bytes());
+        let g = want
+            .entry(key)
+            .or_insert((0, vec![0, 0, i128::MAX, i128::MIN, i128::MAX, 0, 0]));
+        g.0 += 1;
+        let v = &mut g.1;
+        v[0] = i128::from(g.0);
+        v[1] += total;
+        v[2] = v[2].min(total);
+        v[3] = v[3].max(sum(&|v| i128::from(v.delta)));
+        v[4] = v[4].min(each.iter().map(|v| i128::from(v.delta)).min().unwrap());
+        v[5] = v[5].max(each.iter().map(|v| i128::from(v.flags)).max().unwrap());
+        v[6] += i128::from(last_delta);
+    }
+    want
+}
+
+/// The question [`per_cpu_answer`] answers, over `cpus` CPUs.
+fn per_cpu_question(cpus: u16, threshold: i128) -> WalkPlan {
+    let bytes = cpu_member(Side::Value, 0, 64, false);
+    let delta = cpu_member(Side::Value, 64, 32, true);
+    let flags = cpu_member(Side::Value, 96, 8, false);
+    let last = cpu_member(Side::Cpu(cpus - 1), 64, 32, true);
+    WalkPlan {
+        output: Output::Groups,
+        filter: Cond::All(vec![
+            Cond::Cmp(bytes.summed_over(cpus), CmpOp::Gt, threshold),
+            Cond::Cmp(last, CmpOp::Ne, 60),
+        ]),
+        group: vec![
+            GroupPart::Int {
+                read: int(Side::Key, 0, 2, false, false),
+                out: 0,
+                size: 1,
+            },
+            GroupPart::Int {
+                read: flags.summed_over(cpus),
+                out: 1,
+                size: 16,
+            },
+        ],
+        key_len: 17,
+        aggs: vec![
+            AggOp::Count,
+            AggOp::Sum(bytes.summed_over(cpus)),
+            AggOp::Min(bytes.summed_over(cpus)),
+            AggOp::Max(delta.summed_over(cpus)),
+            AggOp::MinOfEach(delta),
+            AggOp::MaxOfEach(flags),
+            AggOp::Sum(last),
+        ],
+        max_groups: 1000,
+    }
+}
+
+#[test]
+fn a_per_cpu_map_is_summed_over_its_cpus_and_each_cpu_taken_alone() {
+    let (map, values) = per_cpu_hash(500);
+    let handle = open(&map);
+    let cpus = map.meta().possible_cpus as u16;
+    // Entries whose bytes sum to more than (2^64 - 250 * 2^55) per CPU
+    // (i < 250; more than 2^64 on 2 CPUs).
+    let threshold = i128::from(cpus) * ((1i128 << 64) - (250 << 55));
+    let plan = per_cpu_question(cpus, threshold);
+    let out = WalkProgram::load(&handle, &plan)
+        .unwrap()
+        .walk(&handle)
+        .unwrap();
+    let want = per_cpu_answer(&values, threshold);
+    assert!(want.len() > 4, "{} groups", want.len());
+    assert_eq!(groups_of(&out, &plan.aggs), want);
 }
