@@ -477,6 +477,7 @@ async fn random_aggregates_by_narrow_and_wide_keys_in_the_kernel_equal_the_batch
             op: pb::aggregate::Op::Count as i32,
             field: String::new(),
         }],
+        order_by: 0,
         ..conn_request(&mut rng, "c/conns")
     };
     let (auto, batched) = both_ways(
@@ -487,7 +488,7 @@ async fn random_aggregates_by_narrow_and_wide_keys_in_the_kernel_equal_the_batch
         },
     )
     .await
-    .unwrap();
+    .expect("an aggregate of every group answers");
     assert_eq!(auto.summary.as_ref().unwrap().groups_total, 5000);
     assert_eq!(answer(&auto), answer(&batched));
     daemon.stop().await;
