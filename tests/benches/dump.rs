@@ -1256,7 +1256,9 @@ fn walk_process(path: &Path) -> u64 {
 }
 
 fn main() {
-    if let [_, walk, path] = &std::env::args().collect::<Vec<_>>()[..]
+    // `cargo bench` adds `--bench`.
+    let argv: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
+    if let [_, walk, path] = &argv[..]
         && walk == "__walk"
     {
         println!("{}", batch_walk(Path::new(path)));
@@ -1264,7 +1266,7 @@ fn main() {
     }
     // `-- __pin SHAPE N PATH`: one of the typed maps (flows, cilium_ct4,
     // conns) pinned at PATH on a bpffs, for profiling by hand.
-    if let [_, pin, shape, n, path] = &std::env::args().collect::<Vec<_>>()[..]
+    if let [_, pin, shape, n, path] = &argv[..]
         && pin == "__pin"
     {
         let n: u32 = n.parse().expect("N: a number of entries");

@@ -6,18 +6,22 @@
 //! The main cases at the size their targets are stated for (maps of
 //! 1,000,000 entries; the relay's six daemons of 200,000), each timed
 //! alternately with its baseline in the same run: what a user runs, as
-//! whole processes (bpfmapctl, bpftool, bpfmapctl through the relay), and
-//! the library in this process. Each ratio is printed next to its target
+//! whole processes (bpfmapctl, bpftool, bpfmapctl through the relay), the
+//! library in this process, and a Python program reading the map as an
+//! Arrow table (pyarrow; against grpcio and typed JSON), timed in its
+//! process (`$BPFMAP_PYTHON_ARROW`: pyarrow, pandas, grpcio and
+//! grpcio-tools). Each ratio is printed next to its target
 //! and the last figure recorded in tests/README.md ("The performance
 //! check"), saying which are over; then the table to record, with the
 //! commit measured.
 
 use std::{path::Path, process::Command};
 
-use bpfmap_client::{Client, ConnectOptions, DumpOptions, MapName};
+use bpfmap_client::{Client, ConnectOptions, DumpOptions, MapName, table::PerCpuColumns};
 use bpfmap_tests::{
     BpfFs, MapType, daemon_bin,
     local_fleet::{LocalFleet, RelayProcess},
+    median,
     process::DaemonProcess,
     u64_hash,
 };
@@ -99,6 +103,8 @@ fn maps(rt: &tokio::runtime::Runtime, figures: &mut Vec<Figure>) {
     let url = daemon.url();
     processes(fs.path(), &url, figures);
     rt.block_on(library(&url, &fs.path().join("conns"), figures));
+    rt.block_on(library_table(&url, &fs.path().join("conns"), figures));
+    arrow(&daemon, &fs.path().join("conns"), figures);
 }
 
 /// The cases of whole processes, against the walk in a process of its own
@@ -219,6 +225,137 @@ async fn library(url: &str, path: &Path, figures: &mut Vec<Figure>) {
         case: "library dump, typed, decoded to JSON text",
         measured,
         target: Target::AtMost(1.05),
+    });
+}
+
+/// The library's typed dump as Arrow record batches, against the batched
+/// walk in this process.
+async fn library_table(url: &str, path: &Path, figures: &mut Vec<Figure>) {
+    let client = Client::connect(url, ConnectOptions::default())
+        .await
+        .expect("the daemon answers");
+    let map: MapName = "conns".parse().unwrap();
+    let batches = || {
+        let (client, map) = (&client, &map);
+        async move {
+            let options = DumpOptions::default();
+            let mut table = client
+                .dump_table(map, options, PerCpuColumns::List)
+                .await
+                .unwrap();
+            let mut rows = 0;
+            while let Some(batch) = table.next_batch().await.unwrap() {
+                rows += batch.num_rows() as u64;
+            }
+            rows
+        }
+    };
+    let (_, measured) = paired_async(|| batch_walk(path), batches).await;
+    figures.push(Figure {
+        case: "library dump_table, typed record batches",
+        measured,
+        target: Target::AtMost(1.05),
+    });
+}
+
+/// A Python with pyarrow, pandas, grpcio and grpcio-tools
+/// (`$BPFMAP_PYTHON_ARROW`, or python3).
+fn arrow_python() -> Option<String> {
+    let python = std::env::var("BPFMAP_PYTHON_ARROW").unwrap_or_else(|_| "python3".into());
+    Command::new(&python)
+        .args(["-c", "import pyarrow.flight, pandas, grpc, grpc_tools"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        .then_some(python)
+}
+
+/// The Python process of the Arrow cases (`dump/arrow_read.py`), which
+/// times each read itself.
+struct PythonReader {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl PythonReader {
+    fn start(python: &str, url: &str, stubs: &Path) -> Self {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/dump/arrow_read.py");
+        let mut child = Command::new(python)
+            .args([script, url, "conns"])
+            .arg(stubs)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("python starts");
+        let stdout = child.stdout.take().unwrap();
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+        Self { child, lines }
+    }
+
+    /// One read (`flight`, `pandas` or `grpc`): the time it took.
+    fn read(&mut self, what: &str) -> std::time::Duration {
+        use std::io::Write as _;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{what}").unwrap();
+        let line = self.lines.next().expect("an answer").unwrap();
+        let (secs, rows) = line.split_once(' ').expect("SECONDS ROWS");
+        assert_eq!(rows.parse::<u32>().unwrap(), N, "{what}: rows");
+        std::time::Duration::from_secs_f64(secs.parse().unwrap())
+    }
+}
+
+/// Stubs of MapService for grpcio, generated from the proto as a user of
+/// Python would.
+fn grpc_stubs(python: &str, dir: &Path) {
+    let proto = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto");
+    let out = Command::new(python)
+        .args(["-m", "grpc_tools.protoc", "-I", proto])
+        .arg(format!("--python_out={}", dir.display()))
+        .arg(format!("--grpc_python_out={}", dir.display()))
+        .arg(format!("{proto}/bpfmap/v1/map_service.proto"))
+        .output()
+        .unwrap();
+    bpfmap_tests::process::assert_success(&out);
+}
+
+/// pyarrow's read of the typed map's table (timed in the Python process),
+/// against the batched walk in this process; grpcio's DumpMap with typed
+/// JSON into a DataFrame, against pyarrow's table into one; the daemon's
+/// peak memory before and after.
+fn arrow(daemon: &DaemonProcess, path: &Path, figures: &mut Vec<Figure>) {
+    let Some(python) = arrow_python() else {
+        println!(
+            "  no Python with pyarrow, pandas, grpcio and grpcio-tools: the Arrow cases are left out (set $BPFMAP_PYTHON_ARROW; pip install pyarrow pandas grpcio grpcio-tools)"
+        );
+        return;
+    };
+    let stubs = tempfile::tempdir().unwrap();
+    grpc_stubs(&python, stubs.path());
+    let mut reader = PythonReader::start(&python, &daemon.url(), stubs.path());
+    let (_, peak_before) = daemon.rss_kib();
+    let (mut reads, mut walks) = (Vec::new(), Vec::new());
+    for _ in 0..super::RUNS {
+        walks.push(super::once(&mut || batch_walk(path)));
+        reads.push(reader.read("flight"));
+    }
+    let (_, peak_after) = daemon.rss_kib();
+    figures.push(Figure {
+        case: "pyarrow.flight do_get().read_all(), typed (timed in Python)",
+        measured: super::ratio(median(reads), median(walks)),
+        target: Target::AtMost(1.3),
+    });
+    let pandas = median((0..3).map(|_| reader.read("pandas")).collect());
+    let grpc = reader.read("grpc");
+    println!(
+        "  into a pandas DataFrame: Flight {:.0} ms, grpcio DumpMap with typed JSON {:.0} ms; the daemon's peak RSS {} MiB before the Flight reads, {} MiB after",
+        super::ms(pandas),
+        super::ms(grpc),
+        peak_before / 1024,
+        peak_after / 1024
+    );
+    figures.push(Figure {
+        case: "grpcio DumpMap typed JSON into a DataFrame, against Flight into one",
+        measured: super::ratio(grpc, pandas),
+        target: Target::AtLeast(10.0),
     });
 }
 
