@@ -34,6 +34,29 @@ enum Data {
 }
 
 impl Chunk {
+    /// A packed chunk's records as they lie, for a table's columns.
+    #[cfg(feature = "arrow")]
+    pub(crate) fn packed(&self) -> Option<bpfmap_proto::typed::arrow::Packed<'_>> {
+        match &self.data {
+            Data::Packed {
+                count,
+                key_size,
+                stride,
+                per_cpu,
+                keys,
+                values,
+            } => Some(bpfmap_proto::typed::arrow::Packed {
+                keys,
+                key_size: *key_size,
+                values,
+                value_stride: *stride,
+                cpu_stride: *per_cpu,
+                count: *count,
+            }),
+            Data::Entries(_) => None,
+        }
+    }
+
     /// The chunk of a `DumpMapResponse`'s entries (either layout); a packed
     /// chunk whose sizes do not add up is a protocol error.
     pub(crate) fn new(

@@ -140,6 +140,10 @@ fn push_chunk(
     scratch: &mut Vec<u8>,
 ) -> Result<RecordBatch, ArrowError> {
     let mut builder = table.builder();
+    if let Some(records) = chunk.packed() {
+        builder.push_packed(records);
+        return builder.finish();
+    }
     for e in chunk {
         let (value, stride) = match e.value {
             ValueRef::Single(v) => (v, 0),

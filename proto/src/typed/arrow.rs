@@ -448,6 +448,29 @@ impl TableBuilder<'_> {
         self.rows += 1;
     }
 
+    /// Appends records laid out back to back (a packed chunk), column by
+    /// column: integers of whole bytes are read in one pass over the
+    /// records each, other members record by record.
+    pub fn push_packed(&mut self, records: Packed<'_>) {
+        let Packed {
+            keys,
+            key_size,
+            values,
+            value_stride,
+            cpu_stride,
+            count,
+        } = records;
+        let keys_n = self.layout.key.len();
+        let (key_cols, value_cols) = self.columns.split_at_mut(keys_n);
+        for (c, buf) in self.layout.key.iter().zip(key_cols) {
+            buf.extend(&c.read, Rows::new(keys, key_size, count), 0);
+        }
+        for (c, buf) in self.layout.value.iter().zip(value_cols) {
+            buf.extend(&c.read, Rows::new(values, value_stride, count), cpu_stride);
+        }
+        self.rows += count;
+    }
+
     /// Entries appended since the last batch.
     pub fn len(&self) -> usize {
         self.rows
@@ -472,6 +495,60 @@ impl TableBuilder<'_> {
         let options = arrow_array::RecordBatchOptions::new().with_row_count(Some(rows));
         RecordBatch::try_new_with_options(layout.schema.clone(), arrays, &options)
     }
+}
+
+/// Records laid out back to back, as a packed chunk carries them.
+#[derive(Debug, Clone, Copy)]
+pub struct Packed<'a> {
+    /// `count` keys of `key_size` bytes.
+    pub keys: &'a [u8],
+    pub key_size: usize,
+    /// `count` values, `value_stride` bytes apart.
+    pub values: &'a [u8],
+    pub value_stride: usize,
+    /// Per-CPU values: each CPU's value `cpu_stride` bytes apart inside a
+    /// value (0 otherwise).
+    pub cpu_stride: usize,
+    pub count: usize,
+}
+
+/// `count` records of `size` bytes each (missing bytes read as absent).
+struct Rows<'a> {
+    bytes: &'a [u8],
+    size: usize,
+    count: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn new(bytes: &'a [u8], size: usize, count: usize) -> Self {
+        Self { bytes, size, count }
+    }
+
+    /// Each record.
+    fn each(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        (0..self.count).map(|i| {
+            let start = (i * self.size).min(self.bytes.len());
+            let end = (start + self.size).min(self.bytes.len());
+            &self.bytes[start..end]
+        })
+    }
+
+    /// Every record whole (the fast paths need them).
+    fn whole(&self) -> Option<std::slice::ChunksExact<'a, u8>> {
+        let len = self.size.checked_mul(self.count)?;
+        (self.size > 0 && self.bytes.len() >= len)
+            .then(|| self.bytes[..len].chunks_exact(self.size))
+    }
+}
+
+/// `N` bytes at `at` of each record, read by `from`.
+fn ints<const N: usize, T>(
+    v: &mut Vec<T>,
+    rows: std::slice::ChunksExact<'_, u8>,
+    at: usize,
+    from: fn([u8; N]) -> T,
+) {
+    v.extend(rows.map(|r| from(r[at..at + N].try_into().expect("N bytes"))));
 }
 
 /// A column's values so far.
@@ -527,6 +604,69 @@ impl Buf {
                 Self::List(Box::new(Self::for_read(&element.read)))
             }
             Read::Struct(fields) => Self::Struct(fields.iter().map(Self::of).collect(), 0),
+        }
+    }
+
+    /// Appends the values `read` reads from each of `rows` (for per-CPU
+    /// columns: CPU values `stride` bytes apart): integers of whole bytes
+    /// in one pass, the others record by record.
+    fn extend(&mut self, read: &Read, rows: Rows<'_>, stride: usize) {
+        if let (Read::Int(f, _), Some(whole)) = (read, rows.whole())
+            && !f.is_bitfield()
+            && f.offset() + f.bits() / 8 <= rows.size
+        {
+            let at = f.offset();
+            match (self, f.bits(), f.big_endian()) {
+                (Self::U8(v), 8, _) => ints(v, whole, at, |[b]: [u8; 1]| b),
+                (Self::I8(v), 8, _) => ints(v, whole, at, |[b]: [u8; 1]| b as i8),
+                (Self::U16(v), 16, false) => ints(v, whole, at, u16::from_le_bytes),
+                (Self::U16(v), 16, true) => ints(v, whole, at, u16::from_be_bytes),
+                (Self::I16(v), 16, false) => ints(v, whole, at, i16::from_le_bytes),
+                (Self::I16(v), 16, true) => ints(v, whole, at, i16::from_be_bytes),
+                (Self::U32(v), 32, false) => ints(v, whole, at, u32::from_le_bytes),
+                (Self::U32(v), 32, true) => ints(v, whole, at, u32::from_be_bytes),
+                (Self::I32(v), 32, false) => ints(v, whole, at, i32::from_le_bytes),
+                (Self::I32(v), 32, true) => ints(v, whole, at, i32::from_be_bytes),
+                (Self::U64(v), 64, false) => ints(v, whole, at, u64::from_le_bytes),
+                (Self::U64(v), 64, true) => ints(v, whole, at, u64::from_be_bytes),
+                (Self::I64(v), 64, false) => ints(v, whole, at, i64::from_le_bytes),
+                (Self::I64(v), 64, true) => ints(v, whole, at, i64::from_be_bytes),
+                (buf, ..) => buf.extend_each(read, &rows, stride),
+            }
+            return;
+        }
+        if let (Read::Int(f, _), Some(whole)) = (read, rows.whole())
+            && f.is_bitfield()
+            && f.bits() <= 56
+            && f.offset() + 8 <= rows.size
+        {
+            // A bitfield within the eight bytes from its first: one load,
+            // a shift and a mask.
+            let (at, shift, mask) = (f.offset(), f.bit_offset() % 8, (1u64 << f.bits()) - 1);
+            let raw = whole.map(|r| {
+                let word = u64::from_le_bytes(r[at..at + 8].try_into().expect("8 bytes"));
+                (word >> shift) & mask
+            });
+            let value = |raw: u64| f.sign_extended(u128::from(raw));
+            match self {
+                Self::U8(v) => v.extend(raw.map(|r| r as u8)),
+                Self::U16(v) => v.extend(raw.map(|r| r as u16)),
+                Self::U32(v) => v.extend(raw.map(|r| r as u32)),
+                Self::U64(v) => v.extend(raw),
+                Self::I8(v) => v.extend(raw.map(|r| value(r) as i8)),
+                Self::I16(v) => v.extend(raw.map(|r| value(r) as i16)),
+                Self::I32(v) => v.extend(raw.map(|r| value(r) as i32)),
+                Self::I64(v) => v.extend(raw.map(|r| value(r) as i64)),
+                buf => buf.extend_each(read, &rows, stride),
+            }
+            return;
+        }
+        self.extend_each(read, &rows, stride);
+    }
+
+    fn extend_each(&mut self, read: &Read, rows: &Rows<'_>, stride: usize) {
+        for r in rows.each() {
+            self.push(read, r, stride);
         }
     }
 
@@ -601,7 +741,7 @@ impl Buf {
                     .map_or(0.0, f64::from_le_bytes),
             ),
             (Self::Str(s), Read::Text { at, len }) => {
-                s.append_value(escaped_text(super::render::slice(b, *at, *len)))
+                append_text(s, super::render::slice(b, *at, *len))
             }
             (Self::Bytes(v), Read::Bytes { at, len }) => {
                 let bytes = super::render::slice(b, *at, *len);
@@ -773,6 +913,19 @@ impl Sink for Shown {
     fn end_object(&mut self) {}
     fn begin_array(&mut self) {}
     fn end_array(&mut self) {}
+}
+
+/// A char array's text (`escaped_text`), without a copy of its own when it
+/// is printable ASCII up to its last NUL.
+fn append_text(s: &mut StringBuilder, b: &[u8]) {
+    let end = b.iter().rposition(|&c| c != 0).map_or(0, |i| i + 1);
+    let plain = b[..end]
+        .iter()
+        .all(|&c| (0x20..0x7f).contains(&c) && c != b'\\');
+    match std::str::from_utf8(&b[..end]) {
+        Ok(text) if plain => s.append_value(text),
+        _ => s.append_value(escaped_text(b)),
+    }
 }
 
 /// `schema` with a `target` column first (Utf8): the table of a fleet, one

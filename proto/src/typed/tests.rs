@@ -1246,4 +1246,92 @@ mod arrow_tables {
         assert_eq!(batch.column(1).as_fixed_size_binary().value(0), &[5, 6, 7]);
         assert_eq!(batch.column(0).len(), 1);
     }
+
+    /// `entries` appended one by one and as packed records: the same batch.
+    fn both_ways(
+        t: &TableLayout,
+        keys: &[u8],
+        key_size: usize,
+        values: &[u8],
+        stride: usize,
+        cpus: usize,
+    ) {
+        let count = keys.len() / key_size;
+        let mut one_by_one = t.builder();
+        for i in 0..count {
+            one_by_one.push(EntryRef {
+                key: &keys[i * key_size..(i + 1) * key_size],
+                value: &values[i * stride..(i + 1) * stride],
+                stride: stride / cpus.max(1) * usize::from(cpus > 0),
+            });
+        }
+        let mut packed = t.builder();
+        packed.push_packed(crate::typed::arrow::Packed {
+            keys,
+            key_size,
+            values,
+            value_stride: stride,
+            cpu_stride: stride / cpus.max(1) * usize::from(cpus > 0),
+            count,
+        });
+        let (a, b) = (one_by_one.finish().unwrap(), packed.finish().unwrap());
+        assert_eq!(a.num_rows(), count);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn packed_records_make_the_batch_entries_make() {
+        let r = renderings(&[("key.daddr", "ipv4")]);
+        let layout = MapLayout::new(Some(&ct_tuple()), Some(&stats()), MapShape::new(14, 48))
+            .unwrap()
+            .with_renderings(&r)
+            .unwrap();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for i in 0..20u8 {
+            let mut key = ct_bytes();
+            key[4] = i;
+            keys.extend_from_slice(&key);
+            let mut value = stats_bytes(i);
+            value[16..24].copy_from_slice(if i % 3 == 0 {
+                b"a\\b\0\0\0\0\0"
+            } else {
+                b"sshd\0\0\0\0"
+            });
+            values.extend_from_slice(&value);
+        }
+        for per_cpu in [PerCpuColumns::List, PerCpuColumns::Sum] {
+            both_ways(&table(&layout, per_cpu), &keys, 14, &values, 48, 0);
+        }
+        // Per-CPU values, listed and summed; a projection's two records.
+        let value = record(
+            "v",
+            16,
+            vec![
+                member("n", 0, u(8)),
+                member("m", 8, s(2)),
+                member("b", 10, be("__be16", 2)),
+            ],
+        );
+        let layout = MapLayout::new(
+            Some(&u(4)),
+            Some(&value),
+            MapShape::new(4, 16).with_cpus(Some(2)),
+        )
+        .unwrap();
+        let keys: Vec<u8> = (0..9u32).flat_map(u32::to_le_bytes).collect();
+        let values: Vec<u8> = (0..9 * 32).map(|i| (i * 37 % 251) as u8).collect();
+        for per_cpu in [PerCpuColumns::List, PerCpuColumns::Sum] {
+            both_ways(&table(&layout, per_cpu), &keys, 4, &values, 32, 2);
+        }
+        let untyped = MapLayout::untyped(MapShape::new(4, 3));
+        let values: Vec<u8> = (0..27).collect();
+        both_ways(
+            &table(&untyped, PerCpuColumns::List),
+            &keys,
+            4,
+            &values,
+            3,
+            0,
+        );
+    }
 }

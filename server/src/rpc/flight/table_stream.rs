@@ -13,7 +13,7 @@ use arrow_array::RecordBatch;
 use arrow_flight::FlightData;
 use arrow_ipc::writer::{DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions};
 use bpfmap_proto::{
-    typed::{EntryRef, arrow::TableLayout},
+    typed::arrow::{Packed, TableLayout},
     v1 as pb,
 };
 use futures::Stream;
@@ -154,19 +154,14 @@ impl TableStream {
             p.cpus as usize,
         );
         let mut builder = self.table.builder();
-        for i in 0..count {
-            builder.push(EntryRef {
-                key: p
-                    .keys
-                    .get(i * key_size..(i + 1) * key_size)
-                    .unwrap_or_default(),
-                value: p
-                    .values
-                    .get(i * stride..(i + 1) * stride)
-                    .unwrap_or_default(),
-                stride: stride.checked_div(cpus).unwrap_or(0),
-            });
-        }
+        builder.push_packed(Packed {
+            keys: &p.keys,
+            key_size,
+            values: &p.values,
+            value_stride: stride,
+            cpu_stride: stride.checked_div(cpus).unwrap_or(0),
+            count,
+        });
         let batch = builder
             .finish()
             .map_err(|e| Status::internal(format!("a record batch could not be made: {e}")))?;
