@@ -139,6 +139,16 @@ pub(crate) async fn run(
         total,
     };
     let failed = summary.write(io.err, reports, args.save_cursor.as_deref())?;
+    outcome(end, failed, &args, total)
+}
+
+/// How `dump` ends, once its summaries are written.
+fn outcome(
+    end: End,
+    failed: Vec<TargetReport>,
+    args: &DumpArgs,
+    total: usize,
+) -> anyhow::Result<()> {
     match end {
         End::Failed(e) => Err(e.into()),
         End::Stopped(signal) => Err(Interrupted(signal).into()),
