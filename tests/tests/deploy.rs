@@ -75,7 +75,7 @@ fn installed_unit(sys_admin: bool) -> tempfile::TempDir {
 fn install(name: &str, bin: &Path) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let unit = std::fs::read_to_string(repo(&format!("deploy/systemd/{name}.service"))).unwrap();
-    let exec = format!("ExecStart=/usr/local/bin/{name} ");
+    let exec = format!("ExecStart=/usr/sbin/{name} ");
     assert!(unit.contains(&exec), "{unit}");
     let unit = unit.replace(&exec, &format!("ExecStart={} ", bin.display()));
     std::fs::write(dir.path().join(format!("{name}.service")), unit).unwrap();
@@ -392,7 +392,7 @@ fn assert_clean(
     assert_eq!(summary["failed"], 0, "{what}: {summary}");
     assert_eq!(summary["parsing_errors"], 0, "{what}: {summary}");
     assert!(
-        summary["passed"].as_u64().unwrap() > 20,
+        summary["passed"].as_u64().unwrap() >= 20,
         "{what}: {summary}"
     );
     let mut ids: Vec<&str> = skipped.iter().map(|(id, _)| id.as_str()).collect();
@@ -442,7 +442,7 @@ fn checkov_passes_the_manifests_and_the_containerfile() {
         "deploy/Containerfile",
         &summary,
         &skipped,
-        &["CKV_DOCKER_2", "CKV_DOCKER_7"],
+        &["CKV_DOCKER_2"],
     );
 }
 
@@ -522,4 +522,38 @@ fn the_export_examples_are_configurations_the_daemon_accepts() {
             "xdp-filter.toml"
         ]
     );
+}
+
+#[test]
+fn the_packaged_configuration_serves_local_root_only() {
+    // /etc/bpfmapd/bpfmapd.toml as the bpfmapd package installs it.
+    let text = std::fs::read_to_string(repo("deploy/debian/bpfmapd.toml")).unwrap();
+    let config = bpfmapd::Config::from_toml(&text).unwrap_or_else(|e| panic!("{e:#}"));
+    config.validate().unwrap();
+    assert!(config.tls.is_none());
+    assert!(config.listen.ip().is_loopback() && !config.insecure);
+    assert!(
+        !config.mount_bpffs,
+        "the unit grants no capability to mount"
+    );
+    assert!(!config.demo);
+    assert_eq!(config.roots, [PathBuf::from("/sys/fs/bpf")]);
+    // The unit's StateDirectory.
+    assert_eq!(config.state_dir, PathBuf::from("/var/lib/bpfmapd"));
+    // One rule, for uid 0 (root through the Unix socket): anonymous TCP
+    // callers get nothing, and nothing may drain.
+    assert_eq!(config.rules.len(), 1);
+    let rule = &config.rules[0];
+    assert_eq!(rule.identities, ["uid:0"]);
+    assert_eq!(rule.maps, ["**"]);
+    assert!(!rule.operations.contains(&bpfmapd::Operation::Drain));
+    let unit = std::fs::read_to_string(repo("deploy/systemd/bpfmapd.service")).unwrap();
+    assert!(unit.contains(
+        "ExecStart=/usr/sbin/bpfmapd --config ${CONFIGURATION_DIRECTORY}/bpfmapd.toml --listen-unix ${RUNTIME_DIRECTORY}/bpfmapd.sock\n"
+    ));
+
+    // The relay's example for a host.
+    let text = std::fs::read_to_string(repo("deploy/bpfmap-relay.toml")).unwrap();
+    let relay = bpfmap_relay::Config::from_toml(&text).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(relay.tls.is_some() && relay.client_tls.is_some() && !relay.rules.is_empty());
 }
