@@ -557,3 +557,48 @@ fn the_packaged_configuration_serves_local_root_only() {
     let relay = bpfmap_relay::Config::from_toml(&text).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(relay.tls.is_some() && relay.client_tls.is_some() && !relay.rules.is_empty());
 }
+
+#[test]
+fn every_deployment_file_names_the_version_of_the_workspace() {
+    // The workspace's version (every crate inherits it) is the version of
+    // the packages, the image's tag and the `bpfmap-version` header: the
+    // files that spell it out must follow it.
+    let version = env!("CARGO_PKG_VERSION");
+    let changelog = std::fs::read_to_string(repo("deploy/debian/changelog")).unwrap();
+    assert!(
+        changelog.starts_with(&format!("bpfmapd ({version}-1) ")),
+        "deploy/debian/changelog's first entry is not {version}-1"
+    );
+    let mut seen = 0;
+    for rel in [
+        "README.md",
+        "deploy/README.md",
+        "deploy/docs/operating.md",
+        "deploy/kubernetes/base/daemonset.yaml",
+        "deploy/kubernetes/base/kustomization.yaml",
+        "deploy/kubernetes/relay/deployment.yaml",
+    ] {
+        let text = std::fs::read_to_string(repo(rel)).unwrap();
+        for prefix in [
+            "ghcr.io/bpfmapd/bpfmapd:",
+            "bpfmapd_",
+            "bpfmapctl_",
+            "bpfmap-relay_",
+            "digest of ",
+        ] {
+            for (at, _) in text.match_indices(prefix) {
+                let rest = &text[at + prefix.len()..];
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                    .unwrap_or(rest.len());
+                let named = rest[..end].trim_end_matches('.');
+                if named.is_empty() {
+                    continue;
+                }
+                assert_eq!(named, version, "{rel}: {prefix}{named}");
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 10, "only {seen} mentions of the version found");
+}

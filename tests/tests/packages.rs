@@ -9,7 +9,8 @@
 //!   unit's user, capabilities, no_new_privs, umask, directories and command
 //!   line, through `setpriv`), a pinned map dumped through it with the
 //!   installed bpfmapctl, then the packages removed and purged, with the file
-//!   trees listed before and after;
+//!   trees and account files compared before and after: nothing is left but
+//!   the system user bpfmapd, which purge keeps as Debian keeps system users;
 //! - the image read from its archive (its name against the Kubernetes
 //!   manifests', its labels, size and files: no shell, no package manager),
 //!   its root filesystem unpacked and the daemon run in it as the DaemonSet
@@ -92,7 +93,6 @@ fn need_root() {
 /// What `deploy/build-packages` wrote.
 #[derive(Debug)]
 struct Built {
-    dir: PathBuf,
     debs: BTreeMap<&'static str, PathBuf>,
     image: PathBuf,
 }
@@ -166,7 +166,7 @@ fn built() -> &'static Built {
         if written != expected {
             return Err(format!("{} holds {written:?}, not {expected:?}", dir.display()));
         }
-        Ok(Built { dir, debs, image })
+        Ok(Built { debs, image })
     });
     built.as_ref().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -287,7 +287,11 @@ fn each_package_holds_its_files_and_lintian_passes_them() {
             "{pkg} lacks files"
         );
         for (path, mode) in &held {
-            assert!(mode.ends_with(" root/root"), "{pkg}: {path} {mode}");
+            // root's, spelt by name or by id (cargo-deb writes ids only).
+            assert!(
+                mode.ends_with(" root/root") || mode.ends_with(" 0/0"),
+                "{pkg}: {path} {mode}"
+            );
             let exec = path.starts_with("/usr/sbin/") || path.starts_with("/usr/bin/");
             let want = if exec || !files.contains(&path.as_str()) {
                 "rwxr-xr-x"
@@ -561,7 +565,7 @@ fn expected_hex(n: u64) -> BTreeSet<(String, String)> {
 }
 
 #[test]
-fn the_packages_install_serve_a_dump_and_purge_without_a_trace() {
+fn the_packages_install_serve_a_dump_and_purge_leaving_only_the_system_user() {
     need_root();
     need("setpriv", "apt-get install util-linux");
     let built = built();
@@ -576,6 +580,10 @@ fn the_packages_install_serve_a_dump_and_purge_without_a_trace() {
         check(Command::new("dpkg").arg("--purge").args(PACKAGES));
     }
     let before = tree();
+    let accounts_before = accounts();
+    let user_existed = accounts_before["/etc/passwd"]
+        .iter()
+        .any(|l| l.starts_with("bpfmapd:"));
 
     check(Command::new("dpkg").arg("-i").args(built.debs.values()));
     for pkg in PACKAGES {
@@ -774,12 +782,19 @@ fn the_packages_install_serve_a_dump_and_purge_without_a_trace() {
     for kept in ["/etc/bpfmapd/bpfmapd.toml", "/var/lib/bpfmapd/cursor.key"] {
         assert!(Path::new(kept).exists(), "{kept} gone after dpkg --remove");
     }
-    // Purged: nothing left but the user, as Debian keeps system users.
+    // Purged: nothing left but the system user and its group, which
+    // Debian keeps (postrm says why), and, when the install created them,
+    // the backups systemd-sysusers makes of the account files it edits.
     check(Command::new("dpkg").arg("--purge").args(PACKAGES));
     let after = tree();
+    let sysusers_leaves = |p: &Path| {
+        !user_existed
+            && (p == Path::new("/etc/.pwd.lock")
+                || ACCOUNTS.iter().any(|a| p == Path::new(&format!("{a}-"))))
+    };
     let left: Vec<_> = after
         .iter()
-        .filter(|(p, t)| before.get(*p) != Some(t))
+        .filter(|(p, t)| before.get(*p) != Some(t) && !sysusers_leaves(p))
         .collect();
     let removed: Vec<_> = before.keys().filter(|p| !after.contains_key(*p)).collect();
     eprintln!(
@@ -798,6 +813,42 @@ fn the_packages_install_serve_a_dump_and_purge_without_a_trace() {
         "removed by install and purge"
     );
     assert_eq!(id_of("bpfmapd", "-u"), uid, "the system user stays");
+    // The account files hold what they held, and the user's entries if the
+    // install made them.
+    let accounts_after = accounts();
+    for file in ACCOUNTS {
+        let added: Vec<&String> = accounts_after[file]
+            .iter()
+            .filter(|l| !accounts_before[file].contains(l))
+            .collect();
+        let lost: Vec<&String> = accounts_before[file]
+            .iter()
+            .filter(|l| !accounts_after[file].contains(l))
+            .collect();
+        assert_eq!(lost, Vec::<&String>::new(), "{file}: entries lost");
+        if user_existed {
+            assert_eq!(added, Vec::<&String>::new(), "{file}: entries added");
+        } else {
+            assert!(
+                added.len() == 1 && added[0].starts_with("bpfmapd:"),
+                "{file}: added {added:?}, not the one entry of bpfmapd"
+            );
+        }
+    }
+}
+
+/// The account files systemd-sysusers edits.
+const ACCOUNTS: [&str; 4] = ["/etc/passwd", "/etc/group", "/etc/shadow", "/etc/gshadow"];
+
+/// The lines of each account file.
+fn accounts() -> BTreeMap<&'static str, Vec<String>> {
+    ACCOUNTS
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap_or_default();
+            (*f, text.lines().map(str::to_owned).collect())
+        })
+        .collect()
 }
 
 /// The OCI archive unpacked as an OCI layout: its index, manifest and

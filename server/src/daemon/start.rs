@@ -151,7 +151,7 @@ fn warn_about_access(config: &Config, policy: &Policy, tls: bool) {
     }
     if let Some(off) = ops::effective().ok().and_then(ops::typed_maps_off) {
         tracing::warn!(
-            "no {}: {} (the systemd drop-in deploy/systemd/bpfmapd.service.d/cap-sys-admin.conf adds it)",
+            "no {}: {} (the systemd drop-in cap-sys-admin.conf adds it: /usr/share/doc/bpfmapd/examples/bpfmapd.service.d/ of the package, deploy/systemd/bpfmapd.service.d/ of the source)",
             off.capability,
             off.needed_for
         );
