@@ -12,7 +12,7 @@ use crate::{MapType, OwnedMap, create_map_with, update_batch};
 pub const KEY_SIZE: u32 = 8;
 pub const VALUE_SIZE: u32 = 32;
 
-/// `enum proto`'s values, in the order [`key`] cycles through them.
+/// `enum proto`'s values, in the order the benchmark's connections cycle through them.
 pub const PROTOS: [(&str, u8); 3] = [("TCP", 6), ("UDP", 17), ("ICMP", 1)];
 
 /// One entry's members, as [`Conn::bytes`] lays them out.
