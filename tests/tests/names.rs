@@ -185,6 +185,20 @@ async fn inner_maps_refused(daemon: &Daemon) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_map_reached_by_id_or_name_shows_its_pins_and_holders() {
     let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    // Names two edits from "count", older than "counts" (lower ids): more
+    // of them than a message lists.
+    let _farther: Vec<_> = (0..6)
+        .map(|_| {
+            create_map_with(&CreateMap {
+                map_type: MapType::HASH.0,
+                key_size: 8,
+                value_size: 8,
+                max_entries: 4,
+                name: "coxyt",
+                ..Default::default()
+            })
+        })
+        .collect();
     let map = create_map_with(&CreateMap {
         map_type: MapType::HASH.0,
         key_size: 8,
@@ -219,7 +233,10 @@ async fn a_map_reached_by_id_or_name_shows_its_pins_and_holders() {
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::NotFound);
-    assert!(e.to_string().contains(r#""counts" (a/counts)"#), "{e}");
+    assert!(
+        e.to_string().contains(r#"close: "counts" (a/counts)"#),
+        "the closest name first: {e}"
+    );
     daemon.stop().await;
 }
 

@@ -215,17 +215,23 @@ impl Catalog {
         }
     }
 
-    /// The names close to `wanted` among `by_id`, for a message.
+    /// The names close to `wanted` among `by_id`, the closest first (then
+    /// by id), for a message.
     fn close_names(&self, wanted: &str, by_id: &BTreeMap<u32, (MapRef, String)>) -> String {
-        let mut close: Vec<String> = by_id
+        let mut close: Vec<(usize, &MapRef, &String)> = by_id
             .values()
-            .filter(|(_, n)| {
-                !n.is_empty()
-                    && (strsim::levenshtein(n, wanted) <= 2
-                        || n.contains(wanted)
-                        || wanted.contains(n.as_str()))
+            .filter(|(_, n)| !n.is_empty())
+            .filter_map(|(r, n)| {
+                let distance = strsim::levenshtein(n, wanted);
+                let near = distance <= 2 || n.contains(wanted) || wanted.contains(n.as_str());
+                near.then_some((distance, r, n))
             })
-            .map(|(r, n)| format!("{} ({r})", quote(n)))
+            .collect();
+        // Stable: maps at the same distance stay in id order.
+        close.sort_by_key(|(distance, ..)| *distance);
+        let mut close: Vec<String> = close
+            .into_iter()
+            .map(|(_, r, n)| format!("{} ({r})", quote(n)))
             .collect();
         close.truncate(MAX_CLOSE_NAMES);
         if !close.is_empty() {
