@@ -537,6 +537,53 @@ async fn a_scan_in_the_kernel_keeps_to_max_groups_in_either_table() {
     daemon.stop().await;
 }
 
+/// Past 2^17 groups in a hash map, a walk inside the kernel costs more
+/// than the batched read (tests/docs/performance.md): with SCAN_AUTO it
+/// stops there and the map is read in batches, saying why; SCAN_KERNEL
+/// walks inside the kernel still. The answers are the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_groups_where_the_kernel_stops_paying_auto_reads_in_batches() {
+    let mut rng = Rng(11);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let _conns = random_conns(&fs, "c/conns", 140_000, &mut rng);
+    let mut config = Daemon::config(fs.path(), state.path());
+    config.limits.max_groups = 200_000;
+    let daemon = Daemon::start_with(config).await;
+    let c = grpc(&daemon.addr()).await;
+    let req = pb::AggregateMapRequest {
+        map: map_ref("c/conns"),
+        group_by: vec!["key.saddr".into()],
+        aggregates: vec![pb::Aggregate {
+            op: pb::aggregate::Op::Sum as i32,
+            field: "value.packets".into(),
+        }],
+        limit: 10,
+        ..Default::default()
+    };
+    let ask = |scan: pb::ScanMethod| {
+        let mut c = c.clone();
+        let req = pb::AggregateMapRequest {
+            scan: scan as i32,
+            ..req.clone()
+        };
+        async move { c.aggregate_map(req).await.unwrap().into_inner() }
+    };
+    let auto = ask(pb::ScanMethod::ScanAuto).await;
+    let kernel = ask(pb::ScanMethod::ScanKernel).await;
+    let batched = ask(pb::ScanMethod::ScanBatched).await;
+    let s = auto.summary.clone().unwrap();
+    assert!(!s.scanned_in_kernel, "{s:?}");
+    assert_eq!(
+        s.scan_note,
+        "more than 131072 groups: beyond that a walk inside the kernel costs more than the batched read (SCAN_KERNEL walks inside the kernel still)"
+    );
+    assert_eq!(s.groups_total, 140_000);
+    assert!(kernel.summary.as_ref().unwrap().scanned_in_kernel);
+    assert_eq!(answer(&auto), answer(&batched));
+    assert_eq!(answer(&kernel), answer(&batched));
+    daemon.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_program_cannot_compute_is_read_in_batches_and_said() {
     let mut rng = Rng(7);

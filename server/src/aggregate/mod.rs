@@ -114,7 +114,7 @@ pub(crate) async fn prepare(
 /// hash map costs more than the batched read with SCAN_AUTO (measured:
 /// tests/docs/performance.md, the query benchmark): such a walk stops
 /// there and the map is read in batches. A dense table has no such bound.
-pub(crate) const KERNEL_HASH_GROUPS: u32 = 1 << 20;
+pub(crate) const KERNEL_HASH_GROUPS: u32 = 1 << 17;
 
 /// Whether the call's walk may run inside the kernel: asked for (`scan`,
 /// the request's; by default), possible here for this map, and
