@@ -835,7 +835,39 @@ enum Windows {
 /// many DumpMap calls as the connection allows (64), never reading them:
 /// each address gets its quota of dumps (8), the daemon its maximum (64).
 /// Then a well-behaved client dumps the map.
+/// A call that streams the map: DumpMap, or the same dump as an Arrow
+/// table (Flight DoGet).
+#[derive(Clone, Copy, PartialEq)]
+enum Streamed {
+    DumpMap,
+    FlightDoGet,
+}
+
+impl Streamed {
+    fn path(self) -> &'static str {
+        match self {
+            Self::DumpMap => h2::DUMP_MAP,
+            Self::FlightDoGet => "/arrow.flight.protocol.FlightService/DoGet",
+        }
+    }
+
+    fn message(self) -> Vec<u8> {
+        match self {
+            Self::DumpMap => h2::dump_request(MAP),
+            Self::FlightDoGet => {
+                use prost::Message as _;
+                let command = format!(r#"{{"dump": {{"map": {{"path": "{MAP}"}}}}}}"#);
+                arrow_flight::Ticket::new(command).encode_to_vec()
+            }
+        }
+    }
+}
+
 async fn hold_never_reading(t: &Target, windows: Windows) -> Held {
+    hold_never_reading_on(t, windows, Streamed::DumpMap).await
+}
+
+async fn hold_never_reading_on(t: &Target, windows: Windows, call: Streamed) -> Held {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (_, base_hwm) = t.rss();
     let probe = Probe::start(t).await;
@@ -855,9 +887,9 @@ async fn hold_never_reading(t: &Target, windows: Windows) -> Held {
             }
         }
         .expect("connect");
-        let message = h2::dump_request(MAP);
+        let message = call.message();
         let streams: Vec<u32> = (0..64)
-            .map(|_| conn.request(h2::DUMP_MAP, &message))
+            .map(|_| conn.request(call.path(), &message))
             .collect();
         conn.flush().await.expect("send the calls");
         conns.push(conn);
@@ -980,6 +1012,15 @@ async fn streams_that_never_read_stay_within_the_documented_peak() {
     let what = "64 never-reading dumps, plaintext";
     let t = Target::start(31, false, "", Launch::default());
     let h = hold_never_reading(&t, Windows::Closed).await;
+    check_held(&h, what);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrow_tables_that_are_never_read_stay_within_the_documented_peak() {
+    let _alone = ALONE.lock().await;
+    let what = "64 never-reading Flight DoGet tables, plaintext";
+    let t = Target::start(34, false, "", Launch::default());
+    let h = hold_never_reading_on(&t, Windows::Closed, Streamed::FlightDoGet).await;
     check_held(&h, what);
 }
 
