@@ -30,6 +30,43 @@ pub fn command(bytes: &[u8]) -> Result<FlightCommand, CommandError> {
     }
 }
 
+/// Why a dump's request cannot be read as a table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableRequestError {
+    /// A `per_cpu` that is none of the values.
+    #[error("unknown per_cpu {0}: PER_CPU_EACH (a list per entry) or PER_CPU_SUM")]
+    PerCpu(i32),
+    /// `layout` or `raw` set: a table is typed columns.
+    #[error("a table's columns are typed: leave layout and raw out of a Flight command")]
+    NotATable,
+}
+
+/// The dump a table command runs (packed records, each CPU's value), and
+/// how its per-CPU values become columns: what the daemon and the relay
+/// both read a `dump` command as.
+pub fn table_request(
+    mut req: crate::v1::DumpMapRequest,
+) -> Result<
+    (
+        crate::v1::DumpMapRequest,
+        crate::typed::arrow::PerCpuColumns,
+    ),
+    TableRequestError,
+> {
+    use crate::{typed::arrow::PerCpuColumns, v1 as pb};
+    let per_cpu = match pb::PerCpu::try_from(req.per_cpu) {
+        Ok(pb::PerCpu::Each) => PerCpuColumns::List,
+        Ok(pb::PerCpu::Sum) => PerCpuColumns::Sum,
+        Err(_) => return Err(TableRequestError::PerCpu(req.per_cpu)),
+    };
+    if req.raw || req.layout != pb::Layout::Entries as i32 {
+        return Err(TableRequestError::NotATable);
+    }
+    req.layout = pb::Layout::Packed as i32;
+    req.per_cpu = pb::PerCpu::Each as i32;
+    Ok((req, per_cpu))
+}
+
 /// The criteria of ListFlights: which maps (empty: every map).
 pub fn criteria(bytes: &[u8]) -> Result<ListMapsRequest, CommandError> {
     match bytes.is_empty() {

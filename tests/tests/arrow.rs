@@ -784,6 +784,25 @@ async fn the_relay_serves_the_fleet_as_one_table_with_failures_in_band() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // The daemon's rules for a table's dump, read in one place.
+    for (command, says) in [
+        (
+            r#"{"dump": {"map": {"path": "m"}, "perCpu": 7}}"#,
+            "unknown per_cpu 7",
+        ),
+        (
+            r#"{"dump": {"map": {"path": "m"}, "raw": true}}"#,
+            "leave layout and raw out",
+        ),
+    ] {
+        let status = flight.do_get(Ticket::new(command)).await.unwrap_err();
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{command}: {status:?}"
+        );
+        assert!(status.message().contains(says), "{command}: {status:?}");
+    }
     relay.stop().await.unwrap();
     for h in hosts {
         h.daemon.stop().await;

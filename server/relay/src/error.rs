@@ -8,7 +8,10 @@ use std::time::Duration;
 use bpfmapd::{Operation, frontend::Identity};
 
 use bpfmap_client::table::TableError;
-use bpfmap_proto::{flight::CommandError, typed::ProjectionError};
+use bpfmap_proto::{
+    flight::{CommandError, TableRequestError},
+    typed::ProjectionError,
+};
 
 use crate::cursor::CursorError;
 
@@ -71,9 +74,10 @@ pub(crate) enum Error {
         bpfmap_proto::flight::EXAMPLE
     )]
     Descriptor,
-    /// A Flight command asking for raw bytes or another layout.
-    #[error("a table's columns are typed: leave layout and raw out of a Flight command")]
-    NotATable,
+    /// A dump command that is not one of a table (raw bytes, another
+    /// layout, an unknown per_cpu).
+    #[error("{0}")]
+    NotATable(#[from] TableRequestError),
     /// A table's `fields` that select no members of the map.
     #[error("fields: {0}")]
     Fields(#[from] ProjectionError),

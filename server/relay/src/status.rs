@@ -27,7 +27,7 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::TargetCursorTooLong { .. }
         | Error::Command(_)
         | Error::Descriptor
-        | Error::NotATable
+        | Error::NotATable(_)
         | Error::Fields(_)
         | Error::Columns { .. } => Code::InvalidArgument,
         Error::Undescribed { failures, .. } => undescribed(failures).0,
@@ -50,7 +50,7 @@ pub(crate) fn reason(e: &Error) -> Reason {
         | Error::TwoCursors
         | Error::Command(_)
         | Error::Descriptor
-        | Error::NotATable
+        | Error::NotATable(_)
         | Error::Fields(_)
         | Error::Columns { .. } => Reason::InvalidRequest,
         Error::Undescribed { failures, .. } => undescribed(failures).1,

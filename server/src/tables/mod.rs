@@ -41,24 +41,9 @@ pub(crate) struct TableDump {
 }
 
 /// The dump of a table command's request.
-pub(crate) fn dump_of(mut req: pb::DumpMapRequest) -> Result<TableDump, Error> {
-    let per_cpu = match pb::PerCpu::try_from(req.per_cpu) {
-        Ok(pb::PerCpu::Each) => PerCpuColumns::List,
-        Ok(pb::PerCpu::Sum) => PerCpuColumns::Sum,
-        Err(_) => {
-            return Err(Error::InvalidArgument(format!(
-                "unknown per_cpu {}: PER_CPU_EACH (a list per entry) or PER_CPU_SUM",
-                req.per_cpu
-            )));
-        }
-    };
-    if req.raw || req.layout != pb::Layout::Entries as i32 {
-        return Err(Error::InvalidArgument(
-            "a table's columns are typed: leave layout and raw out of a Flight command".into(),
-        ));
-    }
-    req.layout = pb::Layout::Packed as i32;
-    req.per_cpu = pb::PerCpu::Each as i32;
+pub(crate) fn dump_of(req: pb::DumpMapRequest) -> Result<TableDump, Error> {
+    let (req, per_cpu) = bpfmap_proto::flight::table_request(req)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
     Ok(TableDump { req, per_cpu })
 }
 

@@ -116,17 +116,8 @@ impl Command {
 
 /// The dump a table runs (packed, each CPU's value) and how its per-CPU
 /// values become columns.
-fn table_dump(mut req: pb::DumpMapRequest) -> Result<(pb::DumpMapRequest, PerCpuColumns), Error> {
-    let per_cpu = match pb::PerCpu::try_from(req.per_cpu) {
-        Ok(pb::PerCpu::Sum) => PerCpuColumns::Sum,
-        _ => PerCpuColumns::List,
-    };
-    if req.raw || req.layout != pb::Layout::Entries as i32 {
-        return Err(Error::NotATable);
-    }
-    req.layout = pb::Layout::Packed as i32;
-    req.per_cpu = pb::PerCpu::Each as i32;
-    Ok((req, per_cpu))
+fn table_dump(req: pb::DumpMapRequest) -> Result<(pb::DumpMapRequest, PerCpuColumns), Error> {
+    Ok(flight::table_request(req)?)
 }
 
 /// The records' layout of a dump on a target with `info`: its projection
