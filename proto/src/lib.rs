@@ -6,6 +6,7 @@ pub mod codec;
 mod entry;
 #[cfg(feature = "arrow")]
 pub mod flight;
+pub mod histogram;
 pub mod status;
 
 /// Package `bpfmap.v1`.

@@ -9,6 +9,7 @@ mod cursors;
 mod drain;
 mod drive;
 mod dump;
+mod hist;
 mod keys;
 mod live;
 mod output;
@@ -165,6 +166,12 @@ pub enum Command {
     /// and merged exactly across the targets (a group's values added up
     /// over every host), largest first by the first --by.
     Top(TopArgs),
+    /// Draw a map that keeps a histogram (runqlat's, cpudist's,
+    /// funclatency's `struct hist`, bpftrace's hist() and lhist()) as the
+    /// program draws it, with its count, mean and p50/p90/p99; summed over
+    /// the map's entries by each daemon and merged exactly across the
+    /// targets. `--format json`: one line per histogram, as data.
+    Hist(HistArgs),
     /// Watch a map: every target's entries as ADDED, then what changes at
     /// each scan (ADDED, CHANGED with deltas and rates, REMOVED) and a
     /// bookmark per scan, as JSON Lines, until interrupted.
@@ -256,6 +263,65 @@ pub struct TopArgs {
     /// keys s/r/p/q; JSON Lines per row and scan otherwise).
     #[arg(long, value_name = "DURATION", value_parser = humantime_serde::re::humantime::parse_duration)]
     pub interval: Option<std::time::Duration>,
+}
+
+/// The arguments of `hist`.
+#[derive(Debug, Args)]
+pub struct HistArgs {
+    /// Map path relative to the daemon's root ("demo/flows"), "id:N", or
+    /// "name:NAME" or "name:NAME@OWNER" (OWNER a program name, process name or pid).
+    pub map: String,
+    /// What the buckets count, when the map's types do not say it: log2
+    /// (libbpf-tools: bucket 0 counts 0 and 1, k counts [2^k, 2^(k+1))),
+    /// linear (--min, --step), bpftrace-log2 (a hist() map: one entry per
+    /// bucket), bpftrace-linear (an lhist() map: --min, --max, --step as
+    /// given to lhist). Without it, an array of integers named slots or
+    /// hist in the value is a log2 histogram.
+    #[arg(long = "hist", value_name = "KIND")]
+    pub hist: Option<String>,
+    /// The array of counts in each entry ("value.slots").
+    #[arg(long, value_name = "PATH")]
+    pub slots: Option<String>,
+    /// For a map of one entry per bucket: the key member holding the
+    /// bucket number (default: the key).
+    #[arg(long, value_name = "PATH")]
+    pub bucket: Option<String>,
+    /// For a map of one entry per bucket: the member holding the count
+    /// (default: the value, summed over the CPUs).
+    #[arg(long = "count-member", value_name = "PATH")]
+    pub count_member: Option<String>,
+    /// Linear buckets: the lowest value, the highest (bpftrace-linear), the
+    /// width of a bucket.
+    #[arg(long, allow_hyphen_values = true)]
+    pub min: Option<i64>,
+    #[arg(long, allow_hyphen_values = true)]
+    pub max: Option<i64>,
+    #[arg(long)]
+    pub step: Option<u64>,
+    /// What the values measure, heading the drawing ("usecs").
+    #[arg(long)]
+    pub unit: Option<String>,
+    /// One histogram per value of these members ("key.pid", "value.comm");
+    /// none: one for the whole map.
+    #[arg(long, value_name = "PATH", value_delimiter = ',')]
+    pub group_by: Vec<String>,
+    /// How many histograms, the largest totals first (0: all).
+    #[arg(short = 'n', long = "limit", value_name = "K", default_value_t = 10)]
+    pub limit: u32,
+    /// Only entries for which this CEL expression is true count.
+    #[arg(long, value_name = "EXPR")]
+    pub filter: Option<String>,
+    /// Show a group-by member another way than its type says (see `dump
+    /// --render`).
+    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+    pub render: Vec<RenderArg>,
+    /// Draw what each DURATION added (as `runqlat 1` does), until
+    /// interrupted or --count drawings.
+    #[arg(long, value_name = "DURATION", value_parser = humantime_serde::re::humantime::parse_duration)]
+    pub interval: Option<std::time::Duration>,
+    /// With --interval: stop after this many drawings (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub count: u64,
 }
 
 /// Parses `--by`; the error says which aggregates exist.
@@ -528,6 +594,7 @@ pub async fn run_with(
             }
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
+        Command::Hist(args) => hist::run(setup, io, args).await,
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
         Command::Drain(_) if cli.relay.is_some() => Err(usage(
             "drain is not served by the relay: name the daemons with --target instead of --relay",

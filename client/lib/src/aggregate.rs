@@ -477,6 +477,10 @@ fn integer(v: &prost_types::Value) -> Result<Option<i128>, Error> {
 pub struct AggregateSummary(pb::AggregateSummary);
 
 impl AggregateSummary {
+    pub(crate) fn from_proto(s: pb::AggregateSummary) -> Self {
+        Self(s)
+    }
+
     /// Entries the walk read.
     pub fn entries_scanned(&self) -> u64 {
         self.0.entries_scanned

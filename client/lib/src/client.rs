@@ -66,7 +66,7 @@ impl Client {
 
     /// Runs a unary call, retrying it as [`RetryPolicy::should_retry_call`]
     /// says.
-    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, Error>
+    pub(crate) async fn call<T, F, Fut>(&self, mut f: F) -> Result<T, Error>
     where
         F: FnMut(MapServiceClient<crate::transport::Transport>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,

@@ -692,6 +692,12 @@ mod tests {
             ) -> Result<Response<pb::AggregateMapResponse>, Status> {
                 unimplemented()
             }
+            async fn histogram_map(
+                &self,
+                _: Request<pb::HistogramMapRequest>,
+            ) -> Result<Response<pb::HistogramMapResponse>, Status> {
+                unimplemented()
+            }
             type WatchMapStream = BoxStream<'static, Result<pb::WatchMapResponse, Status>>;
             async fn watch_map(
                 &self,

@@ -195,6 +195,7 @@ mod error;
 mod fleet;
 mod fleet_aggregate;
 mod fleet_watch;
+mod histogram;
 mod lookup;
 mod map;
 mod relay;
@@ -215,6 +216,8 @@ pub use aggregate::{
 /// How aggregate values (COUNT, SUM, MIN, MAX) combine, exactly: what
 /// the daemons and [`Fleet::aggregate`] merge groups with.
 pub use bpfmap_proto::aggregate as aggregate_values;
+/// Histograms' arithmetic: the values a bucket of each layout counts.
+pub use bpfmap_proto::histogram as histogram_math;
 /// The canonical name of a gRPC code ("NOT_FOUND").
 pub use bpfmap_proto::status::code_name;
 /// The generated messages and gRPC stubs of `bpfmap.v1`, for what the
@@ -233,6 +236,7 @@ pub use fleet_aggregate::{
     DEFAULT_MAX_GROUPS, FleetAggregate, FleetAggregateOptions, FleetGroup, MergeMethod,
 };
 pub use fleet_watch::FleetWatchOptions;
+pub use histogram::{FleetHistograms, HistogramLayout, HistogramOptions, Histograms};
 pub use lookup::{Key, LookupOptions, LookupResult, PerCpu};
 pub use map::{DumpMethod, InnerKey, ListMapsOptions, MapInfo, MapName};
 pub use resume::{Dump, DumpOptions, DumpSummary, RetryPolicy};

@@ -2,6 +2,7 @@
 //! blocking pool, grouping the matching entries as it reads them (the
 //! groups and their aggregates are `query::Spec`'s).
 
+pub(crate) mod histogram;
 mod walk;
 
 use std::{
@@ -10,7 +11,7 @@ use std::{
 };
 
 use bpfmap_kernel::{MapMeta, program::GroupTable};
-use bpfmap_proto::v1 as pb;
+use bpfmap_proto::{typed::MapLayout, v1 as pb};
 
 use crate::{
     calls::{Call, Calls, blocking},
@@ -18,7 +19,7 @@ use crate::{
     error::Error,
     limits::{Slot, TrimGuard},
     model::{Caller, Identity, MapRequest, Operation, Rpc},
-    query::{AggregateError, Filter, QueryError, Spec, scan::Sizes},
+    query::{AggregateError, Filter, MAX_AGGREGATES, QueryError, Spec, scan::Sizes},
     watch::Scanner,
 };
 
@@ -60,15 +61,47 @@ pub(crate) async fn prepare(
     map: MapRequest,
     req: pb::AggregateMapRequest,
 ) -> Result<Prepared, Error> {
+    let ask = Ask {
+        rpc: Rpc::AggregateMap,
+        render: &req.render.clone(),
+        scan: req.scan,
+        max_aggregates: MAX_AGGREGATES,
+    };
+    let (prepared, ()) = prepare_as(with, caller, map, ask, |_| Ok((req, ()))).await?;
+    Ok(prepared)
+}
+
+/// What a call that groups a map's entries asks before its map's types
+/// are known: the RPC (for the audit and the policy), the renderings of
+/// its group keys, how the map is read, and how many aggregates it may
+/// compute (AggregateMap's bound, or a histogram's buckets).
+pub(crate) struct Ask<'r> {
+    pub(crate) rpc: Rpc,
+    pub(crate) render: &'r std::collections::HashMap<String, String>,
+    pub(crate) scan: i32,
+    pub(crate) max_aggregates: usize,
+}
+
+/// Prepares a call that groups a map's entries: its slot, its map, then
+/// `question`, given the map's layout with the call's renderings, says
+/// what to compute (as an AggregateMapRequest) and what else the call
+/// needs to make its answer (`T`).
+pub(crate) async fn prepare_as<T>(
+    with: Aggregator<'_>,
+    caller: &Caller,
+    map: MapRequest,
+    ask: Ask<'_>,
+    question: impl FnOnce(&MapLayout) -> Result<(pb::AggregateMapRequest, T), Error>,
+) -> Result<(Prepared, T), Error> {
     let Aggregator {
         calls,
         dumps,
         max_groups,
     } = with;
     calls.accepting()?;
-    crate::dump::scan_method(req.scan)?;
+    crate::dump::scan_method(ask.scan)?;
     let started = Instant::now();
-    let call = Call::new(Operation::Aggregate, Rpc::AggregateMap);
+    let call = Call::new(Operation::Aggregate, ask.rpc);
     let (map, declared) = calls.resolve(caller, call, map).await?;
     calls.authorize(caller, call, &map)?;
     // The daemon's own walks (exports, map pressure: one at a time per
@@ -79,8 +112,9 @@ pub(crate) async fn prepare(
     };
     let trim = dumps.trimmer.enter();
     let opened = calls.open(caller, call, map, &declared, true).await?;
-    let shown = calls.layout(&opened, &req.render, true)?;
-    let spec = Spec::new(&req, &shown, max_groups).map_err(Error::from)?;
+    let shown = calls.layout(&opened, ask.render, true)?;
+    let (req, extra) = question(&shown)?;
+    let spec = Spec::within(&req, &shown, max_groups, ask.max_aggregates).map_err(Error::from)?;
     let filter = match req.filter.as_str() {
         "" => None,
         f => Some(Filter::compile(f, &calls.query_layout(&opened)?).map_err(QueryError::Filter)?),
@@ -93,7 +127,7 @@ pub(crate) async fn prepare(
         filter.as_ref(),
         max_groups,
     );
-    Ok(Prepared {
+    let prepared = Prepared {
         walk: AggregateWalk {
             map: opened.map,
             handle: opened.handle,
@@ -107,7 +141,8 @@ pub(crate) async fn prepare(
         started,
         _slot: slot,
         _trim: trim,
-    })
+    };
+    Ok((prepared, extra))
 }
 
 /// Groups beyond which a walk inside the kernel that keeps its groups in a

@@ -23,6 +23,8 @@ pub enum Rpc {
     Lookup,
     /// MapService/AggregateMap.
     AggregateMap,
+    /// MapService/HistogramMap.
+    HistogramMap,
     /// MapService/WatchMap.
     WatchMap,
     /// MapService/DrainMap.
@@ -72,12 +74,13 @@ impl RpcKind {
 
 impl Rpc {
     /// Every RPC.
-    pub const ALL: [Rpc; 15] = [
+    pub const ALL: [Rpc; 16] = [
         Self::ListMaps,
         Self::GetMap,
         Self::DumpMap,
         Self::Lookup,
         Self::AggregateMap,
+        Self::HistogramMap,
         Self::WatchMap,
         Self::DrainMap,
         Self::HealthCheck,
@@ -98,6 +101,7 @@ impl Rpc {
             | Self::DumpMap
             | Self::Lookup
             | Self::AggregateMap
+            | Self::HistogramMap
             | Self::WatchMap
             | Self::DrainMap => SERVICE_NAME,
             Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
@@ -118,6 +122,7 @@ impl Rpc {
             Self::DumpMap => "DumpMap",
             Self::Lookup => "Lookup",
             Self::AggregateMap => "AggregateMap",
+            Self::HistogramMap => "HistogramMap",
             Self::WatchMap => "WatchMap",
             Self::DrainMap => "DrainMap",
             Self::HealthCheck => "Check",

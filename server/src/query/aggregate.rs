@@ -142,15 +142,26 @@ impl Spec {
         layout: &MapLayout,
         max_groups: usize,
     ) -> Result<Self, AggregateError> {
+        Self::within(req, layout, max_groups, MAX_AGGREGATES)
+    }
+
+    /// As [`new`](Self::new), with at most `max_aggregates` aggregates (a
+    /// histogram sums one per bucket).
+    pub fn within(
+        req: &pb::AggregateMapRequest,
+        layout: &MapLayout,
+        max_groups: usize,
+        max_aggregates: usize,
+    ) -> Result<Self, AggregateError> {
         let bad = AggregateError::Invalid;
         if req.aggregates.is_empty() {
             return Err(bad(
                 "no aggregates: give at least one, e.g. {\"op\":\"COUNT\"} or {\"op\":\"SUM\",\"field\":\"value.bytes\"}".into(),
             ));
         }
-        if req.aggregates.len() > MAX_AGGREGATES {
+        if req.aggregates.len() > max_aggregates {
             return Err(bad(format!(
-                "{} aggregates: at most {MAX_AGGREGATES}",
+                "{} aggregates: at most {max_aggregates}",
                 req.aggregates.len()
             )));
         }

@@ -57,6 +57,17 @@ impl MapServiceImpl {
     }
 }
 
+impl ServiceParts {
+    /// What aggregates and histograms read with.
+    pub(crate) fn aggregator(&self) -> aggregate::Aggregator<'_> {
+        aggregate::Aggregator {
+            calls: &self.calls,
+            dumps: &self.dumps,
+            max_groups: self.max_groups,
+        }
+    }
+}
+
 /// Starts a call: its caller, its audit record, and the map its request
 /// names (parsed once, for the audit log and the handler).
 fn start_call<T>(
@@ -127,19 +138,26 @@ impl MapService for MapServiceImpl {
         let req = request.into_inner();
         let p = &self.0;
         let result = match map {
-            Ok(map) => {
-                aggregate::run(
-                    aggregate::Aggregator {
-                        calls: &p.calls,
-                        dumps: &p.dumps,
-                        max_groups: p.max_groups,
-                    },
-                    &caller,
-                    map,
-                    req,
-                )
-                .await
-            }
+            Ok(map) => aggregate::run(p.aggregator(), &caller, map, req).await,
+            Err(e) => Err(e),
+        };
+        if let Ok(r) = &result {
+            audit.add_entries(r.summary.as_ref().map_or(0, |s| s.entries_matched));
+        }
+        audit.finish(code_of(&result));
+        Ok(Response::new(result?))
+    }
+
+    async fn histogram_map(
+        &self,
+        request: Request<pb::HistogramMapRequest>,
+    ) -> Result<Response<pb::HistogramMapResponse>, Status> {
+        let (caller, mut audit, map) =
+            start_call(&request, Rpc::HistogramMap, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let p = &self.0;
+        let result = match map {
+            Ok(map) => aggregate::histogram::run(p.aggregator(), &caller, map, req).await,
             Err(e) => Err(e),
         };
         if let Ok(r) = &result {
