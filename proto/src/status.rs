@@ -124,6 +124,9 @@ reasons! {
     /// A target whose map has other types than the rest of a fleet table
     /// (in-band, the relay's Arrow Flight).
     TypesDiffer => "TYPES_DIFFER",
+    /// A target whose histogram's buckets count other values than the
+    /// rest of a fleet histogram's (in-band, the relay's HistogramMap).
+    HistogramsDiffer => "HISTOGRAMS_DIFFER",
 }
 
 impl std::fmt::Display for Reason {

@@ -457,6 +457,61 @@ async fn histograms_merge_exactly_over_the_targets_and_name_the_missing() {
     assert!(err.contains(&dead) && err.contains("UNAVAILABLE"), "{err}");
     let merged = json_lines(&out);
     assert_eq!(buckets(&merged[0]), [(0, 10), (1, 10), (2, 16)]);
+    // Through the relay: the same sums, the dead target named in-band.
+    let relay_state = tempfile::tempdir().unwrap();
+    let mut targets: Vec<String> = daemons
+        .iter()
+        .map(|d| d.running.local_addr().to_string())
+        .collect();
+    targets.push(dead.clone());
+    let relay = bpfmap_relay::Relay::start_on(
+        &bpfmap_relay::Config {
+            targets: targets.clone(),
+            state_dir: relay_state.path().to_owned(),
+            answer_timeout: std::time::Duration::from_secs(2),
+            ..Default::default()
+        },
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+    .expect("the relay starts");
+    let relay_addr = format!("http://{}", relay.local_addr());
+    let (r, out, err) = ctl(&[
+        "--relay",
+        &relay_addr,
+        "--format",
+        "json",
+        "hist",
+        "hists",
+        "--group-by",
+        "key",
+    ])
+    .await;
+    let e = r.unwrap_err();
+    assert!(e.to_string().contains("1 of 4 targets"), "{e}");
+    assert!(err.contains(&dead), "{err}");
+    let lines = json_lines(&out);
+    assert_eq!(buckets(&lines[0]), [(0, 10), (1, 10), (2, 10)]);
+    assert_eq!(buckets(&lines[1]), [(2, 6)]);
+    // grpcurl: FleetService/HistogramMap, the failure in-band.
+    let body = json!({"request": {"map": {"path": "hists"}}});
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", &body.to_string()],
+        &relay.local_addr().to_string(),
+        &["bpfmap.v1.FleetService/HistogramMap"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let answer = &json_stream(&out)[0];
+    assert_eq!(answer["histograms"][0]["count"], "36", "{out}");
+    assert_eq!(answer["layout"]["slots"], "value.slots");
+    assert_eq!(answer["answered"].as_array().unwrap().len(), 3, "{out}");
+    assert_eq!(answer["failed"][0]["target"], json!(dead));
+    assert_eq!(
+        answer["failed"][0]["status"]["reason"],
+        "TARGET_UNREACHABLE"
+    );
+    relay.stop().await.unwrap();
     for d in daemons {
         d.stop().await;
     }

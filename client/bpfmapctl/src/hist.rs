@@ -27,7 +27,7 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Res
     let options = options(&args)?;
     let fleet = setup.fleet();
     let Some(every) = args.interval else {
-        let merged = FleetHistograms::merge(fleet.histograms(&map, options), args.limit).await;
+        let merged = fleet.histogram(&map, options).await;
         setup.progress.finish();
         refused(&merged)?;
         draw(
@@ -39,7 +39,7 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Res
         )?;
         return finish(io.err, &merged);
     };
-    let mut before = FleetHistograms::merge(fleet.histograms(&map, options.clone()), 0).await;
+    let mut before = fleet.histogram(&map, options.clone()).await;
     setup.progress.finish();
     refused(&before)?;
     let mut shown = 0u64;
@@ -51,7 +51,7 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Res
         if let Some(s) = signal {
             return Err(Interrupted(s).into());
         }
-        let now = FleetHistograms::merge(fleet.histograms(&map, options.clone()), 0).await;
+        let now = fleet.histogram(&map, options.clone()).await;
         let (Some(layout), Some(_)) = (now.layout.clone(), before.layout.as_ref()) else {
             finish(io.err, &now)?;
             before = now;

@@ -164,6 +164,19 @@ impl HistogramOptions {
         self
     }
 
+    /// The options of a `HistogramMapRequest` as a caller wrote it (its
+    /// map aside), for a program that forwards requests (a relay).
+    pub fn from_proto(req: &pb::HistogramMapRequest) -> Self {
+        Self {
+            filter: req.filter.clone(),
+            layout: req.layout.clone().map(HistogramLayout),
+            group_by: req.group_by.clone(),
+            limit: req.limit,
+            render: req.render.clone().into_iter().collect(),
+            batched: req.scan == pb::ScanMethod::ScanBatched as i32,
+        }
+    }
+
     /// The most histograms asked for (0: all).
     pub fn limit(&self) -> u32 {
         self.limit
@@ -309,7 +322,7 @@ impl FleetHistograms {
 
     /// Runs `run` to its end and merges its answers: at most `limit`
     /// histograms (0: all).
-    pub async fn merge(mut run: FleetRun<Histograms>, limit: u32) -> Self {
+    pub(crate) async fn merge(mut run: FleetRun<Histograms>, limit: u32) -> Self {
         use futures::StreamExt;
         let mut answers: BTreeMap<Target, Histograms> = BTreeMap::new();
         let mut reports = Vec::new();
@@ -372,10 +385,20 @@ impl FleetHistograms {
 }
 
 impl Fleet {
-    /// HistogramMap on every target, each target's answer as it comes
-    /// ([`FleetHistograms::merge`] adds them up). Each call waits at most
-    /// the fleet's answer timeout.
-    pub fn histograms(&self, map: &MapName, options: HistogramOptions) -> FleetRun<Histograms> {
+    /// The histograms of `map` on every target, merged exactly (the
+    /// buckets of equal groups added; [`FleetHistograms`]): through the
+    /// relay, one call it merges; otherwise one call per target, each
+    /// waiting at most the fleet's answer timeout.
+    pub async fn histogram(&self, map: &MapName, options: HistogramOptions) -> FleetHistograms {
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
+            return via_relay::histogram(relay, self, map, &options).await;
+        }
+        let limit = options.limit;
+        FleetHistograms::merge(self.histograms(map, options), limit).await
+    }
+
+    /// HistogramMap on every target, each target's answer as it comes.
+    fn histograms(&self, map: &MapName, options: HistogramOptions) -> FleetRun<Histograms> {
         let timeout = self.options().answer_timeout();
         let map = map.clone();
         self.plan().run(move |client, answers| {
@@ -391,5 +414,104 @@ impl Fleet {
                 Ok(())
             }
         })
+    }
+}
+
+/// Fleet histograms through a relay.
+mod via_relay {
+    use std::collections::{HashMap, HashSet};
+
+    use bpfmap_proto::status::Reason;
+
+    use super::{FleetHistograms, HistogramLayout, HistogramOptions};
+    use crate::{
+        Error, Fleet, MapName, TargetReport, pb,
+        relay::{Deadline, RelayLink, status_error},
+    };
+
+    /// One HistogramMap call to the relay: its merged histograms, a report
+    /// per target of the fleet (in its order).
+    pub(super) async fn histogram(
+        link: &RelayLink,
+        fleet: &Fleet,
+        map: &MapName,
+        options: &HistogramOptions,
+    ) -> FleetHistograms {
+        let req = pb::FleetServiceHistogramMapRequest {
+            request: Some(options.request(map)),
+            targets: RelayLink::selector(fleet.targets()),
+        };
+        let started = std::time::Instant::now();
+        let deadline = Deadline::start(fleet.options().deadline());
+        let mut client = link.client.clone();
+        let answer = deadline
+            .within(async move { client.histogram_map(deadline.request(req)).await })
+            .await
+            .map(tonic::Response::into_inner);
+        let report =
+            |target: &crate::Target, error: Option<Error>, work: Option<&pb::TargetWork>| {
+                TargetReport {
+                    target: target.clone(),
+                    error,
+                    entries: work.map_or(0, |w| w.groups),
+                    scanned: work.map_or(0, |w| w.entries_scanned),
+                    calls: work.map_or(0, |w| w.calls),
+                    complete: false,
+                    resumes: 0,
+                    cursor: String::new(),
+                    elapsed: started.elapsed(),
+                }
+            };
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                let reports: Vec<TargetReport> = fleet
+                    .targets()
+                    .iter()
+                    .map(|t| report(t, Some(crate::relay::copy(&e)), None))
+                    .collect();
+                return FleetHistograms {
+                    histograms: Vec::new(),
+                    layout: None,
+                    missing: fleet.targets().to_vec(),
+                    reports,
+                    differ: Vec::new(),
+                };
+            }
+        };
+        let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
+        let failed: HashMap<&str, pb::TargetStatus> = answer
+            .failed
+            .iter()
+            .map(|f| (f.target.as_str(), f.status.clone().unwrap_or_default()))
+            .collect();
+        let work: HashMap<&str, &pb::TargetWork> =
+            answer.work.iter().map(|w| (w.target.as_str(), w)).collect();
+        let (mut reports, mut missing, mut differ) = (Vec::new(), Vec::new(), Vec::new());
+        for t in fleet.targets() {
+            let name = t.as_str();
+            let error = match (answered.contains(name), failed.get(name)) {
+                (true, _) => None,
+                (false, Some(s)) if s.reason == Reason::HistogramsDiffer.as_str() => {
+                    differ.push(t.clone());
+                    None
+                }
+                (false, Some(s)) => Some(status_error(s)),
+                (false, None) => Some(Error::Status(tonic::Status::unavailable(
+                    "the relay said nothing of this target",
+                ))),
+            };
+            if error.is_some() {
+                missing.push(t.clone());
+            }
+            reports.push(report(t, error, work.get(name).copied()));
+        }
+        FleetHistograms {
+            histograms: answer.histograms,
+            layout: answer.layout.map(HistogramLayout::from_proto),
+            reports,
+            missing,
+            differ,
+        }
     }
 }

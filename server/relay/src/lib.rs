@@ -28,6 +28,7 @@ mod cursor;
 mod dump;
 mod error;
 mod flight;
+mod histogram;
 mod info;
 pub mod policy;
 mod service;

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     aggregate,
     call::{Answers, Asker, Calls},
-    dump, info, watch,
+    dump, histogram, info, watch,
 };
 
 /// `bpfmap.v1.FleetService`.
@@ -81,6 +81,15 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
     ) -> Result<Response<pb::FleetServiceAggregateMapResponse>, Status> {
         let asker = Asker::of(&request)?;
         let answer = aggregate::run(&self.calls, asker, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn histogram_map(
+        &self,
+        request: Request<pb::FleetServiceHistogramMapRequest>,
+    ) -> Result<Response<pb::FleetServiceHistogramMapResponse>, Status> {
+        let asker = Asker::of(&request)?;
+        let answer = histogram::run(&self.calls, asker, request.into_inner()).await?;
         Ok(Response::new(answer))
     }
 
