@@ -360,10 +360,10 @@ async fn bpftrace_hist_and_lhist_maps_are_read_as_bpftrace_prints_them() {
     assert!(r.is_ok(), "{r:?} {err}");
     let lines: Vec<&str> = out.lines().collect();
     let at = |n: usize| format!("|{}{}|", "@".repeat(n), " ".repeat(52 - n));
-    assert_eq!(lines[0], format!("{:<20}{:>8} {}", "[0]", 5, at(37)));
-    assert_eq!(lines[1], format!("{:<20}{:>8} {}", "[1]", 0, at(0)));
-    assert_eq!(lines[3], format!("{:<20}{:>8} {}", "[4, 8)", 7, at(52)));
-    assert_eq!(lines[11], format!("{:<20}{:>8} {}", "[1K, 2K)", 1, at(7)));
+    assert_eq!(lines[0], format!("{:<16}{:>8} {}", "[0]", 5, at(37)));
+    assert_eq!(lines[1], format!("{:<16}{:>8} {}", "[1]", 0, at(0)));
+    assert_eq!(lines[3], format!("{:<16}{:>8} {}", "[4, 8)", 7, at(52)));
+    assert_eq!(lines[11], format!("{:<16}{:>8} {}", "[1K, 2K)", 1, at(7)));
     assert!(lines[12].starts_with("count 13  mean "), "{out}");
     // lhist through grpcurl: bounds as data, the open ends left out.
     let body = json!({

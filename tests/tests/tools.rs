@@ -275,7 +275,7 @@ fn bpfmapctl_prints_what_its_readme_shows() {
     let commands: BTreeSet<&str> = examples.iter().map(|e| e.args[0].as_str()).collect();
     assert_eq!(
         commands,
-        BTreeSet::from(["dump", "lookup", "show", "top", "watch"]),
+        BTreeSet::from(["dump", "hist", "lookup", "show", "top", "watch"]),
         "one example per command"
     );
     for example in &examples {

@@ -138,11 +138,8 @@ fn options(args: &HistArgs) -> anyhow::Result<HistogramOptions> {
     });
     let layout = match (layout, &args.unit) {
         (Some(l), Some(u)) => Some(l.with_unit(u)),
-        (None, Some(u)) => {
-            return Err(usage(format!(
-                "--unit {u:?} names what a declared layout measures: give --hist too"
-            )));
-        }
+        // The buckets as the map's types say, named.
+        (None, Some(u)) => Some(HistogramLayout::default().with_unit(u)),
         (l, None) => l,
     };
     if let Some(l) = layout {
@@ -342,7 +339,7 @@ fn bpftrace(s: &mut String, l: &pb::HistogramLayout, h: &pb::Histogram) {
         let label = bpftrace_label(l, b.index);
         let _ = writeln!(
             s,
-            "{label:<20}{:>8} |{}|",
+            "{label:<16}{:>8} |{}|",
             b.count,
             bar(b.count, max, BPFTRACE_BAR, '@')
         );
@@ -482,7 +479,7 @@ mod tests {
         let four = d.lines().find(|l| l.starts_with("[4, 8)")).unwrap();
         assert_eq!(
             four,
-            format!("{:<20}{:>8} |{}|", "[4, 8)", 8, "@".repeat(52))
+            format!("{:<16}{:>8} |{}|", "[4, 8)", 8, "@".repeat(52))
         );
         let lh = pb::HistogramLayout {
             min: 0,

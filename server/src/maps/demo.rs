@@ -22,7 +22,11 @@
 //!   (`flow_key(1,000,000 + n)` -> `flow_value(n)`, n counting up): a map
 //!   for DrainMap to empty, once the configuration makes it drainable
 //!   (`[drain] maps = ["demo/drainable"]` and a rule granting `drain`).
-//!   When full it stops filling until drained.
+//!   When full it stops filling until drained;
+//! - `demo/latency`: hash, `__u32 pid` -> `struct hist { __u32 slots[20];
+//!   char comm[16]; }` as libbpf-tools' runqlat -P keeps it (slot k counts
+//!   latencies in [2^k, 2^(k+1)) microseconds), two processes with fixed
+//!   counts ([`LATENCY`]): a map for HistogramMap to draw.
 //!
 //! [`Demo::start`] leaves `demo/flows` as it was filled. [`Demo::start_live`]
 //! (what `bpfmapd --demo` runs) also moves it, every 100 ms (a tick), in
@@ -205,6 +209,34 @@ pub fn flow_types(b: &mut BtfBuilder) -> (u32, u32) {
     (flow_key, flow_stats)
 }
 
+/// Slots of `demo/latency`'s `struct hist`.
+const LATENCY_SLOTS: usize = 20;
+
+/// One process's latencies in `demo/latency`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Latency {
+    /// Its key.
+    pub(super) pid: u32,
+    /// Its command (`value.comm`).
+    pub(super) comm: &'static str,
+    /// (slot, count) of its non-empty slots.
+    pub(super) slots: &'static [(usize, u32)],
+}
+
+/// `demo/latency`'s entries.
+pub(super) const LATENCY: [Latency; 2] = [
+    Latency {
+        pid: 4242,
+        comm: "nginx",
+        slots: &[(2, 3), (3, 18), (4, 40), (5, 22), (6, 9), (7, 4), (10, 1)],
+    },
+    Latency {
+        pid: 4343,
+        comm: "redis",
+        slots: &[(0, 12), (1, 30), (2, 11), (3, 2), (8, 1)],
+    },
+];
+
 /// The demo maps' BTF, loaded, and the ids of the types they use.
 struct DemoTypes {
     btf: OwnedBtf,
@@ -213,6 +245,7 @@ struct DemoTypes {
     flow_key: u32,
     flow_stats: u32,
     cpu_counters: u32,
+    hist: u32,
 }
 
 impl DemoTypes {
@@ -229,6 +262,17 @@ impl DemoTypes {
             .map(|(name, i)| BtfMember::new(name, u64_t, 64 * i))
             .collect();
         let cpu_counters = b.add_struct("cpu_counters", 64, &counters);
+        let char_ = b.add_int("char", 1, IntEncoding::Signed);
+        let slots = b.add_array(u32_t, LATENCY_SLOTS as u32);
+        let comm = b.add_array(char_, 16);
+        let hist = b.add_struct(
+            "hist",
+            (LATENCY_SLOTS * 4 + 16) as u32,
+            &[
+                BtfMember::new("slots", slots, 0),
+                BtfMember::new("comm", comm, (LATENCY_SLOTS * 32) as u32),
+            ],
+        );
         let btf = OwnedBtf::load(&b.to_bytes()).context("cannot load the demo maps' BTF")?;
         Ok(Self {
             btf,
@@ -237,6 +281,7 @@ impl DemoTypes {
             flow_key,
             flow_stats,
             cpu_counters,
+            hist,
         })
     }
 }
@@ -388,6 +433,25 @@ impl Demo {
             typed(types.flow_key, types.flow_stats),
         )?;
         demo.pin(&drainable, "drainable")?;
+        let latency = create(
+            MapType::HASH,
+            4,
+            (LATENCY_SLOTS * 4 + 16) as u32,
+            64,
+            "latency",
+            typed(types.u32_t, types.hist),
+        )?;
+        for l in LATENCY {
+            let mut value = vec![0u8; LATENCY_SLOTS * 4 + 16];
+            for (slot, c) in l.slots {
+                value[slot * 4..slot * 4 + 4].copy_from_slice(&c.to_le_bytes());
+            }
+            value[LATENCY_SLOTS * 4..][..l.comm.len()].copy_from_slice(l.comm.as_bytes());
+            latency
+                .update(&l.pid.to_le_bytes(), &value)
+                .context("cannot fill demo/latency")?;
+        }
+        demo.pin(&latency, "latency")?;
 
         let stop = demo.stop.clone();
         demo.writer = Some(
@@ -403,7 +467,7 @@ impl Demo {
                     write_loop(maps, &stop)
                 })?,
         );
-        tracing::info!(dir = %dir.display(), live, "demo maps pinned: flows, cpu_counters, recent, events, drainable");
+        tracing::info!(dir = %dir.display(), live, "demo maps pinned: flows, cpu_counters, recent, events, drainable, latency");
         Ok(demo)
     }
 
