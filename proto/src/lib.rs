@@ -7,6 +7,7 @@ mod entry;
 #[cfg(feature = "arrow")]
 pub mod flight;
 pub mod histogram;
+pub mod stacks;
 pub mod status;
 
 /// Package `bpfmap.v1`.

@@ -104,6 +104,9 @@ reasons! {
     KernelError => "KERNEL_ERROR",
     /// Anything else that should not happen.
     Internal => "INTERNAL",
+    /// StackMap found no stack-trace map for the counts map, several, or
+    /// was named a map that is not one.
+    NoStackMap => "NO_STACK_MAP",
     /// A fleet cursor issued for another fleet call (the relay).
     CursorOtherCall => "CURSOR_OTHER_CALL",
     /// A target the relay does not know, or not one of the call's (the

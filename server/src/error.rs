@@ -150,6 +150,10 @@ pub(crate) enum Error {
     /// now; the message says why.
     #[error("{0}")]
     KernelWalkUnavailable(String),
+    /// The stack-trace map of a StackMap call: none, several, or not one;
+    /// the message says which and how to name it.
+    #[error("{0}")]
+    NoStackMap(String),
     /// The server is stopping.
     #[error("server is shutting down; resume from the last cursor received")]
     ShuttingDown,

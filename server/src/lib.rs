@@ -60,6 +60,7 @@ mod ops;
 mod programs;
 pub mod query;
 mod rpc;
+mod stacks;
 mod tables;
 mod watch;
 mod wire;

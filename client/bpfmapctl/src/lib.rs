@@ -14,6 +14,7 @@ mod keys;
 mod live;
 mod output;
 mod setup;
+mod stacks;
 mod table;
 mod top;
 mod watching;
@@ -172,6 +173,13 @@ pub enum Command {
     /// the map's entries by each daemon and merged exactly across the
     /// targets. `--format json`: one line per histogram, as data.
     Hist(HistArgs),
+    /// The stacks of a map of counts keyed by stack ids (offcputime's,
+    /// wakeuptime's, bpftrace's @[kstack]) with the stack-trace map its
+    /// programs use, the frames named by the daemon, the heaviest first:
+    /// folded (`--format folded`, the default: `root;frame;... value`, for
+    /// flamegraph.pl, inferno and speedscope) or JSON; merged across the
+    /// targets (stacks that name the same frames are one).
+    Stacks(StacksArgs),
     /// Watch a map: every target's entries as ADDED, then what changes at
     /// each scan (ADDED, CHANGED with deltas and rates, REMOVED) and a
     /// bookmark per scan, as JSON Lines, until interrupted.
@@ -322,6 +330,51 @@ pub struct HistArgs {
     /// With --interval: stop after this many drawings (0: never).
     #[arg(long, default_value_t = 0)]
     pub count: u64,
+}
+
+/// The arguments of `stacks`.
+#[derive(Debug, Args)]
+pub struct StacksArgs {
+    /// The map of counts: path, "id:N", "name:NAME[@OWNER]".
+    pub map: String,
+    /// The stack-trace map its ids refer to (default: the one its programs
+    /// use).
+    #[arg(long, value_name = "MAP")]
+    pub stack_map: Option<String>,
+    /// What a stack weighs: sum(FIELD) or count() (default: the sum of the
+    /// value's integer, else the count).
+    #[arg(long = "by", value_name = "AGG", value_parser = parse_aggregate)]
+    pub by: Option<bpfmap_client::Aggregate>,
+    /// Members shown as root frames, outermost first ("value.comm").
+    #[arg(long = "root", value_name = "PATH", value_delimiter = ',')]
+    pub roots: Vec<String>,
+    /// The member holding a kernel stack id (default: key.kern_stack_id).
+    #[arg(long, value_name = "PATH")]
+    pub kernel_id: Option<String>,
+    /// The member holding a user stack id (default: key.user_stack_id).
+    #[arg(long, value_name = "PATH")]
+    pub user_id: Option<String>,
+    /// The member holding the process of the user stacks (default: key.tgid).
+    #[arg(long, value_name = "PATH")]
+    pub pid: Option<String>,
+    /// The ids are bpftrace's (kstack, ustack: the process in the high 32
+    /// bits).
+    #[arg(long)]
+    pub bpftrace: bool,
+    /// Only entries for which this CEL expression is true count.
+    #[arg(long, value_name = "EXPR")]
+    pub filter: Option<String>,
+    /// Frames as addresses: nothing named (no `symbolize` permission
+    /// needed).
+    #[arg(long)]
+    pub addresses: bool,
+    /// How many stacks, the heaviest first (0: all).
+    #[arg(short = 'n', long = "limit", value_name = "K", default_value_t = 0)]
+    pub limit: u32,
+    /// Show a root member another way than its type says (see `dump
+    /// --render`).
+    #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
+    pub render: Vec<RenderArg>,
 }
 
 /// Parses `--by`; the error says which aggregates exist.
@@ -579,6 +632,11 @@ pub async fn run_with(
             "--format arrow writes the table of a dump: use it with dump (json, table or hex elsewhere)",
         ));
     }
+    if cli.format == Some(Format::Folded) && !matches!(cli.command, Command::Stacks(_)) {
+        return Err(usage(
+            "--format folded writes stacks: use it with stacks (json, table or hex elsewhere)",
+        ));
+    }
     let setup = setup::Setup::new(&cli, saved.as_ref(), terminals).await?;
     let io = drive::Io { out, err };
     match cli.command {
@@ -595,6 +653,7 @@ pub async fn run_with(
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
         Command::Hist(args) => hist::run(setup, io, args).await,
+        Command::Stacks(args) => stacks::run(setup, io, args, cli.format).await,
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
         Command::Drain(_) if cli.relay.is_some() => Err(usage(
             "drain is not served by the relay: name the daemons with --target instead of --relay",

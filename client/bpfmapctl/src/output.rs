@@ -27,6 +27,9 @@ pub enum Format {
     /// then the map's members, for pyarrow, polars and DuckDB; to `-o
     /// FILE` or a stdout that is not a terminal.
     Arrow,
+    /// Folded stacks (`stacks` only, its default): `root;frame;frame
+    /// value` per stack, for flamegraph.pl, inferno and speedscope.
+    Folded,
 }
 
 /// How per-CPU values are shown.
@@ -429,7 +432,7 @@ impl Printer {
     ) -> io::Result<()> {
         self.saw(e.value);
         match self.format {
-            Format::Json | Format::Arrow => self.json_entry(target, e)?,
+            Format::Json | Format::Arrow | Format::Folded => self.json_entry(target, e)?,
             Format::Hex => self.hex_entry(target, e)?,
             Format::Table => {
                 let value = value_text(self.per_cpu, e.value)?;
@@ -478,7 +481,7 @@ impl Printer {
         }
         let key = hex(r.key());
         match self.format {
-            Format::Json | Format::Arrow => {
+            Format::Json | Format::Arrow | Format::Folded => {
                 self.start_json_line(target);
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(b"\"key\":");
@@ -521,7 +524,9 @@ impl Printer {
     ) -> io::Result<()> {
         for m in maps {
             match self.format {
-                Format::Json | Format::Arrow => out.write_all(&map_json(target, m))?,
+                Format::Json | Format::Arrow | Format::Folded => {
+                    out.write_all(&map_json(target, m))?
+                }
                 Format::Hex => writeln!(
                     out,
                     "{} {} {} {} {} {} {}",

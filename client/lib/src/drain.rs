@@ -698,6 +698,12 @@ mod tests {
             ) -> Result<Response<pb::HistogramMapResponse>, Status> {
                 unimplemented()
             }
+            async fn stack_map(
+                &self,
+                _: Request<pb::StackMapRequest>,
+            ) -> Result<Response<pb::StackMapResponse>, Status> {
+                unimplemented()
+            }
             type WatchMapStream = BoxStream<'static, Result<pb::WatchMapResponse, Status>>;
             async fn watch_map(
                 &self,

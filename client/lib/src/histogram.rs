@@ -479,6 +479,23 @@ mod via_relay {
                 };
             }
         };
+        let (reports, missing, differ) = reports_of(fleet, &answer, report);
+        FleetHistograms {
+            histograms: answer.histograms,
+            layout: answer.layout.map(HistogramLayout::from_proto),
+            reports,
+            missing,
+            differ,
+        }
+    }
+
+    /// A report per target of the fleet, in its order, from the relay's
+    /// answer; the targets missing and those whose buckets differ.
+    fn reports_of(
+        fleet: &Fleet,
+        answer: &pb::FleetServiceHistogramMapResponse,
+        report: impl Fn(&crate::Target, Option<Error>, Option<&pb::TargetWork>) -> TargetReport,
+    ) -> (Vec<TargetReport>, Vec<crate::Target>, Vec<crate::Target>) {
         let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
         let failed: HashMap<&str, pb::TargetStatus> = answer
             .failed
@@ -506,12 +523,6 @@ mod via_relay {
             }
             reports.push(report(t, error, work.get(name).copied()));
         }
-        FleetHistograms {
-            histograms: answer.histograms,
-            layout: answer.layout.map(HistogramLayout::from_proto),
-            reports,
-            missing,
-            differ,
-        }
+        (reports, missing, differ)
     }
 }

@@ -201,6 +201,7 @@ mod map;
 mod relay;
 mod resume;
 mod run;
+mod stacks;
 #[cfg(feature = "arrow")]
 pub mod table;
 mod target;
@@ -218,6 +219,8 @@ pub use aggregate::{
 pub use bpfmap_proto::aggregate as aggregate_values;
 /// Histograms' arithmetic: the values a bucket of each layout counts.
 pub use bpfmap_proto::histogram as histogram_math;
+/// Stacks' folded form and merge.
+pub use bpfmap_proto::stacks as stack_folding;
 /// The canonical name of a gRPC code ("NOT_FOUND").
 pub use bpfmap_proto::status::code_name;
 /// The generated messages and gRPC stubs of `bpfmap.v1`, for what the
@@ -241,6 +244,7 @@ pub use lookup::{Key, LookupOptions, LookupResult, PerCpu};
 pub use map::{DumpMethod, InnerKey, ListMapsOptions, MapInfo, MapName};
 pub use resume::{Dump, DumpOptions, DumpSummary, RetryPolicy};
 pub use run::{FleetEvent, FleetRun, TargetReport};
+pub use stacks::{FleetStacks, StackOptions, Stacks};
 pub use target::Target;
 pub use tonic::{Code, Status};
 pub use typed::{MapTypes, Projection};

@@ -190,6 +190,11 @@ fn kernel_plan(
 }
 
 impl Prepared {
+    /// The map, as the request named it.
+    pub(crate) fn map(&self) -> &crate::model::MapRef {
+        &self.walk.map
+    }
+
     /// The map it reads.
     pub(crate) fn meta(&self) -> &MapMeta {
         self.walk.handle.meta()

@@ -306,6 +306,9 @@ impl Core {
                 limits.max_drain_spool_bytes,
                 self.drain_stats.clone(),
             )?,
+            symbols: Arc::new(
+                crate::stacks::Symbols::start().context("cannot start the symbolizer's thread")?,
+            ),
         });
         Ok((service, exporter))
     }

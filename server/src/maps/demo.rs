@@ -433,24 +433,7 @@ impl Demo {
             typed(types.flow_key, types.flow_stats),
         )?;
         demo.pin(&drainable, "drainable")?;
-        let latency = create(
-            MapType::HASH,
-            4,
-            (LATENCY_SLOTS * 4 + 16) as u32,
-            64,
-            "latency",
-            typed(types.u32_t, types.hist),
-        )?;
-        for l in LATENCY {
-            let mut value = vec![0u8; LATENCY_SLOTS * 4 + 16];
-            for (slot, c) in l.slots {
-                value[slot * 4..slot * 4 + 4].copy_from_slice(&c.to_le_bytes());
-            }
-            value[LATENCY_SLOTS * 4..][..l.comm.len()].copy_from_slice(l.comm.as_bytes());
-            latency
-                .update(&l.pid.to_le_bytes(), &value)
-                .context("cannot fill demo/latency")?;
-        }
+        let latency = latency_map(&types)?;
         demo.pin(&latency, "latency")?;
 
         let stop = demo.stop.clone();
@@ -479,6 +462,29 @@ impl Demo {
         self.pins.push(path);
         Ok(())
     }
+}
+
+/// `demo/latency`, filled with [`LATENCY`].
+fn latency_map(types: &DemoTypes) -> anyhow::Result<OwnedMap> {
+    let latency = create(
+        MapType::HASH,
+        4,
+        (LATENCY_SLOTS * 4 + 16) as u32,
+        64,
+        "latency",
+        Some(types.btf.for_map(types.u32_t, types.hist)),
+    )?;
+    for l in LATENCY {
+        let mut value = vec![0u8; LATENCY_SLOTS * 4 + 16];
+        for (slot, c) in l.slots {
+            value[slot * 4..slot * 4 + 4].copy_from_slice(&c.to_le_bytes());
+        }
+        value[LATENCY_SLOTS * 4..][..l.comm.len()].copy_from_slice(l.comm.as_bytes());
+        latency
+            .update(&l.pid.to_le_bytes(), &value)
+            .context("cannot fill demo/latency")?;
+    }
+    Ok(latency)
 }
 
 /// One `struct cpu_counters` per possible CPU, in the kernel's per-CPU

@@ -81,6 +81,9 @@ pub enum Operation {
     /// DrainMap: read and delete (implied by nothing, never granted without
     /// a rule naming it).
     Drain,
+    /// StackMap's frame names: read the host's kernel symbols and the
+    /// binaries of its processes (implied by nothing).
+    Symbolize,
 }
 
 impl Operation {
@@ -92,6 +95,7 @@ impl Operation {
             Self::Lookup => "look up keys in",
             Self::Aggregate => "aggregate",
             Self::Drain => "drain",
+            Self::Symbolize => "name the stack frames of",
         }
     }
 }

@@ -25,6 +25,8 @@ pub enum Rpc {
     AggregateMap,
     /// MapService/HistogramMap.
     HistogramMap,
+    /// MapService/StackMap.
+    StackMap,
     /// MapService/WatchMap.
     WatchMap,
     /// MapService/DrainMap.
@@ -74,13 +76,14 @@ impl RpcKind {
 
 impl Rpc {
     /// Every RPC.
-    pub const ALL: [Rpc; 16] = [
+    pub const ALL: [Rpc; 17] = [
         Self::ListMaps,
         Self::GetMap,
         Self::DumpMap,
         Self::Lookup,
         Self::AggregateMap,
         Self::HistogramMap,
+        Self::StackMap,
         Self::WatchMap,
         Self::DrainMap,
         Self::HealthCheck,
@@ -102,6 +105,7 @@ impl Rpc {
             | Self::Lookup
             | Self::AggregateMap
             | Self::HistogramMap
+            | Self::StackMap
             | Self::WatchMap
             | Self::DrainMap => SERVICE_NAME,
             Self::HealthCheck | Self::HealthWatch => "grpc.health.v1.Health",
@@ -123,6 +127,7 @@ impl Rpc {
             Self::Lookup => "Lookup",
             Self::AggregateMap => "AggregateMap",
             Self::HistogramMap => "HistogramMap",
+            Self::StackMap => "StackMap",
             Self::WatchMap => "WatchMap",
             Self::DrainMap => "DrainMap",
             Self::HealthCheck => "Check",

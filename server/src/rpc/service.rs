@@ -39,6 +39,8 @@ pub(crate) struct ServiceParts {
     pub(crate) watches: Arc<Watches>,
     /// Every drain, and which maps may be drained.
     pub(crate) drains: Arc<Drains>,
+    /// The daemon's symbolizer (StackMap's frame names).
+    pub(crate) symbols: Arc<crate::stacks::Symbols>,
 }
 
 /// `bpfmap.v1.MapService`.
@@ -159,6 +161,36 @@ impl MapService for MapServiceImpl {
         let result = match map {
             Ok(map) => aggregate::histogram::run(p.aggregator(), &caller, map, req).await,
             Err(e) => Err(e),
+        };
+        if let Ok(r) = &result {
+            audit.add_entries(r.summary.as_ref().map_or(0, |s| s.entries_matched));
+        }
+        audit.finish(code_of(&result));
+        Ok(Response::new(result?))
+    }
+
+    async fn stack_map(
+        &self,
+        request: Request<pb::StackMapRequest>,
+    ) -> Result<Response<pb::StackMapResponse>, Status> {
+        let (caller, mut audit, map) =
+            start_call(&request, Rpc::StackMap, request.get_ref().map.as_ref())?;
+        let req = request.into_inner();
+        let p = &self.0;
+        let stack_map = req
+            .stack_map
+            .as_ref()
+            .map(|m| wire::map_request(Some(m)))
+            .transpose();
+        let with = crate::stacks::Stacker {
+            aggregator: p.aggregator(),
+            symbols: &p.symbols,
+        };
+        let result = match (map, stack_map) {
+            (Ok(map), Ok(stack_map)) => {
+                crate::stacks::run(with, &caller, map, stack_map, req).await
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         if let Ok(r) = &result {
             audit.add_entries(r.summary.as_ref().map_or(0, |s| s.entries_matched));

@@ -42,7 +42,9 @@ pub(crate) fn code(e: &Error) -> Code {
         | Error::Untyped { .. }
         | Error::TypedByBtf { .. } => Code::FailedPrecondition,
         Error::ResumeKeyDeleted(_) | Error::MapChanged(_) | Error::DrainBusy(_) => Code::Aborted,
-        Error::NotDrainable(_) | Error::KernelWalkUnavailable(_) => Code::FailedPrecondition,
+        Error::NotDrainable(_) | Error::KernelWalkUnavailable(_) | Error::NoStackMap(_) => {
+            Code::FailedPrecondition
+        }
         Error::SpoolCorrupt(_) => Code::DataLoss,
         Error::ShuttingDown | Error::Stalled { .. } => Code::Unavailable,
         Error::Cancelled => Code::Cancelled,
@@ -93,6 +95,7 @@ pub(crate) fn reason(e: &Error) -> Reason {
         Error::MapChanged(_) => Reason::MapReplaced,
         Error::NotDrainable(_) => Reason::NotDrainable,
         Error::KernelWalkUnavailable(_) => Reason::KernelWalkUnavailable,
+        Error::NoStackMap(_) => Reason::NoStackMap,
         Error::DrainBusy(_) => Reason::DrainBusy,
         Error::SpoolCorrupt(_) => Reason::SpoolCorrupt,
         Error::ShuttingDown => Reason::ShuttingDown,

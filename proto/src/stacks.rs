@@ -1,0 +1,149 @@
+//! Stacks (StackMap): when two stacks are one (the daemon merging stack
+//! ids that name the same frames, a fleet merging hosts), and the folded
+//! form flame graphs read (`root;frame;frame count`, as flamegraph.pl,
+//! inferno and speedscope take it).
+
+use std::collections::BTreeMap;
+
+use crate::v1::{self as pb, LostStack};
+
+/// What makes two stacks one: their roots, the frames they name (a frame
+/// without a name by its address) and how their ids were lost.
+pub fn identity(s: &pb::Stack) -> Vec<String> {
+    let frame = |f: &pb::Frame| match f.function.is_empty() {
+        true => format!("{:#x}", f.address),
+        false => format!("{} {}", f.module, f.function),
+    };
+    let mut k = s.roots.clone();
+    k.push(format!("u{}", s.user_lost));
+    k.extend(s.user.iter().map(frame));
+    k.push(format!("k{}", s.kernel_lost));
+    k.extend(s.kernel.iter().map(frame));
+    k
+}
+
+/// Stacks from several answers (hosts) merged: the values of stacks that
+/// are one added, exactly; the heaviest first, then by frames.
+pub fn merge<'a>(answers: impl IntoIterator<Item = &'a pb::Stack>) -> Vec<pb::Stack> {
+    let mut merged: BTreeMap<Vec<String>, (pb::Stack, i128)> = BTreeMap::new();
+    for s in answers {
+        let v: i128 = s.value.parse().unwrap_or(0);
+        let e = merged.entry(identity(s)).or_insert_with(|| (s.clone(), 0));
+        e.1 = e.1.saturating_add(v);
+    }
+    let mut out: Vec<(Vec<String>, pb::Stack, i128)> =
+        merged.into_iter().map(|(k, (s, v))| (k, s, v)).collect();
+    out.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    out.into_iter()
+        .map(|(_, s, v)| pb::Stack {
+            value: v.to_string(),
+            ..s
+        })
+        .collect()
+}
+
+/// A frame's name in a folded line: its function (`_[k]` after a kernel
+/// one, as flamegraph.pl colours them), or its address; `;` cannot be in
+/// a frame.
+fn folded_frame(f: &pb::Frame, kernel: bool) -> String {
+    let name = match f.function.is_empty() {
+        true => format!("{:#x}", f.address),
+        false => f.function.replace(';', ":"),
+    };
+    match kernel {
+        true => format!("{name}_[k]"),
+        false => name,
+    }
+}
+
+/// One stack as a folded line: its roots, user frames, kernel frames
+/// (outermost first), then its value. A stack lost by a hash collision or
+/// another error shows as bcc's offcputime shows it (`[Missed User
+/// Stack]`); no user stack at all (a kernel thread) shows nothing.
+pub fn folded_line(s: &pb::Stack) -> String {
+    let missed = |l: i32| {
+        matches!(
+            LostStack::try_from(l),
+            Ok(LostStack::Eexist | LostStack::Other)
+        )
+    };
+    let mut parts: Vec<String> = s.roots.iter().map(|r| r.replace(';', ":")).collect();
+    if missed(s.user_lost) {
+        parts.push("[Missed User Stack]".into());
+    }
+    parts.extend(s.user.iter().map(|f| folded_frame(f, false)));
+    if missed(s.kernel_lost) {
+        parts.push("[Missed Kernel Stack]".into());
+    }
+    parts.extend(s.kernel.iter().map(|f| folded_frame(f, true)));
+    if parts.is_empty() {
+        parts.push("[no frames]".into());
+    }
+    format!("{} {}", parts.join(";"), s.value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, address: u64) -> pb::Frame {
+        pb::Frame {
+            address,
+            function: function.into(),
+            offset: 4,
+            module: "[kernel]".into(),
+        }
+    }
+
+    fn stack(roots: &[&str], kernel: &[pb::Frame], value: &str) -> pb::Stack {
+        pb::Stack {
+            roots: roots.iter().map(|r| r.to_string()).collect(),
+            kernel: kernel.to_vec(),
+            value: value.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stacks_fold_as_flame_graphs_read_them() {
+        let mut s = stack(
+            &["sleep"],
+            &[
+                frame("entry_SYSCALL_64", 1),
+                frame("schedule", 2),
+                frame("", 0xffff_0010),
+            ],
+            "42",
+        );
+        s.user = vec![pb::Frame {
+            address: 0x7f00,
+            function: "clock_nanosleep".into(),
+            ..Default::default()
+        }];
+        assert_eq!(
+            folded_line(&s),
+            "sleep;clock_nanosleep;entry_SYSCALL_64_[k];schedule_[k];0xffff0010_[k] 42"
+        );
+        s.user_lost = LostStack::Eexist as i32;
+        s.user.clear();
+        assert!(folded_line(&s).starts_with("sleep;[Missed User Stack];entry"));
+        s.user_lost = LostStack::NoStack as i32;
+        assert!(folded_line(&s).starts_with("sleep;entry_SYSCALL_64_[k]"));
+    }
+
+    #[test]
+    fn stacks_that_name_the_same_frames_merge_exactly() {
+        // The same frames at other addresses (another host's kernel).
+        let a = stack(&["x"], &[frame("schedule", 1)], "18446744073709551615");
+        let b = stack(&["x"], &[frame("schedule", 99)], "1");
+        let c = stack(&["y"], &[frame("schedule", 1)], "5");
+        let merged = merge([&a, &b, &c]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].value, "18446744073709551616");
+        assert_eq!(merged[1].roots, ["y"]);
+        // Unnamed frames merge by address only.
+        let d = stack(&["x"], &[frame("", 1)], "1");
+        let e = stack(&["x"], &[frame("", 2)], "1");
+        assert_eq!(merge([&d, &e]).len(), 2);
+    }
+}

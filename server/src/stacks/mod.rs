@@ -1,0 +1,482 @@
+//! StackMap: a map of counts keyed by stack ids (offcputime's, bpftrace's
+//! @[kstack]) read as stacks. One aggregate walk groups its entries by
+//! their roots, process and stack ids, weighing each group (a SUM or a
+//! COUNT); the stack-trace map its ids refer to gives each id's frames;
+//! the daemon's symbolizer names them; stacks that name the same frames
+//! are one.
+
+mod symbols;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use bpfmap_kernel::{MapHandle, MapType};
+use bpfmap_proto::{
+    aggregate::{self as values, Op},
+    typed::MapLayout,
+    v1::{self as pb, LostStack},
+};
+use prost_types::value::Kind;
+
+use symbols::Space;
+pub(crate) use symbols::Symbols;
+
+use crate::{
+    aggregate::{Aggregator, Ask, prepare_as},
+    calls::{Call, blocking},
+    error::Error,
+    model::{Caller, MapRequest, Operation, Rpc},
+};
+
+/// What a StackMap call reads with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stacker<'a> {
+    pub(crate) aggregator: Aggregator<'a>,
+    pub(crate) symbols: &'a Symbols,
+}
+
+/// Runs a StackMap call: the counts map's walk, the stack map's frames,
+/// their names.
+pub(crate) async fn run(
+    with: Stacker<'_>,
+    caller: &Caller,
+    map: MapRequest,
+    stack_map: Option<MapRequest>,
+    req: pb::StackMapRequest,
+) -> Result<pb::StackMapResponse, Error> {
+    let ask = Ask {
+        rpc: Rpc::StackMap,
+        render: &req.render,
+        scan: req.scan,
+        max_aggregates: 1,
+    };
+    let (prepared, plan) = prepare_as(with.aggregator, caller, map, ask, |shown| {
+        let plan = Plan::of(&req, shown)?;
+        Ok((plan.request(&req), plan))
+    })
+    .await?;
+    let calls = with.aggregator.calls;
+    if !req.addresses_only {
+        let call = Call::new(Operation::Symbolize, Rpc::StackMap);
+        calls.authorize(caller, call, prepared.map())?;
+    }
+    let (stacks, stack_name) = match stack_map {
+        Some(m) => {
+            let call = Call::new(Operation::Aggregate, Rpc::StackMap);
+            let (r, declared) = calls.resolve(caller, call, m).await?;
+            let opened = calls.open(caller, call, r, &declared, false).await?;
+            let name = opened.map.to_string();
+            (stack_trace(opened.handle, &name)?, name)
+        }
+        None => {
+            let id = prepared.meta().id;
+            let handle = blocking(move || find_stack_map(id)).await?;
+            let name = format!("id:{}", handle.meta().id);
+            (handle, name)
+        }
+    };
+    let answer = prepared.run(None).await?;
+    let groups = plan.read(&answer.groups)?;
+    let frames = blocking(move || Ok(raw_frames(&stacks, &groups))).await?;
+    let (stacks, notes) = frames.name(with.symbols, req.addresses_only).await;
+    let mut stacks = stacks;
+    if req.limit > 0 {
+        stacks.truncate(req.limit as usize);
+    }
+    Ok(pb::StackMapResponse {
+        stacks,
+        stack_map: stack_name,
+        ids: Some(plan.ids),
+        summary: answer.summary.map(|s| pb::AggregateSummary {
+            groups_total: s.groups_total,
+            ..s
+        }),
+        notes,
+    })
+}
+
+/// Where the ids are, what weighs, the roots: the aggregate walk's group
+/// members, in order (roots, process, kernel id, user id).
+#[derive(Debug)]
+struct Plan {
+    ids: pb::StackIds,
+    by: pb::Aggregate,
+    roots: Vec<String>,
+    /// The id and process members a map without types holds as bytes
+    /// (group keys show them in hex).
+    untyped: BTreeSet<String>,
+}
+
+/// Key members libbpf-tools names its stack ids and processes with.
+const KERNEL_IDS: [&str; 3] = ["kern_stack_id", "kernel_stack_id", "kstack_id"];
+const USER_IDS: [&str; 2] = ["user_stack_id", "ustack_id"];
+const PIDS: [&str; 2] = ["tgid", "pid"];
+/// Value members that hold what an entry weighs.
+const WEIGHTS: [&str; 3] = ["delta", "count", "value"];
+
+impl Plan {
+    fn of(req: &pb::StackMapRequest, shown: &MapLayout) -> Result<Self, Error> {
+        let bad = Error::InvalidArgument;
+        let is_int = |p: &str| shown.member(p).and_then(|m| m.int()).is_ok();
+        let mut ids = req.ids.clone().unwrap_or_default();
+        if ids.kernel.is_empty() && ids.user.is_empty() {
+            let find = |names: &[&str]| {
+                names
+                    .iter()
+                    .map(|n| format!("key.{n}"))
+                    .find(|p| is_int(p))
+                    .unwrap_or_default()
+            };
+            ids.kernel = find(&KERNEL_IDS);
+            ids.user = find(&USER_IDS);
+            if ids.pid.is_empty() && !ids.user.is_empty() {
+                ids.pid = find(&PIDS);
+            }
+            if ids.kernel.is_empty() && ids.user.is_empty() {
+                return Err(bad(
+                    "the map's key holds no stack id this daemon recognizes (kern_stack_id, user_stack_id): say where they are, e.g. {\"ids\": {\"kernel\": \"key\", \"bpftrace\": true}} for bpftrace's @[kstack] (bpfmapctl stacks --kernel-id key --bpftrace)".into(),
+                ));
+            }
+        }
+        for (what, path) in [
+            ("ids.kernel", &ids.kernel),
+            ("ids.user", &ids.user),
+            ("ids.pid", &ids.pid),
+        ] {
+            if !path.is_empty() {
+                shown
+                    .member(path)
+                    .and_then(|m| m.int())
+                    .map_err(|e| bad(format!("{what}: {e}")))?;
+            }
+        }
+        let by = match &req.by {
+            Some(a) => a.clone(),
+            None => {
+                let sum = |field: String| pb::Aggregate {
+                    op: Op::Sum as i32,
+                    field,
+                };
+                match std::iter::once("value".to_owned())
+                    .chain(WEIGHTS.iter().map(|w| format!("value.{w}")))
+                    .find(|p| is_int(p))
+                {
+                    Some(p) => sum(p),
+                    None => pb::Aggregate {
+                        op: Op::Count as i32,
+                        field: String::new(),
+                    },
+                }
+            }
+        };
+        let untyped = [&ids.kernel, &ids.user, &ids.pid]
+            .into_iter()
+            .filter(|p| shown.member(p).is_ok_and(|m| !m.typed()))
+            .cloned()
+            .collect();
+        Ok(Self {
+            ids,
+            by,
+            roots: req.roots.clone(),
+            untyped,
+        })
+    }
+
+    /// The group members, in order: the roots, the process, the ids.
+    fn group_by(&self) -> Vec<String> {
+        let mut g = self.roots.clone();
+        for p in [&self.ids.pid, &self.ids.kernel, &self.ids.user] {
+            if !p.is_empty() && !g.contains(p) {
+                g.push(p.clone());
+            }
+        }
+        g
+    }
+
+    fn request(&self, req: &pb::StackMapRequest) -> pb::AggregateMapRequest {
+        pb::AggregateMapRequest {
+            map: req.map.clone(),
+            filter: req.filter.clone(),
+            group_by: self.group_by(),
+            aggregates: vec![self.by.clone()],
+            per_cpu: pb::PerCpu::Sum as i32,
+            render: req.render.clone(),
+            scan: req.scan,
+            ..Default::default()
+        }
+    }
+
+    /// Each group's roots, process, ids and weight.
+    fn read(&self, groups: &[pb::Group]) -> Result<Vec<Counted>, Error> {
+        groups
+            .iter()
+            .map(|g| {
+                let key = g.key.clone().unwrap_or_default().fields;
+                let int = |path: &str| -> Option<i64> {
+                    (!path.is_empty())
+                        .then(|| {
+                            let hex = self.untyped.contains(path);
+                            key.get(path).and_then(|v| integer(v, hex))
+                        })
+                        .flatten()
+                };
+                let (mut kernel, mut user, mut pid) = (
+                    int(&self.ids.kernel),
+                    int(&self.ids.user),
+                    int(&self.ids.pid),
+                );
+                if self.ids.bpftrace {
+                    // The low 32 bits the id, a ustack's high 32 the process.
+                    if let Some(u) = user {
+                        pid = pid.or(Some(u >> 32 & 0xffff_ffff));
+                        user = Some(i64::from(u as i32));
+                    }
+                    kernel = kernel.map(|k| i64::from(k as i32));
+                }
+                let weight = g
+                    .values
+                    .first()
+                    .map(values::parse)
+                    .transpose()
+                    .map_err(|e| Error::Internal {
+                        map: None,
+                        message: format!("a stack's weight: {e}"),
+                    })?
+                    .flatten()
+                    .unwrap_or(0);
+                Ok(Counted {
+                    roots: self
+                        .roots
+                        .iter()
+                        .map(|r| key.get(r).map(text).unwrap_or_default())
+                        .collect(),
+                    pid: pid.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+                    kernel: kernel.and_then(|k| i32::try_from(k).ok()),
+                    user: user.and_then(|u| i32::try_from(u).ok()),
+                    weight,
+                })
+            })
+            .collect()
+    }
+}
+
+/// A group of the walk: what its stack is made of, and its weight.
+#[derive(Debug, Clone)]
+struct Counted {
+    roots: Vec<String>,
+    pid: u32,
+    kernel: Option<i32>,
+    user: Option<i32>,
+    weight: i128,
+}
+
+/// An integer as a group key shows it: a number, a decimal string, or
+/// (`hex`) the hex of an untyped member's bytes, little-endian.
+fn integer(v: &prost_types::Value, hex: bool) -> Option<i64> {
+    match &v.kind {
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 => Some(*n as i64),
+        // A u64 past 2^63 keeps its bits (bpftrace's ids of lost stacks).
+        Some(Kind::StringValue(s)) if !hex => s.parse::<i128>().ok().map(|v| v as i64),
+        Some(Kind::StringValue(s)) => {
+            let hex = s.trim_start_matches("0x").as_bytes();
+            if hex.is_empty() || hex.len() > 16 || hex.len() % 2 != 0 {
+                return None;
+            }
+            let mut le = [0u8; 8];
+            faster_hex::hex_decode(hex, &mut le[..hex.len() / 2]).ok()?;
+            Some(i64::from_le_bytes(le))
+        }
+        _ => None,
+    }
+}
+
+/// A root member's value as text.
+fn text(v: &prost_types::Value) -> String {
+    match &v.kind {
+        Some(Kind::StringValue(s)) => s.clone(),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 => format!("{}", *n as i64),
+        Some(Kind::NumberValue(n)) => n.to_string(),
+        Some(Kind::BoolValue(b)) => b.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A stack-trace map, or FAILED_PRECONDITION saying what it is.
+fn stack_trace(handle: MapHandle, name: &str) -> Result<MapHandle, Error> {
+    if handle.meta().map_type != MapType::STACK_TRACE {
+        return Err(Error::NoStackMap(format!(
+            "stack_map {name} is not a stack-trace map (BPF_MAP_TYPE_STACK_TRACE)"
+        )));
+    }
+    Ok(handle)
+}
+
+/// The one stack-trace map that the programs using map `id` use too.
+fn find_stack_map(id: u32) -> Result<MapHandle, Error> {
+    let programs = bpfmap_kernel::holders::programs().map_err(|e| {
+        Error::NoStackMap(format!(
+            "the stack-trace map of map id:{id} is found through its programs, which cannot be listed ({e}): name it in stack_map"
+        ))
+    })?;
+    let near: BTreeSet<u32> = programs
+        .iter()
+        .filter(|p| p.map_ids.contains(&id))
+        .flat_map(|p| p.map_ids.iter().copied())
+        .filter(|m| *m != id)
+        .collect();
+    let stacks: Vec<MapHandle> = near
+        .into_iter()
+        .filter_map(|m| MapHandle::open_id(m).ok())
+        .filter(|h| h.meta().map_type == MapType::STACK_TRACE)
+        .collect();
+    match <[MapHandle; 1]>::try_from(stacks) {
+        Ok([one]) => Ok(one),
+        Err(v) if v.is_empty() => Err(Error::NoStackMap(format!(
+            "no program that uses map id:{id} uses a stack-trace map: name the stack map in stack_map"
+        ))),
+        Err(v) => Err(Error::NoStackMap(format!(
+            "the programs of map id:{id} use {} stack-trace maps ({}): name one in stack_map",
+            v.len(),
+            v.iter()
+                .map(|h| format!("id:{}", h.meta().id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// The frames of every group's stacks, as addresses, outermost first.
+#[derive(Debug, Default)]
+struct RawFrames {
+    groups: Vec<Counted>,
+    kernel: HashMap<i32, Vec<u64>>,
+    user: HashMap<(u32, i32), Vec<u64>>,
+}
+
+fn raw_frames(stacks: &MapHandle, groups: &[Counted]) -> RawFrames {
+    let mut out = RawFrames {
+        groups: groups.to_vec(),
+        ..Default::default()
+    };
+    let read = |id: i32| -> Option<Vec<u64>> {
+        let value = stacks.lookup_value(&id.to_le_bytes()).ok()??;
+        let mut ips: Vec<u64> = value
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .take_while(|ip| *ip != 0)
+            .collect();
+        ips.reverse();
+        Some(ips)
+    };
+    for g in groups {
+        if let Some(k) = g.kernel.filter(|k| *k >= 0)
+            && !out.kernel.contains_key(&k)
+            && let Some(ips) = read(k)
+        {
+            out.kernel.insert(k, ips);
+        }
+        if let Some(u) = g.user.filter(|u| *u >= 0)
+            && !out.user.contains_key(&(g.pid, u))
+            && let Some(ips) = read(u)
+        {
+            out.user.insert((g.pid, u), ips);
+        }
+    }
+    out
+}
+
+/// Why a stack id names no frames.
+fn lost(id: Option<i32>, found: bool) -> LostStack {
+    match id {
+        None => LostStack::None,
+        Some(-14 | -1) => LostStack::NoStack,
+        Some(-17) => LostStack::Eexist,
+        Some(i) if i < 0 || !found => LostStack::Other,
+        Some(_) => LostStack::None,
+    }
+}
+
+impl RawFrames {
+    /// The stacks, named (unless `addresses_only`), merged by the frames
+    /// they name, the heaviest first; and why some frames have no name.
+    async fn name(self, symbols: &Symbols, addresses_only: bool) -> (Vec<pb::Stack>, Vec<String>) {
+        let mut notes = BTreeSet::new();
+        let mut named: HashMap<(Space, u64), pb::Frame> = HashMap::new();
+        let mut spaces: BTreeMap<Space, BTreeSet<u64>> = BTreeMap::new();
+        for ips in self.kernel.values() {
+            spaces.entry(Space::Kernel).or_default().extend(ips);
+        }
+        for ((pid, _), ips) in &self.user {
+            spaces.entry(Space::Process(*pid)).or_default().extend(ips);
+        }
+        let mut exited = Vec::new();
+        for (space, addrs) in spaces {
+            let addrs: Vec<u64> = addrs.into_iter().collect();
+            let frames = if addresses_only {
+                symbols::unnamed(&addrs, None)
+            } else {
+                symbols.name(space, addrs.clone()).await
+            };
+            match (frames.note, space) {
+                (Some(symbols::Note::Exited), Space::Process(pid)) => exited.push(pid),
+                (Some(note), _) => {
+                    notes.insert(note.to_string());
+                }
+                (None, _) => {}
+            }
+            for (a, f) in addrs.into_iter().zip(frames.frames) {
+                named.insert((space, a), f);
+            }
+        }
+        if !exited.is_empty() {
+            notes.insert(exited_note(&exited));
+        }
+        let frames = |space: Space, ips: Option<&Vec<u64>>| -> Vec<pb::Frame> {
+            ips.map(|ips| {
+                ips.iter()
+                    .map(|a| {
+                        named.get(&(space, *a)).cloned().unwrap_or(pb::Frame {
+                            address: *a,
+                            ..Default::default()
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        let stacks: Vec<pb::Stack> = self
+            .groups
+            .iter()
+            .map(|g| {
+                let kernel_ips = g.kernel.and_then(|k| self.kernel.get(&k));
+                let user_ips = g.user.and_then(|u| self.user.get(&(g.pid, u)));
+                pb::Stack {
+                    roots: g.roots.clone(),
+                    user: frames(Space::Process(g.pid), user_ips),
+                    kernel: frames(Space::Kernel, kernel_ips),
+                    value: g.weight.to_string(),
+                    user_lost: lost(g.user, user_ips.is_some()) as i32,
+                    kernel_lost: lost(g.kernel, kernel_ips.is_some()) as i32,
+                    pid: g.pid,
+                }
+            })
+            .collect();
+        let stacks = bpfmap_proto::stacks::merge(&stacks);
+        (stacks, notes.into_iter().collect())
+    }
+}
+
+/// The processes whose user frames are addresses because they exited
+/// before they were named (the first ten named).
+fn exited_note(pids: &[u32]) -> String {
+    let shown: Vec<String> = pids.iter().take(10).map(u32::to_string).collect();
+    let more = match pids.len() {
+        n if n > 10 => format!(" and {} more", n - 10),
+        _ => String::new(),
+    };
+    format!(
+        "user frames of {} process{} are addresses: they exited before their stacks were read ({}{more})",
+        pids.len(),
+        if pids.len() == 1 { "" } else { "es" },
+        shown.join(", ")
+    )
+}

@@ -1,0 +1,386 @@
+//! Maps of counts keyed by stack ids read as stacks: libbpf-tools'
+//! offcputime while a program of our own sleeps in a function of its own
+//! (its frames and the kernel's named), bpftrace's @[kstack], folded as
+//! flame graphs read them, through the library, bpfmapctl and grpcurl; the
+//! policy's `symbolize`; the errors that say what to give.
+
+use std::{collections::BTreeSet, path::Path, time::Duration};
+
+use bpfmap_client::{Aggregate, Client, ClientTls, ConnectOptions, MapName, StackOptions, pb};
+use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
+use bpfmap_tests::{
+    pki::{Name, Pki, Validity},
+    programs::*,
+    *,
+};
+use bpfmapd::{Config, Operation, RuleConfig};
+use serde_json::json;
+use tonic::Code;
+
+/// tests/c/sleeper.c compiled with its symbols and frame pointers into
+/// `dir`.
+fn sleeper(dir: &Path) -> std::path::PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/sleeper.c");
+    let bin = dir.join("bpfmap-sleeper");
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    let out = std::process::Command::new(&clang)
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {clang} ({e}): apt-get install clang (.ci/run does)")
+        });
+    assert!(
+        out.status.success(),
+        "clang failed on {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// Every function /proc/kallsyms names.
+fn kernel_functions() -> BTreeSet<String> {
+    std::fs::read_to_string("/proc/kallsyms")
+        .expect("/proc/kallsyms")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect()
+}
+
+fn names(frames: &[pb::Frame]) -> Vec<&str> {
+    frames.iter().map(|f| f.function.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offcputime_stacks_name_our_functions_and_the_kernels() {
+    let offcputime = require("offcputime", "libbpf-tools");
+    mount_tracefs();
+    let build = tempfile::tempdir().unwrap();
+    let bin = sleeper(build.path());
+    let mut sleeping = Program::start(&bin, &[], &[]);
+    let pid = sleeping.pid();
+    let tool = Program::start(&offcputime, &["-p", &pid.to_string(), "60"], &[]);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let daemon = Daemon::start_with(Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    let map: MapName = format!("name:info@{}", tool.pid()).parse().unwrap();
+    let options = StackOptions::default()
+        .with_roots(["value.comm"])
+        .with_filter(format!("key.tgid == {pid}"));
+    // offcputime counts a sleep once the sleeper runs again.
+    let stacks = wait_for(
+        Duration::from_secs(30),
+        "offcputime to count the sleeper",
+        async || {
+            let s = client.stacks(&map, options.clone()).await.ok()?;
+            s.stacks.iter().any(|s| !s.user.is_empty()).then_some(s)
+        },
+    )
+    .await;
+    sleeping.check_running();
+    assert_eq!(
+        stacks.ids,
+        Some(pb::StackIds {
+            kernel: "key.kern_stack_id".into(),
+            user: "key.user_stack_id".into(),
+            pid: "key.tgid".into(),
+            bpftrace: false,
+        })
+    );
+    assert!(stacks.stack_map.starts_with("id:"), "{}", stacks.stack_map);
+    let s = stacks.stacks.iter().find(|s| !s.user.is_empty()).unwrap();
+    assert_eq!(s.roots, ["bpfmap-sleeper"]);
+    assert_eq!(s.pid, pid);
+    // Its own frames, outermost first, in its binary.
+    let user = names(&s.user);
+    let at = |f: &str| {
+        user.iter()
+            .position(|n| *n == f)
+            .unwrap_or_else(|| panic!("{f} not in {user:?}"))
+    };
+    assert!(
+        at("main") < at("bpfmap_test_loop") && at("bpfmap_test_loop") < at("bpfmap_test_wait_here"),
+        "{user:?}"
+    );
+    let own = &s.user[at("bpfmap_test_wait_here")];
+    assert!(own.module.ends_with("bpfmap-sleeper"), "{own:?}");
+    // The kernel's: from the system call's entry to schedule, each a
+    // function the kernel has.
+    let kernel = names(&s.kernel);
+    let known = kernel_functions();
+    for f in &kernel {
+        assert!(
+            known.contains(*f),
+            "{f} is not in /proc/kallsyms: {kernel:?}"
+        );
+    }
+    assert!(kernel[0].starts_with("entry_SYSCALL_64"), "{kernel:?}");
+    assert!(kernel.contains(&"schedule"), "{kernel:?}");
+    assert!(kernel.iter().any(|f| f.contains("nanosleep")), "{kernel:?}");
+    assert!(
+        s.kernel
+            .iter()
+            .all(|f| f.module == "[kernel]" || f.module == "[bpf]")
+    );
+    // The weight: offcputime's delta summed, no more than bpftool reads
+    // after.
+    let weight: u128 = s.value.parse().unwrap();
+    assert!(weight > 0);
+    // Folded by bpfmapctl as flamegraph.pl reads it.
+    let (r, out, err) = ctl(&[
+        "--addr",
+        &daemon.addr(),
+        "stacks",
+        &map.to_string(),
+        "--root",
+        "value.comm",
+        "--filter",
+        &format!("key.tgid == {pid} && key.user_stack_id >= 0"),
+    ])
+    .await;
+    assert!(r.is_ok(), "{r:?} {err}");
+    let line = out.lines().next().expect("a folded stack");
+    assert!(
+        line.starts_with("bpfmap-sleeper;")
+            && line.contains(";main;bpfmap_test_loop;bpfmap_test_wait_here;entry_SYSCALL_64"),
+        "{line}"
+    );
+    assert!(line.contains(";schedule_[k];"), "{line}");
+    let (folded, value) = line.rsplit_once(' ').unwrap();
+    assert!(
+        value.parse::<u64>().is_ok() && !folded.contains(' '),
+        "{line}"
+    );
+    // Addresses only: the same stacks, nothing named.
+    let bare = client
+        .stacks(&map, options.clone().with_addresses_only())
+        .await
+        .unwrap();
+    assert!(bare.stacks.iter().all(|s| {
+        s.user
+            .iter()
+            .chain(&s.kernel)
+            .all(|f| f.function.is_empty() && f.address != 0)
+    }));
+    drop((tool, sleeping));
+    drop(client);
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpftrace_kstack_counts_read_as_named_kernel_stacks() {
+    let bpftrace = require("bpftrace", "bpftrace");
+    mount_tracefs();
+    let program = Program::start(
+        &bpftrace,
+        &[
+            "-e",
+            "tracepoint:sched:sched_switch { @ks[kstack] = count(); }",
+        ],
+        &[],
+    );
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let daemon = Daemon::start_with(Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    let name = format!("name:AT_ks@{}", program.pid());
+    let map: MapName = name.parse().unwrap();
+    wait_for(Duration::from_secs(30), "bpftrace's @ks", async || {
+        client.get_map(&map).await.ok()
+    })
+    .await;
+    // Without a declaration, the ids are not recognized.
+    let e = client
+        .stacks(&map, StackOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::InvalidArgument);
+    assert!(e.to_string().contains("--kernel-id key --bpftrace"), "{e}");
+    let options = StackOptions::default().with_ids("key", "", "", true);
+    let stacks = wait_for(Duration::from_secs(30), "bpftrace to count", async || {
+        let s = client.stacks(&map, options.clone()).await.ok()?;
+        (!s.stacks.is_empty()).then_some(s)
+    })
+    .await;
+    let known = kernel_functions();
+    let top = &stacks.stacks[0];
+    let kernel = names(&top.kernel);
+    assert!(
+        !kernel.is_empty() && kernel.iter().all(|f| known.contains(*f)),
+        "{kernel:?}"
+    );
+    assert!(kernel.iter().any(|f| f.contains("schedule")), "{kernel:?}");
+    // The counts: summed over the CPUs, every stack's at most its total
+    // after, and the stacks ordered.
+    let values: Vec<u128> = stacks
+        .stacks
+        .iter()
+        .map(|s| s.value.parse().unwrap())
+        .collect();
+    assert!(values.windows(2).all(|w| w[0] >= w[1]), "{values:?}");
+    // grpcurl: the same call by hand.
+    let body = json!({"map": {"name": name.strip_prefix("name:").unwrap()}, "ids": {"kernel": "key", "bpftrace": true}, "limit": 1});
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", &body.to_string()],
+        &daemon.running.local_addr().to_string(),
+        &["bpfmap.v1.MapService/StackMap"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let answer = &json_stream(&out)[0];
+    assert_eq!(answer["stacks"].as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(
+        answer["stacks"][0]["kernel"][0]["module"], "[kernel]",
+        "{out}"
+    );
+    assert!(answer["stackMap"].as_str().unwrap().starts_with("id:"));
+    drop(program);
+    drop(client);
+    daemon.stop().await;
+}
+
+/// A counts map keyed as offcputime keys it, typed, and an empty
+/// stack-trace map, pinned at `counts` and `stacks`.
+fn offcputime_like(fs: &BpfFs) -> (OwnedMap, OwnedMap) {
+    let mut b = BtfBuilder::new();
+    let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
+    let s32 = b.add_int("int", 4, E::Signed);
+    let u64_ = b.add_int("unsigned long long", 8, E::Unsigned);
+    let key = b.add_struct(
+        "key_t",
+        16,
+        &[
+            M::new("pid", u32_, 0),
+            M::new("tgid", u32_, 32),
+            M::new("user_stack_id", s32, 64),
+            M::new("kern_stack_id", s32, 96),
+        ],
+    );
+    let btf = OwnedBtf::load(&b.to_bytes()).unwrap_or_else(|e| panic!("BPF_BTF_LOAD: {e}"));
+    let counts = OwnedMap::create(&CreateMap {
+        map_type: MapType::HASH.0,
+        key_size: 16,
+        value_size: 8,
+        max_entries: 16,
+        name: "counts",
+        btf: Some(btf.for_map(key, u64_)),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("BPF_MAP_CREATE with BTF: {e}"));
+    for (pid, user, kern, n) in [(7u32, -14i32, 3i32, 5u64), (8, -1, -17, 2)] {
+        let mut k = Vec::new();
+        for v in [
+            pid.to_le_bytes(),
+            pid.to_le_bytes(),
+            user.to_le_bytes(),
+            kern.to_le_bytes(),
+        ] {
+            k.extend_from_slice(&v);
+        }
+        update(&counts, &k, &n.to_le_bytes());
+    }
+    fs.pin(&counts, "counts");
+    let stacks = create_map(MapType::STACK_TRACE, 4, 127 * 8, 16);
+    fs.pin(&stacks, "stacks");
+    (counts, stacks)
+}
+
+#[tokio::test]
+async fn naming_frames_is_its_own_permission_and_stack_maps_are_named_or_found() {
+    const WHO: &str = "spiffe://example.org/perf/carol";
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let pki = Pki::new();
+    let rules = vec![RuleConfig {
+        identities: vec![WHO.into()],
+        maps: vec!["**".into()],
+        operations: vec![Operation::List, Operation::Dump],
+    }];
+    let daemon = Daemon::start_with(Config {
+        tls: Some(pki.server_files()),
+        rules,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let _maps = offcputime_like(&fs);
+    let tls: ClientTls = pki.client("carol", Name::Spiffe(WHO), Validity::Now);
+    let client = Client::connect(&daemon.tls_addr(), ConnectOptions::default().with_tls(tls))
+        .await
+        .unwrap();
+    let map: MapName = "counts".parse().unwrap();
+    let named = StackOptions::default().with_stack_map("stacks".parse().unwrap());
+    // `dump` implies `aggregate`, never `symbolize`.
+    let e = client.stacks(&map, named.clone()).await.unwrap_err();
+    assert_eq!(code_of(&e), Code::PermissionDenied);
+    assert!(
+        e.to_string()
+            .contains(&format!("{WHO} may not name the stack frames of counts")),
+        "{e}"
+    );
+    // Addresses need no more: lost stacks said as such.
+    let bare = client
+        .stacks(
+            &map,
+            named
+                .clone()
+                .with_addresses_only()
+                .with_by(Aggregate::sum("value")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bare.stack_map, "stacks");
+    let lost: Vec<(i32, i32, &str)> = bare
+        .stacks
+        .iter()
+        .map(|s| (s.user_lost, s.kernel_lost, s.value.as_str()))
+        .collect();
+    assert_eq!(
+        lost,
+        [
+            (
+                pb::LostStack::NoStack as i32,
+                pb::LostStack::Other as i32,
+                "5"
+            ),
+            (
+                pb::LostStack::NoStack as i32,
+                pb::LostStack::Eexist as i32,
+                "2"
+            ),
+        ]
+    );
+    // A stack map that is not one, and none to find (no program uses it).
+    let e = client
+        .stacks(
+            &map,
+            StackOptions::default()
+                .with_stack_map("counts".parse().unwrap())
+                .with_addresses_only(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (code_of(&e), reason_of(&e).as_str()),
+        (Code::FailedPrecondition, "NO_STACK_MAP")
+    );
+    assert!(e.to_string().contains("not a stack-trace map"), "{e}");
+    let e = client
+        .stacks(&map, StackOptions::default().with_addresses_only())
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::FailedPrecondition);
+    assert!(
+        e.to_string().contains("name the stack map in stack_map"),
+        "{e}"
+    );
+    daemon.stop().await;
+}
