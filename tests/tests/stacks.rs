@@ -250,7 +250,7 @@ async fn bpftrace_kstack_counts_read_as_named_kernel_stacks() {
 
 /// A counts map keyed as offcputime keys it, typed, and an empty
 /// stack-trace map, pinned at `counts` and `stacks`.
-fn offcputime_like(fs: &BpfFs) -> (OwnedMap, OwnedMap) {
+fn offcputime_like(fs: &BpfFs, weights: [u64; 2]) -> (OwnedMap, OwnedMap) {
     let mut b = BtfBuilder::new();
     let u32_ = b.add_int("unsigned int", 4, E::Unsigned);
     let s32 = b.add_int("int", 4, E::Signed);
@@ -276,7 +276,7 @@ fn offcputime_like(fs: &BpfFs) -> (OwnedMap, OwnedMap) {
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("BPF_MAP_CREATE with BTF: {e}"));
-    for (pid, user, kern, n) in [(7u32, -14i32, 3i32, 5u64), (8, -1, -17, 2)] {
+    for (pid, user, kern, n) in [(7u32, -14i32, 3i32, weights[0]), (8, -1, -17, weights[1])] {
         let mut k = Vec::new();
         for v in [
             pid.to_le_bytes(),
@@ -311,7 +311,7 @@ async fn naming_frames_is_its_own_permission_and_stack_maps_are_named_or_found()
         ..Daemon::config(fs.path(), state.path())
     })
     .await;
-    let _maps = offcputime_like(&fs);
+    let _maps = offcputime_like(&fs, [5, 2]);
     let tls: ClientTls = pki.client("carol", Name::Spiffe(WHO), Validity::Now);
     let client = Client::connect(&daemon.tls_addr(), ConnectOptions::default().with_tls(tls))
         .await
@@ -383,4 +383,101 @@ async fn naming_frames_is_its_own_permission_and_stack_maps_are_named_or_found()
         "{e}"
     );
     daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_merge_over_the_targets_directly_and_through_the_relay() {
+    let (mut daemons, mut keep) = (Vec::new(), Vec::new());
+    for i in 0..3u64 {
+        let (fs, state, daemon, _client) = setup().await;
+        keep.push((offcputime_like(&fs, [5 + i, 2]), fs, state));
+        daemons.push(daemon);
+    }
+    let targets: Vec<String> = daemons
+        .iter()
+        .map(|d| d.running.local_addr().to_string())
+        .collect();
+    let mut args: Vec<&str> = Vec::new();
+    for t in &targets {
+        args.extend(["-t", t.as_str()]);
+    }
+    let stacks = ["stacks", "counts", "--stack-map", "stacks", "--addresses"];
+    let mut cmd = args.clone();
+    cmd.extend(["--format", "json"]);
+    cmd.extend(stacks);
+    let (r, out, err) = ctl(&cmd).await;
+    assert!(r.is_ok(), "{r:?} {err}");
+    let lines = json_lines(&out);
+    let seen: Vec<(&str, &str, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["value"].as_str().unwrap(),
+                l["user_lost"].as_str().unwrap(),
+                l["kernel_lost"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [("18", "NO_STACK", "OTHER"), ("6", "NO_STACK", "EEXIST")]
+    );
+    // Folded: a dropped kernel stack as bcc writes it.
+    let mut cmd = args.clone();
+    cmd.extend(stacks);
+    let (r, out, _) = ctl(&cmd).await;
+    assert!(r.is_ok());
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["[Missed Kernel Stack] 18", "[Missed Kernel Stack] 6"]
+    );
+    // Through the relay, with a dead target named.
+    let dead = format!(
+        "127.0.0.1:{}",
+        bpfmap_tests::fleet::port_free_on(&["127.0.0.1".parse().unwrap()])
+    );
+    let mut all = targets.clone();
+    all.push(dead.clone());
+    let relay_state = tempfile::tempdir().unwrap();
+    let relay = bpfmap_relay::Relay::start_on(
+        &bpfmap_relay::Config {
+            targets: all,
+            state_dir: relay_state.path().to_owned(),
+            answer_timeout: Duration::from_secs(2),
+            ..Default::default()
+        },
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+    .expect("the relay starts");
+    let relay_addr = format!("http://{}", relay.local_addr());
+    let mut cmd = vec!["--relay", relay_addr.as_str()];
+    cmd.extend(stacks);
+    let (r, out, err) = ctl(&cmd).await;
+    assert!(
+        r.unwrap_err().to_string().contains("1 of 4 targets"),
+        "{err}"
+    );
+    assert!(err.contains(&dead), "{err}");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["[Missed Kernel Stack] 18", "[Missed Kernel Stack] 6"]
+    );
+    let body = json!({"request": {"map": {"path": "counts"}, "stackMap": {"path": "stacks"}, "addressesOnly": true}});
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", &body.to_string()],
+        &relay.local_addr().to_string(),
+        &["bpfmap.v1.FleetService/StackMap"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let answer = &json_stream(&out)[0];
+    assert_eq!(answer["stacks"][0]["value"], "18", "{out}");
+    assert_eq!(answer["stacks"][1]["kernelLost"], "LOST_STACK_EEXIST");
+    assert_eq!(answer["answered"].as_array().unwrap().len(), 3);
+    assert_eq!(answer["failed"][0]["target"], json!(dead));
+    relay.stop().await.unwrap();
+    for d in daemons {
+        d.stop().await;
+    }
 }

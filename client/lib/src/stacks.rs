@@ -98,6 +98,28 @@ impl StackOptions {
         self
     }
 
+    /// The options of a `StackMapRequest` as a caller wrote it (its map
+    /// aside), for a program that forwards requests (a relay).
+    /// [`Error::Aggregate`] for a `by` that is not an aggregate, or a
+    /// `stack_map` that names no map.
+    pub fn from_proto(req: &pb::StackMapRequest) -> Result<Self, Error> {
+        Ok(Self {
+            stack_map: req
+                .stack_map
+                .as_ref()
+                .map(MapName::from_proto)
+                .transpose()?,
+            ids: req.ids.clone(),
+            by: req.by.as_ref().map(Aggregate::from_proto).transpose()?,
+            roots: req.roots.clone(),
+            filter: req.filter.clone(),
+            addresses_only: req.addresses_only,
+            limit: req.limit,
+            render: req.render.clone().into_iter().collect(),
+            batched: req.scan == pb::ScanMethod::ScanBatched as i32,
+        })
+    }
+
     fn request(&self, map: &MapName) -> pb::StackMapRequest {
         pb::StackMapRequest {
             map: Some(map.to_proto()),
@@ -190,6 +212,9 @@ impl Fleet {
     /// the fleet's answer timeout).
     pub async fn stacks(&self, map: &MapName, options: StackOptions) -> FleetStacks {
         use futures::StreamExt;
+        if let Some(relay) = self.relay.as_ref().filter(|_| !self.targets().is_empty()) {
+            return via_relay(relay, self, map, &options).await;
+        }
         let limit = options.limit;
         let timeout = self.options().answer_timeout();
         let map = map.clone();
@@ -231,5 +256,94 @@ impl Fleet {
                 .collect(),
             reports,
         }
+    }
+}
+
+/// One StackMap call to the relay: its merged stacks, a report per target
+/// of the fleet (in its order).
+async fn via_relay(
+    link: &crate::relay::RelayLink,
+    fleet: &Fleet,
+    map: &MapName,
+    options: &StackOptions,
+) -> FleetStacks {
+    use std::collections::{HashMap, HashSet};
+    let req = pb::FleetServiceStackMapRequest {
+        request: Some(options.request(map)),
+        targets: crate::relay::RelayLink::selector(fleet.targets()),
+    };
+    let started = std::time::Instant::now();
+    let deadline = crate::relay::Deadline::start(fleet.options().deadline());
+    let mut client = link.client.clone();
+    let answer = deadline
+        .within(async move { client.stack_map(deadline.request(req)).await })
+        .await
+        .map(tonic::Response::into_inner);
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => pb::FleetServiceStackMapResponse {
+            failed: fleet
+                .targets()
+                .iter()
+                .map(|t| pb::TargetFailure {
+                    target: t.as_str().to_owned(),
+                    status: Some(pb::TargetStatus {
+                        code: crate::code_name(e.code()).to_owned(),
+                        reason: String::new(),
+                        message: e.to_string(),
+                    }),
+                })
+                .collect(),
+            ..Default::default()
+        },
+    };
+    let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
+    let failed: HashMap<&str, &pb::TargetStatus> = answer
+        .failed
+        .iter()
+        .filter_map(|f| Some((f.target.as_str(), f.status.as_ref()?)))
+        .collect();
+    let work: HashMap<&str, &pb::TargetWork> =
+        answer.work.iter().map(|w| (w.target.as_str(), w)).collect();
+    let (mut reports, mut missing) = (Vec::new(), Vec::new());
+    for t in fleet.targets() {
+        let name = t.as_str();
+        let error = match (answered.contains(name), failed.get(name)) {
+            (true, _) => None,
+            (false, Some(s)) => Some(crate::relay::status_error(s)),
+            (false, None) => Some(Error::Status(tonic::Status::unavailable(
+                "the relay said nothing of this target",
+            ))),
+        };
+        if error.is_some() {
+            missing.push(t.clone());
+        }
+        let w = work.get(name);
+        reports.push(TargetReport {
+            target: t.clone(),
+            error,
+            entries: w.map_or(0, |w| w.groups),
+            scanned: w.map_or(0, |w| w.entries_scanned),
+            calls: w.map_or(0, |w| w.calls),
+            complete: false,
+            resumes: 0,
+            cursor: String::new(),
+            elapsed: started.elapsed(),
+        });
+    }
+    let notes = answer
+        .notes
+        .iter()
+        .filter_map(|n| {
+            let (name, note) = n.split_once(": ")?;
+            let t = fleet.targets().iter().find(|t| t.as_str() == name)?;
+            Some((t.clone(), note.to_owned()))
+        })
+        .collect();
+    FleetStacks {
+        stacks: answer.stacks,
+        reports,
+        missing,
+        notes,
     }
 }

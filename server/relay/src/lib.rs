@@ -32,6 +32,7 @@ mod histogram;
 mod info;
 pub mod policy;
 mod service;
+mod stacks;
 mod status;
 mod targets;
 mod watch;

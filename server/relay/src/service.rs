@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     aggregate,
     call::{Answers, Asker, Calls},
-    dump, histogram, info, watch,
+    dump, histogram, info, stacks, watch,
 };
 
 /// `bpfmap.v1.FleetService`.
@@ -90,6 +90,15 @@ impl pb::fleet_service_server::FleetService for FleetServiceImpl {
     ) -> Result<Response<pb::FleetServiceHistogramMapResponse>, Status> {
         let asker = Asker::of(&request)?;
         let answer = histogram::run(&self.calls, asker, request.into_inner()).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn stack_map(
+        &self,
+        request: Request<pb::FleetServiceStackMapRequest>,
+    ) -> Result<Response<pb::FleetServiceStackMapResponse>, Status> {
+        let asker = Asker::of(&request)?;
+        let answer = stacks::run(&self.calls, asker, request.into_inner()).await?;
         Ok(Response::new(answer))
     }
 

@@ -1,0 +1,71 @@
+//! A fleet's stacks: every target's StackMap merged by the library (stacks
+//! that name the same frames are one), answered once with the targets that
+//! answered, those that failed, what each daemon did and why some frames
+//! have no names.
+
+use bpfmap_client::{StackOptions, pb};
+use bpfmapd::Operation;
+
+use crate::{
+    call::{Ask, Asker, Calls},
+    error::Error,
+};
+
+/// Runs the stacks of `req` on its targets.
+pub(crate) async fn run(
+    calls: &Calls,
+    asker: Asker,
+    req: pb::FleetServiceStackMapRequest,
+) -> Result<pb::FleetServiceStackMapResponse, Error> {
+    let request = req.request.unwrap_or_default();
+    let ask = Ask {
+        op: Operation::Aggregate,
+        map: request.map.as_ref(),
+        targets: req.targets.as_ref(),
+    };
+    let call = calls.start(asker, ask)?;
+    let options = StackOptions::from_proto(&request).map_err(Error::Request)?;
+    let merged = calls
+        .fleet(&call.asker, &call.targets)
+        .stacks(&call.map, options)
+        .await;
+    let mut failed: Vec<pb::TargetFailure> = call
+        .denials()
+        .into_iter()
+        .map(|e| pb::TargetFailure {
+            target: e.target,
+            status: Some(e.status),
+        })
+        .collect();
+    let mut answered = Vec::new();
+    for report in &merged.reports {
+        let target = report.target.as_str().to_owned();
+        match calls.targets.record_end(report) {
+            Some(status) => failed.push(pb::TargetFailure {
+                target,
+                status: Some(status),
+            }),
+            None => answered.push(target),
+        }
+    }
+    Ok(pb::FleetServiceStackMapResponse {
+        work: merged
+            .reports
+            .iter()
+            .map(|r| pb::TargetWork {
+                target: r.target.as_str().to_owned(),
+                entries_scanned: r.scanned,
+                groups: r.entries,
+                calls: r.calls,
+            })
+            .collect(),
+        notes: merged
+            .notes
+            .iter()
+            .map(|(t, n)| format!("{t}: {n}"))
+            .collect(),
+        stacks: merged.stacks,
+        answered,
+        failed,
+    })
+}
