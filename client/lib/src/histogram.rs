@@ -419,14 +419,12 @@ impl Fleet {
 
 /// Fleet histograms through a relay.
 mod via_relay {
-    use std::collections::{HashMap, HashSet};
-
     use bpfmap_proto::status::Reason;
 
     use super::{FleetHistograms, HistogramLayout, HistogramOptions};
     use crate::{
-        Error, Fleet, MapName, TargetReport, pb,
-        relay::{Deadline, RelayLink, status_error},
+        Fleet, MapName, TargetReport, pb,
+        relay::{Deadline, OneAnswer, RelayLink},
     };
 
     /// One HistogramMap call to the relay: its merged histograms, a report
@@ -448,38 +446,37 @@ mod via_relay {
             .within(async move { client.histogram_map(deadline.request(req)).await })
             .await
             .map(tonic::Response::into_inner);
-        let report =
-            |target: &crate::Target, error: Option<Error>, work: Option<&pb::TargetWork>| {
-                TargetReport {
-                    target: target.clone(),
-                    error,
-                    entries: work.map_or(0, |w| w.groups),
-                    scanned: work.map_or(0, |w| w.entries_scanned),
-                    calls: work.map_or(0, |w| w.calls),
-                    complete: false,
-                    resumes: 0,
-                    cursor: String::new(),
-                    elapsed: started.elapsed(),
-                }
-            };
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                let reports: Vec<TargetReport> = fleet
-                    .targets()
-                    .iter()
-                    .map(|t| report(t, Some(crate::relay::copy(&e)), None))
-                    .collect();
-                return FleetHistograms {
-                    histograms: Vec::new(),
-                    layout: None,
-                    missing: fleet.targets().to_vec(),
-                    reports,
-                    differ: Vec::new(),
-                };
-            }
+        let answer = answer.unwrap_or_else(|e| pb::FleetServiceHistogramMapResponse {
+            failed: fleet
+                .targets()
+                .iter()
+                .map(|t| pb::TargetFailure {
+                    target: t.as_str().to_owned(),
+                    status: Some(pb::TargetStatus {
+                        code: crate::code_name(e.code()).to_owned(),
+                        reason: String::new(),
+                        message: e.to_string(),
+                    }),
+                })
+                .collect(),
+            ..Default::default()
+        });
+        let ends = OneAnswer {
+            answered: &answer.answered,
+            failed: &answer.failed,
+            work: &answer.work,
         };
-        let (reports, missing, differ) = reports_of(fleet, &answer, report);
+        let mut reports: Vec<TargetReport> = Vec::new();
+        let (mut missing, mut differ) = (Vec::new(), Vec::new());
+        for (mut report, status) in ends.reports(fleet.targets(), started) {
+            if status.is_some_and(|s| s.reason == Reason::HistogramsDiffer.as_str()) {
+                report.error = None;
+                differ.push(report.target.clone());
+            } else if report.error.is_some() {
+                missing.push(report.target.clone());
+            }
+            reports.push(report);
+        }
         FleetHistograms {
             histograms: answer.histograms,
             layout: answer.layout.map(HistogramLayout::from_proto),
@@ -487,42 +484,5 @@ mod via_relay {
             missing,
             differ,
         }
-    }
-
-    /// A report per target of the fleet, in its order, from the relay's
-    /// answer; the targets missing and those whose buckets differ.
-    fn reports_of(
-        fleet: &Fleet,
-        answer: &pb::FleetServiceHistogramMapResponse,
-        report: impl Fn(&crate::Target, Option<Error>, Option<&pb::TargetWork>) -> TargetReport,
-    ) -> (Vec<TargetReport>, Vec<crate::Target>, Vec<crate::Target>) {
-        let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
-        let failed: HashMap<&str, pb::TargetStatus> = answer
-            .failed
-            .iter()
-            .map(|f| (f.target.as_str(), f.status.clone().unwrap_or_default()))
-            .collect();
-        let work: HashMap<&str, &pb::TargetWork> =
-            answer.work.iter().map(|w| (w.target.as_str(), w)).collect();
-        let (mut reports, mut missing, mut differ) = (Vec::new(), Vec::new(), Vec::new());
-        for t in fleet.targets() {
-            let name = t.as_str();
-            let error = match (answered.contains(name), failed.get(name)) {
-                (true, _) => None,
-                (false, Some(s)) if s.reason == Reason::HistogramsDiffer.as_str() => {
-                    differ.push(t.clone());
-                    None
-                }
-                (false, Some(s)) => Some(status_error(s)),
-                (false, None) => Some(Error::Status(tonic::Status::unavailable(
-                    "the relay said nothing of this target",
-                ))),
-            };
-            if error.is_some() {
-                missing.push(t.clone());
-            }
-            reports.push(report(t, error, work.get(name).copied()));
-        }
-        (reports, missing, differ)
     }
 }

@@ -511,6 +511,58 @@ pub(crate) fn status_error(s: &pb::TargetStatus) -> Error {
     })
 }
 
+/// What a one-answer fleet call through the relay (HistogramMap, StackMap)
+/// says of its targets: those it answered for, those that failed and
+/// their statuses, what each daemon did.
+pub(crate) struct OneAnswer<'a> {
+    pub(crate) answered: &'a [String],
+    pub(crate) failed: &'a [pb::TargetFailure],
+    pub(crate) work: &'a [pb::TargetWork],
+}
+
+impl OneAnswer<'_> {
+    /// A report per target of `targets`, in their order (a target the
+    /// answer does not name is reported UNAVAILABLE), with the status its
+    /// failure came with.
+    pub(crate) fn reports(
+        &self,
+        targets: &[crate::Target],
+        started: std::time::Instant,
+    ) -> Vec<(crate::TargetReport, Option<pb::TargetStatus>)> {
+        targets
+            .iter()
+            .map(|t| {
+                let name = t.as_str();
+                let status = self
+                    .failed
+                    .iter()
+                    .find(|f| f.target == name)
+                    .map(|f| f.status.clone().unwrap_or_default());
+                let error = match (self.answered.iter().any(|a| a == name), &status) {
+                    (true, _) => None,
+                    (false, Some(s)) => Some(status_error(s)),
+                    (false, None) => Some(Error::Status(Status::unavailable(
+                        "the relay said nothing of this target",
+                    ))),
+                };
+                let w = self.work.iter().find(|w| w.target == name);
+                let report = crate::TargetReport {
+                    target: t.clone(),
+                    error,
+                    entries: w.map_or(0, |w| w.groups),
+                    scanned: w.map_or(0, |w| w.entries_scanned),
+                    calls: w.map_or(0, |w| w.calls),
+                    complete: false,
+                    resumes: 0,
+                    cursor: String::new(),
+                    elapsed: started.elapsed(),
+                };
+                (report, status)
+            })
+            .collect()
+    }
+}
+
 fn no_answer() -> Error {
     Error::Protocol("the relay sent a message without an answer".into())
 }

@@ -267,7 +267,6 @@ async fn via_relay(
     map: &MapName,
     options: &StackOptions,
 ) -> FleetStacks {
-    use std::collections::{HashMap, HashSet};
     let req = pb::FleetServiceStackMapRequest {
         request: Some(options.request(map)),
         targets: crate::relay::RelayLink::selector(fleet.targets()),
@@ -279,58 +278,31 @@ async fn via_relay(
         .within(async move { client.stack_map(deadline.request(req)).await })
         .await
         .map(tonic::Response::into_inner);
-    let answer = match answer {
-        Ok(a) => a,
-        Err(e) => pb::FleetServiceStackMapResponse {
-            failed: fleet
-                .targets()
-                .iter()
-                .map(|t| pb::TargetFailure {
-                    target: t.as_str().to_owned(),
-                    status: Some(pb::TargetStatus {
-                        code: crate::code_name(e.code()).to_owned(),
-                        reason: String::new(),
-                        message: e.to_string(),
-                    }),
-                })
-                .collect(),
-            ..Default::default()
-        },
+    let answer = answer.unwrap_or_else(|e| pb::FleetServiceStackMapResponse {
+        failed: fleet
+            .targets()
+            .iter()
+            .map(|t| pb::TargetFailure {
+                target: t.as_str().to_owned(),
+                status: Some(pb::TargetStatus {
+                    code: crate::code_name(e.code()).to_owned(),
+                    reason: String::new(),
+                    message: e.to_string(),
+                }),
+            })
+            .collect(),
+        ..Default::default()
+    });
+    let ends = crate::relay::OneAnswer {
+        answered: &answer.answered,
+        failed: &answer.failed,
+        work: &answer.work,
     };
-    let answered: HashSet<&str> = answer.answered.iter().map(String::as_str).collect();
-    let failed: HashMap<&str, &pb::TargetStatus> = answer
-        .failed
-        .iter()
-        .filter_map(|f| Some((f.target.as_str(), f.status.as_ref()?)))
+    let reports: Vec<TargetReport> = ends
+        .reports(fleet.targets(), started)
+        .into_iter()
+        .map(|(r, _)| r)
         .collect();
-    let work: HashMap<&str, &pb::TargetWork> =
-        answer.work.iter().map(|w| (w.target.as_str(), w)).collect();
-    let (mut reports, mut missing) = (Vec::new(), Vec::new());
-    for t in fleet.targets() {
-        let name = t.as_str();
-        let error = match (answered.contains(name), failed.get(name)) {
-            (true, _) => None,
-            (false, Some(s)) => Some(crate::relay::status_error(s)),
-            (false, None) => Some(Error::Status(tonic::Status::unavailable(
-                "the relay said nothing of this target",
-            ))),
-        };
-        if error.is_some() {
-            missing.push(t.clone());
-        }
-        let w = work.get(name);
-        reports.push(TargetReport {
-            target: t.clone(),
-            error,
-            entries: w.map_or(0, |w| w.groups),
-            scanned: w.map_or(0, |w| w.entries_scanned),
-            calls: w.map_or(0, |w| w.calls),
-            complete: false,
-            resumes: 0,
-            cursor: String::new(),
-            elapsed: started.elapsed(),
-        });
-    }
     let notes = answer
         .notes
         .iter()
@@ -341,9 +313,13 @@ async fn via_relay(
         })
         .collect();
     FleetStacks {
+        missing: reports
+            .iter()
+            .filter(|r| r.error.is_some())
+            .map(|r| r.target.clone())
+            .collect(),
         stacks: answer.stacks,
         reports,
-        missing,
         notes,
     }
 }
