@@ -157,6 +157,7 @@ async fn offcputime_stacks_name_our_functions_and_the_kernels() {
         value.parse::<u64>().is_ok() && !folded.contains(' '),
         "{line}"
     );
+    pprof_and_svg_of(&daemon, &map.to_string(), pid).await;
     // Addresses only: the same stacks, nothing named.
     let bare = client
         .stacks(&map, options.clone().with_addresses_only())
@@ -480,4 +481,99 @@ async fn stacks_merge_over_the_targets_directly_and_through_the_relay() {
     for d in daemons {
         d.stop().await;
     }
+}
+
+/// The sleeper's stacks as a pprof profile read back by the protobuf
+/// package with pprof's profile.proto, and as an SVG flame graph.
+async fn pprof_and_svg_of(daemon: &Daemon, map: &str, pid: u32) {
+    let addr = daemon.addr();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("offcpu.pb.gz");
+    let filter = format!("key.tgid == {pid} && key.user_stack_id >= 0");
+    let common = [
+        "stacks",
+        map,
+        "--root",
+        "value.comm",
+        "--filter",
+        &filter,
+        "--unit",
+        "microseconds",
+    ];
+    let mut cmd = vec!["--addr", &addr, "--format", "pprof"];
+    cmd.extend(common);
+    cmd.extend(["-o", profile.to_str().unwrap()]);
+    let (r, _, err) = ctl(&cmd).await;
+    assert!(r.is_ok(), "{r:?} {err}");
+    let python = std::env::var("BPFMAP_PYTHON_GRPC").unwrap_or_else(|_| "python3".into());
+    let here = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    let out = std::process::Command::new(&python)
+        .args(["-m", "grpc_tools.protoc", "-I", here])
+        .arg(format!("--python_out={}", dir.path().display()))
+        .arg(format!("{here}/profile.proto"))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {python} ({e}): set $BPFMAP_PYTHON_GRPC to a Python with grpcio-tools (.ci/run does)"));
+    assert!(
+        out.status.success(),
+        "protoc (needs grpcio-tools): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(&python)
+        .arg(format!("{here}/pprof_read.py"))
+        .arg(dir.path())
+        .arg(&profile)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(read["sample_type"], json!([["weight", "microseconds"]]));
+    let sample = &read["samples"][0];
+    let frames: Vec<&str> = sample["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    // Leaf first: the kernel's innermost frames, ours, the root last.
+    let at = |f: &str| {
+        frames
+            .iter()
+            .position(|n| *n == f)
+            .unwrap_or_else(|| panic!("{f} not in {frames:?}"))
+    };
+    assert!(at("schedule") < at("bpfmap_test_wait_here"), "{frames:?}");
+    assert!(
+        at("bpfmap_test_wait_here") < at("bpfmap_test_loop") && at("bpfmap_test_loop") < at("main"),
+        "{frames:?}"
+    );
+    assert_eq!(frames.last(), Some(&"bpfmap-sleeper"));
+    assert!(sample["value"][0].as_i64().unwrap() > 0);
+    assert!(
+        read["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m == "[kernel]"),
+        "{read}"
+    );
+    // A flame graph, drawn.
+    let svg = dir.path().join("offcpu.svg");
+    let mut cmd = vec!["--addr", &addr, "--format", "svg"];
+    cmd.extend(common);
+    cmd.extend(["-o", svg.to_str().unwrap()]);
+    let (r, _, err) = ctl(&cmd).await;
+    assert!(r.is_ok(), "{r:?} {err}");
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        drawn.starts_with("<?xml") && drawn.contains("<svg"),
+        "{}",
+        &drawn[..200.min(drawn.len())]
+    );
+    assert!(
+        drawn.contains("<title>bpfmap_test_wait_here (") && drawn.contains("<title>schedule (")
+    );
 }

@@ -375,6 +375,17 @@ pub struct StacksArgs {
     /// --render`).
     #[arg(long, value_name = "PATH=RENDERING", value_delimiter = ',', value_parser = parse_render)]
     pub render: Vec<RenderArg>,
+    /// Write to FILE instead of stdout (a pprof profile goes to a file or a
+    /// pipe, not a terminal).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// What the weights measure, for pprof's sample type and the SVG's
+    /// counts ("microseconds" for offcputime's delta; default "count").
+    #[arg(long, default_value = "count")]
+    pub unit: String,
+    /// The flame graph's title (SVG).
+    #[arg(long, default_value = "Flame Graph")]
+    pub title: String,
 }
 
 /// Parses `--by`; the error says which aggregates exist.
@@ -632,10 +643,13 @@ pub async fn run_with(
             "--format arrow writes the table of a dump: use it with dump (json, table or hex elsewhere)",
         ));
     }
-    if cli.format == Some(Format::Folded) && !matches!(cli.command, Command::Stacks(_)) {
-        return Err(usage(
-            "--format folded writes stacks: use it with stacks (json, table or hex elsewhere)",
-        ));
+    if let Some(f) = cli.format.filter(|f| f.stacks_only())
+        && !matches!(cli.command, Command::Stacks(_))
+    {
+        return Err(usage(format!(
+            "--format {} writes stacks: use it with stacks (json, table or hex elsewhere)",
+            format!("{f:?}").to_lowercase()
+        )));
     }
     let setup = setup::Setup::new(&cli, saved.as_ref(), terminals).await?;
     let io = drive::Io { out, err };
@@ -653,7 +667,7 @@ pub async fn run_with(
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
         Command::Hist(args) => hist::run(setup, io, args).await,
-        Command::Stacks(args) => stacks::run(setup, io, args, cli.format).await,
+        Command::Stacks(args) => stacks::run(setup, io, args, cli.format, terminals.stdout).await,
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
         Command::Drain(_) if cli.relay.is_some() => Err(usage(
             "drain is not served by the relay: name the daemons with --target instead of --relay",

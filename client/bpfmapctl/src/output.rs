@@ -30,6 +30,18 @@ pub enum Format {
     /// Folded stacks (`stacks` only, its default): `root;frame;frame
     /// value` per stack, for flamegraph.pl, inferno and speedscope.
     Folded,
+    /// A pprof profile, gzipped (`stacks` only; to `-o FILE` or a stdout
+    /// that is not a terminal): for `go tool pprof` and Pyroscope.
+    Pprof,
+    /// An SVG flame graph (`stacks` only).
+    Svg,
+}
+
+impl Format {
+    /// Whether only `stacks` writes it.
+    pub(crate) fn stacks_only(self) -> bool {
+        matches!(self, Self::Folded | Self::Pprof | Self::Svg)
+    }
 }
 
 /// How per-CPU values are shown.
@@ -432,7 +444,9 @@ impl Printer {
     ) -> io::Result<()> {
         self.saw(e.value);
         match self.format {
-            Format::Json | Format::Arrow | Format::Folded => self.json_entry(target, e)?,
+            Format::Json | Format::Arrow | Format::Folded | Format::Pprof | Format::Svg => {
+                self.json_entry(target, e)?
+            }
             Format::Hex => self.hex_entry(target, e)?,
             Format::Table => {
                 let value = value_text(self.per_cpu, e.value)?;
@@ -481,7 +495,7 @@ impl Printer {
         }
         let key = hex(r.key());
         match self.format {
-            Format::Json | Format::Arrow | Format::Folded => {
+            Format::Json | Format::Arrow | Format::Folded | Format::Pprof | Format::Svg => {
                 self.start_json_line(target);
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(b"\"key\":");
@@ -524,7 +538,7 @@ impl Printer {
     ) -> io::Result<()> {
         for m in maps {
             match self.format {
-                Format::Json | Format::Arrow | Format::Folded => {
+                Format::Json | Format::Arrow | Format::Folded | Format::Pprof | Format::Svg => {
                     out.write_all(&map_json(target, m))?
                 }
                 Format::Hex => writeln!(

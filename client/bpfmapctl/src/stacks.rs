@@ -21,30 +21,84 @@ pub(crate) async fn run(
     io: Io<'_>,
     args: StacksArgs,
     format: Option<Format>,
+    terminal: bool,
 ) -> anyhow::Result<()> {
     let format = match format.unwrap_or(Format::Folded) {
-        f @ (Format::Folded | Format::Json) => f,
+        f @ (Format::Folded | Format::Json | Format::Pprof | Format::Svg) => f,
         other => {
             return Err(usage(format!(
-                "stacks are written folded (the default) or as json, not {}",
+                "stacks are written folded (the default), as json, pprof or svg, not {}",
                 format!("{other:?}").to_lowercase()
             )));
         }
     };
+    if format == Format::Pprof && args.output.is_none() && terminal {
+        return Err(usage(
+            "a pprof profile is gzipped protobuf: write it to a file (-o profile.pb.gz) or a pipe",
+        ));
+    }
     let map = setup.map_name(&args.map)?;
     let options = options(&args)?;
     let result = setup.fleet().stacks(&map, options).await;
     setup.progress.finish();
     refused(&result)?;
-    for s in &result.stacks {
-        let line = match format {
-            Format::Json => json_line(s),
-            _ => folded_line(s),
-        };
-        writeln!(io.out, "{line}")?;
+    let bytes = render(&result.stacks, format, &args)?;
+    match &args.output {
+        Some(path) => std::fs::write(path, &bytes)
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?,
+        None => {
+            io.out.write_all(&bytes)?;
+            io.out.flush()?;
+        }
     }
-    io.out.flush()?;
     finish(io.err, &result)
+}
+
+/// The stacks in `format`.
+fn render(stacks: &[pb::Stack], format: Format, args: &StacksArgs) -> anyhow::Result<Vec<u8>> {
+    let lines = |f: fn(&pb::Stack) -> String| -> Vec<u8> {
+        stacks
+            .iter()
+            .flat_map(|s| (f(s) + "\n").into_bytes())
+            .collect()
+    };
+    Ok(match format {
+        Format::Json => lines(json_line),
+        Format::Pprof => {
+            let name = args
+                .by
+                .as_ref()
+                .map_or_else(|| "weight".to_owned(), ToString::to_string);
+            let sample = bpfmap_client::pprof::SampleType {
+                name: &name,
+                unit: &args.unit,
+            };
+            bpfmap_client::pprof::profile(stacks, sample)?
+        }
+        Format::Svg => svg(stacks, args)?,
+        _ => lines(folded_line),
+    })
+}
+
+/// An SVG flame graph of the stacks (inferno, as flamegraph.pl draws them).
+fn svg(stacks: &[pb::Stack], args: &StacksArgs) -> anyhow::Result<Vec<u8>> {
+    let folded: Vec<String> = stacks
+        .iter()
+        .filter(|s| s.value != "0")
+        .map(folded_line)
+        .collect();
+    if folded.is_empty() {
+        return Err(anyhow::anyhow!(
+            "no stack weighs anything: no flame graph to draw"
+        ));
+    }
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = args.title.clone();
+    options.count_name = args.unit.clone();
+    options.hash = true;
+    let mut out = Vec::new();
+    inferno::flamegraph::from_lines(&mut options, folded.iter().map(String::as_str), &mut out)?;
+    Ok(out)
 }
 
 fn options(args: &StacksArgs) -> anyhow::Result<StackOptions> {

@@ -198,6 +198,7 @@ mod fleet_watch;
 mod histogram;
 mod lookup;
 mod map;
+pub mod pprof;
 mod relay;
 mod resume;
 mod run;
