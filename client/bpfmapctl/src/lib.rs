@@ -174,7 +174,7 @@ pub enum Command {
     /// targets. `--format json`: one line per histogram, as data.
     Hist(HistArgs),
     /// The stacks of a map of counts keyed by stack ids (offcputime's,
-    /// wakeuptime's, bpftrace's @[kstack]) with the stack-trace map its
+    /// wakeuptime's, bpftrace's `@[kstack]`) with the stack-trace map its
     /// programs use, the frames named by the daemon, the heaviest first:
     /// folded (`--format folded`, the default: `root;frame;... value`, for
     /// flamegraph.pl, inferno and speedscope) or JSON; merged across the
@@ -335,7 +335,7 @@ pub struct HistArgs {
 /// The arguments of `stacks`.
 #[derive(Debug, Args)]
 pub struct StacksArgs {
-    /// The map of counts: path, "id:N", "name:NAME[@OWNER]".
+    /// The map of counts: path, "id:N", `name:NAME[@OWNER]`.
     pub map: String,
     /// The stack-trace map its ids refer to (default: the one its programs
     /// use).

@@ -486,3 +486,49 @@ mod via_relay {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn answer(groups: &[(u8, &[(u32, u64)])]) -> Histograms {
+        let layout = HistogramLayout::log2();
+        let histograms = groups
+            .iter()
+            .map(|(key, counts)| {
+                let counts: BTreeMap<u32, u64> = counts.iter().copied().collect();
+                math::histogram(layout.as_proto(), None, vec![*key], &counts)
+            })
+            .collect();
+        Histograms::from_parts(histograms, layout)
+    }
+
+    #[test]
+    fn an_interval_counts_what_each_bucket_added() {
+        let before = answer(&[(1, &[(2, 10), (3, 5)]), (2, &[(0, 4)])]);
+        // Group 1 grew in buckets 3 and 5; group 2's bucket 0 went down
+        // (its program restarted): its new count; group 3 is new.
+        let now = answer(&[
+            (1, &[(2, 10), (3, 8), (5, 1)]),
+            (2, &[(0, 1)]),
+            (3, &[(4, 2)]),
+        ]);
+        let added = now.since(&before);
+        let by_key: BTreeMap<u8, Vec<(u32, u64)>> = added
+            .histograms
+            .iter()
+            .map(|h| {
+                (
+                    h.key_bytes[0],
+                    h.buckets.iter().map(|b| (b.index, b.count)).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(by_key[&1], [(3, 3), (4, 0), (5, 1)]);
+        assert_eq!(by_key[&2], [(0, 1)]);
+        assert_eq!(by_key[&3], [(4, 2)]);
+        assert_eq!(added.histograms[0].count, 4);
+    }
+}
