@@ -228,6 +228,23 @@ async fn bpftrace_kstack_counts_read_as_named_kernel_stacks() {
         .map(|s| s.value.parse().unwrap())
         .collect();
     assert!(values.windows(2).all(|w| w[0] >= w[1]), "{values:?}");
+    // The stack-trace map itself: each stack once, with its id.
+    let stack_map: MapName = format!("name:stack@{}", program.pid()).parse().unwrap();
+    let itself = client
+        .stacks(&stack_map, StackOptions::default())
+        .await
+        .unwrap();
+    assert!(!itself.stacks.is_empty());
+    let ids: BTreeSet<i64> = itself.stacks.iter().map(|s| s.stack_id).collect();
+    assert_eq!(ids.len(), itself.stacks.len());
+    for s in &itself.stacks {
+        assert!(s.stack_id >= 0 && s.value == "1", "{s:?}");
+        let kernel = names(&s.kernel);
+        assert!(
+            !kernel.is_empty() && kernel.iter().all(|f| known.contains(*f)),
+            "{kernel:?}"
+        );
+    }
     // grpcurl: the same call by hand.
     let body = json!({"map": {"name": name.strip_prefix("name:").unwrap()}, "ids": {"kernel": "key", "bpftrace": true}, "limit": 1});
     let (ok, out, err) = grpcurl(

@@ -177,6 +177,7 @@ pub(crate) fn json_line(s: &pb::Stack) -> String {
         "value": s.value,
         "roots": s.roots,
         "pid": s.pid,
+        "stack_id": (s.stack_id >= 0).then_some(s.stack_id),
         "user_lost": lost(s.user_lost),
         "kernel_lost": lost(s.kernel_lost),
         "user": frames(&s.user),

@@ -33,7 +33,7 @@ pub(crate) async fn run(
         scan: req.scan,
         max_aggregates: MAX_BUCKETS as usize,
     };
-    let (prepared, shape) = prepare_as(with, caller, map, ask, |shown| {
+    let (prepared, shape) = prepare_as(with, caller, map, ask, |shown, _| {
         let shape = Shape::of(&req, shown)?;
         Ok((shape.request(&req), shape))
     })

@@ -67,7 +67,7 @@ pub(crate) async fn prepare(
         scan: req.scan,
         max_aggregates: MAX_AGGREGATES,
     };
-    let (prepared, ()) = prepare_as(with, caller, map, ask, |_| Ok((req, ()))).await?;
+    let (prepared, ()) = prepare_as(with, caller, map, ask, |_, _| Ok((req, ()))).await?;
     Ok(prepared)
 }
 
@@ -83,15 +83,15 @@ pub(crate) struct Ask<'r> {
 }
 
 /// Prepares a call that groups a map's entries: its slot, its map, then
-/// `question`, given the map's layout with the call's renderings, says
-/// what to compute (as an AggregateMapRequest) and what else the call
-/// needs to make its answer (`T`).
+/// `question`, given the map's layout with the call's renderings and its
+/// description, says what to compute (as an AggregateMapRequest) and what
+/// else the call needs to make its answer (`T`).
 pub(crate) async fn prepare_as<T>(
     with: Aggregator<'_>,
     caller: &Caller,
     map: MapRequest,
     ask: Ask<'_>,
-    question: impl FnOnce(&MapLayout) -> Result<(pb::AggregateMapRequest, T), Error>,
+    question: impl FnOnce(&MapLayout, &MapMeta) -> Result<(pb::AggregateMapRequest, T), Error>,
 ) -> Result<(Prepared, T), Error> {
     let Aggregator {
         calls,
@@ -113,7 +113,7 @@ pub(crate) async fn prepare_as<T>(
     let trim = dumps.trimmer.enter();
     let opened = calls.open(caller, call, map, &declared, true).await?;
     let shown = calls.layout(&opened, ask.render, true)?;
-    let (req, extra) = question(&shown)?;
+    let (req, extra) = question(&shown, opened.handle.meta())?;
     let spec = Spec::within(&req, &shown, max_groups, ask.max_aggregates).map_err(Error::from)?;
     let filter = match req.filter.as_str() {
         "" => None,
@@ -193,6 +193,11 @@ impl Prepared {
     /// The map, as the request named it.
     pub(crate) fn map(&self) -> &crate::model::MapRef {
         &self.walk.map
+    }
+
+    /// The map it reads, opened.
+    pub(crate) fn handle(&self) -> &bpfmap_kernel::MapHandle {
+        &self.walk.handle
     }
 
     /// The map it reads.

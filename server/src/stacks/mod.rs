@@ -49,9 +49,19 @@ pub(crate) async fn run(
         scan: req.scan,
         max_aggregates: 1,
     };
-    let (prepared, plan) = prepare_as(with.aggregator, caller, map, ask, |shown| {
-        let plan = Plan::of(&req, shown)?;
-        Ok((plan.request(&req), plan))
+    let (prepared, plan) = prepare_as(with.aggregator, caller, map, ask, |shown, meta| {
+        let plan = match meta.map_type == MapType::STACK_TRACE {
+            true => None,
+            false => Some(Plan::of(&req, shown)?),
+        };
+        let count = pb::AggregateMapRequest {
+            aggregates: vec![pb::Aggregate {
+                op: Op::Count as i32,
+                field: String::new(),
+            }],
+            ..Default::default()
+        };
+        Ok((plan.as_ref().map_or(count, |p| p.request(&req)), plan))
     })
     .await?;
     let calls = with.aggregator.calls;
@@ -59,6 +69,9 @@ pub(crate) async fn run(
         let call = Call::new(Operation::Symbolize, Rpc::StackMap);
         calls.authorize(caller, call, prepared.map())?;
     }
+    let Some(plan) = plan else {
+        return itself(prepared, with.symbols, &req).await;
+    };
     let (stacks, stack_name) = match stack_map {
         Some(m) => {
             let call = Call::new(Operation::Aggregate, Rpc::StackMap);
@@ -92,6 +105,107 @@ pub(crate) async fn run(
         }),
         notes,
     })
+}
+
+/// A stack-trace map read itself: each stack once, its kernel frames named
+/// (user frames carry no process to name them with).
+async fn itself(
+    prepared: crate::aggregate::Prepared,
+    symbols: &Symbols,
+    req: &pb::StackMapRequest,
+) -> Result<pb::StackMapResponse, Error> {
+    let name = prepared.map().to_string();
+    let started = std::time::Instant::now();
+    // The walk holds the call's dump slot (in `prepared`) while it reads.
+    let read = blocking(move || every_stack(prepared.handle())).await?;
+    let scanned = read.len() as u64;
+    let groups: Vec<Counted> = read
+        .iter()
+        .map(|(id, ips)| Counted {
+            roots: Vec::new(),
+            pid: 0,
+            kernel: ips
+                .first()
+                .is_some_and(|ip| kernel_address(*ip))
+                .then_some(*id),
+            user: ips
+                .first()
+                .is_some_and(|ip| !kernel_address(*ip))
+                .then_some(*id),
+            weight: 1,
+        })
+        .collect();
+    let mut frames = RawFrames {
+        groups,
+        ..Default::default()
+    };
+    for (id, ips) in read {
+        match ips.first().is_some_and(|ip| kernel_address(*ip)) {
+            true => frames.kernel.insert(id, ips),
+            false => frames.user.insert((0, id), ips),
+        };
+    }
+    let users = frames.user.len();
+    let (mut stacks, mut notes) = frames.name_each(symbols, req.addresses_only).await;
+    if users > 0 && !req.addresses_only {
+        notes.push(format!(
+            "{users} user stacks are addresses: a stack-trace map does not say whose they are (read the counts map that names the process)"
+        ));
+    }
+    if req.limit > 0 {
+        stacks.truncate(req.limit as usize);
+    }
+    Ok(pb::StackMapResponse {
+        stacks,
+        stack_map: name,
+        ids: None,
+        summary: Some(pb::AggregateSummary {
+            entries_scanned: scanned,
+            entries_matched: scanned,
+            groups_total: scanned,
+            elapsed: prost_types::Duration::try_from(started.elapsed()).ok(),
+            order_non_negative: true,
+            ..Default::default()
+        }),
+        notes,
+    })
+}
+
+/// Whether an instruction address is the kernel's (the upper half of a
+/// 64-bit address space, as x86-64 and arm64 split it).
+fn kernel_address(ip: u64) -> bool {
+    ip >= 0xffff_8000_0000_0000
+}
+
+/// Every stack of a stack-trace map: its id and addresses, outermost first.
+fn every_stack(handle: &MapHandle) -> Result<Vec<(i32, Vec<u64>)>, Error> {
+    let meta = handle.meta().clone();
+    let map = crate::model::MapRef::Id(meta.id);
+    let mut walker = bpfmap_kernel::walk::Walker::new(
+        handle,
+        meta.clone(),
+        bpfmap_kernel::walk::Position::Start,
+    )
+    .map_err(|e| Error::from_walk(&map, e))?;
+    let (ks, vs) = (meta.key_size as usize, meta.kernel_value_size());
+    let mut out = Vec::new();
+    while let Some(c) = walker
+        .next_chunk(1024)
+        .map_err(|e| Error::from_walk(&map, e))?
+    {
+        for i in 0..c.count {
+            let key = &c.keys[i * ks..(i + 1) * ks];
+            let id = i32::from_le_bytes(key[..4].try_into().expect("a u32 key"));
+            let mut ips: Vec<u64> = c.values[i * vs..(i + 1) * vs]
+                .chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .take_while(|ip| *ip != 0)
+                .collect();
+            ips.reverse();
+            out.push((id, ips));
+        }
+    }
+    Ok(out)
 }
 
 /// Where the ids are, what weighs, the roots: the aggregate walk's group
@@ -399,6 +513,21 @@ impl RawFrames {
     /// The stacks, named (unless `addresses_only`), merged by the frames
     /// they name, the heaviest first; and why some frames have no name.
     async fn name(self, symbols: &Symbols, addresses_only: bool) -> (Vec<pb::Stack>, Vec<String>) {
+        let (stacks, notes) = self.name_each(symbols, addresses_only).await;
+        let stacks = bpfmap_proto::stacks::merge(&stacks)
+            .into_iter()
+            .map(|s| pb::Stack { stack_id: -1, ..s })
+            .collect();
+        (stacks, notes)
+    }
+
+    /// Each group's stack, named (unless `addresses_only`), with its id
+    /// (the kernel's, else the user's); and why some frames have no name.
+    async fn name_each(
+        self,
+        symbols: &Symbols,
+        addresses_only: bool,
+    ) -> (Vec<pb::Stack>, Vec<String>) {
         let mut notes = BTreeSet::new();
         let mut named: HashMap<(Space, u64), pb::Frame> = HashMap::new();
         let mut spaces: BTreeMap<Space, BTreeSet<u64>> = BTreeMap::new();
@@ -411,7 +540,8 @@ impl RawFrames {
         let mut exited = Vec::new();
         for (space, addrs) in spaces {
             let addrs: Vec<u64> = addrs.into_iter().collect();
-            let frames = if addresses_only {
+            // Process 0: user stacks of a stack-trace map read itself.
+            let frames = if addresses_only || space == Space::Process(0) {
                 symbols::unnamed(&addrs, None)
             } else {
                 symbols.name(space, addrs.clone()).await
@@ -457,10 +587,10 @@ impl RawFrames {
                     user_lost: lost(g.user, user_ips.is_some()) as i32,
                     kernel_lost: lost(g.kernel, kernel_ips.is_some()) as i32,
                     pid: g.pid,
+                    stack_id: g.kernel.or(g.user).map_or(-1, i64::from),
                 }
             })
             .collect();
-        let stacks = bpfmap_proto::stacks::merge(&stacks);
         (stacks, notes.into_iter().collect())
     }
 }
