@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use bpfmap_client::{HistogramLayout, HistogramOptions, MapName, pb};
+use bpfmap_client::{Aggregate, AggregateOptions, HistogramLayout, HistogramOptions, MapName, pb};
 use bpfmap_kernel::{BtfBuilder, BtfMember as M, CreateMap, IntEncoding as E, OwnedBtf};
 use bpfmap_tests::{programs::*, *};
 use serde_json::{Value as Json, json};
@@ -181,9 +181,49 @@ async fn a_libbpf_tools_histogram_is_recognized_summed_and_estimated() {
         .map(|h| json_of(&h.key.as_ref().unwrap().fields["value.comm"]))
         .collect();
     assert_eq!(comms, [json!("b"), json!("a"), json!("c")]);
+    aggregates_over_the_slots(&client, &map).await;
     histogram_errors_say_what_to_give(&client, &map).await;
     drop(client);
     daemon.stop().await;
+}
+
+/// The slots summed (and their largest) element by element per command
+/// by AggregateMap: one list per aggregate, groups ordered by the total.
+async fn aggregates_over_the_slots(client: &bpfmap_client::Client, map: &MapName) {
+    let options = AggregateOptions::default()
+        .with_aggregates([Aggregate::sum("value.slots"), Aggregate::max("value.slots")])
+        .with_group_by(["value.comm"])
+        .with_limit(0);
+    let r = client.aggregate(map, options.clone()).await.unwrap();
+    let comms: Vec<Json> = r
+        .groups()
+        .iter()
+        .map(|g| json_of(&g.key()["value.comm"]))
+        .collect();
+    assert_eq!(comms, [json!("b"), json!("a"), json!("c")]);
+    let b = &r.groups()[0];
+    let mut want = vec![Some(0); SLOTS];
+    (want[3], want[5]) = (Some(6), Some(10));
+    assert_eq!(b.elements(0), want.as_slice());
+    assert_eq!(b.values()[0], Some(16));
+    assert_eq!(b.elements(1)[5], Some(10));
+    assert_eq!(b.values()[1], Some(10));
+    // Over the whole map, the smallest first, cut at the limit.
+    let whole = client
+        .aggregate(
+            map,
+            AggregateOptions::default().with_aggregate(Aggregate::sum("value.slots")),
+        )
+        .await
+        .unwrap();
+    let mut sums = vec![Some(0); SLOTS];
+    (sums[0], sums[1], sums[3], sums[5]) = (Some(1), Some(2), Some(10), Some(10));
+    assert_eq!(whole.groups()[0].elements(0), sums.as_slice());
+    let last = client
+        .aggregate(map, options.with_ascending(true).with_limit(1))
+        .await
+        .unwrap();
+    assert_eq!(json_of(&last.groups()[0].key()["value.comm"]), json!("c"));
 }
 
 /// Layouts and groups that do not fit: INVALID_ARGUMENT naming them.
@@ -448,6 +488,26 @@ async fn histograms_merge_exactly_over_the_targets_and_name_the_missing() {
     assert_eq!(buckets(&lines[0]), [(0, 10), (1, 10), (2, 10)]);
     assert_eq!(lines[1]["key"], json!({"key": 1}));
     assert_eq!(buckets(&lines[1]), [(2, 6)]);
+    // The slots summed element by element across the hosts by `top`: the
+    // exact top K, ordered by the totals.
+    let mut cmd = all.clone();
+    cmd.extend([
+        "top",
+        "hists",
+        "--by",
+        "sum(value.slots)",
+        "--group-by",
+        "key",
+        "-n",
+        "1",
+    ]);
+    let (r, out, err) = ctl(&cmd).await;
+    assert!(r.is_ok(), "{r:?} {err}");
+    let top = json_lines(&out);
+    assert_eq!(top[0]["key"], json!({"key": 7}));
+    let mut want = vec![json!("0"); SLOTS];
+    (want[0], want[1], want[2]) = (json!("10"), json!("10"), json!("10"));
+    assert_eq!(top[0]["values"]["sum(value.slots)"], json!(want), "{out}");
     // A target that does not answer is named; the others are merged.
     let mut cmd = all.clone();
     cmd.extend(["-t", &dead, "--format", "json", "hist", "hists"]);
@@ -511,6 +571,22 @@ async fn histograms_merge_exactly_over_the_targets_and_name_the_missing() {
         answer["failed"][0]["status"]["reason"],
         "TARGET_UNREACHABLE"
     );
+    // AggregateMap over the slots through the relay: lists merged exactly.
+    let body = json!({"request": {"map": {"path": "hists"}, "groupBy": ["key"], "aggregates": [{"op": "SUM", "field": "value.slots"}]}});
+    let (ok, out, err) = grpcurl(
+        &["-plaintext", "-d", &body.to_string()],
+        &relay.local_addr().to_string(),
+        &["bpfmap.v1.FleetService/AggregateMap"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let answer = &json_stream(&out)[0];
+    assert_eq!(
+        answer["groups"][0]["group"]["values"][0],
+        json!(want),
+        "{out}"
+    );
+    assert_eq!(answer["groups"][1]["group"]["values"][0][2], "6", "{out}");
     relay.stop().await.unwrap();
     for d in daemons {
         d.stop().await;

@@ -104,15 +104,28 @@ pub(crate) fn json_line(g: &FleetGroup, group_by: &[String], names: &[String]) -
     line.extend_from_slice(b"],\"key\":");
     key_object(&mut line, group_by, g.group.key());
     line.extend_from_slice(b",\"values\":{");
+    let decimal = |line: &mut Vec<u8>, v: &Option<i128>| match v {
+        Some(v) => write_json_string(line, &v.to_string()),
+        None => line.extend_from_slice(b"null"),
+    };
     for (i, (name, v)) in names.iter().zip(g.group.values()).enumerate() {
         if i > 0 {
             line.push(b',');
         }
         write_json_string(&mut line, name);
         line.push(b':');
-        match v {
-            Some(v) => write_json_string(&mut line, &v.to_string()),
-            None => line.extend_from_slice(b"null"),
+        match g.group.elements(i) {
+            [] => decimal(&mut line, v),
+            each => {
+                line.push(b'[');
+                for (j, e) in each.iter().enumerate() {
+                    if j > 0 {
+                        line.push(b',');
+                    }
+                    decimal(&mut line, e);
+                }
+                line.push(b']');
+            }
         }
     }
     line.extend_from_slice(b"}}\n");
@@ -161,11 +174,16 @@ fn table(
             .iter()
             .map(|p| g.group.key().get(p).map(cell).unwrap_or_default())
             .collect();
+        let cell = |v: &Option<i128>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
         row.extend(
             g.group
                 .values()
                 .iter()
-                .map(|v| v.map_or_else(|| "-".to_owned(), |v| v.to_string())),
+                .enumerate()
+                .map(|(i, v)| match g.group.elements(i) {
+                    [] => cell(v),
+                    each => format!("[{}]", each.iter().map(cell).collect::<Vec<_>>().join(",")),
+                }),
         );
         if args.hosts {
             let hosts: Vec<&str> = g.hosts.iter().map(|t| t.as_str()).collect();

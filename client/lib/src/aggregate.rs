@@ -404,24 +404,52 @@ impl AggregateOptions {
 pub struct Group {
     key: BTreeMap<String, prost_types::Value>,
     values: Vec<Option<i128>>,
+    /// Per aggregate over an array, its elements' values (empty for the
+    /// others).
+    elements: Vec<Vec<Option<i128>>>,
     key_bytes: Vec<u8>,
 }
 
+/// What the groups of an answer are made of: per aggregate, the number of
+/// elements of an aggregate over an array (0 for the others).
+pub(crate) type Shape = Vec<usize>;
+
 impl Group {
-    /// A group from its message; a value that is not an integer is a
-    /// protocol error.
-    pub(crate) fn from_proto(g: pb::Group) -> Result<Self, Error> {
-        let values = g
-            .values
-            .iter()
-            .map(integer)
-            .collect::<Result<Vec<_>, _>>()?;
+    /// A group from its message, its aggregates `ops` (in order): an
+    /// aggregate over an array is a list of its elements' values, whose
+    /// value is its elements folded as `ops` says (a SUM's total); a value
+    /// that is not an integer (or such a list) is a protocol error.
+    pub(crate) fn from_proto(g: pb::Group, ops: &[AggregateOp]) -> Result<Self, Error> {
+        let mut values = Vec::with_capacity(g.values.len());
+        let mut elements = Vec::with_capacity(g.values.len());
+        for (i, v) in g.values.iter().enumerate() {
+            match &v.kind {
+                Some(prost_types::value::Kind::ListValue(l)) => {
+                    let each = l
+                        .values
+                        .iter()
+                        .map(integer)
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let op = ops.get(i).copied().unwrap_or(AggregateOp::Sum).to_proto();
+                    values.push(
+                        each.iter()
+                            .fold(None, |a, b| bpfmap_proto::aggregate::combine(op, a, *b)),
+                    );
+                    elements.push(each);
+                }
+                _ => {
+                    values.push(integer(v)?);
+                    elements.push(Vec::new());
+                }
+            }
+        }
         Ok(Self {
             key: g
                 .key
                 .map(|k| k.fields.into_iter().collect())
                 .unwrap_or_default(),
             values,
+            elements,
             key_bytes: g.key_bytes,
         })
     }
@@ -429,13 +457,28 @@ impl Group {
     pub(crate) fn new(
         key: BTreeMap<String, prost_types::Value>,
         values: Vec<Option<i128>>,
+        elements: Vec<Vec<Option<i128>>>,
         key_bytes: Vec<u8>,
     ) -> Self {
         Self {
             key,
             values,
+            elements,
             key_bytes,
         }
+    }
+
+    /// The values of an aggregate over an array (`sum(value.slots)`), one
+    /// per element, exact; empty for an aggregate of one integer (its
+    /// value is in [`values`](Self::values): for an array, its elements
+    /// folded as the aggregate folds them, a SUM's total).
+    pub fn elements(&self, aggregate: usize) -> &[Option<i128>] {
+        self.elements.get(aggregate).map_or(&[], Vec::as_slice)
+    }
+
+    /// Per aggregate, its elements (0 for an aggregate of one integer).
+    pub(crate) fn shape(&self) -> Shape {
+        self.elements.iter().map(Vec::len).collect()
     }
 
     /// The group's key: each group-by path ("key.daddr") to its decoded
@@ -456,6 +499,8 @@ impl Group {
         &self.key_bytes
     }
 
+    /// Its key, its values and then every element's value (flat, for
+    /// merging by position), its key bytes.
     pub(crate) fn into_parts(
         self,
     ) -> (
@@ -463,7 +508,9 @@ impl Group {
         Vec<Option<i128>>,
         Vec<u8>,
     ) {
-        (self.key, self.values, self.key_bytes)
+        let mut flat = self.values;
+        flat.extend(self.elements.into_iter().flatten());
+        (self.key, flat, self.key_bytes)
     }
 }
 
@@ -534,12 +581,16 @@ pub struct AggregateResult {
 }
 
 impl AggregateResult {
-    pub(crate) fn from_proto(resp: pb::AggregateMapResponse) -> Result<Self, Error> {
+    /// The answer to a request of aggregates `ops`.
+    pub(crate) fn from_proto(
+        resp: pb::AggregateMapResponse,
+        ops: &[AggregateOp],
+    ) -> Result<Self, Error> {
         let groups = resp
             .groups
             .iter()
             .cloned()
-            .map(Group::from_proto)
+            .map(|g| Group::from_proto(g, ops))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             groups,
@@ -627,12 +678,15 @@ mod tests {
             ],
             key_bytes: vec![1],
         };
-        let g = Group::from_proto(g).unwrap();
+        let g = Group::from_proto(g, &[]).unwrap();
         assert_eq!(g.values(), [Some(i128::MAX), Some(443), None]);
         let bad = pb::Group {
             values: vec!["1.5".into()],
             ..Default::default()
         };
-        assert!(matches!(Group::from_proto(bad), Err(Error::Protocol(_))));
+        assert!(matches!(
+            Group::from_proto(bad, &[]),
+            Err(Error::Protocol(_))
+        ));
     }
 }

@@ -168,7 +168,8 @@ impl Client {
                 async move { c.aggregate_map(req).await }
             })
             .await?;
-        AggregateResult::from_proto(resp)
+        let ops: Vec<_> = options.aggregates().iter().map(|a| a.op()).collect();
+        AggregateResult::from_proto(resp, &ops)
     }
 
     /// Watches a map; see [`Watch`](crate::Watch).

@@ -571,14 +571,16 @@ impl Runner {
         let groups = top
             .into_iter()
             .filter(|(_, v)| given || within(v.get(asked.order_by()).copied().flatten()))
-            .map(|(key_bytes, mut values)| {
+            .map(|(key_bytes, flat)| {
+                let (mut values, mut elements) = self.merge.split(flat);
                 values.truncate(shown);
+                elements.truncate(shown);
                 let key = self.merge.groups.get(&key_bytes).map(|s| s.key.clone());
                 let mut hosts = self.merge.holders(&key_bytes);
                 hosts.sort_by_key(|t| order.get(t).copied());
                 FleetGroup {
                     hosts,
-                    group: Group::new(key.unwrap_or_default(), values, key_bytes),
+                    group: Group::new(key.unwrap_or_default(), values, elements, key_bytes),
                 }
             })
             .collect();
@@ -619,6 +621,12 @@ fn via_relay(
         targets: RelayLink::selector(fleet.targets()),
     };
     let (mut client, targets) = (link.client.clone(), fleet.targets().to_vec());
+    let ops: Vec<AggregateOp> = options
+        .aggregate
+        .aggregates()
+        .iter()
+        .map(|a| a.op())
+        .collect();
     let deadline = Deadline::start(fleet.options().deadline());
     let buffer = targets.len() + 1;
     FleetRun::spawn(targets.clone(), buffer, move |tx| async move {
@@ -627,7 +635,7 @@ fn via_relay(
             .within(async move { client.aggregate_map(deadline.request(req)).await })
             .await;
         match answer.map(tonic::Response::into_inner) {
-            Ok(a) => run.aggregate_answer(a).await,
+            Ok(a) => run.aggregate_answer(a, &ops).await,
             Err(e) => run.fail_all(|| copy(&e)).await,
         }
     })
@@ -636,13 +644,17 @@ fn via_relay(
 impl Run<FleetAggregate> {
     /// The targets' reports, then the fleet's answer; targets the answer
     /// does not name are reported failed and missing.
-    async fn aggregate_answer(&mut self, answer: pb::FleetServiceAggregateMapResponse) {
+    async fn aggregate_answer(
+        &mut self,
+        answer: pb::FleetServiceAggregateMapResponse,
+        ops: &[AggregateOp],
+    ) {
         let groups: Result<Vec<FleetGroup>, Error> = answer
             .groups
             .iter()
             .map(|g| {
                 Ok(FleetGroup {
-                    group: Group::from_proto(g.group.clone().unwrap_or_default())?,
+                    group: Group::from_proto(g.group.clone().unwrap_or_default(), ops)?,
                     hosts: g.targets.iter().map(|t| self.target(t)).collect(),
                 })
             })

@@ -56,8 +56,15 @@ impl Bound {
 /// Every host's answers so far.
 #[derive(Debug, Clone)]
 pub(crate) struct Merge {
-    /// Each aggregate's operation, the hidden COUNT last.
+    /// Each aggregate's operation, the hidden COUNT last; then, once an
+    /// answer says how many, one per element of each aggregate over an
+    /// array (groups' values are merged flat, by position).
     ops: Vec<AggregateOp>,
+    /// The aggregates (the hidden COUNT included), before the elements.
+    base: usize,
+    /// Per aggregate, its elements (0 for one integer), from the first
+    /// answer.
+    shape: Option<crate::aggregate::Shape>,
     order_by: usize,
     ascending: bool,
     pub(crate) groups: BTreeMap<Vec<u8>, Seen>,
@@ -71,6 +78,8 @@ impl Merge {
     pub(crate) fn new(options: &AggregateOptions) -> Self {
         Self {
             ops: options.aggregates().iter().map(|a| a.op()).collect(),
+            base: options.aggregates().len(),
+            shape: None,
             order_by: options.order_by(),
             ascending: options.ascending(),
             groups: BTreeMap::new(),
@@ -97,6 +106,14 @@ impl Merge {
                 .or_insert(Bound::AtMost(i128::MAX));
         }
         for g in result.into_groups() {
+            if self.shape.is_none() {
+                let shape = g.shape();
+                for (i, n) in shape.iter().enumerate() {
+                    let op = self.ops[i.min(self.base - 1)];
+                    self.ops.extend(std::iter::repeat_n(op, *n));
+                }
+                self.shape = Some(shape);
+            }
             let (key, values, key_bytes) = g.into_parts();
             let seen = self.groups.entry(key_bytes).or_insert_with(|| Seen {
                 key,
@@ -109,7 +126,25 @@ impl Merge {
     /// The number of values of each group (the aggregates and the hidden
     /// COUNT).
     pub(crate) fn width(&self) -> usize {
-        self.ops.len()
+        self.base
+    }
+
+    /// A group's merged flat values split back: one value per aggregate,
+    /// and each aggregate's elements.
+    pub(crate) fn split(
+        &self,
+        mut flat: Vec<Option<i128>>,
+    ) -> (Vec<Option<i128>>, Vec<Vec<Option<i128>>>) {
+        let rest = flat.split_off(self.base.min(flat.len()));
+        let mut rest = rest.into_iter();
+        let elements = match &self.shape {
+            Some(shape) => shape
+                .iter()
+                .map(|n| rest.by_ref().take(*n).collect())
+                .collect(),
+            None => vec![Vec::new(); flat.len()],
+        };
+        (flat, elements)
     }
 
     /// Forgets `target` (it failed): its values and its bound.
@@ -285,21 +320,24 @@ mod tests {
 
     /// An answer of `(key, sum, count)` groups out of `total`.
     fn answer(groups: &[(u8, i128, u64)], total: u64) -> AggregateResult {
-        AggregateResult::from_proto(pb::AggregateMapResponse {
-            groups: groups
-                .iter()
-                .map(|(k, sum, count)| pb::Group {
-                    key: None,
-                    values: vec![sum.to_string().into(), count.to_string().into()],
-                    key_bytes: vec![*k],
-                })
-                .collect(),
-            summary: Some(pb::AggregateSummary {
-                groups_total: total,
-                order_non_negative: true,
-                ..Default::default()
-            }),
-        })
+        AggregateResult::from_proto(
+            pb::AggregateMapResponse {
+                groups: groups
+                    .iter()
+                    .map(|(k, sum, count)| pb::Group {
+                        key: None,
+                        values: vec![sum.to_string().into(), count.to_string().into()],
+                        key_bytes: vec![*k],
+                    })
+                    .collect(),
+                summary: Some(pb::AggregateSummary {
+                    groups_total: total,
+                    order_non_negative: true,
+                    ..Default::default()
+                }),
+            },
+            &[AggregateOp::Sum, AggregateOp::Count],
+        )
         .unwrap()
     }
 

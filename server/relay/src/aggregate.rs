@@ -85,18 +85,28 @@ impl Answer {
 }
 
 /// A fleet group as answers carry it: values as exact decimal strings
-/// (null for the MIN and MAX of a group without entries).
+/// (null for the MIN and MAX of a group without entries), an aggregate over
+/// an array as a list of them.
 fn fleet_group(g: &FleetGroup) -> pb::FleetGroup {
     use prost_types::value::Kind;
+    let decimal = |v: &Option<i128>| prost_types::Value {
+        kind: Some(match v {
+            Some(v) => Kind::StringValue(v.to_string()),
+            None => Kind::NullValue(0),
+        }),
+    };
     let values = g
         .group
         .values()
         .iter()
-        .map(|v| prost_types::Value {
-            kind: Some(match v {
-                Some(v) => Kind::StringValue(v.to_string()),
-                None => Kind::NullValue(0),
-            }),
+        .enumerate()
+        .map(|(i, v)| match g.group.elements(i) {
+            [] => decimal(v),
+            each => prost_types::Value {
+                kind: Some(Kind::ListValue(prost_types::ListValue {
+                    values: each.iter().map(decimal).collect(),
+                })),
+            },
         })
         .collect();
     pb::FleetGroup {

@@ -2,6 +2,7 @@
 //! blocking pool, grouping the matching entries as it reads them (the
 //! groups and their aggregates are `query::Spec`'s).
 
+mod elements;
 pub(crate) mod histogram;
 mod walk;
 
@@ -43,6 +44,46 @@ pub(crate) async fn run(
     req: pb::AggregateMapRequest,
 ) -> Result<pb::AggregateMapResponse, Error> {
     prepare(with, caller, map, req).await?.run(None).await
+}
+
+/// Runs an AggregateMap call as the RPC answers it: aggregates over arrays
+/// of integers (`sum(value.slots)`) as lists, one value per element (see
+/// `elements`).
+pub(crate) async fn answer(
+    with: Aggregator<'_>,
+    caller: &Caller,
+    map: MapRequest,
+    req: pb::AggregateMapRequest,
+) -> Result<pb::AggregateMapResponse, Error> {
+    let ask = Ask {
+        rpc: Rpc::AggregateMap,
+        render: &req.render.clone(),
+        scan: req.scan,
+        max_aggregates: elements::MAX_ELEMENTS,
+    };
+    let (prepared, elements) =
+        prepare_as(
+            with,
+            caller,
+            map,
+            ask,
+            |shown, _| match elements::Elements::expand(&req, shown)? {
+                Some((inner, elements)) => Ok((inner, Some(elements))),
+                None if req.aggregates.len() > MAX_AGGREGATES => {
+                    Err(Error::InvalidArgument(format!(
+                        "{} aggregates: at most {MAX_AGGREGATES}",
+                        req.aggregates.len()
+                    )))
+                }
+                None => Ok((req, None)),
+            },
+        )
+        .await?;
+    let answer = prepared.run(None).await?;
+    Ok(match elements {
+        Some(e) => e.collapse(answer),
+        None => answer,
+    })
 }
 
 /// An AggregateMap call ready to read its map: its slot taken, its map

@@ -140,7 +140,7 @@ impl MapService for MapServiceImpl {
         let req = request.into_inner();
         let p = &self.0;
         let result = match map {
-            Ok(map) => aggregate::run(p.aggregator(), &caller, map, req).await,
+            Ok(map) => aggregate::answer(p.aggregator(), &caller, map, req).await,
             Err(e) => Err(e),
         };
         if let Ok(r) = &result {
