@@ -4,7 +4,7 @@
 //! method, the targets that answered and those that failed, and what each
 //! daemon did.
 
-use bpfmap_client::{AggregateOptions, FleetAggregate, FleetAggregateOptions, FleetGroup, pb};
+use bpfmap_client::{AggregateOptions, FleetAggregateOptions, FleetGroup, pb};
 use bpfmapd::Operation;
 
 use crate::{
@@ -33,55 +33,14 @@ pub(crate) async fn run(
             FleetAggregateOptions::default().with_aggregate(options),
         )
         .await;
-    let failed = call
-        .denials()
-        .into_iter()
-        .map(|e| pb::TargetFailure {
-            target: e.target,
-            status: Some(e.status),
-        })
-        .collect();
-    Ok(Answer { answer, failed }.into_proto(calls))
-}
-
-/// The library's answer, and the targets that failed before it ran.
-struct Answer {
-    answer: FleetAggregate,
-    failed: Vec<pb::TargetFailure>,
-}
-
-impl Answer {
-    /// The answer as the relay sends it, each target's end recorded.
-    fn into_proto(self, calls: &Calls) -> pb::FleetServiceAggregateMapResponse {
-        let Self { answer, mut failed } = self;
-        let mut answered = Vec::new();
-        for report in &answer.reports {
-            let target = report.target.as_str().to_owned();
-            match calls.targets.record_end(report) {
-                Some(status) => failed.push(pb::TargetFailure {
-                    target,
-                    status: Some(status),
-                }),
-                None => answered.push(target),
-            }
-        }
-        pb::FleetServiceAggregateMapResponse {
-            groups: answer.groups.iter().map(fleet_group).collect(),
-            method: answer.method.as_str().to_owned(),
-            answered,
-            failed,
-            work: answer
-                .reports
-                .iter()
-                .map(|r| pb::TargetWork {
-                    target: r.target.as_str().to_owned(),
-                    entries_scanned: r.scanned,
-                    groups: r.entries,
-                    calls: r.calls,
-                })
-                .collect(),
-        }
-    }
+    let ends = call.ends(calls, &answer.reports);
+    Ok(pb::FleetServiceAggregateMapResponse {
+        groups: answer.groups.iter().map(fleet_group).collect(),
+        method: answer.method.as_str().to_owned(),
+        answered: ends.answered,
+        failed: ends.failed,
+        work: ends.work,
+    })
 }
 
 /// A fleet group as answers carry it: values as exact decimal strings

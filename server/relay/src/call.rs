@@ -155,6 +155,13 @@ impl Calls {
     }
 }
 
+/// How the targets of a call answered at once ended.
+pub(crate) struct Ends {
+    pub(crate) answered: Vec<String>,
+    pub(crate) failed: Vec<pb::TargetFailure>,
+    pub(crate) work: Vec<pb::TargetWork>,
+}
+
 impl Call {
     /// How a target the policy keeps from the caller ends.
     pub(crate) fn denial(&self) -> InBand {
@@ -162,6 +169,46 @@ impl Call {
             identity: self.asker.caller.identity.clone(),
             op: self.op,
             map: self.map.to_string(),
+        }
+    }
+
+    /// How every target of a call answered at once (AggregateMap,
+    /// HistogramMap, StackMap) ended, its end recorded: the denied, those
+    /// whose report says they failed (both in `failed`), the others in
+    /// `answered`; what each daemon did.
+    pub(crate) fn ends(&self, calls: &Calls, reports: &[bpfmap_client::TargetReport]) -> Ends {
+        let mut failed: Vec<pb::TargetFailure> = self
+            .denials()
+            .into_iter()
+            .map(|e| pb::TargetFailure {
+                target: e.target,
+                status: Some(e.status),
+            })
+            .collect();
+        let mut answered = Vec::new();
+        for report in reports {
+            let target = report.target.as_str().to_owned();
+            match calls.targets.record_end(report) {
+                Some(status) => failed.push(pb::TargetFailure {
+                    target,
+                    status: Some(status),
+                }),
+                None => answered.push(target),
+            }
+        }
+        let work = reports
+            .iter()
+            .map(|r| pb::TargetWork {
+                target: r.target.as_str().to_owned(),
+                entries_scanned: r.scanned,
+                groups: r.entries,
+                calls: r.calls,
+            })
+            .collect();
+        Ends {
+            answered,
+            failed,
+            work,
         }
     }
 

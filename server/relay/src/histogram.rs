@@ -30,49 +30,30 @@ pub(crate) async fn run(
         .fleet(&call.asker, &call.targets)
         .histogram(&call.map, options)
         .await;
-    let mut failed: Vec<pb::TargetFailure> = call
-        .denials()
-        .into_iter()
-        .map(|e| pb::TargetFailure {
-            target: e.target,
-            status: Some(e.status),
-        })
+    let mut ends = call.ends(calls, &merged.reports);
+    // A target whose buckets differ answered, and is left out.
+    let differ: Vec<String> = merged
+        .differ
+        .iter()
+        .map(|t| t.as_str().to_owned())
         .collect();
-    let mut answered = Vec::new();
-    for report in &merged.reports {
-        let target = report.target.as_str().to_owned();
-        match calls.targets.record_end(report) {
-            Some(status) => failed.push(pb::TargetFailure {
-                target,
-                status: Some(status),
-            }),
-            None if merged.differ.contains(&report.target) => failed.push(pb::TargetFailure {
-                target,
-                status: Some(differ()),
-            }),
-            None => answered.push(target),
-        }
-    }
+    ends.answered.retain(|t| !differ.contains(t));
+    ends.failed
+        .extend(differ.into_iter().map(|target| pb::TargetFailure {
+            target,
+            status: Some(differ_status()),
+        }));
     Ok(pb::FleetServiceHistogramMapResponse {
-        work: merged
-            .reports
-            .iter()
-            .map(|r| pb::TargetWork {
-                target: r.target.as_str().to_owned(),
-                entries_scanned: r.scanned,
-                groups: r.entries,
-                calls: r.calls,
-            })
-            .collect(),
         layout: merged.layout.map(|l| l.as_proto().clone()),
         histograms: merged.histograms,
-        answered,
-        failed,
+        answered: ends.answered,
+        failed: ends.failed,
+        work: ends.work,
     })
 }
 
 /// The status of a target whose buckets differ from the first's.
-fn differ() -> pb::TargetStatus {
+fn differ_status() -> pb::TargetStatus {
     pb::TargetStatus {
         code: bpfmap_client::code_name(tonic::Code::FailedPrecondition).to_owned(),
         reason: Reason::HistogramsDiffer.as_str().to_owned(),

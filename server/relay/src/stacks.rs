@@ -29,43 +29,16 @@ pub(crate) async fn run(
         .fleet(&call.asker, &call.targets)
         .stacks(&call.map, options)
         .await;
-    let mut failed: Vec<pb::TargetFailure> = call
-        .denials()
-        .into_iter()
-        .map(|e| pb::TargetFailure {
-            target: e.target,
-            status: Some(e.status),
-        })
-        .collect();
-    let mut answered = Vec::new();
-    for report in &merged.reports {
-        let target = report.target.as_str().to_owned();
-        match calls.targets.record_end(report) {
-            Some(status) => failed.push(pb::TargetFailure {
-                target,
-                status: Some(status),
-            }),
-            None => answered.push(target),
-        }
-    }
+    let ends = call.ends(calls, &merged.reports);
     Ok(pb::FleetServiceStackMapResponse {
-        work: merged
-            .reports
-            .iter()
-            .map(|r| pb::TargetWork {
-                target: r.target.as_str().to_owned(),
-                entries_scanned: r.scanned,
-                groups: r.entries,
-                calls: r.calls,
-            })
-            .collect(),
         notes: merged
             .notes
             .iter()
             .map(|(t, n)| format!("{t}: {n}"))
             .collect(),
         stacks: merged.stacks,
-        answered,
-        failed,
+        answered: ends.answered,
+        failed: ends.failed,
+        work: ends.work,
     })
 }
