@@ -158,6 +158,8 @@ async fn a_libbpf_tools_histogram_is_recognized_summed_and_estimated() {
         .map(|h| json_of(&h.key.as_ref().unwrap().fields["key"]))
         .collect();
     assert_eq!(keys, [json!(2), json!(1)]);
+    // Three histograms, two answered.
+    assert_eq!(per_pid.summary.as_ref().unwrap().groups_total(), 3);
     assert_eq!(counts(&per_pid.histograms[0]), [(3, 6), (4, 0), (5, 10)]);
     let filtered = client
         .histogram(&map, HistogramOptions::default().with_filter("key != 2"))

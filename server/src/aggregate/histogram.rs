@@ -187,11 +187,13 @@ impl Shape {
                 .cmp(&a.count)
                 .then_with(|| a.key_bytes.cmp(&b.key_bytes))
         });
+        // Histograms before the limit.
+        let total = histograms.len() as u64;
         if limit > 0 {
             histograms.truncate(limit as usize);
         }
         let summary = answer.summary.map(|s| pb::AggregateSummary {
-            groups_total: histograms.len() as u64,
+            groups_total: total,
             order_non_negative: true,
             ..s
         });
