@@ -121,15 +121,34 @@ pub(crate) fn unnamed(addrs: &[u64], note: Option<Note>) -> Named {
     }
 }
 
+/// A symbolizer that names functions: no source lines or inlined
+/// functions (frames carry neither, and reading DWARF's line tables costs
+/// most of a cold call).
+fn naming_only() -> Symbolizer {
+    Symbolizer::builder()
+        .enable_code_info(false)
+        .enable_inlined_fns(false)
+        .build()
+}
+
 fn serve(rx: mpsc::Receiver<Ask>) {
     let mut made = Instant::now();
-    let mut symbolizer = Symbolizer::new();
+    let mut symbolizer = naming_only();
     while let Ok(ask) = rx.recv() {
         if made.elapsed() > RENEW {
-            symbolizer = Symbolizer::new();
+            symbolizer = naming_only();
             made = Instant::now();
         }
-        let named = name(&symbolizer, ask.space, &ask.addrs);
+        // A binary that makes the symbolizer panic costs its addresses
+        // their names, not the thread (a fresh symbolizer serves on).
+        let named = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            name(&symbolizer, ask.space, &ask.addrs)
+        }));
+        let named = named.unwrap_or_else(|_| {
+            symbolizer = naming_only();
+            made = Instant::now();
+            unnamed(&ask.addrs, Some(Note::Said("the symbolizer failed on these addresses".into())))
+        });
         let _ = ask.reply.send(named);
     }
 }
