@@ -147,7 +147,12 @@ fn serve(rx: mpsc::Receiver<Ask>) {
         let named = named.unwrap_or_else(|_| {
             symbolizer = naming_only();
             made = Instant::now();
-            unnamed(&ask.addrs, Some(Note::Said("the symbolizer failed on these addresses".into())))
+            unnamed(
+                &ask.addrs,
+                Some(Note::Said(
+                    "the symbolizer failed on these addresses".into(),
+                )),
+            )
         });
         let _ = ask.reply.send(named);
     }
