@@ -82,6 +82,27 @@ impl Program {
         std::fs::read_to_string(self.output.path()).unwrap_or_default()
     }
 
+    /// Interrupts it (SIGINT, as Ctrl-C does: bpftrace prints its maps),
+    /// waits up to 20 s for it to end and gives everything it printed.
+    pub fn interrupt(&mut self) -> String {
+        let sent = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill(1) runs");
+        assert!(sent.success(), "kill -INT {} failed", self.child.id());
+        let start = std::time::Instant::now();
+        while !matches!(self.child.try_wait(), Ok(Some(_))) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "{} did not end on SIGINT: {}",
+                self.name,
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.output()
+    }
+
     /// Fails, with its output, if it has exited.
     pub fn check_running(&mut self) {
         if let Ok(Some(status)) = self.child.try_wait() {

@@ -3,7 +3,9 @@
 //! element by element; bpftrace's hist() and lhist() maps (one per-CPU
 //! entry per bucket, no types) declared; drawn as the programs draw them,
 //! as JSON data, through the library, bpfmapctl and grpcurl, merged over
-//! several daemons; the real runqlat and bpftrace against bpftool.
+//! several daemons; the real runqlat and bpftrace against bpftool; and
+//! bpftrace's count(), sum(), min(), max(), avg() and stats() maps printed
+//! as bpftrace prints them.
 
 use std::collections::BTreeMap;
 
@@ -774,6 +776,218 @@ async fn runqlat_and_bpftrace_histograms_match_bpftool() {
     assert!(r.is_ok(), "{r:?} {err}");
     assert!(out.lines().any(|l| l.starts_with("[0]")), "{out}");
     drop((rq, bt));
+    drop(client);
+    daemon.stop().await;
+}
+
+/// Seeks a file from a thread named `bpfmap-lseek` (what the script
+/// below filters on), each (whence, offset) once; the negative and odd
+/// ones fail, but their syscall is traced all the same.
+fn seeks(calls: &[(u8, i64)]) {
+    use std::io::{Seek as _, SeekFrom};
+    let calls = calls.to_vec();
+    std::thread::Builder::new()
+        .name("bpfmap-lseek".into())
+        .spawn(move || {
+            let mut f = std::fs::File::open("/proc/self/exe").unwrap();
+            for (whence, offset) in calls {
+                let _ = f.seek(match whence {
+                    0 => SeekFrom::Start(offset as u64),
+                    1 => SeekFrom::Current(offset),
+                    _ => SeekFrom::End(offset),
+                });
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+/// bpftrace's printed maps: each `@name` to its lines, in order.
+fn printed_maps(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut maps: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with('@')) {
+        let name = line.split(['[', ':']).next().unwrap().to_owned();
+        maps.entry(name).or_default().push(line.to_owned());
+    }
+    maps
+}
+
+/// The values of printed lines, in order (bpftrace orders ties as its
+/// hash map iterates; values must come in the same order).
+fn printed_values(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| {
+            l.rsplit_once("]: ")
+                .or(l.split_once(": "))
+                .unwrap()
+                .1
+                .to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
+    let bpftrace = require("bpftrace", "bpftrace");
+    mount_tracefs();
+    let script = "tracepoint:syscalls:sys_enter_lseek /comm == \"bpfmap-lseek\"/ { \
+        @c[args->whence] = count(); @s[args->whence] = sum(args->offset); \
+        @mn[args->whence] = min(args->offset); @mx[args->whence] = max(args->offset); \
+        @av[args->whence] = avg(args->offset); @st[args->whence] = stats(args->offset); \
+        @bycomm[comm] = count(); @all = stats(args->offset); @least = min(args->offset); }";
+    let mut bt = Program::start(&bpftrace, &["-e", script], &[]);
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let daemon = Daemon::start_with(bpfmapd::Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    })
+    .await;
+    let client = daemon.client().await;
+    let map = |name: &str| format!("name:AT_{name}@{}", bt.pid());
+    // Seek until the probe counts (it attaches after its maps exist).
+    let all: MapName = map("all").parse().unwrap();
+    wait_for(
+        std::time::Duration::from_secs(30),
+        "bpftrace to count seeks",
+        async || {
+            seeks(&[(0, 1)]);
+            let m = client
+                .bpftrace(
+                    &all,
+                    bpfmap_client::bpftrace::BpftraceOptions::new(
+                        bpfmap_client::bpftrace::Function::Stats,
+                    ),
+                )
+                .await
+                .ok()?;
+            (!m.entries.is_empty()).then_some(())
+        },
+    )
+    .await;
+    seeks(&[
+        (0, 5),
+        (0, 300),
+        (1, -3),
+        (1, 9),
+        (1, -20),
+        (2, -5_000_000_000),
+        (2, 6_000_000_000),
+        (2, -7),
+    ]);
+    let addr = daemon.addr();
+    let read = async |name: &str, function: &str, extra: &[&str]| {
+        let m = map(name);
+        let mut args = vec!["--addr", &addr, "--format", "table"];
+        args.extend_from_slice(extra);
+        args.extend(["bpftrace", &m, "--as", function]);
+        let (r, out, err) = ctl(&args).await;
+        assert!(r.is_ok(), "{name} as {function}: {r:?} {err}");
+        out
+    };
+    let mut ours = String::new();
+    for (name, function) in [
+        ("c", "count"),
+        ("s", "sum"),
+        ("mn", "min"),
+        ("mx", "max"),
+        ("av", "avg"),
+        ("st", "stats"),
+        ("all", "stats"),
+        ("least", "min"),
+    ] {
+        ours.push_str(&read(name, function, &[]).await);
+    }
+    ours.push_str(&read("bycomm", "count", &["--key-type", "char[16]"]).await);
+    // JSON: one object per key, exact.
+    let (r, out, _) = ctl(&[
+        "--addr",
+        &addr,
+        "--format",
+        "json",
+        "bpftrace",
+        &map("st"),
+        "--as",
+        "stats",
+    ])
+    .await;
+    assert!(r.is_ok(), "{r:?}");
+    let rows: Vec<Json> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        rows.contains(&json!({"map": "@st", "key": "2", "count": "3", "average": "333333331", "total": "999999993"})),
+        "{out}"
+    );
+    // Two targets reading the same map merge as bpftrace merges CPUs.
+    let (r, twice, err) = ctl(&[
+        "--target",
+        &addr,
+        "--target",
+        &addr,
+        "--format",
+        "table",
+        "bpftrace",
+        &map("mn"),
+        "--as",
+        "min",
+    ])
+    .await;
+    assert!(r.is_ok(), "{r:?} {err}");
+    // A key type that does not fit, and an unknown function, are said.
+    let (r, _, _) = ctl(&[
+        "--addr",
+        &addr,
+        "--key-type",
+        "__u32",
+        "bpftrace",
+        &map("c"),
+        "--as",
+        "count",
+    ])
+    .await;
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("4 bytes; the map's keys are 8 bytes"), "{e}");
+    let (r, _, _) = ctl(&["--addr", &addr, "bpftrace", &map("c"), "--as", "median"]).await;
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("count, sum, min, max, avg or stats"), "{e}");
+
+    // bpftrace prints the same maps when interrupted.
+    let theirs = printed_maps(&bt.interrupt());
+    let ours = printed_maps(&ours);
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>(),
+        "ours:\n{ours:?}\ntheirs:\n{theirs:?}"
+    );
+    for (name, lines) in &theirs {
+        let (mut a, mut b) = (ours[name].clone(), lines.clone());
+        assert_eq!(printed_values(&a), printed_values(&b), "{name}");
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{name}");
+    }
+    // What the test wrote, as bpftrace printed it.
+    for line in [
+        "@mn[1]: -20",
+        "@mn[2]: -5000000000",
+        "@mx[2]: 6000000000",
+        "@st[1]: count 3, average -4, total -14",
+        "@least: -5000000000",
+        "@bycomm[bpfmap-lseek]: ",
+    ] {
+        assert!(
+            theirs.values().flatten().any(|l| l.starts_with(line)),
+            "{line}: {theirs:?}"
+        );
+    }
+    assert_eq!(
+        twice.lines().collect::<Vec<_>>(),
+        ours["@mn"],
+        "a min over two targets"
+    );
     drop(client);
     daemon.stop().await;
 }

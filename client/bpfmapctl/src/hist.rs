@@ -29,7 +29,7 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Res
     let Some(every) = args.interval else {
         let merged = fleet.histogram(&map, options).await;
         setup.progress.finish();
-        refused(&merged)?;
+        refused(&merged.reports)?;
         draw(
             io.out,
             &setup,
@@ -41,7 +41,7 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Res
     };
     let mut before = fleet.histogram(&map, options.clone()).await;
     setup.progress.finish();
-    refused(&before)?;
+    refused(&before.reports)?;
     let mut shown = 0u64;
     loop {
         let signal = tokio::select! {
@@ -150,18 +150,18 @@ fn options(args: &HistArgs) -> anyhow::Result<HistogramOptions> {
 
 /// A usage error when every target refused the request as malformed (a
 /// map that is not a histogram, a layout or member that does not fit).
-fn refused(merged: &FleetHistograms) -> anyhow::Result<()> {
+pub(crate) fn refused(reports: &[bpfmap_client::TargetReport]) -> anyhow::Result<()> {
     let invalid = |r: &bpfmap_client::TargetReport| {
         r.error
             .as_ref()
             .is_some_and(|e| e.code() == bpfmap_client::Code::InvalidArgument)
     };
-    if merged.reports.is_empty() || !merged.reports.iter().all(invalid) {
+    if reports.is_empty() || !reports.iter().all(invalid) {
         return Ok(());
     }
-    let first = &merged.reports[0];
+    let first = &reports[0];
     let (_, text) = first.error.as_ref().map(code_and_text).unwrap_or_default();
-    Err(match merged.reports.as_slice() {
+    Err(match reports {
         [_] => usage(text),
         _ => usage(format!("{}: {text}", first.target)),
     })
@@ -414,7 +414,10 @@ fn finish(err: &mut dyn io::Write, merged: &FleetHistograms) -> anyhow::Result<(
     Ok(())
 }
 
-fn report_error(err: &mut dyn io::Write, r: &bpfmap_client::TargetReport) -> io::Result<()> {
+pub(crate) fn report_error(
+    err: &mut dyn io::Write,
+    r: &bpfmap_client::TargetReport,
+) -> io::Result<()> {
     let (code, text) = r.error.as_ref().map(code_and_text).unwrap_or_default();
     let line = json!({"target": r.target.as_str(), "code": code, "error": text});
     writeln!(err, "{line}")

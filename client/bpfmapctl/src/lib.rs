@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod arrow_out;
+mod bpftrace;
 mod commands;
 mod cursors;
 mod drain;
@@ -173,6 +174,15 @@ pub enum Command {
     /// the map's entries by each daemon and merged exactly across the
     /// targets. `--format json`: one line per histogram, as data.
     Hist(HistArgs),
+    /// A map bpftrace keeps with count(), sum(), min(), max(), avg() or
+    /// stats() (`--as`), printed as bpftrace prints it (`@mn[7]: -3`, `@st:
+    /// count 51, average 4, total 204`): min() undone and max() taken over
+    /// the CPUs (not summed), avg() and stats() from their count and
+    /// total; combined by each daemon and merged across the targets. Keys
+    /// print through --key-type (`char[16]` for comm; without the index
+    /// avg() and stats() append), else as integers. hist() and lhist()
+    /// maps are drawn by `hist`.
+    Bpftrace(BpftraceArgs),
     /// The stacks of a map of counts keyed by stack ids (offcputime's,
     /// wakeuptime's, bpftrace's `@[kstack]`) with the stack-trace map its
     /// programs use, the frames named by the daemon, the heaviest first:
@@ -330,6 +340,22 @@ pub struct HistArgs {
     /// With --interval: stop after this many drawings (0: never).
     #[arg(long, default_value_t = 0)]
     pub count: u64,
+}
+
+/// The arguments of `bpftrace`.
+#[derive(Debug, Args)]
+pub struct BpftraceArgs {
+    /// The map: path, "id:N", `name:NAME[@OWNER]` (bpftrace 0.17 names
+    /// `@x` `AT_x`: `name:AT_x@bpftrace`).
+    pub map: String,
+    /// The function that keeps it: count, sum, min, max, avg or stats
+    /// (the map does not say which).
+    #[arg(long = "as", value_name = "FUNCTION")]
+    pub function: String,
+    /// The name to print (`@x`); default: the map's kernel name, `AT_`
+    /// made `@`.
+    #[arg(long)]
+    pub name: Option<String>,
 }
 
 /// The arguments of `stacks`.
@@ -667,6 +693,7 @@ pub async fn run_with(
             None => top::run(setup, io, args, cli.per_cpu).await,
         },
         Command::Hist(args) => hist::run(setup, io, args).await,
+        Command::Bpftrace(args) => bpftrace::run(setup, io, args).await,
         Command::Stacks(args) => stacks::run(setup, io, args, cli.format, terminals.stdout).await,
         Command::Watch(args) => watching::watch(setup, io, args, cli.per_cpu).await,
         Command::Drain(_) if cli.relay.is_some() => Err(usage(

@@ -100,6 +100,10 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A bpftrace map whose keys do not fit the function or the key type
+    /// named ([`crate::bpftrace`]): the message says what the map holds.
+    #[error("bpftrace map: {0}")]
+    Bpftrace(String),
 }
 
 impl From<Status> for Error {
@@ -144,7 +148,8 @@ impl Error {
             | Self::MapName(_)
             | Self::Target(_)
             | Self::Render { .. }
-            | Self::Aggregate { .. } => Code::InvalidArgument,
+            | Self::Aggregate { .. }
+            | Self::Bpftrace(_) => Code::InvalidArgument,
             Self::Connect { .. } => Code::Unavailable,
             Self::Protocol(_) | Self::Types(_) => Code::Internal,
             #[cfg(feature = "arrow")]

@@ -185,6 +185,7 @@
 #![warn(missing_docs)]
 
 mod aggregate;
+pub mod bpftrace;
 mod chunk;
 mod client;
 mod connect;

@@ -150,6 +150,22 @@ impl MapName {
         }
     }
 
+    /// This map without declared types.
+    pub fn without_types(self) -> Self {
+        match self {
+            Self::Declared { map, .. } => *map,
+            m => m,
+        }
+    }
+
+    /// The key type declared with [`with_types`](Self::with_types), if any.
+    pub fn declared_key(&self) -> Option<&str> {
+        match self {
+            Self::Declared { key, .. } if !key.is_empty() => Some(key),
+            _ => None,
+        }
+    }
+
     /// A map reference as a request carries it: [`Error::MapName`] when it
     /// names no map (an inner map's outer map included).
     pub fn from_proto(r: &pb::MapRef) -> Result<Self, Error> {
