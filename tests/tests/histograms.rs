@@ -806,7 +806,11 @@ fn seeks(calls: &[(u8, i64)]) {
 /// bpftrace's printed maps: each `@name` to its lines, in order.
 fn printed_maps(text: &str) -> BTreeMap<String, Vec<String>> {
     let mut maps: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in text.lines().filter(|l| l.starts_with('@')) {
+    // Histograms' headers (`@h: `) are left out: their drawings follow.
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with('@') && !l.ends_with(": "))
+    {
         let name = line.split(['[', ':']).next().unwrap().to_owned();
         maps.entry(name).or_default().push(line.to_owned());
     }
@@ -836,7 +840,8 @@ async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
         @c[args->whence] = count(); @s[args->whence] = sum(args->offset); \
         @mn[args->whence] = min(args->offset); @mx[args->whence] = max(args->offset); \
         @av[args->whence] = avg(args->offset); @st[args->whence] = stats(args->offset); \
-        @bycomm[comm] = count(); @all = stats(args->offset); @least = min(args->offset); }";
+        @bycomm[comm] = count(); @all = stats(args->offset); @least = min(args->offset); \
+        @h = hist(args->offset); @l = lhist(args->offset, 0, 400, 100); }";
     let mut bt = Program::start(&bpftrace, &["-e", script], &[]);
     let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
     let daemon = Daemon::start_with(bpfmapd::Config {
@@ -877,29 +882,49 @@ async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
         (2, -7),
     ]);
     let addr = daemon.addr();
-    let read = async |name: &str, function: &str, extra: &[&str]| {
+    let read = async |name: &str, extra: &[&str]| {
         let m = map(name);
-        let mut args = vec!["--addr", &addr, "--format", "table"];
+        let mut args = vec!["--addr", &addr, "--format", "table", "bpftrace", &m];
         args.extend_from_slice(extra);
-        args.extend(["bpftrace", &m, "--as", function]);
         let (r, out, err) = ctl(&args).await;
-        assert!(r.is_ok(), "{name} as {function}: {r:?} {err}");
+        assert!(r.is_ok(), "{name} {extra:?}: {r:?} {err}");
         out
     };
+    // The daemon reads the functions and the key types in the script.
     let mut ours = String::new();
-    for (name, function) in [
-        ("c", "count"),
-        ("s", "sum"),
-        ("mn", "min"),
-        ("mx", "max"),
-        ("av", "avg"),
-        ("st", "stats"),
-        ("all", "stats"),
-        ("least", "min"),
-    ] {
-        ours.push_str(&read(name, function, &[]).await);
+    for name in ["c", "s", "mn", "mx", "av", "st", "all", "least", "bycomm"] {
+        ours.push_str(&read(name, &[]).await);
     }
-    ours.push_str(&read("bycomm", "count", &["--key-type", "char[16]"]).await);
+    let info = client
+        .get_map(&map("bycomm").parse().unwrap())
+        .await
+        .unwrap();
+    let script = info.as_proto().bpftrace.clone().unwrap();
+    assert_eq!(
+        (
+            script.function.as_str(),
+            script.key.as_str(),
+            script.key_type.as_str()
+        ),
+        ("count", "comm", "char[16]")
+    );
+    // Named by hand, the same.
+    assert_eq!(
+        read("bycomm", &["--key-type", "char[16]", "--as", "count"]).await,
+        read("bycomm", &[]).await
+    );
+    // hist() and lhist() maps are histograms: drawn by `hist` without
+    // declaring their buckets (lhist's bounds from the script).
+    let (r, _, _) = ctl(&["--addr", &addr, "bpftrace", &map("h")]).await;
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("hist() map: draw it with bpfmapctl hist"), "{e}");
+    let drawn = async |name: &str| {
+        let (r, out, err) = ctl(&["--addr", &addr, "--format", "table", "hist", &map(name)]).await;
+        assert!(r.is_ok(), "{name}: {r:?} {err}");
+        out
+    };
+    let h = drawn("h").await;
+    let l = drawn("l").await;
     // JSON: one object per key, exact.
     let (r, out, _) = ctl(&[
         "--addr",
@@ -988,6 +1013,22 @@ async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
         ours["@mn"],
         "a min over two targets"
     );
+    // The histograms as bpftrace drew them.
+    let drawing = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with(['[', '(']))
+            .map(str::to_owned)
+            .collect()
+    };
+    let theirs_text = bt.output();
+    let section = |name: &str| {
+        let from = theirs_text.find(&format!("{name}: \n")).unwrap();
+        let rest = &theirs_text[from..];
+        let end = rest.find("\n\n").unwrap_or(rest.len());
+        drawing(&rest[..end])
+    };
+    assert_eq!(drawing(&h), section("@h"), "hist()");
+    assert_eq!(drawing(&l), section("@l"), "lhist()");
     drop(client);
     daemon.stop().await;
 }

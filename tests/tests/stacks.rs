@@ -182,7 +182,7 @@ async fn bpftrace_kstack_counts_read_as_named_kernel_stacks() {
         &bpftrace,
         &[
             "-e",
-            "tracepoint:sched:sched_switch { @ks[kstack] = count(); }",
+            "tracepoint:sched:sched_switch { @ks[kstack] = count(); @pids[pid] = count(); }",
         ],
         &[],
     );
@@ -199,19 +199,38 @@ async fn bpftrace_kstack_counts_read_as_named_kernel_stacks() {
         client.get_map(&map).await.ok()
     })
     .await;
-    // Without a declaration, the ids are not recognized.
+    // A map keyed by something else is not read as stacks: the message
+    // says how to declare the ids.
+    let pids: MapName = format!("name:AT_pids@{}", program.pid()).parse().unwrap();
     let e = client
-        .stacks(&map, StackOptions::default())
+        .stacks(&pids, StackOptions::default())
         .await
         .unwrap_err();
     assert_eq!(code_of(&e), Code::InvalidArgument);
     assert!(e.to_string().contains("--kernel-id key --bpftrace"), "{e}");
-    let options = StackOptions::default().with_ids("key", "", "", true);
+    // The daemon reads @ks[kstack] in bpftrace's script: no declaration.
+    let info = client.get_map(&map).await.unwrap();
+    let script = info.as_proto().bpftrace.clone().unwrap();
+    assert_eq!(
+        (
+            script.function.as_str(),
+            script.key.as_str(),
+            script.key_type.as_str(),
+            script.script.as_str()
+        ),
+        ("count", "kstack", "__u64", "-e")
+    );
     let stacks = wait_for(Duration::from_secs(30), "bpftrace to count", async || {
-        let s = client.stacks(&map, options.clone()).await.ok()?;
+        let s = client.stacks(&map, StackOptions::default()).await.ok()?;
         (!s.stacks.is_empty()).then_some(s)
     })
     .await;
+    // Declared as before, the same stacks.
+    let declared = client
+        .stacks(&map, StackOptions::default().with_ids("key", "", "", true))
+        .await
+        .unwrap();
+    assert!(!declared.stacks.is_empty());
     let known = kernel_functions();
     let top = &stacks.stacks[0];
     let kernel = names(&top.kernel);

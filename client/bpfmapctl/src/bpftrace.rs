@@ -8,6 +8,7 @@ use std::io;
 use bpfmap_client::{
     FleetEvent, MapName,
     bpftrace::{BpftraceMap, BpftraceOptions, BpftraceValue, Function, script_name},
+    pb,
 };
 use futures::StreamExt as _;
 use serde_json::json;
@@ -22,18 +23,48 @@ use crate::{
     usage,
 };
 
-/// `bpftrace MAP --as FUNCTION`.
+/// `bpftrace MAP [--as FUNCTION]`.
 pub(crate) async fn run(setup: Setup, io: Io<'_>, args: BpftraceArgs) -> anyhow::Result<()> {
-    let function: Function = args
-        .function
-        .parse()
-        .map_err(|e| usage(format!("--as: {e}")))?;
     let map = setup.map_name(&args.map)?;
-    let mut options = BpftraceOptions::new(function);
-    if let Some(k) = map.declared_key() {
-        options = options.with_key_type(k);
-    }
     let fleet = setup.fleet();
+    let described = describe(&fleet, &map).await;
+    let said = described.as_ref().and_then(|(_, s)| s.as_ref());
+    let function: Function = match (&args.function, said) {
+        (Some(f), _) => f.parse().map_err(|e| usage(format!("--as: {e}")))?,
+        (None, Some(s)) if matches!(s.function.as_str(), "hist" | "lhist") => {
+            return Err(usage(format!(
+                "{} is a bpftrace {}() map: draw it with bpfmapctl hist",
+                args.map, s.function
+            )));
+        }
+        (None, Some(s)) if !s.function.is_empty() => s
+            .function
+            .parse()
+            .map_err(|e| usage(format!("the script's {}: {e}", s.function)))?,
+        (None, _) => {
+            return Err(usage(format!(
+                "name the function that keeps {} with --as (count, sum, min, max, avg or stats): {}",
+                args.map,
+                match (&described, said) {
+                    (None, _) => "no target describes the map".to_owned(),
+                    (Some(_), Some(s)) => format!(
+                        "its script ({}) assigns it plain values, not an aggregation",
+                        s.script
+                    ),
+                    (Some(_), None) => {
+                        "no bpftrace script that assigns it was found on the daemon's host"
+                            .to_owned()
+                    }
+                }
+            )));
+        }
+    };
+    let mut options = BpftraceOptions::new(function);
+    match (map.declared_key(), said) {
+        (Some(k), _) => options = options.with_key_type(k),
+        (None, Some(s)) if !s.key_type.is_empty() => options = options.with_key_type(&s.key_type),
+        _ => {}
+    }
     let merged = fleet.bpftrace(&map, options).await;
     setup.progress.finish();
     refused(&merged.reports)?;
@@ -41,9 +72,10 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: BpftraceArgs) -> anyhow:
         return Err(usage(e.to_string()));
     }
     if let Some(m) = &merged.map {
-        let name = match &args.name {
-            Some(n) => n.clone(),
-            None => kernel_name(&fleet, &map).await,
+        let name = match (&args.name, &described) {
+            (Some(n), _) => n.clone(),
+            (None, Some((kernel, _))) => kernel.clone(),
+            (None, None) => args.map.clone(),
         };
         print(io.out, setup.printer.format(), &script_name(&name), m)?;
     }
@@ -67,19 +99,19 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: BpftraceArgs) -> anyhow:
     }
 }
 
-/// The map's kernel name ("AT_mn"): from its reference, else from the
-/// first target that describes it.
-async fn kernel_name(fleet: &bpfmap_client::Fleet, map: &MapName) -> String {
-    if let MapName::Name(n) = map.clone().without_types() {
-        return n;
-    }
+/// The map's kernel name ("AT_mn") and what its bpftrace script says of
+/// it, from the first target that describes it; `None` when none does.
+async fn describe(
+    fleet: &bpfmap_client::Fleet,
+    map: &MapName,
+) -> Option<(String, Option<pb::BpftraceScript>)> {
     let mut run = fleet.get_map(map);
     while let Some(event) = run.next().await {
         if let FleetEvent::Answer { answer, .. } = event {
-            return answer.name().to_owned();
+            return Some((answer.name().to_owned(), answer.as_proto().bpftrace.clone()));
         }
     }
-    map.to_string()
+    None
 }
 
 /// As bpftrace prints it (`table`), or one JSON object per key.

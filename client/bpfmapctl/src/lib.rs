@@ -175,13 +175,14 @@ pub enum Command {
     /// targets. `--format json`: one line per histogram, as data.
     Hist(HistArgs),
     /// A map bpftrace keeps with count(), sum(), min(), max(), avg() or
-    /// stats() (`--as`), printed as bpftrace prints it (`@mn[7]: -3`, `@st:
-    /// count 51, average 4, total 204`): min() undone and max() taken over
-    /// the CPUs (not summed), avg() and stats() from their count and
-    /// total; combined by each daemon and merged across the targets. Keys
-    /// print through --key-type (`char[16]` for comm; without the index
-    /// avg() and stats() append), else as integers. hist() and lhist()
-    /// maps are drawn by `hist`.
+    /// stats(), printed as bpftrace prints it (`@mn[7]: -3`, `@st: count
+    /// 51, average 4, total 204`): min() undone and max() taken over the
+    /// CPUs (not summed), avg() and stats() from their count and total;
+    /// combined by each daemon and merged across the targets. The function
+    /// and the key's type are read from the bpftrace process's script by
+    /// the daemon, or given (`--as`, --key-type: `char[16]` for comm,
+    /// without the index avg() and stats() append); keys without a type
+    /// print as integers. hist() and lhist() maps are drawn by `hist`.
     Bpftrace(BpftraceArgs),
     /// The stacks of a map of counts keyed by stack ids (offcputime's,
     /// wakeuptime's, bpftrace's `@[kstack]`) with the stack-trace map its
@@ -348,10 +349,11 @@ pub struct BpftraceArgs {
     /// The map: path, "id:N", `name:NAME[@OWNER]` (bpftrace 0.17 names
     /// `@x` `AT_x`: `name:AT_x@bpftrace`).
     pub map: String,
-    /// The function that keeps it: count, sum, min, max, avg or stats
-    /// (the map does not say which).
+    /// The function that keeps it: count, sum, min, max, avg or stats.
+    /// Default: what the script of the bpftrace process holding the map
+    /// assigns it, as the daemon reads it (the map itself does not say).
     #[arg(long = "as", value_name = "FUNCTION")]
-    pub function: String,
+    pub function: Option<String>,
     /// The name to print (`@x`); default: the map's kernel name, `AT_`
     /// made `@`.
     #[arg(long)]

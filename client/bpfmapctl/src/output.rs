@@ -862,6 +862,24 @@ fn map_fields(m: &MapInfo) -> Vec<(&'static str, String)> {
             "holders_incomplete",
             m.holders_incomplete().unwrap_or("-").to_owned(),
         ),
+        (
+            "bpftrace",
+            p.bpftrace.as_ref().map_or_else(
+                || "-".into(),
+                |b| {
+                    let f = if b.function.is_empty() {
+                        "values".to_owned()
+                    } else {
+                        format!("{}()", b.function)
+                    };
+                    match (b.key.as_str(), b.key_type.as_str()) {
+                        ("", _) => format!("{f}, script {}", b.script),
+                        (k, "") => format!("{f} keyed by [{k}], script {}", b.script),
+                        (k, t) => format!("{f} keyed by [{k}] ({t}), script {}", b.script),
+                    }
+                },
+            ),
+        ),
     ]
 }
 
@@ -872,7 +890,7 @@ fn map_json(target: &Target, m: &MapInfo) -> Vec<u8> {
         None => Json::Null,
     };
     let p = m.as_proto();
-    let fields: [(&str, Json); 22] = [
+    let fields: [(&str, Json); 23] = [
         ("target", json!(target.as_str())),
         ("path", json!(p.path)),
         ("id", json!(m.id())),
@@ -918,6 +936,20 @@ fn map_json(target: &Target, m: &MapInfo) -> Vec<u8> {
         ),
         ("memlock", json!(m.memlock())),
         ("holders_incomplete", json!(m.holders_incomplete())),
+        (
+            "bpftrace",
+            p.bpftrace.as_ref().map_or(Json::Null, |b| {
+                json!({
+                    "function": b.function,
+                    "key": b.key,
+                    "key_type": b.key_type,
+                    "min": b.min,
+                    "max": b.max,
+                    "step": b.step,
+                    "script": b.script,
+                })
+            }),
+        ),
     ];
     ordered_line(&fields)
 }

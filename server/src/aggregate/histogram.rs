@@ -33,8 +33,10 @@ pub(crate) async fn run(
         scan: req.scan,
         max_aggregates: MAX_BUCKETS as usize,
     };
-    let (prepared, shape) = prepare_as(with, caller, map, ask, |shown, _| {
-        let shape = Shape::of(&req, shown)?;
+    let holders = with.calls.holders.clone();
+    let (prepared, shape) = prepare_as(with, caller, map, ask, |shown, meta| {
+        let script = || holders.get().bpftrace(meta.id, &meta.name, meta.key_size);
+        let shape = Shape::of(&req, shown, script)?;
         Ok((shape.request(&req), shape))
     })
     .await?;
@@ -60,9 +62,14 @@ struct Shape {
 }
 
 impl Shape {
-    /// The layout of `req` (or the one `shown`'s types say), checked
-    /// against the map's types.
-    fn of(req: &pb::HistogramMapRequest, shown: &MapLayout) -> Result<Self, Error> {
+    /// The layout of `req` (or the one `shown`'s types say, or the script
+    /// of the bpftrace process holding the map), checked against the
+    /// map's types.
+    fn of(
+        req: &pb::HistogramMapRequest,
+        shown: &MapLayout,
+        script: impl FnOnce() -> Option<pb::BpftraceScript>,
+    ) -> Result<Self, Error> {
         let bad = Error::InvalidArgument;
         let mut layout = req.layout.clone().unwrap_or_default();
         if layout.buckets() == Buckets::Unspecified {
@@ -71,10 +78,17 @@ impl Shape {
                     "layout.bucket and layout.count name where buckets are, not what they count: give layout.buckets too (LOG2, BPFTRACE_LOG2, LINEAR or BPFTRACE_LINEAR)".into(),
                 ));
             }
-            if layout.slots.is_empty() {
-                layout.slots = recognize(shown)?;
+            match (layout.slots.is_empty(), recognize(shown)) {
+                (false, _) => layout.buckets = Buckets::Log2 as i32,
+                (true, Ok(slots)) => {
+                    layout.slots = slots;
+                    layout.buckets = Buckets::Log2 as i32;
+                }
+                (true, Err(e)) => match script() {
+                    Some(s) => bpftrace_layout(&mut layout, &s, e)?,
+                    None => return Err(e),
+                },
             }
-            layout.buckets = Buckets::Log2 as i32;
         } else if layout.slots.is_empty() && layout.bucket.is_empty() && layout.count.is_empty() {
             // Buckets declared, not where: the value's histogram array if
             // its types have one, else an entry per bucket.
@@ -243,6 +257,48 @@ fn bucket_number(path: &str, number: IntField, key_bytes: &[u8]) -> Result<u32, 
 /// The member of a map's value that is its histogram: the one array of
 /// integers named `slots` or `hist` (libbpf-tools' `struct hist`,
 /// funclatency's `hist[]`).
+/// The layout of a bpftrace hist() or lhist() map its script gives (one
+/// entry per bucket, keyed by the bucket alone); `unrecognized` otherwise,
+/// said with what the script shows.
+fn bpftrace_layout(
+    layout: &mut pb::HistogramLayout,
+    script: &pb::BpftraceScript,
+    unrecognized: Error,
+) -> Result<(), Error> {
+    let bad = Error::InvalidArgument;
+    match (script.function.as_str(), script.key.is_empty()) {
+        ("hist", true) => layout.buckets = Buckets::BpftraceLog2 as i32,
+        ("lhist", true) if script.step > 0 => {
+            layout.buckets = Buckets::BpftraceLinear as i32;
+            (layout.min, layout.max, layout.step) = (script.min, script.max, script.step);
+        }
+        ("lhist", true) => {
+            return Err(bad(
+                "the map is a bpftrace lhist() whose bounds its script does not give as numbers: declare them, {\"buckets\": \"BPFTRACE_LINEAR\", \"min\": ..., \"max\": ..., \"step\": ...}".into(),
+            ));
+        }
+        ("hist" | "lhist", false) => {
+            return Err(bad(format!(
+                "the map is a bpftrace {}() keyed by [{}] and a bucket: declare its key with the bucket last, e.g. {{\"key\": \"struct {{ ...; __u64 bucket; }}\"}}, the layout {{\"buckets\": \"{}\", \"bucket\": \"key.bucket\"}} and group_by the other members",
+                script.function,
+                script.key,
+                if script.function == "hist" {
+                    "BPFTRACE_LOG2"
+                } else {
+                    "BPFTRACE_LINEAR"
+                }
+            )));
+        }
+        ("", _) => return Err(unrecognized),
+        (f, _) => {
+            return Err(bad(format!(
+                "the map is kept by bpftrace's {f}(), not a histogram (bpfmapctl bpftrace prints it as bpftrace does)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn recognize(shown: &MapLayout) -> Result<String, Error> {
     match histograms_in(shown).as_slice() {
         [one] => Ok(one.clone()),

@@ -12,6 +12,8 @@ use std::{
 use bpfmap_kernel::holders::{self, ProcessScan};
 use bpfmap_proto::v1 as pb;
 
+use super::bpftrace::Script;
+
 /// How long one reading of the holders serves the calls that follow.
 pub(crate) const FRESH_FOR: Duration = Duration::from_secs(1);
 
@@ -40,6 +42,8 @@ impl HoldersCache {
 pub(crate) struct Holders {
     programs: HashMap<u32, Vec<pb::MapProgram>>,
     owners: HashMap<u32, Vec<pb::MapOwner>>,
+    /// The scripts of the bpftrace processes among the owners, by pid.
+    scripts: HashMap<u32, Script>,
     /// Why some may be missing; empty when none is.
     incomplete: String,
 }
@@ -70,6 +74,11 @@ impl Holders {
             unreadable,
         } = holders::processes("/proc".as_ref(), std::process::id());
         for p in processes {
+            if p.comm == "bpftrace"
+                && let Some(script) = Script::of_process("/proc".as_ref(), p.pid)
+            {
+                out.scripts.insert(p.pid, script);
+            }
             for id in p.map_ids {
                 out.owners.entry(id).or_default().push(pb::MapOwner {
                     pid: p.pid,
@@ -91,6 +100,21 @@ impl Holders {
         info.programs = self.programs.get(&info.id).cloned().unwrap_or_default();
         info.owners = self.owners.get(&info.id).cloned().unwrap_or_default();
         info.holders_incomplete.clone_from(&self.incomplete);
+        info.bpftrace = self.bpftrace(info.id, &info.name, info.key_size);
+    }
+
+    /// What the script of a bpftrace process holding map `id` (named
+    /// `name`, with keys of `key_size` bytes) says of it.
+    pub(crate) fn bpftrace(
+        &self,
+        id: u32,
+        name: &str,
+        key_size: u32,
+    ) -> Option<pb::BpftraceScript> {
+        self.owners
+            .get(&id)?
+            .iter()
+            .find_map(|o| self.scripts.get(&o.pid)?.map(name, key_size))
     }
 
     /// Whether `owner` (a program name, a process name or a pid) holds map

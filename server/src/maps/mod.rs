@@ -2,6 +2,7 @@
 //! their key and value types (read from BTF and checked), how a call's
 //! entries are decoded, and the demo maps.
 
+mod bpftrace;
 pub mod btf;
 mod catalog;
 mod declared;

@@ -49,10 +49,12 @@ pub(crate) async fn run(
         scan: req.scan,
         max_aggregates: 1,
     };
+    let holders = with.aggregator.calls.holders.clone();
     let (prepared, plan) = prepare_as(with.aggregator, caller, map, ask, |shown, meta| {
+        let script = || holders.get().bpftrace(meta.id, &meta.name, meta.key_size);
         let plan = match meta.map_type == MapType::STACK_TRACE {
             true => None,
-            false => Some(Plan::of(&req, shown)?),
+            false => Some(Plan::of(&req, shown, script)?),
         };
         let count = pb::AggregateMapRequest {
             aggregates: vec![pb::Aggregate {
@@ -228,7 +230,11 @@ const PIDS: [&str; 2] = ["tgid", "pid"];
 const WEIGHTS: [&str; 3] = ["delta", "count", "value"];
 
 impl Plan {
-    fn of(req: &pb::StackMapRequest, shown: &MapLayout) -> Result<Self, Error> {
+    fn of(
+        req: &pb::StackMapRequest,
+        shown: &MapLayout,
+        script: impl FnOnce() -> Option<pb::BpftraceScript>,
+    ) -> Result<Self, Error> {
         let bad = Error::InvalidArgument;
         let is_int = |p: &str| shown.member(p).and_then(|m| m.int()).is_ok();
         let mut ids = req.ids.clone().unwrap_or_default();
@@ -244,6 +250,18 @@ impl Plan {
             ids.user = find(&USER_IDS);
             if ids.pid.is_empty() && !ids.user.is_empty() {
                 ids.pid = find(&PIDS);
+            }
+            // bpftrace's @[kstack] and @[ustack], said by its script.
+            if ids.kernel.is_empty()
+                && ids.user.is_empty()
+                && let Some(s) = script()
+            {
+                match s.key.split('(').next().map(str::trim) {
+                    Some("kstack") => ids.kernel = "key".into(),
+                    Some("ustack") => ids.user = "key".into(),
+                    _ => {}
+                }
+                ids.bpftrace = !(ids.kernel.is_empty() && ids.user.is_empty());
             }
             if ids.kernel.is_empty() && ids.user.is_empty() {
                 return Err(bad(
