@@ -11,7 +11,7 @@ use crate::v1::{self as pb, LostStack};
 /// without a name by its address) and how their ids were lost.
 pub fn identity(s: &pb::Stack) -> Vec<String> {
     let frame = |f: &pb::Frame| match f.function.is_empty() {
-        true => format!("{:#x}", f.address),
+        true => frame_label(f),
         false => format!("{} {}", f.module, f.function),
     };
     let mut k = s.roots.clone();
@@ -42,12 +42,21 @@ pub fn merge<'a>(answers: impl IntoIterator<Item = &'a pb::Stack>) -> Vec<pb::St
         .collect()
 }
 
+/// A frame without a name: its address, or where a stack map kept by
+/// build ID left it (`<build id>+0x<offset>`).
+pub fn frame_label(f: &pb::Frame) -> String {
+    match (f.address, f.build_id.is_empty()) {
+        (0, false) => format!("{}+{:#x}", f.build_id, f.file_offset),
+        (a, _) => format!("{a:#x}"),
+    }
+}
+
 /// A frame's name in a folded line: its function (`_[k]` after a kernel
 /// one, as flamegraph.pl colours them), or its address; `;` cannot be in
 /// a frame.
 fn folded_frame(f: &pb::Frame, kernel: bool) -> String {
     let name = match f.function.is_empty() {
-        true => format!("{:#x}", f.address),
+        true => frame_label(f),
         false => f.function.replace(';', ":"),
     };
     match kernel {
@@ -92,6 +101,7 @@ mod tests {
             function: function.into(),
             offset: 4,
             module: "[kernel]".into(),
+            ..Default::default()
         }
     }
 

@@ -157,7 +157,7 @@ async fn offcputime_stacks_name_our_functions_and_the_kernels() {
         value.parse::<u64>().is_ok() && !folded.contains(' '),
         "{line}"
     );
-    pprof_and_svg_of(&daemon, &map.to_string(), pid).await;
+    pprof_and_svg_of(&daemon, &map.to_string(), pid, &bin).await;
     // Addresses only: the same stacks, nothing named.
     let bare = client
         .stacks(&map, options.clone().with_addresses_only())
@@ -520,8 +520,9 @@ async fn stacks_merge_over_the_targets_directly_and_through_the_relay() {
 }
 
 /// The sleeper's stacks as a pprof profile read back by the protobuf
-/// package with pprof's profile.proto, and as an SVG flame graph.
-async fn pprof_and_svg_of(daemon: &Daemon, map: &str, pid: u32) {
+/// package with pprof's profile.proto (its binary `bin`'s mapping with its
+/// build ID), and as an SVG flame graph.
+async fn pprof_and_svg_of(daemon: &Daemon, map: &str, pid: u32, bin: &Path) {
     let addr = daemon.addr();
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("offcpu.pb.gz");
@@ -596,6 +597,12 @@ async fn pprof_and_svg_of(daemon: &Daemon, map: &str, pid: u32) {
             .any(|m| m == "[kernel]"),
         "{read}"
     );
+    // Its binary's mapping carries its build ID.
+    assert_eq!(
+        read["build_ids"][bin.to_str().unwrap()],
+        json!(build_id_of(bin)),
+        "{read}"
+    );
     // A flame graph, drawn.
     let svg = dir.path().join("offcpu.svg");
     let mut cmd = vec!["--addr", &addr, "--format", "svg"];
@@ -612,4 +619,202 @@ async fn pprof_and_svg_of(daemon: &Daemon, map: &str, pid: u32) {
     assert!(
         drawn.contains("<title>bpfmap_test_wait_here (") && drawn.contains("<title>schedule (")
     );
+}
+
+/// The GNU build ID note of an ELF file, in hex.
+fn build_id_of(bin: &Path) -> String {
+    let bytes = std::fs::read(bin).unwrap();
+    // namesz 4, descsz 20, type NT_GNU_BUILD_ID (3), "GNU\0".
+    let note: [u8; 16] = [4, 0, 0, 0, 20, 0, 0, 0, 3, 0, 0, 0, b'G', b'N', b'U', 0];
+    let at = bytes
+        .windows(16)
+        .position(|w| w == note)
+        .unwrap_or_else(|| panic!("{} has no GNU build ID", bin.display()));
+    bytes[at + 16..at + 36]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The sleeper's user frames of the heaviest stack, innermost last.
+fn sleeper_frames(stacks: &bpfmap_client::Stacks) -> Vec<&pb::Frame> {
+    stacks.stacks[0]
+        .user
+        .iter()
+        .filter(|f| f.function.starts_with("bpfmap_test") || f.function == "main")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_are_named_after_the_process_exits_from_its_binaries_and_build_ids() {
+    use aya::programs::RawTracePoint;
+    let build = tempfile::tempdir().unwrap();
+    let bin = sleeper(build.path());
+    let build_id = build_id_of(&bin);
+    let sleeping = Program::start(&bin, &[], &[]);
+    let pid = sleeping.pid();
+    let object = compile_bpf_object("build_id_stacks.bpf.c", build.path());
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    // The counts maps pinned by name in the daemon's root.
+    let mut ebpf = aya::EbpfLoader::new()
+        .override_global("target_tgid", &pid, true)
+        .default_map_pin_directory(fs.path())
+        .load(&object)
+        .unwrap_or_else(|e| panic!("loading build_id_stacks.bpf.c: {e}"));
+    for name in ["on_enter", "on_enter_plain"] {
+        let p: &mut RawTracePoint = ebpf.program_mut(name).unwrap().try_into().unwrap();
+        p.load().unwrap();
+        p.attach("sys_enter").unwrap();
+    }
+    let config = || Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    };
+    let daemon = Daemon::start_with(config()).await;
+    let client = daemon.client().await;
+    let (by_id, plain): (MapName, MapName) =
+        ("counts".parse().unwrap(), "plain_counts".parse().unwrap());
+    let named = async |client: &Client, map: &MapName| {
+        wait_for(
+            Duration::from_secs(30),
+            "the sleeper's stacks",
+            async || {
+                let s = client.stacks(map, StackOptions::default()).await;
+                match &s {
+                    Err(e) => eprintln!("DEBUG {e}"),
+                    Ok(s) => eprintln!("DEBUG {:?} {:?}", s.summary, s.notes),
+                }
+                let s = s.ok()?;
+                (!s.stacks.is_empty()).then_some(s)
+            },
+        )
+        .await
+    };
+    let expected = ["main", "bpfmap_test_loop", "bpfmap_test_wait_here"];
+    // Kept by build ID: no addresses, the sleeper's binary found by its
+    // build ID among the running processes'.
+    let s = named(&client, &by_id).await;
+    assert!(s.stack_map.starts_with("id:"), "{}", s.stack_map);
+    let frames = sleeper_frames(&s);
+    assert_eq!(
+        frames
+            .iter()
+            .map(|f| f.function.as_str())
+            .collect::<Vec<_>>(),
+        expected,
+        "{:?}",
+        s.stacks[0]
+    );
+    for f in &frames {
+        assert_eq!(
+            (f.address, f.build_id.as_str(), f.module.as_str()),
+            (0, build_id.as_str(), bin.to_str().unwrap()),
+            "{f:?}"
+        );
+        assert!(f.file_offset > 0, "{f:?}");
+    }
+    // By address, while it runs: the same functions, with its binary's
+    // build ID and each frame's offset in it.
+    let live = named(&client, &plain).await;
+    let live_frames = sleeper_frames(&live);
+    assert_eq!(
+        live_frames
+            .iter()
+            .map(|f| f.function.as_str())
+            .collect::<Vec<_>>(),
+        expected
+    );
+    for (f, g) in live_frames.iter().zip(&frames) {
+        assert!(f.address != 0, "{f:?}");
+        assert_eq!(
+            (f.build_id.as_str(), f.file_offset),
+            (build_id.as_str(), g.file_offset),
+            "{f:?}"
+        );
+    }
+    // The process exits and its binary is deleted: both maps still name
+    // its frames, from the binary the daemon holds since it saw it.
+    drop(sleeping);
+    std::fs::remove_file(&bin).unwrap();
+    let after = client
+        .stacks(&plain, StackOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        sleeper_frames(&after)
+            .iter()
+            .map(|f| (f.function.as_str(), f.address))
+            .collect::<Vec<_>>(),
+        live_frames
+            .iter()
+            .map(|f| (f.function.as_str(), f.address))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        after
+            .notes
+            .iter()
+            .any(|n| n.contains("were named from the binaries they mapped")
+                && n.contains(&pid.to_string())),
+        "{:?}",
+        after.notes
+    );
+    let after = client
+        .stacks(&by_id, StackOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        sleeper_frames(&after)
+            .iter()
+            .map(|f| f.function.as_str())
+            .collect::<Vec<_>>(),
+        expected
+    );
+    // A daemon that never saw the process: addresses, and offsets in a
+    // build ID nothing maps, each said.
+    drop(client);
+    daemon.stop().await;
+    let fresh = Daemon::start_with(config()).await;
+    let client = fresh.client().await;
+    let s = client
+        .stacks(&plain, StackOptions::default())
+        .await
+        .unwrap();
+    assert!(sleeper_frames(&s).is_empty(), "{:?}", s.stacks[0]);
+    assert!(
+        s.notes
+            .iter()
+            .any(|n| n.contains("exited before their stacks were read")),
+        "{:?}",
+        s.notes
+    );
+    let s = client
+        .stacks(&by_id, StackOptions::default())
+        .await
+        .unwrap();
+    // Its own frames are offsets in its binary (libc's are named: other
+    // processes map it).
+    let own: Vec<&pb::Frame> = s.stacks[0]
+        .user
+        .iter()
+        .filter(|f| f.build_id == build_id)
+        .collect();
+    assert_eq!(own.len(), 3, "{:?}", s.stacks[0].user);
+    assert!(
+        own.iter()
+            .all(|f| f.function.is_empty() && f.file_offset > 0),
+        "{own:?}"
+    );
+    assert!(
+        s.notes
+            .iter()
+            .any(|n| n.contains(&format!("frames of build ID {build_id} are offsets"))),
+        "{:?}",
+        s.notes
+    );
+    // Folded, such a frame is its build ID and offset.
+    let folded = bpfmap_client::stack_folding::folded_line(&s.stacks[0]);
+    assert!(folded.contains(&format!("{build_id}+0x")), "{folded}");
+    drop(client);
+    fresh.stop().await;
 }

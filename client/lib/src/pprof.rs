@@ -53,6 +53,10 @@ struct Mapping {
     id: u64,
     #[prost(int64, tag = "5")]
     filename: i64,
+    /// The binary's ELF build ID (a string index), for profilers that
+    /// symbolize by build ID.
+    #[prost(int64, tag = "6")]
+    build_id: i64,
     #[prost(bool, tag = "7")]
     has_functions: bool,
 }
@@ -133,6 +137,7 @@ impl Builder {
         self.profile.mapping.push(Mapping {
             id,
             filename,
+            build_id: 0,
             has_functions: true,
         });
         self.mappings.insert(module.to_owned(), id);
@@ -178,9 +183,16 @@ impl Builder {
     }
 
     fn frame(&mut self, f: &pb::Frame, kernel: bool) -> u64 {
+        if !f.build_id.is_empty() && !f.module.is_empty() {
+            let id = self.mapping(&f.module);
+            let build_id = self.string(&f.build_id);
+            if let Some(m) = self.profile.mapping.get_mut(id as usize - 1) {
+                m.build_id = build_id;
+            }
+        }
         match f.function.is_empty() {
             true => {
-                let name = format!("{:#x}", f.address);
+                let name = bpfmap_proto::stacks::frame_label(f);
                 self.location(&name, &f.module, f.address)
             }
             false => {
@@ -242,6 +254,7 @@ mod tests {
             function: f.into(),
             offset: 1,
             module: m.into(),
+            ..Default::default()
         };
         let stacks = vec![
             pb::Stack {

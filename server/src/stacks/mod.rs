@@ -17,8 +17,8 @@ use bpfmap_proto::{
 };
 use prost_types::value::Kind;
 
-use symbols::Space;
 pub(crate) use symbols::Symbols;
+use symbols::{BuildId, Space};
 
 use crate::{
     aggregate::{Aggregator, Ask, prepare_as},
@@ -126,14 +126,8 @@ async fn itself(
         .map(|(id, ips)| Counted {
             roots: Vec::new(),
             pid: 0,
-            kernel: ips
-                .first()
-                .is_some_and(|ip| kernel_address(*ip))
-                .then_some(*id),
-            user: ips
-                .first()
-                .is_some_and(|ip| !kernel_address(*ip))
-                .then_some(*id),
+            kernel: ips.first().is_some_and(|f| f.is_kernel()).then_some(*id),
+            user: ips.first().is_some_and(|f| !f.is_kernel()).then_some(*id),
             weight: 1,
         })
         .collect();
@@ -142,7 +136,7 @@ async fn itself(
         ..Default::default()
     };
     for (id, ips) in read {
-        match ips.first().is_some_and(|ip| kernel_address(*ip)) {
+        match ips.first().is_some_and(|f| f.is_kernel()) {
             true => frames.kernel.insert(id, ips),
             false => frames.user.insert((0, id), ips),
         };
@@ -179,8 +173,67 @@ fn kernel_address(ip: u64) -> bool {
     ip >= 0xffff_8000_0000_0000
 }
 
-/// Every stack of a stack-trace map: its id and addresses, outermost first.
-fn every_stack(handle: &MapHandle) -> Result<Vec<(i32, Vec<u64>)>, Error> {
+/// One frame as a stack-trace map keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// An instruction address.
+    Ip(u64),
+    /// An offset in the binary of a build ID (a map created with
+    /// BPF_F_STACK_BUILD_ID).
+    File(BuildId, u64),
+}
+
+impl Kept {
+    /// Whose frame it is and where in it: kernel addresses are the
+    /// kernel's, others `user`'s.
+    fn place(self, user: Space) -> (Space, u64) {
+        match self {
+            Self::Ip(ip) if kernel_address(ip) => (Space::Kernel, ip),
+            Self::Ip(ip) => (user, ip),
+            Self::File(id, offset) => (Space::File(id), offset),
+        }
+    }
+
+    fn is_kernel(self) -> bool {
+        matches!(self, Self::Ip(ip) if kernel_address(ip))
+    }
+}
+
+/// BPF_F_STACK_BUILD_ID: the map keeps `struct bpf_stack_build_id`
+/// frames (status, build ID, offset or address) instead of addresses.
+const STACK_BUILD_ID: u32 = 1 << 5;
+
+/// A stack-trace map value's frames, outermost first.
+fn kept(value: &[u8], build_ids: bool) -> Vec<Kept> {
+    let mut frames: Vec<Kept> = if build_ids {
+        value
+            .chunks_exact(32)
+            .map_while(|f| {
+                let status = i32::from_le_bytes(f[..4].try_into().expect("4 bytes"));
+                let at = u64::from_le_bytes(f[24..32].try_into().expect("8 bytes"));
+                match status {
+                    // VALID: a build ID and an offset in its file.
+                    1 => Some(Kept::File(f[4..24].try_into().expect("20 bytes"), at)),
+                    // IP: the build ID could not be read, the address is.
+                    2 if at != 0 => Some(Kept::Ip(at)),
+                    _ => None,
+                }
+            })
+            .collect()
+    } else {
+        value
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .take_while(|ip| *ip != 0)
+            .map(Kept::Ip)
+            .collect()
+    };
+    frames.reverse();
+    frames
+}
+
+/// Every stack of a stack-trace map: its id and frames, outermost first.
+fn every_stack(handle: &MapHandle) -> Result<Vec<(i32, Vec<Kept>)>, Error> {
     let meta = handle.meta().clone();
     let map = crate::model::MapRef::Id(meta.id);
     let mut walker = bpfmap_kernel::walk::Walker::new(
@@ -198,13 +251,8 @@ fn every_stack(handle: &MapHandle) -> Result<Vec<(i32, Vec<u64>)>, Error> {
         for i in 0..c.count {
             let key = &c.keys[i * ks..(i + 1) * ks];
             let id = i32::from_le_bytes(key[..4].try_into().expect("a u32 key"));
-            let mut ips: Vec<u64> = c.values[i * vs..(i + 1) * vs]
-                .chunks_exact(8)
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-                .take_while(|ip| *ip != 0)
-                .collect();
-            ips.reverse();
-            out.push((id, ips));
+            let build_ids = meta.flags & STACK_BUILD_ID != 0;
+            out.push((id, kept(&c.values[i * vs..(i + 1) * vs], build_ids)));
         }
     }
     Ok(out)
@@ -480,8 +528,8 @@ fn find_stack_map(id: u32) -> Result<MapHandle, Error> {
 #[derive(Debug, Default)]
 struct RawFrames {
     groups: Vec<Counted>,
-    kernel: HashMap<i32, Vec<u64>>,
-    user: HashMap<(u32, i32), Vec<u64>>,
+    kernel: HashMap<i32, Vec<Kept>>,
+    user: HashMap<(u32, i32), Vec<Kept>>,
 }
 
 fn raw_frames(stacks: &MapHandle, groups: &[Counted]) -> RawFrames {
@@ -489,15 +537,10 @@ fn raw_frames(stacks: &MapHandle, groups: &[Counted]) -> RawFrames {
         groups: groups.to_vec(),
         ..Default::default()
     };
-    let read = |id: i32| -> Option<Vec<u64>> {
+    let build_ids = stacks.meta().flags & STACK_BUILD_ID != 0;
+    let read = |id: i32| -> Option<Vec<Kept>> {
         let value = stacks.lookup_value(&id.to_le_bytes()).ok()??;
-        let mut ips: Vec<u64> = value
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .take_while(|ip| *ip != 0)
-            .collect();
-        ips.reverse();
-        Some(ips)
+        Some(kept(&value, build_ids))
     };
     for g in groups {
         if let Some(k) = g.kernel.filter(|k| *k >= 0)
@@ -550,12 +593,16 @@ impl RawFrames {
         let mut named: HashMap<(Space, u64), pb::Frame> = HashMap::new();
         let mut spaces: BTreeMap<Space, BTreeSet<u64>> = BTreeMap::new();
         for ips in self.kernel.values() {
-            spaces.entry(Space::Kernel).or_default().extend(ips);
+            for (space, at) in ips.iter().map(|f| f.place(Space::Kernel)) {
+                spaces.entry(space).or_default().insert(at);
+            }
         }
         for ((pid, _), ips) in &self.user {
-            spaces.entry(Space::Process(*pid)).or_default().extend(ips);
+            for (space, at) in ips.iter().map(|f| f.place(Space::Process(*pid))) {
+                spaces.entry(space).or_default().insert(at);
+            }
         }
-        let mut exited = Vec::new();
+        let (mut exited, mut remembered) = (Vec::new(), Vec::new());
         for (space, addrs) in spaces {
             let addrs: Vec<u64> = addrs.into_iter().collect();
             // Process 0: user stacks of a stack-trace map read itself.
@@ -566,6 +613,7 @@ impl RawFrames {
             };
             match (frames.note, space) {
                 (Some(symbols::Note::Exited), Space::Process(pid)) => exited.push(pid),
+                (Some(symbols::Note::Remembered), Space::Process(pid)) => remembered.push(pid),
                 (Some(note), _) => {
                     notes.insert(note.to_string());
                 }
@@ -578,12 +626,20 @@ impl RawFrames {
         if !exited.is_empty() {
             notes.insert(exited_note(&exited));
         }
-        let frames = |space: Space, ips: Option<&Vec<u64>>| -> Vec<pb::Frame> {
+        if !remembered.is_empty() {
+            notes.insert(format!(
+                "user frames of {} were named from the binaries they mapped when the daemon last named their frames: they exited since ({})",
+                processes(remembered.len()),
+                pid_list(&remembered)
+            ));
+        }
+        let frames = |user: Space, ips: Option<&Vec<Kept>>| -> Vec<pb::Frame> {
             ips.map(|ips| {
                 ips.iter()
-                    .map(|a| {
-                        named.get(&(space, *a)).cloned().unwrap_or(pb::Frame {
-                            address: *a,
+                    .map(|f| {
+                        let (space, at) = f.place(user);
+                        named.get(&(space, at)).cloned().unwrap_or(pb::Frame {
+                            address: at,
                             ..Default::default()
                         })
                     })
@@ -616,15 +672,23 @@ impl RawFrames {
 /// The processes whose user frames are addresses because they exited
 /// before they were named (the first ten named).
 fn exited_note(pids: &[u32]) -> String {
-    let shown: Vec<String> = pids.iter().take(10).map(u32::to_string).collect();
-    let more = match pids.len() {
-        n if n > 10 => format!(" and {} more", n - 10),
-        _ => String::new(),
-    };
     format!(
-        "user frames of {} process{} are addresses: they exited before their stacks were read ({}{more})",
-        pids.len(),
-        if pids.len() == 1 { "" } else { "es" },
-        shown.join(", ")
+        "user frames of {} are addresses: they exited before their stacks were read ({})",
+        processes(pids.len()),
+        pid_list(pids)
     )
+}
+
+/// "1 process", "3 processes".
+fn processes(n: usize) -> String {
+    format!("{n} process{}", if n == 1 { "" } else { "es" })
+}
+
+/// The first ten pids, and how many more.
+fn pid_list(pids: &[u32]) -> String {
+    let shown: Vec<String> = pids.iter().take(10).map(u32::to_string).collect();
+    match pids.len() {
+        n if n > 10 => format!("{} and {} more", shown.join(", "), n - 10),
+        _ => shown.join(", "),
+    }
 }
