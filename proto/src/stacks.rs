@@ -5,21 +5,28 @@
 
 use std::collections::BTreeMap;
 
+use prost::Message as _;
+
 use crate::v1::{self as pb, LostStack};
 
 /// What makes two stacks one: their roots, the frames they name (a frame
 /// without a name by its address) and how their ids were lost.
 pub fn identity(s: &pb::Stack) -> Vec<String> {
-    let frame = |f: &pb::Frame| match f.function.is_empty() {
-        true => frame_label(f),
-        false => format!("{} {}", f.module, f.function),
-    };
     let mut k = s.roots.clone();
     k.push(format!("u{}", s.user_lost));
-    k.extend(s.user.iter().map(frame));
+    k.extend(s.user.iter().map(frame_identity));
     k.push(format!("k{}", s.kernel_lost));
-    k.extend(s.kernel.iter().map(frame));
+    k.extend(s.kernel.iter().map(frame_identity));
     k
+}
+
+/// What makes two frames one in [`identity`]: the function and its
+/// module, or for a frame without a name its address.
+pub fn frame_identity(f: &pb::Frame) -> String {
+    match f.function.is_empty() {
+        true => frame_label(f),
+        false => format!("{} {}", f.module, f.function),
+    }
 }
 
 /// Stacks from several answers (hosts) merged: the values of stacks that
@@ -91,6 +98,61 @@ pub fn folded_line(s: &pb::Stack) -> String {
     format!("{} {}", parts.join(";"), s.value)
 }
 
+/// What an answer keeps besides its stacks (notes, summary, names).
+const ANSWER_MARGIN: usize = 256 << 10;
+
+/// Stacks taken into one answer of at most a message's bytes, heaviest
+/// first, until the next would not fit.
+#[derive(Debug)]
+pub struct Fitting {
+    budget: usize,
+    used: usize,
+    max_message_bytes: usize,
+}
+
+impl Fitting {
+    /// For answers of at most `max_message_bytes`.
+    pub fn new(max_message_bytes: usize) -> Self {
+        Self {
+            budget: max_message_bytes.saturating_sub(ANSWER_MARGIN),
+            used: 0,
+            max_message_bytes,
+        }
+    }
+
+    /// Whether `s` fits after those taken (it is then taken).
+    pub fn take(&mut self, s: &pb::Stack) -> bool {
+        let len = s.encoded_len();
+        let used = self.used + len + prost::length_delimiter_len(len) + 1;
+        if used > self.budget {
+            return false;
+        }
+        self.used = used;
+        true
+    }
+
+    /// What an answer that holds `kept` of `total` stacks says: all would
+    /// take about their average size each.
+    pub fn note(&self, kept: usize, total: usize) -> String {
+        let all = self.used as u128 * total as u128 / kept.max(1) as u128;
+        format!(
+            "the answer holds the heaviest {kept} of {total} stacks: all of them would take about {} MiB, over the server's limit on a message (limits.max_message_bytes, {} MiB); ask for fewer (limit) or for fewer entries (filter)",
+            all >> 20,
+            self.max_message_bytes >> 20
+        )
+    }
+}
+
+/// Keeps the heaviest stacks (they come heaviest first) that fit in one
+/// answer of at most `max_message_bytes`; what was left out, said.
+pub fn fit(stacks: &mut Vec<pb::Stack>, max_message_bytes: usize) -> Option<String> {
+    let mut fitting = Fitting::new(max_message_bytes);
+    let keep = stacks.iter().position(|s| !fitting.take(s))?;
+    let note = fitting.note(keep, stacks.len());
+    stacks.truncate(keep);
+    Some(note)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +217,39 @@ mod tests {
         let d = stack(&["x"], &[frame("", 1)], "1");
         let e = stack(&["x"], &[frame("", 2)], "1");
         assert_eq!(merge([&d, &e]).len(), 2);
+    }
+
+    #[test]
+    fn an_answer_keeps_the_heaviest_stacks_that_fit_and_says_so() {
+        let stack = |i: u64| pb::Stack {
+            user: (0..20)
+                .map(|f| pb::Frame {
+                    address: 0x40_0000 + i * 64 + f,
+                    function: format!("function_{f}"),
+                    module: "/usr/bin/a-binary-with-a-long-path".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            value: (10_000 - i).to_string(),
+            ..Default::default()
+        };
+        let mut stacks: Vec<pb::Stack> = (0..10_000).map(stack).collect();
+        let one = stacks[0].encoded_len();
+        let budget = ANSWER_MARGIN + 100 * (one + 4);
+        let note = fit(&mut stacks, budget).expect("over the limit");
+        assert!((95..=100).contains(&stacks.len()), "{}", stacks.len());
+        assert_eq!(stacks[0].value, "10000", "the heaviest first");
+        assert!(
+            note.starts_with(&format!(
+                "the answer holds the heaviest {} of 10000 stacks",
+                stacks.len()
+            )),
+            "{note}"
+        );
+        assert!(note.contains("limits.max_message_bytes"), "{note}");
+        // Within the limit: all, and nothing said.
+        let mut few: Vec<pb::Stack> = (0..10).map(stack).collect();
+        assert_eq!(fit(&mut few, 64 << 20), None);
+        assert_eq!(few.len(), 10);
     }
 }

@@ -9,11 +9,19 @@
 //!   an SVG flame graph, against the kernel's batched walk of that map in
 //!   the same run (the floor);
 //! - the bytes three daemons send for the stacks of that map, against the
-//!   relay's merged answer.
+//!   relay's merged answer;
+//! - over 100,000 distinct stacks: tests/c/tree.c walks every path of a
+//!   binary tree of calls 17 deep, two functions a level (131,072 user
+//!   stacks distinct by name, each under the
+//!   kernel stack of its getppid(2)), counted by a program of our own
+//!   (tests/bpf/stack_tree.bpf.c) into a stack-trace map of 2^19 entries;
+//!   StackMap named cold (a daemon of its own, its first call) and warm,
+//!   against addresses only, and `bpfmapctl stacks` folded as a process.
 //!
 //! Run as root:
 //!
 //!     cargo bench -p bpfmap-tests --bench stacks
+//!     cargo bench -p bpfmap-tests --bench stacks -- distinct   # the last part alone
 //!
 //! Figures: tests/docs/performance.md, "Stacks".
 
@@ -161,6 +169,11 @@ fn addresses(stacks: &[pb::Stack]) -> (usize, usize) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // `-- distinct`: only the part over 100,000 distinct stacks.
+    if std::env::args().any(|a| a == "distinct") {
+        distinct_stacks().await;
+        return;
+    }
     let offcputime = require("offcputime", "libbpf-tools");
     mount_tracefs();
     let tool = Program::start(&offcputime, &["--stack-storage-size", "65536", "120"], &[]);
@@ -278,6 +291,108 @@ async fn main() {
     );
     fleet_bytes(&daemon, &cold.stack_map).await;
     drop(tool);
+    drop(client);
+    daemon.stop().await;
+    distinct_stacks().await;
+}
+
+/// StackMap over more than 100,000 distinct stacks of one process.
+async fn distinct_stacks() {
+    use aya::programs::RawTracePoint;
+    let build = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/tree.c");
+    let bin = build.path().join("bpfmap-tree");
+    let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
+    let built = std::process::Command::new(&clang)
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {clang} ({e}): apt-get install clang"));
+    assert!(built.success(), "clang failed on {}", src.display());
+    let object = compile_bpf_object("stack_tree.bpf.c", build.path());
+    let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
+    let mut ebpf = aya::EbpfLoader::new()
+        .map_max_entries("stacks", 1 << 19)
+        .default_map_pin_directory(fs.path())
+        .load(&object)
+        .unwrap_or_else(|e| panic!("loading stack_tree.bpf.c: {e}"));
+    let p: &mut RawTracePoint = ebpf.program_mut("on_enter").unwrap().try_into().unwrap();
+    p.load().unwrap();
+    p.attach("sys_enter").unwrap();
+    let mut tree = Program::start(&bin, &[], &[]);
+    let t = Instant::now();
+    while !tree.output().contains("walked") {
+        tree.check_running();
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "tree.c did not walk its tree"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // 131,072 groups (stacks): over the default limits.max_groups.
+    let mut config = bpfmapd::Config {
+        allow_by_id: true,
+        ..Daemon::config(fs.path(), state.path())
+    };
+    config.limits.max_groups = 1 << 20;
+    let daemon = Daemon::start_with(config).await;
+    let client = daemon.client().await;
+    let counts: MapName = "counts".parse().unwrap();
+    let named = StackOptions::default();
+    let bare = named.clone().with_addresses_only();
+    let t = Instant::now();
+    let cold = client.stacks(&counts, named.clone()).await.unwrap();
+    let cold_t = t.elapsed();
+    let (mut warm_t, mut bare_t) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        client.stacks(&counts, named.clone()).await.unwrap();
+        warm_t.push(t.elapsed());
+        let t = Instant::now();
+        client.stacks(&counts, bare.clone()).await.unwrap();
+        bare_t.push(t.elapsed());
+    }
+    let user_named = cold
+        .stacks
+        .iter()
+        .filter(|s| s.user.iter().any(|f| f.function == "bpfmap_tree_leaf"))
+        .count();
+    let (k, u) = addresses(&cold.stacks);
+    let entries = cold.summary.as_ref().map_or(0, |s| s.entries_scanned());
+    println!(
+        "tree.c: {entries} entries ({} lost stacks: the stack map's hash collisions), {} distinct stacks, {user_named} named down to bpfmap_tree_leaf; {k} kernel and {u} user addresses",
+        cold.stacks
+            .iter()
+            .filter(|s| s.user_lost != 0 || s.kernel_lost != 0)
+            .count(),
+        cold.stacks.len()
+    );
+    let (bare_ms, warm_ms) = (ms(median(bare_t)), ms(median(warm_t)));
+    println!(
+        "StackMap over them named cold {:.1} ms, warm {warm_ms:.1} ms, addresses only {bare_ms:.1} ms (warm {:.2}x, cold {:.2}x the addresses); {:.2} us a stack warm",
+        ms(cold_t),
+        warm_ms / bare_ms,
+        ms(cold_t) / bare_ms,
+        warm_ms * 1e3 / cold.stacks.len().max(1) as f64
+    );
+    let addr = daemon.addr();
+    let mut fo = Vec::new();
+    for _ in 0..RUNS {
+        let a = addr.clone();
+        fo.push(
+            tokio::task::spawn_blocking(move || {
+                ctl(&a, &["stacks", "counts", "-n", "0", "-o", "/dev/null"])
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    println!(
+        "bpfmapctl stacks counts (folded, every stack) {:.1} ms",
+        ms(median(fo))
+    );
+    drop(tree);
     drop(client);
     daemon.stop().await;
 }

@@ -32,5 +32,4 @@ print(json.dumps({
         for sample in p.sample
     ],
     "modules": sorted({s[m.filename] for m in p.mapping}),
-    "build_ids": {s[m.filename]: s[m.build_id] for m in p.mapping if m.build_id},
 }))

@@ -325,4 +325,42 @@ mod tests {
             1
         );
     }
+
+    #[test]
+    fn a_frame_without_a_name_gives_its_binary_mapping_its_build_id() {
+        let stacks = vec![pb::Stack {
+            user: vec![pb::Frame {
+                module: "/usr/bin/gone".into(),
+                build_id: "b7a8c61e46477d0aa1fd59694bf61cb81fd01f20".into(),
+                file_offset: 0x1194,
+                ..Default::default()
+            }],
+            value: "3".into(),
+            ..Default::default()
+        }];
+        let gz = profile(
+            &stacks,
+            SampleType {
+                name: "samples",
+                unit: "count",
+            },
+        )
+        .unwrap();
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(gz.as_slice())
+            .read_to_end(&mut raw)
+            .unwrap();
+        let p = Profile::decode(raw.as_slice()).unwrap();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(p.mapping.len(), 1);
+        assert_eq!(
+            (s(p.mapping[0].filename), s(p.mapping[0].build_id)),
+            ("/usr/bin/gone", "b7a8c61e46477d0aa1fd59694bf61cb81fd01f20")
+        );
+        let l = &p.location[p.sample[0].location_id[0] as usize - 1];
+        assert_eq!(
+            s(p.function[l.line[0].function_id as usize - 1].name),
+            "b7a8c61e46477d0aa1fd59694bf61cb81fd01f20+0x1194"
+        );
+    }
 }

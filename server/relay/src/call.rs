@@ -38,6 +38,8 @@ pub(crate) struct Calls {
     pub(crate) policy: Arc<RelayPolicy>,
     /// What fleet cursors are sealed with.
     pub(crate) keys: Arc<CursorKeys>,
+    /// The largest message the relay sends (limits.max_message_bytes).
+    pub(crate) max_message_bytes: usize,
 }
 
 /// Who asks, and by when: what a request's metadata says.

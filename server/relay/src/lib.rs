@@ -125,6 +125,7 @@ impl Relay {
                 .with_answer_timeout(config.answer_timeout),
             policy: Arc::new(policy),
             keys,
+            max_message_bytes: config.limits.max_message_bytes,
         };
         let (max_in, max_out) = (
             config.limits.max_request_bytes,

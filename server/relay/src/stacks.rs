@@ -30,13 +30,19 @@ pub(crate) async fn run(
         .stacks(&call.map, options)
         .await;
     let ends = call.ends(calls, &merged.reports);
+    let mut stacks = merged.stacks;
+    let mut notes: Vec<String> = merged
+        .notes
+        .iter()
+        .map(|(t, n)| format!("{t}: {n}"))
+        .collect();
+    notes.extend(bpfmap_client::stack_folding::fit(
+        &mut stacks,
+        calls.max_message_bytes,
+    ));
     Ok(pb::FleetServiceStackMapResponse {
-        notes: merged
-            .notes
-            .iter()
-            .map(|(t, n)| format!("{t}: {n}"))
-            .collect(),
-        stacks: merged.stacks,
+        notes,
+        stacks,
         answered: ends.answered,
         failed: ends.failed,
         work: ends.work,

@@ -72,7 +72,8 @@ pub(crate) async fn run(
         calls.authorize(caller, call, prepared.map())?;
     }
     let Some(plan) = plan else {
-        return itself(prepared, with.symbols, &req).await;
+        let budget = with.aggregator.dumps.env.limits.max_message_bytes;
+        return itself(prepared, with.symbols, &req, budget).await;
     };
     let (stacks, stack_name) = match stack_map {
         Some(m) => {
@@ -92,11 +93,10 @@ pub(crate) async fn run(
     let answer = prepared.run(None).await?;
     let groups = plan.read(&answer.groups)?;
     let frames = blocking(move || Ok(raw_frames(&stacks, &groups))).await?;
-    let (stacks, notes) = frames.name(with.symbols, req.addresses_only).await;
-    let mut stacks = stacks;
-    if req.limit > 0 {
-        stacks.truncate(req.limit as usize);
-    }
+    let budget = with.aggregator.dumps.env.limits.max_message_bytes;
+    let (stacks, notes) = frames
+        .name(with.symbols, req.addresses_only, req.limit, budget)
+        .await;
     Ok(pb::StackMapResponse {
         stacks,
         stack_map: stack_name,
@@ -115,6 +115,7 @@ async fn itself(
     prepared: crate::aggregate::Prepared,
     symbols: &Symbols,
     req: &pb::StackMapRequest,
+    budget: usize,
 ) -> Result<pb::StackMapResponse, Error> {
     let name = prepared.map().to_string();
     let started = std::time::Instant::now();
@@ -151,6 +152,7 @@ async fn itself(
     if req.limit > 0 {
         stacks.truncate(req.limit as usize);
     }
+    notes.extend(bpfmap_proto::stacks::fit(&mut stacks, budget));
     Ok(pb::StackMapResponse {
         stacks,
         stack_map: name,
@@ -572,13 +574,74 @@ fn lost(id: Option<i32>, found: bool) -> LostStack {
 
 impl RawFrames {
     /// The stacks, named (unless `addresses_only`), merged by the frames
-    /// they name, the heaviest first; and why some frames have no name.
-    async fn name(self, symbols: &Symbols, addresses_only: bool) -> (Vec<pb::Stack>, Vec<String>) {
-        let (stacks, notes) = self.name_each(symbols, addresses_only).await;
-        let stacks = bpfmap_proto::stacks::merge(&stacks)
-            .into_iter()
-            .map(|s| pb::Stack { stack_id: -1, ..s })
+    /// they name (as `bpfmap_proto::stacks::merge` merges them, without
+    /// making every group's stack first), the heaviest first, at most
+    /// `limit` (0: all) and those that fit in a message of
+    /// `max_message_bytes`; and why some frames have no name, or some
+    /// stacks were left out.
+    async fn name(
+        self,
+        symbols: &Symbols,
+        addresses_only: bool,
+        limit: u32,
+        max_message_bytes: usize,
+    ) -> (Vec<pb::Stack>, Vec<String>) {
+        let (named, mut notes) = self.named_frames(symbols, addresses_only).await;
+        // Every string of an identity, interned: roots, lost kinds, frames.
+        let mut interned = Interned::default();
+        let frame_ids: HashMap<(Space, u64), u32> = named
+            .iter()
+            .map(|(k, f)| (*k, interned.id(&bpfmap_proto::stacks::frame_identity(f))))
             .collect();
+        let mut merged: HashMap<Vec<u32>, (usize, i128)> = HashMap::new();
+        for (i, g) in self.groups.iter().enumerate() {
+            let kernel_ips = g.kernel.and_then(|k| self.kernel.get(&k));
+            let user_ips = g.user.and_then(|u| self.user.get(&(g.pid, u)));
+            let mut key: Vec<u32> = g.roots.iter().map(|r| interned.id(r)).collect();
+            let frames = |interned: &mut Interned,
+                          key: &mut Vec<u32>,
+                          user: Space,
+                          ips: Option<&Vec<Kept>>| {
+                for f in ips.into_iter().flatten() {
+                    let (space, at) = f.place(user);
+                    key.push(match frame_ids.get(&(space, at)) {
+                        Some(id) => *id,
+                        None => interned.id(&format!("{at:#x}")),
+                    });
+                }
+            };
+            key.push(interned.id(&format!("u{}", lost(g.user, user_ips.is_some()) as i32)));
+            frames(&mut interned, &mut key, Space::Process(g.pid), user_ips);
+            key.push(interned.id(&format!("k{}", lost(g.kernel, kernel_ips.is_some()) as i32)));
+            frames(&mut interned, &mut key, Space::Kernel, kernel_ips);
+            let e = merged.entry(key).or_insert((i, 0));
+            e.1 = e.1.saturating_add(g.weight);
+        }
+        // Ids ranked by their strings: keys compare as identities do.
+        let rank = interned.ranks();
+        let mut order: Vec<(Vec<u32>, usize, i128)> = merged
+            .into_iter()
+            .map(|(k, (i, w))| (k.iter().map(|id| rank[*id as usize]).collect(), i, w))
+            .collect();
+        order.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+        if limit > 0 {
+            order.truncate(limit as usize);
+        }
+        // Made heaviest first, until one would not fit.
+        let mut fitting = bpfmap_proto::stacks::Fitting::new(max_message_bytes);
+        let mut stacks = Vec::new();
+        for (_, i, weight) in &order {
+            let s = pb::Stack {
+                value: weight.to_string(),
+                stack_id: -1,
+                ..self.stack(&self.groups[*i], &named)
+            };
+            if !fitting.take(&s) {
+                notes.push(fitting.note(stacks.len(), order.len()));
+                break;
+            }
+            stacks.push(s);
+        }
         (stacks, notes)
     }
 
@@ -589,6 +652,48 @@ impl RawFrames {
         symbols: &Symbols,
         addresses_only: bool,
     ) -> (Vec<pb::Stack>, Vec<String>) {
+        let (named, notes) = self.named_frames(symbols, addresses_only).await;
+        let stacks = self.groups.iter().map(|g| self.stack(g, &named)).collect();
+        (stacks, notes)
+    }
+
+    /// Group `g`'s stack, its frames as `named` names them.
+    fn stack(&self, g: &Counted, named: &HashMap<(Space, u64), pb::Frame>) -> pb::Stack {
+        let frames = |user: Space, ips: Option<&Vec<Kept>>| -> Vec<pb::Frame> {
+            ips.map(|ips| {
+                ips.iter()
+                    .map(|f| {
+                        let (space, at) = f.place(user);
+                        named.get(&(space, at)).cloned().unwrap_or(pb::Frame {
+                            address: at,
+                            ..Default::default()
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        let kernel_ips = g.kernel.and_then(|k| self.kernel.get(&k));
+        let user_ips = g.user.and_then(|u| self.user.get(&(g.pid, u)));
+        pb::Stack {
+            roots: g.roots.clone(),
+            user: frames(Space::Process(g.pid), user_ips),
+            kernel: frames(Space::Kernel, kernel_ips),
+            value: g.weight.to_string(),
+            user_lost: lost(g.user, user_ips.is_some()) as i32,
+            kernel_lost: lost(g.kernel, kernel_ips.is_some()) as i32,
+            pid: g.pid,
+            stack_id: g.kernel.or(g.user).map_or(-1, i64::from),
+        }
+    }
+
+    /// Every distinct frame, named (unless `addresses_only`) once per
+    /// space; and why some have no name.
+    async fn named_frames(
+        &self,
+        symbols: &Symbols,
+        addresses_only: bool,
+    ) -> (HashMap<(Space, u64), pb::Frame>, Vec<String>) {
         let mut notes = BTreeSet::new();
         let mut named: HashMap<(Space, u64), pb::Frame> = HashMap::new();
         let mut spaces: BTreeMap<Space, BTreeSet<u64>> = BTreeMap::new();
@@ -633,39 +738,37 @@ impl RawFrames {
                 pid_list(&remembered)
             ));
         }
-        let frames = |user: Space, ips: Option<&Vec<Kept>>| -> Vec<pb::Frame> {
-            ips.map(|ips| {
-                ips.iter()
-                    .map(|f| {
-                        let (space, at) = f.place(user);
-                        named.get(&(space, at)).cloned().unwrap_or(pb::Frame {
-                            address: at,
-                            ..Default::default()
-                        })
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-        };
-        let stacks: Vec<pb::Stack> = self
-            .groups
-            .iter()
-            .map(|g| {
-                let kernel_ips = g.kernel.and_then(|k| self.kernel.get(&k));
-                let user_ips = g.user.and_then(|u| self.user.get(&(g.pid, u)));
-                pb::Stack {
-                    roots: g.roots.clone(),
-                    user: frames(Space::Process(g.pid), user_ips),
-                    kernel: frames(Space::Kernel, kernel_ips),
-                    value: g.weight.to_string(),
-                    user_lost: lost(g.user, user_ips.is_some()) as i32,
-                    kernel_lost: lost(g.kernel, kernel_ips.is_some()) as i32,
-                    pid: g.pid,
-                    stack_id: g.kernel.or(g.user).map_or(-1, i64::from),
-                }
-            })
-            .collect();
-        (stacks, notes.into_iter().collect())
+        (named, notes.into_iter().collect())
+    }
+}
+
+/// Strings interned to ids.
+#[derive(Debug, Default)]
+struct Interned {
+    ids: HashMap<String, u32>,
+    strings: Vec<String>,
+}
+
+impl Interned {
+    fn id(&mut self, s: &str) -> u32 {
+        if let Some(id) = self.ids.get(s) {
+            return *id;
+        }
+        let id = self.strings.len() as u32;
+        self.ids.insert(s.to_owned(), id);
+        self.strings.push(s.to_owned());
+        id
+    }
+
+    /// Each id's rank among the strings in order.
+    fn ranks(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.strings.len() as u32).collect();
+        order.sort_by(|a, b| self.strings[*a as usize].cmp(&self.strings[*b as usize]));
+        let mut rank = vec![0; order.len()];
+        for (r, id) in order.into_iter().enumerate() {
+            rank[id as usize] = r as u32;
+        }
+        rank
     }
 }
 

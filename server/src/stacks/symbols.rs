@@ -291,7 +291,10 @@ fn in_binary(
             if f.function.is_empty() || f.module.starts_with("/proc/self/fd/") {
                 f.module.clone_from(&binary.path);
             }
-            f.build_id = binary.build_id_hex();
+            // A named frame needs no build ID (frames are many, binaries few).
+            if f.function.is_empty() {
+                f.build_id = binary.build_id_hex();
+            }
             f.file_offset = file_offset;
             f
         })
@@ -438,6 +441,9 @@ struct Seen {
 /// they were last seen.
 const KEEP_PROCESSES: usize = 4096;
 const KEEP_FOR: Duration = Duration::from_secs(15 * 60);
+/// How long a process's mappings, once read, serve without reading them
+/// again.
+const FRESH: Duration = Duration::from_secs(5);
 /// How many binaries are held open.
 const KEEP_BINARIES: usize = 512;
 /// How often every process is looked at for a build ID none is known for.
@@ -459,6 +465,14 @@ impl Memory {
     /// Reads the executable mappings of live process `pid` and holds its
     /// binaries open.
     fn remember(&mut self, pid: u32) {
+        // Seen a moment ago: its mappings are those.
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.at.elapsed() < FRESH)
+        {
+            return;
+        }
         let dir = PathBuf::from(format!("/proc/{pid}"));
         let Ok(maps) = std::fs::read_to_string(dir.join("maps")) else {
             return;
@@ -500,7 +514,8 @@ impl Memory {
         self.forget();
     }
 
-    /// Where a live process's frame is in its binary: build ID and offset.
+    /// Where a live process's frame is in its binary: its offset, and for
+    /// a frame without a name its binary and build ID.
     fn place(&self, pid: u32, frame: &mut pb::Frame) {
         let Some(seen) = self.processes.get(&pid) else {
             return;
@@ -511,7 +526,10 @@ impl Memory {
             .find(|m| (m.start..m.end).contains(&frame.address))
             && let Some(b) = self.binaries.get(&m.file)
         {
-            frame.build_id = b.build_id_hex();
+            if frame.function.is_empty() {
+                frame.build_id = b.build_id_hex();
+                frame.module.clone_from(&b.path);
+            }
             frame.file_offset = frame.address - m.start + m.offset;
         }
     }
