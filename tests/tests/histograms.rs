@@ -841,7 +841,8 @@ async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
         @mn[args->whence] = min(args->offset); @mx[args->whence] = max(args->offset); \
         @av[args->whence] = avg(args->offset); @st[args->whence] = stats(args->offset); \
         @bycomm[comm] = count(); @all = stats(args->offset); @least = min(args->offset); \
-        @h = hist(args->offset); @l = lhist(args->offset, 0, 400, 100); }";
+        @h = hist(args->offset); @l = lhist(args->offset, 0, 400, 100); \
+        @hk[comm] = hist(args->offset); }";
     let mut bt = Program::start(&bpftrace, &["-e", script], &[]);
     let (fs, state) = (BpfFs::new(), tempfile::tempdir().unwrap());
     let daemon = Daemon::start_with(bpfmapd::Config {
@@ -925,6 +926,10 @@ async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
     };
     let h = drawn("h").await;
     let l = drawn("l").await;
+    // Keyed by comm: one histogram per key, the key declared from the
+    // script.
+    let hk = drawn("hk").await;
+    assert!(hk.starts_with("key.comm = bpfmap-lseek\n"), "{hk}");
     // JSON: one object per key, exact.
     let (r, out, _) = ctl(&[
         "--addr",
@@ -1029,6 +1034,7 @@ async fn bpftrace_aggregations_print_as_bpftrace_prints_them() {
     };
     assert_eq!(drawing(&h), section("@h"), "hist()");
     assert_eq!(drawing(&l), section("@l"), "lhist()");
+    assert_eq!(drawing(&hk), section("@hk[bpfmap-lseek]"), "hist() keyed");
     drop(client);
     daemon.stop().await;
 }

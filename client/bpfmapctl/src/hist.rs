@@ -22,10 +22,29 @@ use crate::{
 };
 
 /// `hist MAP [--hist KIND] ...`.
-pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Result<()> {
-    let map = setup.map_name(&args.map)?;
-    let options = options(&args)?;
+pub(crate) async fn run(setup: Setup, io: Io<'_>, mut args: HistArgs) -> anyhow::Result<()> {
+    let mut map = setup.map_name(&args.map)?;
     let fleet = setup.fleet();
+    // A bpftrace hist() or lhist() keyed by more than its bucket: its key
+    // as the script says, the bucket last, one histogram per key.
+    let undeclared = args.hist.is_none() && args.bucket.is_none() && args.slots.is_none();
+    if undeclared
+        && map.declared_key().is_none()
+        && let Some(script) = bpftrace_script(&fleet, &map).await
+        && let Some(keyed) = KeyedBpftrace::of(&script)
+    {
+        map = map.with_types(keyed.key, "");
+        args.hist = Some(keyed.buckets.into());
+        args.bucket = Some("key.bucket".into());
+        if keyed.buckets == "bpftrace-linear" {
+            (args.min, args.max, args.step) =
+                (Some(script.min), Some(script.max), Some(script.step));
+        }
+        if args.group_by.is_empty() {
+            args.group_by = keyed.members;
+        }
+    }
+    let options = options(&args)?;
     let Some(every) = args.interval else {
         let merged = fleet.histogram(&map, options).await;
         setup.progress.finish();
@@ -74,6 +93,88 @@ pub(crate) async fn run(setup: Setup, io: Io<'_>, args: HistArgs) -> anyhow::Res
         if args.count > 0 && shown >= args.count {
             return Ok(());
         }
+    }
+}
+
+/// What the script of the bpftrace process holding `map` says of it,
+/// from the first target that describes it.
+async fn bpftrace_script(
+    fleet: &bpfmap_client::Fleet,
+    map: &bpfmap_client::MapName,
+) -> Option<pb::BpftraceScript> {
+    use futures::StreamExt as _;
+    let mut run = fleet.get_map(map);
+    while let Some(event) = run.next().await {
+        if let bpfmap_client::FleetEvent::Answer { answer, .. } = event {
+            return answer.as_proto().bpftrace.clone();
+        }
+    }
+    None
+}
+
+/// A bpftrace hist() or lhist() map keyed by more than its bucket, as its
+/// script declares it: the key in C with the bucket (an 8-byte index)
+/// last, the buckets, and the key's members.
+#[derive(Debug, PartialEq)]
+struct KeyedBpftrace {
+    key: String,
+    buckets: &'static str,
+    members: Vec<String>,
+}
+
+impl KeyedBpftrace {
+    fn of(script: &pb::BpftraceScript) -> Option<Self> {
+        let buckets = match (script.function.as_str(), script.step) {
+            ("hist", _) => "bpftrace-log2",
+            ("lhist", 1..) => "bpftrace-linear",
+            _ => return None,
+        };
+        let ty = script.key_type.trim();
+        if script.key.is_empty() || ty.is_empty() {
+            return None;
+        }
+        let (key, members) = match ty
+            .strip_prefix("struct {")
+            .and_then(|t| t.strip_suffix('}'))
+        {
+            Some(body) => {
+                let info = bpfmap_client::typed::parse_c_type(ty, "key").ok()?;
+                let Some(pb::type_info::Kind::Struct(r)) = info.kind else {
+                    return None;
+                };
+                let members = r
+                    .members
+                    .iter()
+                    .map(|m| format!("key.{}", m.name))
+                    .collect();
+                (
+                    format!("struct {{ {} __u64 bucket; }}", body.trim()),
+                    members,
+                )
+            }
+            None => {
+                // "char[16]": a member named as the script's key (`comm`).
+                let name = match script.key.trim() {
+                    k if k.starts_with(|c: char| c.is_ascii_alphabetic())
+                        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                        && k != "bucket" =>
+                    {
+                        k
+                    }
+                    _ => "key",
+                };
+                let (base, dims) = ty.split_at(ty.find('[').unwrap_or(ty.len()));
+                (
+                    format!("struct {{ {} {name}{dims}; __u64 bucket; }}", base.trim()),
+                    vec![format!("key.{name}")],
+                )
+            }
+        };
+        Some(Self {
+            key,
+            buckets,
+            members,
+        })
     }
 }
 
@@ -435,6 +536,49 @@ mod tests {
             unit: "usecs".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn keyed_bpftrace_histograms_are_declared_from_their_script() {
+        let script = |function: &str, key: &str, key_type: &str| pb::BpftraceScript {
+            function: function.into(),
+            key: key.into(),
+            key_type: key_type.into(),
+            step: 50,
+            ..Default::default()
+        };
+        assert_eq!(
+            KeyedBpftrace::of(&script("hist", "comm", "char[16]")),
+            Some(KeyedBpftrace {
+                key: "struct { char comm[16]; __u64 bucket; }".into(),
+                buckets: "bpftrace-log2",
+                members: vec!["key.comm".into()],
+            })
+        );
+        assert_eq!(
+            KeyedBpftrace::of(&script("hist", "args->fd", "__s64")).map(|k| k.key),
+            Some("struct { __s64 key; __u64 bucket; }".into())
+        );
+        assert_eq!(
+            KeyedBpftrace::of(&script(
+                "lhist",
+                "comm, pid",
+                "struct { char comm[16]; __s64 pid; }"
+            )),
+            Some(KeyedBpftrace {
+                key: "struct { char comm[16]; __s64 pid; __u64 bucket; }".into(),
+                buckets: "bpftrace-linear",
+                members: vec!["key.comm".into(), "key.pid".into()],
+            })
+        );
+        // Without keys (the daemon reads those), without a known key type,
+        // or not a histogram: nothing to declare.
+        assert_eq!(KeyedBpftrace::of(&script("hist", "", "")), None);
+        assert_eq!(KeyedBpftrace::of(&script("hist", "probe", "")), None);
+        assert_eq!(
+            KeyedBpftrace::of(&script("count", "comm", "char[16]")),
+            None
+        );
     }
 
     #[test]

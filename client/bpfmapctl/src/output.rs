@@ -867,10 +867,10 @@ fn map_fields(m: &MapInfo) -> Vec<(&'static str, String)> {
             p.bpftrace.as_ref().map_or_else(
                 || "-".into(),
                 |b| {
-                    let f = if b.function.is_empty() {
-                        "values".to_owned()
-                    } else {
-                        format!("{}()", b.function)
+                    let f = match (b.function.as_str(), b.step) {
+                        ("", _) => "values".to_owned(),
+                        ("lhist", 1..) => format!("lhist(_, {}, {}, {})", b.min, b.max, b.step),
+                        (f, _) => format!("{f}()"),
                     };
                     match (b.key.as_str(), b.key_type.as_str()) {
                         ("", _) => format!("{f}, script {}", b.script),

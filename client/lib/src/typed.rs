@@ -73,7 +73,7 @@ use std::{collections::BTreeMap, fmt};
 
 pub use bpfmap_proto::typed::{
     EncodeError, JsonWriter, Layout, MapLayout, MapShape, Rendering, Renderings, Sink, TypeError,
-    ValueBuilder, write_json_string,
+    ValueBuilder, parse_c_type, write_json_string,
 };
 
 use crate::{EntryRef, Error, ValueRef, pb};

@@ -133,6 +133,16 @@ impl Projection {
         self.layout.key().size()
     }
 
+    /// The path given for the key's (else the value's) record member
+    /// `name`: `key.key` for a member named `key`, `key` for the whole key.
+    pub fn member_path(&self, value: bool, name: &str) -> Option<&str> {
+        let parts = if value { &self.value } else { &self.key };
+        parts
+            .iter()
+            .find(|p| p.name() == name)
+            .map(|p| p.path.as_str())
+    }
+
     /// Size of a value record.
     pub fn value_size(&self) -> usize {
         self.layout.value().size()

@@ -580,18 +580,15 @@ impl Spec {
         if let Some(g) = &self.group {
             let (k, v) = key_bytes.split_at(g.key_size().min(key_bytes.len()));
             let records = g.layout();
-            for (layout, bytes, prefix) in
-                [(records.key(), k, "key"), (records.value(), v, "value")]
-            {
+            for (layout, bytes, side) in [(records.key(), k, false), (records.value(), v, true)] {
                 if let Some(prost_types::value::Kind::StructValue(s)) = layout.to_value(bytes).kind
                 {
                     for (name, value) in s.fields {
-                        let path =
-                            if name == "key" || name == "value" || name.starts_with("values[") {
-                                name
-                            } else {
-                                format!("{prefix}.{name}")
-                            };
+                        // The path as the request gave it (a member named
+                        // `key` is `key.key`, the whole key `key`).
+                        let path = g
+                            .member_path(side, &name)
+                            .map_or_else(|| name.clone(), str::to_owned);
                         fields.insert(path, value);
                     }
                 }

@@ -448,3 +448,34 @@ fn untyped_maps_aggregate_and_group_by_whole_keys_and_values() {
         "aggregates[0]: value: not an integer (16 bytes): SUM takes an integer member"
     );
 }
+
+#[test]
+fn a_member_named_key_is_grouped_by_its_own_path() {
+    // bpftrace's @h[comm] = hist(), declared with the key's member `key`.
+    let key =
+        bpfmap_proto::typed::parse_c_type("struct { char key[16]; __u64 bucket; }", "key").unwrap();
+    let value = bpfmap_proto::typed::parse_c_type("__u64", "value").unwrap();
+    let shape = t::layout(&key, &value, None);
+    for (group_by, path) in [("key.key", "key.key"), ("key", "key")] {
+        let req = request(&[group_by], vec![agg(Op::Count, "")]);
+        let spec = Spec::new(&req, &shape, 10).unwrap();
+        let mut table = spec.table();
+        let mut k = b"bash".to_vec();
+        k.resize(16, 0);
+        k.extend(3u64.to_le_bytes());
+        assert!(table.add(&EntryRef {
+            key: &k,
+            value: &1u64.to_le_bytes(),
+            stride: 0,
+        }));
+        let (groups, _) = table.finish().unwrap();
+        let fields = &groups[0].key.as_ref().unwrap().fields;
+        assert_eq!(fields.keys().collect::<Vec<_>>(), [path], "{group_by}");
+        if group_by == "key.key" {
+            assert_eq!(
+                fields[path].kind,
+                Some(prost_types::value::Kind::StringValue("bash".into()))
+            );
+        }
+    }
+}
