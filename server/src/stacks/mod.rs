@@ -272,6 +272,64 @@ struct Plan {
     untyped: BTreeSet<String>,
 }
 
+/// The ids of a request that does not say where they are: libbpf-tools'
+/// members from the key's BTF, else bpftrace's `@[kstack]` or `@[ustack]`
+/// as its script says.
+fn recognized_ids(
+    mut ids: pb::StackIds,
+    shown: &MapLayout,
+    script: impl FnOnce() -> Option<pb::BpftraceScript>,
+) -> Result<pb::StackIds, Error> {
+    let find = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| format!("key.{n}"))
+            .find(|p| shown.member(p).and_then(|m| m.int()).is_ok())
+            .unwrap_or_default()
+    };
+    ids.kernel = find(&KERNEL_IDS);
+    ids.user = find(&USER_IDS);
+    if ids.pid.is_empty() && !ids.user.is_empty() {
+        ids.pid = find(&PIDS);
+    }
+    if ids.kernel.is_empty()
+        && ids.user.is_empty()
+        && let Some(s) = script()
+    {
+        match s.key.split('(').next().map(str::trim) {
+            Some("kstack") => ids.kernel = "key".into(),
+            Some("ustack") => ids.user = "key".into(),
+            _ => {}
+        }
+        ids.bpftrace = !(ids.kernel.is_empty() && ids.user.is_empty());
+    }
+    if ids.kernel.is_empty() && ids.user.is_empty() {
+        return Err(Error::InvalidArgument(
+            "the map's key holds no stack id this daemon recognizes (kern_stack_id, user_stack_id): say where they are, e.g. {\"ids\": {\"kernel\": \"key\", \"bpftrace\": true}} for bpftrace's @[kstack] (bpfmapctl stacks --kernel-id key --bpftrace)".into(),
+        ));
+    }
+    Ok(ids)
+}
+
+/// What a stack weighs when the request does not say: the sum of the
+/// value when it is one integer, or of its integer member named as
+/// [`WEIGHTS`], else the count of entries.
+fn default_weight(shown: &MapLayout) -> pb::Aggregate {
+    let field = std::iter::once("value".to_owned())
+        .chain(WEIGHTS.iter().map(|w| format!("value.{w}")))
+        .find(|p| shown.member(p).and_then(|m| m.int()).is_ok());
+    match field {
+        Some(field) => pb::Aggregate {
+            op: Op::Sum as i32,
+            field,
+        },
+        None => pb::Aggregate {
+            op: Op::Count as i32,
+            field: String::new(),
+        },
+    }
+}
+
 /// Key members libbpf-tools names its stack ids and processes with.
 const KERNEL_IDS: [&str; 3] = ["kern_stack_id", "kernel_stack_id", "kstack_id"];
 const USER_IDS: [&str; 2] = ["user_stack_id", "ustack_id"];
@@ -285,40 +343,12 @@ impl Plan {
         shown: &MapLayout,
         script: impl FnOnce() -> Option<pb::BpftraceScript>,
     ) -> Result<Self, Error> {
-        let bad = Error::InvalidArgument;
-        let is_int = |p: &str| shown.member(p).and_then(|m| m.int()).is_ok();
-        let mut ids = req.ids.clone().unwrap_or_default();
-        if ids.kernel.is_empty() && ids.user.is_empty() {
-            let find = |names: &[&str]| {
-                names
-                    .iter()
-                    .map(|n| format!("key.{n}"))
-                    .find(|p| is_int(p))
-                    .unwrap_or_default()
-            };
-            ids.kernel = find(&KERNEL_IDS);
-            ids.user = find(&USER_IDS);
-            if ids.pid.is_empty() && !ids.user.is_empty() {
-                ids.pid = find(&PIDS);
+        let ids = match req.ids.clone().unwrap_or_default() {
+            ids if ids.kernel.is_empty() && ids.user.is_empty() => {
+                recognized_ids(ids, shown, script)?
             }
-            // bpftrace's @[kstack] and @[ustack], said by its script.
-            if ids.kernel.is_empty()
-                && ids.user.is_empty()
-                && let Some(s) = script()
-            {
-                match s.key.split('(').next().map(str::trim) {
-                    Some("kstack") => ids.kernel = "key".into(),
-                    Some("ustack") => ids.user = "key".into(),
-                    _ => {}
-                }
-                ids.bpftrace = !(ids.kernel.is_empty() && ids.user.is_empty());
-            }
-            if ids.kernel.is_empty() && ids.user.is_empty() {
-                return Err(bad(
-                    "the map's key holds no stack id this daemon recognizes (kern_stack_id, user_stack_id): say where they are, e.g. {\"ids\": {\"kernel\": \"key\", \"bpftrace\": true}} for bpftrace's @[kstack] (bpfmapctl stacks --kernel-id key --bpftrace)".into(),
-                ));
-            }
-        }
+            ids => ids,
+        };
         for (what, path) in [
             ("ids.kernel", &ids.kernel),
             ("ids.user", &ids.user),
@@ -328,28 +358,10 @@ impl Plan {
                 shown
                     .member(path)
                     .and_then(|m| m.int())
-                    .map_err(|e| bad(format!("{what}: {e}")))?;
+                    .map_err(|e| Error::InvalidArgument(format!("{what}: {e}")))?;
             }
         }
-        let by = match &req.by {
-            Some(a) => a.clone(),
-            None => {
-                let sum = |field: String| pb::Aggregate {
-                    op: Op::Sum as i32,
-                    field,
-                };
-                match std::iter::once("value".to_owned())
-                    .chain(WEIGHTS.iter().map(|w| format!("value.{w}")))
-                    .find(|p| is_int(p))
-                {
-                    Some(p) => sum(p),
-                    None => pb::Aggregate {
-                        op: Op::Count as i32,
-                        field: String::new(),
-                    },
-                }
-            }
-        };
+        let by = req.by.clone().unwrap_or_else(|| default_weight(shown));
         let untyped = [&ids.kernel, &ids.user, &ids.pid]
             .into_iter()
             .filter(|p| shown.member(p).is_ok_and(|m| !m.typed()))
