@@ -4,7 +4,8 @@
 //! configured bytes of kernel memory (their maps' and their own), the least
 //! recently used unloaded first, and each unloaded once `IDLE` unused (a
 //! sweep every minute). A cached program holds no map it walked: a map goes
-//! into its slot for one run. A plan the verifier refused is not tried
+//! into its slot for one run, and is taken out right after it (off the
+//! answer's path). A plan the verifier refused is not tried
 //! again for that shape, and its log is logged once. What cannot run in the
 //! kernel is said (the note) and read in batches.
 
@@ -19,7 +20,9 @@ use std::{
 
 use bpfmap_kernel::{
     MapHandle, MapMeta, MapType, SyscallError,
-    program::{self, LoadError, RunError, Shape, Unsupported, WalkOutput, WalkPlan, WalkProgram},
+    program::{
+        self, LoadError, RunError, Shape, Target, Unsupported, WalkOutput, WalkPlan, WalkProgram,
+    },
 };
 
 /// Programs kept loaded, at most.
@@ -127,6 +130,30 @@ pub(crate) enum Unavailable {
     Failed(RunError),
 }
 
+fn lock(program: &Mutex<WalkProgram>) -> std::sync::MutexGuard<'_, WalkProgram> {
+    program.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Takes the map a run left in `program`'s slot out of it, on a thread of
+/// its own: taking a map out of a map of maps waits for an RCU grace
+/// period (milliseconds), which the answer need not wait for. A run that
+/// takes the program first puts its own map in the slot (the one left
+/// there is replaced) and this takes that one out after it.
+fn release_later(program: Arc<Mutex<WalkProgram>>) {
+    let release = |p: &Mutex<WalkProgram>| {
+        if let Err(error) = lock(p).release() {
+            tracing::warn!(%error, "a scan program's slot could not be emptied: it holds the map it walked until its next run or until it is unloaded");
+        }
+    };
+    let held = program.clone();
+    let spawned = std::thread::Builder::new()
+        .name("bpfmapd-slot".into())
+        .spawn(move || release(&held));
+    if spawned.is_err() {
+        release(&program);
+    }
+}
+
 /// Whether this kernel runs walk programs (probed once).
 fn kernel_support() -> Result<(), &'static Unsupported> {
     static SUPPORT: OnceLock<Result<(), Unsupported>> = OnceLock::new();
@@ -202,8 +229,9 @@ impl WalkPrograms {
         plan: &WalkPlan,
     ) -> Result<WalkOutput, Unavailable> {
         let result = self.program(handle, plan).and_then(|p| {
-            let p = p.lock().unwrap_or_else(|e| e.into_inner());
-            p.walk(handle).map_err(Unavailable::Failed)
+            let out = lock(&p).run_held(Target::of(handle));
+            release_later(p);
+            out.map_err(Unavailable::Failed)
         });
         match &result {
             Ok(_) => self.stats.runs.fetch_add(1, Ordering::Relaxed),

@@ -176,6 +176,36 @@ fn a_program_holds_its_map_only_while_it_runs() {
 }
 
 #[test]
+fn a_held_run_leaves_its_map_in_the_slot_until_it_is_released() {
+    let kernel = ScriptedKernel::new();
+    let p = load(&kernel, &grouping()).unwrap();
+    kernel.push_run(ran(Vec::new()));
+    p.run_held(target()).unwrap();
+    assert!(!kernel.slots_empty(), "the map stays until the release");
+    p.release().unwrap();
+    assert!(kernel.slots_empty(), "released");
+    // A failed held run leaves it too; the next run replaces it.
+    kernel.push_run(Run {
+        result: Err(libc::EINTR),
+        ..ran(Vec::new())
+    });
+    p.run_held(target()).unwrap_err();
+    assert!(!kernel.slots_empty());
+    let other = fake::meta();
+    kernel.push_run(ran(Vec::new()));
+    p.run_held(Target::new(TARGET_FD + 1, &other)).unwrap();
+    assert_eq!(
+        kernel.walked(),
+        [Some(TARGET_FD), Some(TARGET_FD), Some(TARGET_FD + 1)]
+    );
+    p.release().unwrap();
+    // Releasing an empty slot is no error.
+    p.release().unwrap();
+    assert!(kernel.slots_empty());
+    assert_eq!(kernel.unused(), 0);
+}
+
+#[test]
 fn a_program_the_verifier_refuses_comes_with_its_log() {
     let kernel = ScriptedKernel::new();
     let log = "0: (b7) r0 = 0\nR1 invalid mem access 'scalar'\nprocessed 12 insns\n";

@@ -424,6 +424,19 @@ impl<O: ProgramOps> WalkProgram<O> {
     /// map), leaving its groups map empty and its slot empty for the next
     /// run (also when the run failed).
     pub fn run(&self, target: Target<'_>) -> Result<WalkOutput, RunError> {
+        let out = self.run_held(target);
+        let emptied = self.release();
+        let out = out?;
+        emptied?;
+        Ok(out)
+    }
+
+    /// Runs the walk of `target` once, as [`run`](Self::run) does, but
+    /// leaves the map in the slot: the caller takes it out with
+    /// [`release`](Self::release) before anything else runs the program.
+    /// Taking a map out of a map of maps waits for an RCU grace period
+    /// (milliseconds): a caller can wait for it off the path of the answer.
+    pub fn run_held(&self, target: Target<'_>) -> Result<WalkOutput, RunError> {
         let shape = Shape::of(target.meta);
         if shape != self.shape {
             return Err(RunError::OtherShape {
@@ -436,12 +449,8 @@ impl<O: ProgramOps> WalkProgram<O> {
             .update(&zero, &vec![0u8; self.plan.scratch_size()])?;
         self.slot.update(&zero, &(target.fd as u32).to_ne_bytes())?;
         let ran = self.ops.test_run(&self.prog);
-        // The map leaves the slot whatever happened: no reference to it is
-        // kept past the run.
-        let emptied = self.slot.delete(&zero);
         let taken = self.take()?;
         ran?;
-        emptied?;
         let scratch = self.scratch.lookup(&zero)?.unwrap_or_default();
         let word = |at: i16| {
             let at = at as usize;
@@ -475,6 +484,12 @@ impl<O: ProgramOps> WalkProgram<O> {
             entries,
             overflowed: error == full,
         })
+    }
+
+    /// Takes the walked map out of the slot (a slot already empty is
+    /// left so): after it, the program holds no reference to the map.
+    pub fn release(&self) -> Result<(), RunError> {
+        Ok(self.slot.delete(&0u32.to_ne_bytes())?)
     }
 
     /// The groups in what the groups map held.
