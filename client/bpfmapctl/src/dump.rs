@@ -238,12 +238,14 @@ fn write_chunk(
 ) -> io::Result<()> {
     match printer.arrow() {
         Some(arrow) => arrow.chunk(out, &target, &answer)?,
-        None => {
-            let types = answer.types.as_deref();
-            for e in &answer.chunk {
-                printer.typed_entry(out, &target, e, types)?;
+        None => match answer.types.as_deref() {
+            Some(types) => printer.typed_entries(out, &target, &answer.chunk, types)?,
+            None => {
+                for e in &answer.chunk {
+                    printer.typed_entry(out, &target, e, None)?;
+                }
             }
-        }
+        },
     }
     let n = answer.chunk.len() as u64;
     let w = written.entry(target).or_default();

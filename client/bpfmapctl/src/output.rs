@@ -106,6 +106,9 @@ fn value_text(per_cpu: PerCpu, value: ValueRef<'_>) -> io::Result<String> {
     })
 }
 
+/// JSON lines a chunk's writer gathers before handing them to the output.
+const LINES_BYTES: usize = 1 << 20;
+
 /// Writes results in one format.
 #[derive(Debug)]
 pub(crate) struct Printer {
@@ -287,16 +290,21 @@ impl Printer {
     /// Starts a JSON line for `target`: `{"target":"...",`; the target's
     /// escaping is kept from one line to the next.
     fn start_json_line(&mut self, target: &Target) {
+        let mut line = std::mem::take(&mut self.line);
+        line.clear();
+        line.extend_from_slice(self.json_prefix(target));
+        self.line = line;
+    }
+
+    /// `{"target":"...",` for `target`, kept from one line to the next.
+    fn json_prefix(&mut self, target: &Target) -> &[u8] {
         if self.target.as_ref().is_none_or(|(t, _)| t != target) {
             let mut prefix = b"{\"target\":".to_vec();
             write_json_string(&mut prefix, target.as_str());
             prefix.push(b',');
             self.target = Some((target.clone(), prefix));
         }
-        self.line.clear();
-        if let Some((_, prefix)) = &self.target {
-            self.line.extend_from_slice(prefix);
-        }
+        self.target.as_ref().map_or(&[], |(_, p)| p)
     }
 
     /// Appends a decoded value's field to a JSON line: `,"value":` and
@@ -357,6 +365,65 @@ impl Printer {
         self.table_row(out, header, &cells)
     }
 
+    /// A chunk of dump entries decoded through `types`: as JSON lines
+    /// written straight into one buffer, handed to `out` by the MiB (no
+    /// copy of each line), or entry by entry in the other formats.
+    pub(crate) fn typed_entries<'a>(
+        &mut self,
+        out: &mut dyn io::Write,
+        target: &Target,
+        entries: impl IntoIterator<Item = EntryRef<'a>>,
+        types: &MapTypes,
+    ) -> io::Result<()> {
+        if matches!(self.format, Format::Hex | Format::Table) {
+            for e in entries {
+                self.typed_entry(out, target, e, Some(types))?;
+            }
+            return Ok(());
+        }
+        let mut lines = std::mem::take(&mut self.line);
+        lines.clear();
+        let mut result = Ok(());
+        for e in entries {
+            let start = lines.len();
+            if let Err(error) = self.typed_json_line(&mut lines, target, e, types) {
+                // The lines before it are written, not the one it broke.
+                lines.truncate(start);
+                result = Err(error);
+                break;
+            }
+            if lines.len() >= LINES_BYTES {
+                if let Err(error) = out.write_all(&lines) {
+                    result = Err(error);
+                    lines.clear();
+                    break;
+                }
+                lines.clear();
+            }
+        }
+        let written = out.write_all(&lines);
+        lines.clear();
+        self.line = lines;
+        result.and(written)
+    }
+
+    /// One dump entry as a JSON line, appended to `lines`.
+    fn typed_json_line(
+        &mut self,
+        lines: &mut Vec<u8>,
+        target: &Target,
+        e: EntryRef<'_>,
+        types: &MapTypes,
+    ) -> io::Result<()> {
+        self.saw(e.value);
+        lines.extend_from_slice(self.json_prefix(target));
+        lines.extend_from_slice(b"\"key\":");
+        types.key().write_json(e.key, lines);
+        Self::typed_value(self.per_cpu, types, e.value, lines)?;
+        lines.extend_from_slice(b"}\n");
+        Ok(())
+    }
+
     /// One dump entry, decoded through `types` when given.
     pub(crate) fn typed_entry(
         &mut self,
@@ -372,13 +439,12 @@ impl Printer {
         match self.format {
             Format::Table => self.typed_row(out, target, types, None, e),
             _ => {
-                self.start_json_line(target);
-                let line = &mut self.line;
-                line.extend_from_slice(b"\"key\":");
-                types.key().write_json(e.key, line);
-                Self::typed_value(self.per_cpu, types, e.value, line)?;
-                line.extend_from_slice(b"}\n");
-                out.write_all(line)
+                let mut line = std::mem::take(&mut self.line);
+                line.clear();
+                let made = self.typed_json_line(&mut line, target, e, types);
+                let written = made.and_then(|()| out.write_all(&line));
+                self.line = line;
+                written
             }
         }
     }
