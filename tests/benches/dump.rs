@@ -55,13 +55,52 @@ fn time(mut f: impl FnMut() -> u64) -> Duration {
     median(samples)
 }
 
+/// A candidate timed alternately with its baseline.
+struct Pairing {
+    /// The candidate's median.
+    time: Duration,
+    /// Its ratio to the baseline's median (both taken over the same
+    /// stretch of time).
+    ratio: f64,
+    /// Each pair's ratio, in the order taken.
+    pairs: Vec<f64>,
+}
+
+impl Pairing {
+    fn of(times: Vec<Duration>, bases: Vec<Duration>) -> Self {
+        let pairs = times
+            .iter()
+            .zip(&bases)
+            .map(|(c, b)| ratio(*c, *b))
+            .collect();
+        let time = median(times);
+        Self {
+            time,
+            ratio: ratio(time, median(bases)),
+            pairs,
+        }
+    }
+
+    /// The middle half of the pairs' ratios (their quartiles): how much
+    /// the figure moves from one pair to the next.
+    fn middle_half(&self) -> (f64, f64) {
+        let mut sorted = self.pairs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        (sorted[n / 4], sorted[(3 * n / 4).min(n - 1)])
+    }
+}
+
 /// `candidate` timed alternately with `baseline`: the candidate's median,
 /// and its ratio to the baseline's median (both taken over the same
 /// stretch of time).
-fn paired(
-    mut baseline: impl FnMut() -> u64,
-    mut candidate: impl FnMut() -> u64,
-) -> (Duration, f64) {
+fn paired(baseline: impl FnMut() -> u64, candidate: impl FnMut() -> u64) -> (Duration, f64) {
+    let p = pairing(baseline, candidate);
+    (p.time, p.ratio)
+}
+
+/// [`paired`], with each pair's ratio.
+fn pairing(mut baseline: impl FnMut() -> u64, mut candidate: impl FnMut() -> u64) -> Pairing {
     let (mut times, mut bases) = (Vec::new(), Vec::new());
     let mut n = RUNS;
     while times.len() < n {
@@ -71,15 +110,23 @@ fn paired(
         times.push(c);
         bases.push(b);
     }
-    let c = median(times);
-    (c, ratio(c, median(bases)))
+    Pairing::of(times, bases)
 }
 
 /// [`paired`], for a candidate that runs on the runtime.
 async fn paired_async<F: std::future::Future<Output = u64>>(
+    baseline: impl FnMut() -> u64,
+    candidate: impl FnMut() -> F,
+) -> (Duration, f64) {
+    let p = pairing_async(baseline, candidate).await;
+    (p.time, p.ratio)
+}
+
+/// [`pairing`], for a candidate that runs on the runtime.
+async fn pairing_async<F: std::future::Future<Output = u64>>(
     mut baseline: impl FnMut() -> u64,
     mut candidate: impl FnMut() -> F,
-) -> (Duration, f64) {
+) -> Pairing {
     let (mut times, mut bases) = (Vec::new(), Vec::new());
     let mut n = RUNS;
     while times.len() < n {
@@ -91,8 +138,7 @@ async fn paired_async<F: std::future::Future<Output = u64>>(
         times.push(c);
         bases.push(b);
     }
-    let c = median(times);
-    (c, ratio(c, median(bases)))
+    Pairing::of(times, bases)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -1265,7 +1311,8 @@ fn main() {
         return;
     }
     // `-- __pin SHAPE N PATH`: one of the typed maps (flows, cilium_ct4,
-    // conns) pinned at PATH on a bpffs, for profiling by hand.
+    // conns, pconns: conns as a per-CPU hash) pinned at PATH on a bpffs,
+    // for profiling by hand.
     if let [_, pin, shape, n, path] = &argv[..]
         && pin == "__pin"
     {
@@ -1274,7 +1321,8 @@ fn main() {
             "flows" => bpfmapd::typed_flows(n).unwrap(),
             "cilium_ct4" => cilium_ct4(n),
             "conns" => conns(n),
-            other => panic!("unknown shape {other:?}: flows, cilium_ct4 or conns"),
+            "pconns" => conns_of(n, MapType::PERCPU_HASH),
+            other => panic!("unknown shape {other:?}: flows, cilium_ct4, conns or pconns"),
         };
         map.pin(Path::new(path)).expect("pin the map");
         return;

@@ -27,8 +27,8 @@ use bpfmap_tests::{
 };
 
 use super::{
-    batch_walk, bpfmapctl, bpftool_dump, bpftool_installed, conns_of, paired, paired_async,
-    walk_process,
+    Pairing, batch_walk, bpfmapctl, bpftool_dump, bpftool_installed, conns_of, pairing,
+    pairing_async, walk_process,
 };
 
 /// Entries of each map. (Smaller maps make the fixed costs of a process
@@ -39,8 +39,22 @@ const N: u32 = 1_000_000;
 struct Figure {
     case: &'static str,
     measured: f64,
+    /// The middle half of the ratios of the pairs it was measured in
+    /// (none for a case timed once).
+    spread: Option<(f64, f64)>,
     /// At most this (a ratio of times), or at least it (a speed-up).
     target: Target,
+}
+
+impl Figure {
+    fn paired(case: &'static str, p: &Pairing, target: Target) -> Self {
+        Self {
+            case,
+            measured: p.ratio,
+            spread: Some(p.middle_half()),
+            target,
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -68,17 +82,7 @@ impl std::fmt::Display for Target {
 }
 
 pub(crate) fn run(rt: &tokio::runtime::Runtime) {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let busy: f64 = load
-        .split_whitespace()
-        .next()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(0.0);
-    if busy > 0.5 {
-        println!(
-            "the machine is busy (load average {busy} over the last minute): figures measured now are not comparable"
-        );
-    }
+    wait_until_quiet();
     println!(
         "the performance check: {N} entries per map, medians, each case alternated with its baseline"
     );
@@ -86,6 +90,53 @@ pub(crate) fn run(rt: &tokio::runtime::Runtime) {
     maps(rt, &mut figures);
     relay(&mut figures);
     report(&figures);
+}
+
+/// The share of the CPUs others may use while the check runs.
+const QUIET: f64 = 0.1;
+
+/// Waits (up to a minute) until the other processes leave the CPUs idle
+/// (less than [`QUIET`] of them busy over a second, from /proc/stat: the
+/// load average lags a build that just ended by minutes), saying so.
+fn wait_until_quiet() {
+    for waited in 0..60 {
+        let busy = busy_share();
+        if busy < QUIET {
+            return;
+        }
+        if waited == 0 {
+            println!(
+                "the CPUs are {:.0} % busy: waiting for them to be idle before measuring",
+                busy * 100.0
+            );
+        }
+    }
+    println!(
+        "the CPUs stayed busy for a minute: figures measured now are not comparable with others"
+    );
+}
+
+/// The share of the CPUs' time spent busy over the next second.
+fn busy_share() -> f64 {
+    let sample = || {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let times: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        // user nice system idle iowait ...: idle and iowait are not busy.
+        let idle = times.get(3).copied().unwrap_or(0) + times.get(4).copied().unwrap_or(0);
+        (times.iter().sum::<u64>(), idle)
+    };
+    let (total, idle) = sample();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let (total2, idle2) = sample();
+    let spent = total2.saturating_sub(total).max(1);
+    1.0 - idle2.saturating_sub(idle) as f64 / spent as f64
 }
 
 /// The typed, untyped and per-CPU maps of the check, read by bpfmapctl,
@@ -102,6 +153,7 @@ fn maps(rt: &tokio::runtime::Runtime, figures: &mut Vec<Figure>) {
     let daemon = DaemonProcess::local(daemon_bin!(), fs.path(), state.path());
     let url = daemon.url();
     processes(fs.path(), &url, figures);
+    daemon_cpu(&daemon, &fs.path().join("conns"));
     rt.block_on(library(&url, &fs.path().join("conns"), figures));
     rt.block_on(library_table(&url, &fs.path().join("conns"), figures));
     arrow(&daemon, &fs.path().join("conns"), figures);
@@ -171,24 +223,73 @@ fn processes(root: &Path, url: &str, figures: &mut Vec<Figure>) {
         ),
     ];
     for (case, map, args, target) in cases {
-        let (_, measured) = paired(floor(map), ctl(args));
-        figures.push(Figure {
-            case,
-            measured,
-            target,
-        });
+        let p = pairing(floor(map), ctl(args));
+        figures.push(Figure::paired(case, &p, target));
     }
     if bpftool_installed() {
         let path = root.join("conns");
-        let (_, measured) = paired(ctl(&["dump", "conns"]), || bpftool_dump(&path));
-        figures.push(Figure {
-            case: "bpftool map dump -j, against bpfmapctl dump (typed)",
-            measured,
-            target: Target::AtLeast(15.0),
-        });
+        let p = pairing(ctl(&["dump", "conns"]), || bpftool_dump(&path));
+        figures.push(Figure::paired(
+            "bpftool map dump -j, against bpfmapctl dump (typed)",
+            &p,
+            Target::AtLeast(15.0),
+        ));
     } else {
         println!("  bpftool is not installed: its case is left out (apt-get install bpftool)");
     }
+}
+
+/// Typed dumps by bpfmapctl, and the walk in this process, this many times
+/// for the CPU times below.
+const CPU_RUNS: u32 = 7;
+
+/// What the daemon's CPU does with a typed dump (its user and system time,
+/// from /proc), against the CPU of the batched walk in this process: what
+/// is left of a whole process's ratio once the daemon is at the walk's
+/// cost. Printed, not a target.
+fn daemon_cpu(daemon: &DaemonProcess, path: &Path) {
+    let url = daemon.url();
+    let before = cpu_ticks(&format!("/proc/{}/stat", daemon.pid()));
+    for _ in 0..CPU_RUNS {
+        bpfmapctl(&url, &["dump", "conns"]);
+    }
+    let after = cpu_ticks(&format!("/proc/{}/stat", daemon.pid()));
+    let walk_before = cpu_ticks("/proc/thread-self/stat");
+    for _ in 0..CPU_RUNS {
+        batch_walk(path);
+    }
+    let walk_after = cpu_ticks("/proc/thread-self/stat");
+    let tick = clock_tick_ms();
+    let per_run = |ticks: u64| ticks as f64 * tick / f64::from(CPU_RUNS);
+    let (user, system) = (per_run(after.0 - before.0), per_run(after.1 - before.1));
+    let walk = per_run(walk_after.0 + walk_after.1 - walk_before.0 - walk_before.1);
+    println!(
+        "  the daemon's CPU per typed dump of {N} entries: {:.0} ms (user {user:.0} ms, system {system:.0} ms), against {walk:.0} ms for the batched walk in this process ({:.2}x); {CPU_RUNS} of each",
+        user + system,
+        (user + system) / walk
+    );
+}
+
+/// A process's or a thread's user and system time, in clock ticks (fields
+/// 14 and 15 of a /proc stat file, counted after the name in parentheses).
+fn cpu_ticks(stat: &str) -> (u64, u64) {
+    let text = std::fs::read_to_string(stat).expect("a /proc stat file");
+    let (_, rest) = text.rsplit_once(')').expect("stat: (comm)");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3, utime 14, stime 15.
+    let field = |n: usize| fields[n - 3].parse::<u64>().expect("a number of ticks");
+    (field(14), field(15))
+}
+
+/// Milliseconds per clock tick of /proc's CPU times.
+fn clock_tick_ms() -> f64 {
+    let out = Command::new("getconf").arg("CLK_TCK").output();
+    let hz = out
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    1000.0 / hz
 }
 
 /// The library's typed dump decoded to JSON text, against the batched walk
@@ -220,12 +321,12 @@ async fn library(url: &str, path: &Path, figures: &mut Vec<Figure>) {
             dump.received()
         }
     };
-    let (_, measured) = paired_async(|| batch_walk(path), decoded).await;
-    figures.push(Figure {
-        case: "library dump, typed, decoded to JSON text",
-        measured,
-        target: Target::AtMost(1.05),
-    });
+    let p = pairing_async(|| batch_walk(path), decoded).await;
+    figures.push(Figure::paired(
+        "library dump, typed, decoded to JSON text",
+        &p,
+        Target::AtMost(1.05),
+    ));
 }
 
 /// The library's typed dump as Arrow record batches, against the batched
@@ -250,12 +351,12 @@ async fn library_table(url: &str, path: &Path, figures: &mut Vec<Figure>) {
             rows
         }
     };
-    let (_, measured) = paired_async(|| batch_walk(path), batches).await;
-    figures.push(Figure {
-        case: "library dump_table, typed record batches",
-        measured,
-        target: Target::AtMost(1.05),
-    });
+    let p = pairing_async(|| batch_walk(path), batches).await;
+    figures.push(Figure::paired(
+        "library dump_table, typed record batches",
+        &p,
+        Target::AtMost(1.05),
+    ));
 }
 
 /// A Python with pyarrow, pandas, grpcio and grpcio-tools
@@ -338,11 +439,11 @@ fn arrow(daemon: &DaemonProcess, path: &Path, figures: &mut Vec<Figure>) {
         reads.push(reader.read("flight"));
     }
     let (_, peak_after) = daemon.rss_kib();
-    figures.push(Figure {
-        case: "pyarrow.flight do_get().read_all(), typed (timed in Python)",
-        measured: super::ratio(median(reads), median(walks)),
-        target: Target::AtMost(1.3),
-    });
+    figures.push(Figure::paired(
+        "pyarrow.flight do_get().read_all(), typed (timed in Python)",
+        &Pairing::of(reads, walks),
+        Target::AtMost(1.3),
+    ));
     let pandas = median((0..3).map(|_| reader.read("pandas")).collect());
     let grpc = reader.read("grpc");
     println!(
@@ -355,6 +456,7 @@ fn arrow(daemon: &DaemonProcess, path: &Path, figures: &mut Vec<Figure>) {
     figures.push(Figure {
         case: "grpcio DumpMap typed JSON into a DataFrame, against Flight into one",
         measured: super::ratio(grpc, pandas),
+        spread: None,
         target: Target::AtLeast(10.0),
     });
 }
@@ -376,12 +478,12 @@ fn relay(figures: &mut Vec<Figure>) {
     let url = format!("http://{}", relay.addr);
     let direct = ["--targets-file", file.to_str().unwrap()];
     let relayed = ["--relay", url.as_str()];
-    let (_, measured) = paired(|| ctl_fleet(&direct), || ctl_fleet(&relayed));
-    figures.push(Figure {
-        case: "bpfmapctl --relay dump (6 daemons), against its direct fan-out",
-        measured,
-        target: Target::AtMost(1.2),
-    });
+    let p = pairing(|| ctl_fleet(&direct), || ctl_fleet(&relayed));
+    figures.push(Figure::paired(
+        "bpfmapctl --relay dump (6 daemons), against its direct fan-out",
+        &p,
+        Target::AtMost(1.2),
+    ));
 }
 
 /// `bpfmapctl ARGS dump bench/m` as JSON Lines: the bytes it printed.
@@ -393,6 +495,11 @@ fn ctl_fleet(args: &[&str]) -> u64 {
         .unwrap();
     bpfmap_tests::process::assert_success(&out);
     out.stdout.len() as u64
+}
+
+/// The middle half of a case's pairs, as the report prints it.
+fn spread_text(spread: Option<(f64, f64)>) -> String {
+    spread.map_or_else(|| "-".to_owned(), |(lo, hi)| format!("{lo:.2}-{hi:.2}x"))
 }
 
 /// The figures last recorded: (case, figure) from the table of
@@ -419,8 +526,8 @@ fn recorded() -> Vec<(String, String)> {
 fn report(figures: &[Figure]) {
     let last = recorded();
     println!(
-        "\n{:<68} {:>8} {:>9} {:>9}",
-        "case", "now", "target", "last"
+        "\n{:<68} {:>8} {:>13} {:>9} {:>9}",
+        "case", "now", "pairs", "target", "last"
     );
     for f in figures {
         let before = last
@@ -433,15 +540,19 @@ fn report(figures: &[Figure]) {
             "  OVER"
         };
         println!(
-            "{:<68} {:>7.2}x {:>9} {:>9}{over}",
+            "{:<68} {:>7.2}x {:>13} {:>9} {:>9}{over}",
             f.case,
             f.measured,
+            spread_text(f.spread),
             f.target.to_string(),
             before
         );
     }
     let over = figures.iter().filter(|f| !f.target.met(f.measured)).count();
     println!("{over} of {} cases over their target", figures.len());
+    println!(
+        "(now: the ratio of the medians; pairs: the middle half of the ratios of the pairs, how far one pair is from the next)"
+    );
     let commit = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()
@@ -452,12 +563,15 @@ fn report(figures: &[Figure]) {
             |o| String::from_utf8_lossy(&o.stdout).trim().to_owned(),
         );
     println!(
-        "\nto record in tests/README.md:\n\n| case | target | figure | commit |\n|---|---|---|---|"
+        "\nto record in tests/README.md:\n\n| case | target | figure | pairs | commit |\n|---|---|---|---|---|"
     );
     for f in figures {
         println!(
-            "| {} | {} | {:.2}x | {commit} |",
-            f.case, f.target, f.measured
+            "| {} | {} | {:.2}x | {} | {commit} |",
+            f.case,
+            f.target,
+            f.measured,
+            spread_text(f.spread)
         );
     }
 }
