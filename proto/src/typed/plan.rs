@@ -119,8 +119,72 @@ struct Enum {
 #[derive(Debug, Clone, PartialEq, Default)]
 struct JsonPlan {
     text: Vec<u8>,
-    leaves: Vec<(Range<u32>, Leaf)>,
+    leaves: Vec<(Range<u32>, JsonLeaf)>,
     tail: Range<u32>,
+}
+
+/// A leaf as the JSON text form writes it: the integers most members are
+/// (whole bytes, little-endian) read and written in one step, any other
+/// leaf through [`Plan::json_leaf`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum JsonLeaf {
+    /// An unsigned integer of 8, 16 or 32 bits at this byte offset: a
+    /// number.
+    U8(usize),
+    U16(usize),
+    U32(usize),
+    /// A signed 32-bit integer: a number.
+    I32(usize),
+    /// An unsigned 64-bit integer: a decimal string.
+    U64(usize),
+    /// An unsigned bitfield of up to 32 bits, read with one load (see
+    /// [`Read::Bits`]): a number.
+    Bits(Int),
+    /// An enum of one unsigned byte at this offset (an index into the
+    /// plan's enums): its enumerator's name, or its number.
+    Enum8(usize, u32),
+    Other(Leaf),
+}
+
+impl JsonLeaf {
+    fn of(leaf: Leaf) -> Self {
+        let int = match leaf {
+            Leaf::Int(int) => int,
+            Leaf::Enum(int, e) => {
+                return match (int.read, int.field.signed()) {
+                    (Read::U8(at), false) => Self::Enum8(at, e),
+                    _ => Self::Other(leaf),
+                };
+            }
+            _ => return Self::Other(leaf),
+        };
+        match (int.read, int.field.signed()) {
+            (Read::Bits { bits, .. }, false) if bits <= 32 => Self::Bits(int),
+            (Read::U8(at), false) => Self::U8(at),
+            (Read::Le16(at), false) => Self::U16(at),
+            (Read::Le32(at), false) => Self::U32(at),
+            (Read::Le32(at), true) => Self::I32(at),
+            (Read::Le64(at), false) => Self::U64(at),
+            _ => Self::Other(leaf),
+        }
+    }
+}
+
+/// `N` bytes of `b` at `i` (zeros when `b` is too short: a checked
+/// layout's value of its size never is).
+#[inline]
+fn bytes_at<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
+    i.checked_add(N)
+        .and_then(|end| b.get(i..end))
+        .and_then(|s| s.try_into().ok())
+        .unwrap_or([0; N])
+}
+
+/// Appends a number's digits.
+#[inline(always)]
+fn push_number(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    let mut digits = itoa::Buffer::new();
+    push_digits(out, digits.format(n).as_bytes());
 }
 
 impl Int {
@@ -149,20 +213,14 @@ impl Int {
     /// value of its size never is).
     #[inline]
     fn raw(&self, b: &[u8]) -> u128 {
-        fn at<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
-            i.checked_add(N)
-                .and_then(|end| b.get(i..end))
-                .and_then(|s| s.try_into().ok())
-                .unwrap_or([0; N])
-        }
         match self.read {
             Read::U8(i) => u128::from(b.get(i).copied().unwrap_or(0)),
-            Read::Le16(i) => u128::from(u16::from_le_bytes(at(b, i))),
-            Read::Le32(i) => u128::from(u32::from_le_bytes(at(b, i))),
-            Read::Le64(i) => u128::from(u64::from_le_bytes(at(b, i))),
-            Read::Be16(i) => u128::from(u16::from_be_bytes(at(b, i))),
-            Read::Be32(i) => u128::from(u32::from_be_bytes(at(b, i))),
-            Read::Be64(i) => u128::from(u64::from_be_bytes(at(b, i))),
+            Read::Le16(i) => u128::from(u16::from_le_bytes(bytes_at(b, i))),
+            Read::Le32(i) => u128::from(u32::from_le_bytes(bytes_at(b, i))),
+            Read::Le64(i) => u128::from(u64::from_le_bytes(bytes_at(b, i))),
+            Read::Be16(i) => u128::from(u16::from_be_bytes(bytes_at(b, i))),
+            Read::Be32(i) => u128::from(u32::from_be_bytes(bytes_at(b, i))),
+            Read::Be64(i) => u128::from(u64::from_be_bytes(bytes_at(b, i))),
             Read::Bits {
                 first,
                 last,
@@ -242,7 +300,7 @@ fn bits_at(b: &[u8], first: usize, last: usize, shift: u32, bits: u32) -> Option
 /// Appends a number's digits, copied as a block of their length (most
 /// numbers have a few digits, and a copy of unknown length is a call to
 /// `memcpy`, which costs more than the copy).
-#[inline]
+#[inline(always)]
 fn push_digits(out: &mut Vec<u8>, digits: &[u8]) {
     macro_rules! by_length {
         ($($n:literal)*) => {
@@ -439,9 +497,35 @@ impl Plan {
     /// Appends `bytes` decoded as JSON text to `out`.
     pub(crate) fn write_json(&self, bytes: &[u8], out: &mut Vec<u8>) {
         let json = &self.json;
+        let b = bytes;
         for (before, leaf) in &json.leaves {
             json.append(before, out);
-            self.json_leaf(*leaf, bytes, out);
+            match *leaf {
+                JsonLeaf::U8(i) => push_number(out, b.get(i).copied().unwrap_or(0)),
+                JsonLeaf::U16(i) => push_number(out, u16::from_le_bytes(bytes_at(b, i))),
+                JsonLeaf::U32(i) => push_number(out, u32::from_le_bytes(bytes_at(b, i))),
+                JsonLeaf::I32(i) => push_number(out, i32::from_le_bytes(bytes_at(b, i))),
+                JsonLeaf::U64(i) => {
+                    out.push(b'"');
+                    push_number(out, u64::from_le_bytes(bytes_at(b, i)));
+                    out.push(b'"');
+                }
+                JsonLeaf::Bits(int) => push_number(out, int.raw(b) as u32),
+                JsonLeaf::Enum8(i, e) => {
+                    let value = b.get(i).copied().unwrap_or(0);
+                    let e = &self.enums[e as usize];
+                    match e
+                        .node
+                        .values
+                        .iter()
+                        .position(|(v, _)| *v == i64::from(value))
+                    {
+                        Some(i) => out.extend_from_slice(&e.json[i]),
+                        None => push_number(out, value),
+                    }
+                }
+                JsonLeaf::Other(leaf) => self.json_leaf(leaf, b, out),
+            }
         }
         json.append(&json.tail, out);
     }
@@ -568,7 +652,7 @@ impl JsonPlan {
                         comma(&mut json, &mut open);
                     }
                     let end = json.text.len() as u32;
-                    json.leaves.push((start..end, leaf));
+                    json.leaves.push((start..end, JsonLeaf::of(leaf)));
                     start = end;
                 }
             }

@@ -996,6 +996,47 @@ fn compiled_plans_decode_renderings_enums_text_and_bitfields_as_the_tree() {
     assert_eq!(planned_as_tree(&l, &bytes[..3]), "null");
 }
 
+/// The integers the JSON text writes in one step (unsigned bytes, 16, 32
+/// and 64 bits, signed 32 bits, unsigned bitfields up to 32 bits, enums of
+/// one unsigned byte, named or not) decode as the tree does, at the edges
+/// of their ranges.
+#[test]
+fn json_text_of_common_integers_equals_the_tree() {
+    let t = record(
+        "common",
+        32,
+        vec![
+            member("b", 0, u(1)),
+            member("w", 2, u(2)),
+            member("d", 4, u(4)),
+            member("i", 8, s(4)),
+            member("q", 16, u(8)),
+            bits("one", 96, 1, u(4)),
+            bits("mid", 97, 13, u(4)),
+            bits("all", 128, 32, u(4)),
+            member("e", 1, enum_("e", 1, false, &[("A", 0), ("B", 255)])),
+        ],
+    );
+    let l = layout(&t);
+    for bytes in [
+        vec![0u8; 32],
+        vec![0xff; 32],
+        (0..32u8).map(|i| i.wrapping_mul(37)).collect(),
+        (0..32u8).map(|i| 0x80 | i).collect(),
+    ] {
+        let text = planned_as_tree(&l, &bytes);
+        serde_json::from_str::<serde_json::Value>(&text).expect("JSON");
+    }
+    let mut bytes = vec![0xff; 32];
+    bytes[1] = 7;
+    assert_eq!(
+        planned_as_tree(&l, &bytes),
+        r#"{"b":255,"w":65535,"d":4294967295,"i":-1,"q":"18446744073709551615","one":1,"mid":8191,"all":4294967295,"e":7}"#
+    );
+    bytes[1] = 255;
+    assert!(planned_as_tree(&l, &bytes).ends_with(r#""e":"B"}"#));
+}
+
 #[test]
 fn layouts_too_long_for_a_plan_decode_from_their_tree() {
     // 20,000 records of two members: more steps than a plan holds.
