@@ -41,7 +41,23 @@ fn runs(first: Duration) -> usize {
     }
 }
 
+/// The output files of the processes timed last, deleted before the next
+/// run is timed: deleting a file of a dump's 183 MB takes tens of
+/// milliseconds, which are not the tool's.
+static SPENT: std::sync::Mutex<Vec<tempfile::NamedTempFile>> = std::sync::Mutex::new(Vec::new());
+
+/// A process's output file, kept until the next run is about to be timed.
+fn spent(file: tempfile::NamedTempFile) {
+    SPENT.lock().unwrap().push(file);
+}
+
+/// Deletes the output files of the runs before (outside any timing).
+fn clear_spent() {
+    SPENT.lock().unwrap().clear();
+}
+
 fn once(f: &mut dyn FnMut() -> u64) -> Duration {
+    clear_spent();
     let t = Instant::now();
     std::hint::black_box(f());
     t.elapsed()
@@ -131,6 +147,7 @@ async fn pairing_async<F: std::future::Future<Output = u64>>(
     let mut n = RUNS;
     while times.len() < n {
         let b = once(&mut baseline);
+        clear_spent();
         let t = Instant::now();
         std::hint::black_box(candidate().await);
         let c = t.elapsed();
@@ -249,11 +266,13 @@ fn bpftool_dump(path: &Path) -> u64 {
         .status()
         .unwrap();
     assert!(status.success());
-    file.as_file().metadata().unwrap().len()
+    let len = file.as_file().metadata().unwrap().len();
+    spent(file);
+    len
 }
 
-/// Runs bpfmapctl as a user would, its output going to a file; returns the
-/// file's size.
+/// Runs bpfmapctl as a user would, its output going to a file (deleted
+/// before the next run is timed); returns the file's size.
 fn bpfmapctl(url: &str, args: &[&str]) -> u64 {
     let ctl = Path::new(env!("CARGO_BIN_EXE_test-bpfmapctl"));
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -264,7 +283,9 @@ fn bpfmapctl(url: &str, args: &[&str]) -> u64 {
         .output()
         .unwrap();
     bpfmap_tests::process::assert_success(&out);
-    file.as_file().metadata().unwrap().len()
+    let len = file.as_file().metadata().unwrap().len();
+    spent(file);
+    len
 }
 
 const FLOOR: &str = "BPF_MAP_LOOKUP_BATCH, 5000/call (the floor)";
@@ -1353,6 +1374,7 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     if sections == ["check"] {
         check::run(&rt);
+        clear_spent();
         return;
     }
     println!(
@@ -1402,6 +1424,7 @@ fn main() {
         report.lines.len() - report.missed.len(),
         report.lines.len()
     );
+    clear_spent();
 }
 
 /// The filter of the filtered dump: 1 % of the query flows.

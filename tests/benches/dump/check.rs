@@ -252,6 +252,7 @@ fn daemon_cpu(daemon: &DaemonProcess, path: &Path) {
     let before = cpu_ticks(&format!("/proc/{}/stat", daemon.pid()));
     for _ in 0..CPU_RUNS {
         bpfmapctl(&url, &["dump", "conns"]);
+        super::clear_spent();
     }
     let after = cpu_ticks(&format!("/proc/{}/stat", daemon.pid()));
     let walk_before = cpu_ticks("/proc/thread-self/stat");
