@@ -26,8 +26,9 @@
 use std::{collections::HashMap, sync::Arc};
 
 use arrow_array::{
-    ArrayRef, Decimal128Array, FixedSizeBinaryArray, FixedSizeListArray, RecordBatch, StructArray,
-    builder::{BooleanBuilder, StringBuilder, StringDictionaryBuilder},
+    ArrayRef, Decimal128Array, DictionaryArray, FixedSizeBinaryArray, FixedSizeListArray,
+    Int32Array, RecordBatch, StringArray, StructArray,
+    builder::{BooleanBuilder, StringBuilder},
     types::Int32Type,
 };
 use arrow_buffer::ScalarBuffer;
@@ -566,7 +567,7 @@ enum Buf {
     F64(Vec<f64>),
     Bool(BooleanBuilder),
     Str(StringBuilder),
-    Dict(StringDictionaryBuilder<Int32Type>),
+    Dict(EnumColumn),
     Bytes(Vec<u8>),
     List(Box<Buf>),
     Struct(Vec<Buf>, usize),
@@ -591,7 +592,7 @@ impl Buf {
                 Width::I128 => Self::I128(Vec::new()),
             },
             Read::Pointer(_) => Self::U64(Vec::new()),
-            Read::Enum(..) => Self::Dict(StringDictionaryBuilder::new()),
+            Read::Enum(field, e) => Self::Dict(EnumColumn::new(field, e.clone())),
             Read::Bool(_) => Self::Bool(BooleanBuilder::new()),
             Read::Float { size: 4, .. } => Self::F32(Vec::new()),
             Read::Float { .. } => Self::F64(Vec::new()),
@@ -632,6 +633,20 @@ impl Buf {
                 (Self::I64(v), 64, false) => ints(v, whole, at, i64::from_le_bytes),
                 (Self::I64(v), 64, true) => ints(v, whole, at, i64::from_be_bytes),
                 (buf, ..) => buf.extend_each(read, &rows, stride),
+            }
+            return;
+        }
+        if let (Self::Dict(column), Read::Enum(f, _), Some(whole)) =
+            (&mut *self, read, rows.whole())
+            && column.by_byte.is_some()
+            && !f.is_bitfield()
+            && f.bits() == 8
+            && f.offset() < rows.size
+        {
+            let at = f.offset();
+            column.keys.reserve(whole.len());
+            for r in whole {
+                column.push_byte(r[at]);
             }
             return;
         }
@@ -720,13 +735,10 @@ impl Buf {
                 buf.push_int(field, raw);
             }
             (Self::U64(v), Read::Pointer(field)) => v.push(field.raw(b).unwrap_or(0) as u64),
-            (Self::Dict(d), Read::Enum(field, e)) => {
-                let value = field.value(b).unwrap_or(0);
-                match e.name_of(value as i64) {
-                    Some(name) => d.append_value(name),
-                    None => d.append_value(value.to_string()),
-                };
-            }
+            (Self::Dict(d), Read::Enum(field, _)) => match &d.by_byte {
+                Some(_) => d.push_byte(field.raw(b).unwrap_or(0) as u8),
+                None => d.push(field.value(b).unwrap_or(0)),
+            },
             (Self::Bool(v), Read::Bool(field)) => v.append_value(field.raw(b).unwrap_or(0) != 0),
             (Self::F32(v), Read::Float { at, .. }) => v.push(
                 at.checked_add(4)
@@ -816,7 +828,7 @@ impl Buf {
             ),
             Self::Bool(b) => Arc::new(b.finish()),
             Self::Str(s) => Arc::new(s.finish()),
-            Self::Dict(d) => Arc::new(d.finish()),
+            Self::Dict(d) => Arc::new(d.finish()?),
             Self::Bytes(v) => {
                 let Read::Bytes { len, .. } = read else {
                     return Err(ArrowError::SchemaError("a column of bytes".into()));
@@ -866,6 +878,73 @@ impl Buf {
                 )?)
             }
         })
+    }
+}
+
+/// An enum column: each row's key into its dictionary, the dictionary
+/// being the names of the values in the order they first appeared (as
+/// arrow's dictionary builder makes it; a value no enumerator names is its
+/// number, in text), found without hashing text.
+struct EnumColumn {
+    node: Arc<EnumNode>,
+    keys: Vec<i32>,
+    names: Vec<String>,
+    /// For an unsigned enum of one byte: each byte's key, once it has one.
+    by_byte: Option<Box<[Option<i32>; 256]>>,
+    /// For other enums: each value's key.
+    by_value: HashMap<i128, i32>,
+}
+
+impl EnumColumn {
+    fn new(field: &IntField, node: Arc<EnumNode>) -> Self {
+        let byte = !field.signed() && field.bits() <= 8;
+        Self {
+            node,
+            keys: Vec::new(),
+            names: Vec::new(),
+            by_byte: byte.then(|| Box::new([None; 256])),
+            by_value: HashMap::new(),
+        }
+    }
+
+    /// The key of `value`, named and added to the dictionary the first
+    /// time.
+    fn key(names: &mut Vec<String>, node: &EnumNode, value: i128) -> i32 {
+        names.push(
+            node.name_of(value as i64)
+                .map_or_else(|| value.to_string(), str::to_owned),
+        );
+        names.len() as i32 - 1
+    }
+
+    /// Appends a one-byte enum's value.
+    #[inline]
+    fn push_byte(&mut self, byte: u8) {
+        let Some(by_byte) = self.by_byte.as_mut() else {
+            return self.push(i128::from(byte));
+        };
+        let key = *by_byte[usize::from(byte)]
+            .get_or_insert_with(|| Self::key(&mut self.names, &self.node, i128::from(byte)));
+        self.keys.push(key);
+    }
+
+    fn push(&mut self, value: i128) {
+        let key = *self
+            .by_value
+            .entry(value)
+            .or_insert_with(|| Self::key(&mut self.names, &self.node, value));
+        self.keys.push(key);
+    }
+
+    /// The column so far, its dictionary made again for the next batch.
+    fn finish(&mut self) -> Result<DictionaryArray<Int32Type>, ArrowError> {
+        let keys = Int32Array::from(std::mem::take(&mut self.keys));
+        let values = StringArray::from(std::mem::take(&mut self.names));
+        if let Some(by_byte) = self.by_byte.as_mut() {
+            **by_byte = [None; 256];
+        }
+        self.by_value.clear();
+        DictionaryArray::try_new(keys, Arc::new(values))
     }
 }
 

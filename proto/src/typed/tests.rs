@@ -1320,6 +1320,136 @@ mod arrow_tables {
         assert_eq!(a, b);
     }
 
+    /// Enum columns (of one byte, of a bitfield, signed, of 64 bits past
+    /// i64::MAX), with values named and not, over two batches of one
+    /// builder, entry by entry and from packed records: the dictionaries
+    /// arrow's own builder makes, keys and values in the same order.
+    #[test]
+    fn enum_columns_are_the_dictionaries_arrows_builder_makes() {
+        use arrow_array::{builder::StringDictionaryBuilder, cast::AsArray};
+        let byte = enum_("e8", 1, false, &[("A", 1), ("B", 2)]);
+        let wide = enum_("e32", 4, true, &[("NEG", -5), ("POS", 5)]);
+        let big = enum_("e64", 8, false, &[("BIG", i64::MAX)]);
+        let value = record(
+            "v",
+            16,
+            vec![
+                member("b", 0, byte.clone()),
+                bits("f", 12, 4, byte.clone()),
+                member("s", 4, wide),
+                member("q", 8, big),
+            ],
+        );
+        let layout = MapLayout::new(Some(&u(4)), Some(&value), MapShape::new(4, 16)).unwrap();
+        let t = table(&layout, PerCpuColumns::List);
+        let rows: [(u8, u8, i32, u64); 9] = [
+            (2, 1, -5, 0),
+            (1, 2, 7, u64::MAX),
+            (2, 9, 5, i64::MAX as u64),
+            (200, 1, -5, u64::MAX),
+            (1, 0, 7, 3),
+            (2, 15, 5, 0),
+            (9, 2, 5, 3),
+            (1, 1, -1, u64::MAX),
+            (9, 9, -5, 0),
+        ];
+        let bytes = |(b, f, s, q): (u8, u8, i32, u64)| {
+            let mut v = vec![b, f << 4, 0, 0];
+            v.extend_from_slice(&s.to_le_bytes());
+            v.extend_from_slice(&q.to_le_bytes());
+            v
+        };
+        // What arrow's builder makes of a column's values.
+        let expected = |values: &mut dyn Iterator<Item = (i128, Option<&str>)>| {
+            let mut d = StringDictionaryBuilder::<t::Int32Type>::new();
+            for (v, name) in values {
+                d.append_value(name.map_or_else(|| v.to_string(), str::to_owned));
+            }
+            d.finish()
+        };
+        let name = |v: i128, names: &[(&'static str, i128)]| {
+            names.iter().find(|(_, n)| *n == v).map(|(s, _)| *s)
+        };
+        let ab = [("A", 1), ("B", 2)];
+        for packed in [false, true] {
+            let mut b = t.builder();
+            for batch in [&rows[..6], &rows[6..]] {
+                let keys = vec![0u8; 4 * batch.len()];
+                let values: Vec<u8> = batch.iter().flat_map(|r| bytes(*r)).collect();
+                if packed {
+                    b.push_packed(crate::typed::arrow::Packed {
+                        keys: &keys,
+                        key_size: 4,
+                        values: &values,
+                        value_stride: 16,
+                        cpu_stride: 0,
+                        count: batch.len(),
+                    });
+                } else {
+                    for v in values.chunks(16) {
+                        b.push(EntryRef {
+                            key: &[0; 4],
+                            value: v,
+                            stride: 0,
+                        });
+                    }
+                }
+                let got = b.finish().unwrap();
+                let column = |c: &str| {
+                    got.column_by_name(c)
+                        .unwrap()
+                        .as_dictionary::<t::Int32Type>()
+                        .clone()
+                };
+                let want = [
+                    (
+                        "value.b",
+                        expected(
+                            &mut batch
+                                .iter()
+                                .map(|r| (i128::from(r.0), name(i128::from(r.0), &ab))),
+                        ),
+                    ),
+                    (
+                        "value.f",
+                        expected(
+                            &mut batch
+                                .iter()
+                                .map(|r| (i128::from(r.1), name(i128::from(r.1), &ab))),
+                        ),
+                    ),
+                    (
+                        "value.s",
+                        expected(&mut batch.iter().map(|r| {
+                            (
+                                i128::from(r.2),
+                                name(i128::from(r.2), &[("NEG", -5), ("POS", 5)]),
+                            )
+                        })),
+                    ),
+                    (
+                        "value.q",
+                        expected(&mut batch.iter().map(|r| {
+                            (
+                                i128::from(r.3),
+                                name(i128::from(r.3), &[("BIG", i128::from(i64::MAX))]),
+                            )
+                        })),
+                    ),
+                ];
+                for (c, want) in want {
+                    let got = column(c);
+                    assert_eq!(got.keys(), want.keys(), "{c}, packed: {packed}");
+                    assert_eq!(
+                        got.values().as_string::<i32>(),
+                        want.values().as_string::<i32>(),
+                        "{c}, packed: {packed}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn packed_records_make_the_batch_entries_make() {
         let r = renderings(&[("key.daddr", "ipv4")]);
