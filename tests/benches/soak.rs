@@ -43,7 +43,7 @@ use bpfmap_client::{
 use bpfmap_tests::{
     BpfFs, MapType, Rng, create_map, map_ref,
     pki::{Name, Pki, Validity},
-    process::{DaemonProcess, free_addr, send_signal},
+    process::{DaemonProcess, free_addr, host_ticks, send_signal, stat_ticks},
     u64_hash, update_batch,
 };
 use clap::Parser;
@@ -696,33 +696,9 @@ fn fds_and_threads(pid: u32) -> anyhow::Result<(u64, u64)> {
     Ok((fds, threads))
 }
 
-/// The CPU time a process used so far, in clock ticks (utime + stime).
+/// A process's CPU time so far (user and system), in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            // The fields after the command name, which is in parentheses.
-            let rest = s.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or(0)
-}
-
-/// The machine's CPU time (busy, total) so far, in clock ticks.
-fn host_ticks() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total - idle, total)
+    stat_ticks(&format!("/proc/{pid}/stat")).map_or(0, |(user, system)| user + system)
 }
 
 fn load1() -> f64 {

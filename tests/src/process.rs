@@ -241,3 +241,32 @@ pub fn send_signal(pid: u32, signal: i32) {
     let ret = unsafe { libc::kill(pid as libc::pid_t, signal) };
     assert_eq!(ret, 0, "kill({pid}, {signal}) failed");
 }
+
+/// A process's or a thread's user and system time so far, in clock ticks,
+/// from its /proc stat file (`/proc/PID/stat`, `/proc/thread-self/stat`):
+/// fields 14 and 15, counted after the name in parentheses. `None` when it
+/// cannot be read.
+pub fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let rest = text.rsplit_once(')')?.1;
+    // After the name: the state is field 3, so field n is at n - 3.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
+}
+
+/// The machine's CPU time so far, in clock ticks: (busy, total), from
+/// /proc/stat (idle and iowait are not busy; guest time is in user time).
+pub fn host_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}

@@ -22,7 +22,7 @@ use bpfmap_tests::{
     BpfFs, MapType, daemon_bin,
     local_fleet::{LocalFleet, RelayProcess},
     median,
-    process::DaemonProcess,
+    process::{DaemonProcess, host_ticks, stat_ticks},
     u64_hash,
 };
 
@@ -118,25 +118,10 @@ fn wait_until_quiet() {
 
 /// The share of the CPUs' time spent busy over the next second.
 fn busy_share() -> f64 {
-    let sample = || {
-        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-        let times: Vec<u64> = stat
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|t| t.parse().ok())
-            .collect();
-        // user nice system idle iowait ...: idle and iowait are not busy.
-        let idle = times.get(3).copied().unwrap_or(0) + times.get(4).copied().unwrap_or(0);
-        (times.iter().sum::<u64>(), idle)
-    };
-    let (total, idle) = sample();
+    let (busy, total) = host_ticks();
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let (total2, idle2) = sample();
-    let spent = total2.saturating_sub(total).max(1);
-    1.0 - idle2.saturating_sub(idle) as f64 / spent as f64
+    let (busy2, total2) = host_ticks();
+    busy2.saturating_sub(busy) as f64 / total2.saturating_sub(total).max(1) as f64
 }
 
 /// The typed, untyped and per-CPU maps of the check, read by bpfmapctl,
@@ -249,17 +234,17 @@ const CPU_RUNS: u32 = 7;
 /// cost. Printed, not a target.
 fn daemon_cpu(daemon: &DaemonProcess, path: &Path) {
     let url = daemon.url();
-    let before = cpu_ticks(&format!("/proc/{}/stat", daemon.pid()));
+    let before = stat_ticks(&format!("/proc/{}/stat", daemon.pid())).expect("the daemon's stat");
     for _ in 0..CPU_RUNS {
         bpfmapctl(&url, &["dump", "conns"]);
         super::clear_spent();
     }
-    let after = cpu_ticks(&format!("/proc/{}/stat", daemon.pid()));
-    let walk_before = cpu_ticks("/proc/thread-self/stat");
+    let after = stat_ticks(&format!("/proc/{}/stat", daemon.pid())).expect("the daemon's stat");
+    let walk_before = stat_ticks("/proc/thread-self/stat").expect("this thread's stat");
     for _ in 0..CPU_RUNS {
         batch_walk(path);
     }
-    let walk_after = cpu_ticks("/proc/thread-self/stat");
+    let walk_after = stat_ticks("/proc/thread-self/stat").expect("this thread's stat");
     let tick = clock_tick_ms();
     let per_run = |ticks: u64| ticks as f64 * tick / f64::from(CPU_RUNS);
     let (user, system) = (per_run(after.0 - before.0), per_run(after.1 - before.1));
@@ -269,17 +254,6 @@ fn daemon_cpu(daemon: &DaemonProcess, path: &Path) {
         user + system,
         (user + system) / walk
     );
-}
-
-/// A process's or a thread's user and system time, in clock ticks (fields
-/// 14 and 15 of a /proc stat file, counted after the name in parentheses).
-fn cpu_ticks(stat: &str) -> (u64, u64) {
-    let text = std::fs::read_to_string(stat).expect("a /proc stat file");
-    let (_, rest) = text.rsplit_once(')').expect("stat: (comm)");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state is field 3, utime 14, stime 15.
-    let field = |n: usize| fields[n - 3].parse::<u64>().expect("a number of ticks");
-    (field(14), field(15))
 }
 
 /// Milliseconds per clock tick of /proc's CPU times.
