@@ -114,6 +114,15 @@ struct Enum {
     json: Vec<Box<[u8]>>,
 }
 
+impl Enum {
+    /// The JSON string of the enumerator whose value is `value`.
+    #[inline]
+    fn json_of(&self, value: i64) -> Option<&[u8]> {
+        let i = self.node.values.iter().position(|(v, _)| *v == value)?;
+        Some(&self.json[i])
+    }
+}
+
 /// The JSON text form: each leaf with the text before it, then the text
 /// after the last.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -513,14 +522,8 @@ impl Plan {
                 JsonLeaf::Bits(int) => push_number(out, int.raw(b) as u32),
                 JsonLeaf::Enum8(i, e) => {
                     let value = b.get(i).copied().unwrap_or(0);
-                    let e = &self.enums[e as usize];
-                    match e
-                        .node
-                        .values
-                        .iter()
-                        .position(|(v, _)| *v == i64::from(value))
-                    {
-                        Some(i) => out.extend_from_slice(&e.json[i]),
+                    match self.enums[e as usize].json_of(i64::from(value)) {
+                        Some(name) => out.extend_from_slice(name),
                         None => push_number(out, value),
                     }
                 }
@@ -536,10 +539,8 @@ impl Plan {
             Leaf::Int(int) => int.write_json(int.raw(b), out),
             Leaf::Enum(int, e) => {
                 let raw = int.raw(b);
-                let e = &self.enums[e as usize];
-                let value = int.value(raw) as i64;
-                match e.node.values.iter().position(|(v, _)| *v == value) {
-                    Some(i) => out.extend_from_slice(&e.json[i]),
+                match self.enums[e as usize].json_of(int.value(raw) as i64) {
+                    Some(name) => out.extend_from_slice(name),
                     None => int.write_json(raw, out),
                 }
             }
