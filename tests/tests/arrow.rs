@@ -550,6 +550,53 @@ async fn the_library_reads_dumps_as_record_batches() {
     daemon.stop().await;
 }
 
+/// `dump_table` opens the dump's call while it asks for the map's types:
+/// the daemon is reading before the first batch is asked for (one round
+/// trip sooner on a distant host), and the batches hold every entry once.
+/// A map that is not there is NOT_FOUND from `dump_table` itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_table_opens_the_dump_while_it_reads_the_types() {
+    let fs = BpfFs::new();
+    let state = tempfile::tempdir().unwrap();
+    let flows = bpfmapd::typed_flows(3_000).unwrap();
+    fs.pin(&flows, "flows");
+    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let client = daemon.client().await;
+    let stats = daemon.running.stats().clone();
+    let read = || stats.chunks_read.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(read(), 0, "no dump before the call");
+    let map: MapName = "flows".parse().unwrap();
+    let mut dump = client
+        .dump_table(&map, DumpOptions::default(), PerCpuColumns::List)
+        .await
+        .unwrap();
+    // No batch asked for yet: the daemon reads all the same.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while read() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the daemon read nothing before the first batch was asked for: the dump's call was not opened by dump_table"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut rows = 0;
+    while let Some(batch) = dump.next_batch().await.unwrap() {
+        rows += batch.num_rows();
+    }
+    assert_eq!(rows, 3_000);
+    assert!(dump.summary().unwrap().complete());
+    let e = client
+        .dump_table(
+            &"nope".parse().unwrap(),
+            DumpOptions::default(),
+            PerCpuColumns::List,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&e), Code::NotFound, "{e}");
+    daemon.stop().await;
+}
+
 /// A host of the relay's fleet: its daemon, and the map `m` it holds
 /// (keys from `first`, value key * 7).
 struct FleetHost {

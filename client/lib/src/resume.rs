@@ -689,6 +689,20 @@ impl Dump {
         Ok(self.client.dump_map(req).await?.into_inner())
     }
 
+    /// Opens the call now rather than at the first [`Dump::next_chunk`],
+    /// for a caller with another call to make meanwhile: the daemon starts
+    /// reading while it runs. A call that cannot be opened is left to
+    /// `next_chunk`, which retries it or says why.
+    #[cfg(feature = "arrow")]
+    pub(crate) async fn open_now(&mut self) {
+        if self.stream.is_some() || self.finished || self.bad_render.is_some() {
+            return;
+        }
+        if let Ok(stream) = self.open().await {
+            self.stream = Some(stream);
+        }
+    }
+
     /// The next chunk; `None` once the dump has ended.
     pub async fn next_chunk(&mut self) -> Result<Option<Chunk>, Error> {
         if let Some(e) = self.bad_render.take() {
