@@ -1322,6 +1322,49 @@ fn walk_process(path: &Path) -> u64 {
         .unwrap()
 }
 
+/// Entries per `BPF_MAP_LOOKUP_BATCH` call of the daemon's dumps, and the
+/// size of its chunks with the default limits: [`send_walks`] reads and
+/// sends as the daemon does.
+const DAEMON_READ: u32 = 1024;
+const DAEMON_CHUNK_BYTES: usize = 96 << 10;
+
+/// Listens on a loopback port (printed on the first line of stdout) and
+/// sends each connection the map at `path`, walked with batched calls on
+/// one thread and written by another, the keys and values of each chunk
+/// as they come from the kernel: a transfer with no RPC and no encoding,
+/// the least a daemon's dump can take on this machine. Runs until killed.
+fn send_walks(path: &Path) {
+    use std::io::Write as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    println!("{}", listener.local_addr().unwrap().port());
+    std::io::stdout().flush().unwrap();
+    for conn in listener.incoming() {
+        let mut conn = conn.expect("a connection");
+        conn.set_nodelay(true).unwrap();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(4);
+        let writer = std::thread::spawn(move || {
+            for chunk in rx {
+                conn.write_all(&chunk).expect("the reader takes the map");
+            }
+        });
+        let handle = MapHandle::open_pinned(path).unwrap();
+        let meta = handle.meta().clone();
+        let mut walk = Walker::new(handle, meta, Position::Start).unwrap();
+        let mut chunk = Vec::with_capacity(2 * DAEMON_CHUNK_BYTES);
+        while let Some(c) = walk.next_chunk(DAEMON_READ).unwrap() {
+            chunk.extend_from_slice(&c.keys);
+            chunk.extend_from_slice(&c.values);
+            if chunk.len() >= DAEMON_CHUNK_BYTES {
+                let next = Vec::with_capacity(2 * DAEMON_CHUNK_BYTES);
+                tx.send(std::mem::replace(&mut chunk, next)).unwrap();
+            }
+        }
+        tx.send(chunk).unwrap();
+        drop(tx);
+        writer.join().unwrap();
+    }
+}
+
 fn main() {
     // `cargo bench` adds `--bench`.
     let argv: Vec<String> = std::env::args().filter(|a| a != "--bench").collect();
@@ -1329,6 +1372,14 @@ fn main() {
         && walk == "__walk"
     {
         println!("{}", batch_walk(Path::new(path)));
+        return;
+    }
+    // `__send PATH`: the walk sent over loopback TCP, for the check's
+    // reference (see `send_walks`).
+    if let [_, send, path] = &argv[..]
+        && send == "__send"
+    {
+        send_walks(Path::new(path));
         return;
     }
     // `-- __pin SHAPE N PATH`: one of the typed maps (flows, cilium_ct4,

@@ -15,9 +15,15 @@
 //! check"), saying which are over; then the table to record, with the
 //! commit measured.
 
-use std::{path::Path, process::Command};
+use std::{
+    io::{BufRead as _, Read as _},
+    net::TcpStream,
+    path::Path,
+    process::{Command, Stdio},
+};
 
 use bpfmap_client::{Client, ConnectOptions, DumpOptions, MapName, table::PerCpuColumns};
+use bpfmap_kernel::MapHandle;
 use bpfmap_tests::{
     BpfFs, MapType, daemon_bin,
     local_fleet::{LocalFleet, RelayProcess},
@@ -139,6 +145,7 @@ fn maps(rt: &tokio::runtime::Runtime, figures: &mut Vec<Figure>) {
     let url = daemon.url();
     processes(fs.path(), &url, figures);
     daemon_cpu(&daemon, &fs.path().join("conns"));
+    bare_transfer(&fs.path().join("conns"));
     rt.block_on(library(&url, &fs.path().join("conns"), figures));
     rt.block_on(library_table(&url, &fs.path().join("conns"), figures));
     arrow(&daemon, &fs.path().join("conns"), figures);
@@ -253,6 +260,50 @@ fn daemon_cpu(daemon: &DaemonProcess, path: &Path) {
         "  the daemon's CPU per typed dump of {N} entries: {:.0} ms (user {user:.0} ms, system {system:.0} ms), against {walk:.0} ms for the batched walk in this process ({:.2}x); {CPU_RUNS} of each",
         user + system,
         (user + system) / walk
+    );
+}
+
+/// The walk sent over loopback TCP by a process of its own and read by this
+/// one (`__send`: read as the daemon reads, written by another thread),
+/// against the walk in this process: a transfer with no RPC, no encoding
+/// and no decoding, about the least a remote dump takes on this machine.
+/// What the library's dumps take beyond it is the RPC's and the client's.
+/// Printed, not a target.
+fn bare_transfer(path: &Path) {
+    let mut sender = Command::new(std::env::current_exe().unwrap())
+        .arg("__send")
+        .arg(path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the sender starts");
+    let mut line = String::new();
+    std::io::BufReader::new(sender.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line.trim().parse().expect("the sender's port");
+    let meta = MapHandle::open_pinned(path).unwrap().meta().clone();
+    let bytes = u64::from(N) * (u64::from(meta.key_size) + meta.kernel_value_size() as u64);
+    let read = || {
+        let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("the sender accepts");
+        let mut buf = vec![0u8; 256 << 10];
+        let mut total = 0;
+        loop {
+            let n = conn.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        assert_eq!(total, bytes, "the whole map is sent");
+        total
+    };
+    let p = pairing(|| batch_walk(path), read);
+    let _ = sender.kill();
+    let _ = sender.wait();
+    let (low, high) = p.middle_half();
+    println!(
+        "  the walk sent over loopback TCP by a process of its own and read by this one (no RPC, no encoding): {:.2}x the walk in this process (pairs {low:.2}-{high:.2}x), about the least a remote dump takes here",
+        p.ratio
     );
 }
 
