@@ -242,6 +242,18 @@ pub fn send_signal(pid: u32, signal: i32) {
     assert_eq!(ret, 0, "kill({pid}, {signal}) failed");
 }
 
+/// The minor page faults of process `pid` so far (field 10 of
+/// `/proc/PID/stat`): pages it touched for the first time, or again after
+/// they were handed back.
+pub fn minor_faults(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    let rest = text.rsplit_once(')').expect("a stat line").1;
+    rest.split_whitespace()
+        .nth(10 - 3)
+        .and_then(|f| f.parse().ok())
+        .expect("minflt")
+}
+
 /// A process's or a thread's user and system time so far, in clock ticks,
 /// from its /proc stat file (`/proc/PID/stat`, `/proc/thread-self/stat`):
 /// fields 14 and 15, counted after the name in parentheses. `None` when it

@@ -64,7 +64,7 @@ pub fn main() -> ExitCode {
     for note in &config.deprecated {
         tracing::warn!("{note}");
     }
-    bpfmap_kernel::return_large_buffers_to_the_system();
+    bpfmap_kernel::return_large_buffers_to_the_system(crate::dump::largest_chunk(&config.limits));
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {

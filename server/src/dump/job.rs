@@ -9,7 +9,7 @@ use bpfmap_kernel::{
 use bpfmap_proto::v1 as pb;
 
 use super::{
-    DEFAULT_CHUNK_BYTES, FIRST_CHUNK_BYTES, LARGE_PIPELINE, MAX_CHUNK, MAX_CHUNK_BYTES, PIPELINE,
+    DEFAULT_CHUNK_BYTES, FIRST_CHUNK_BYTES, LARGE_PIPELINE, MAX_CHUNK, PIPELINE, chunk_cap,
     kernel::{ScanReport, Source},
 };
 use crate::{
@@ -25,7 +25,7 @@ use crate::{
 /// Entries per chunk, the first chunk's and every later one's: the hint
 /// for both, or (hint 0) [`FIRST_CHUNK_BYTES`] then [`DEFAULT_CHUNK_BYTES`]
 /// worth of entries; clamped so that a chunk stays below
-/// [`MAX_CHUNK_BYTES`] and a dump's share holds [`PIPELINE`] chunks (at
+/// [`super::MAX_CHUNK_BYTES`] and a dump's share holds [`PIPELINE`] chunks (at
 /// least one entry).
 pub(crate) fn effective_chunk(
     hint: u32,
@@ -35,7 +35,7 @@ pub(crate) fn effective_chunk(
 ) -> ChunkSizes {
     let per_entry = per_entry(meta, options.layout, options.decoder.as_ref());
     let entries = |bytes: usize| (bytes / per_entry).clamp(1, MAX_CHUNK as usize) as u32;
-    let max = entries(MAX_CHUNK_BYTES.min(share / PIPELINE));
+    let max = entries(chunk_cap(share));
     if hint == 0 {
         let steady = entries(DEFAULT_CHUNK_BYTES).min(max);
         ChunkSizes {

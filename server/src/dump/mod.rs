@@ -65,6 +65,21 @@ pub(crate) const MAX_CHUNK: u32 = 65_536;
 /// unless a single entry is larger.
 pub(crate) const MAX_CHUNK_BYTES: usize = 3 << 20;
 
+/// The most bytes of entries a chunk holds with a dump's `share`, whatever
+/// chunk size its client asks for.
+pub(crate) fn chunk_cap(share: usize) -> usize {
+    MAX_CHUNK_BYTES.min(share / PIPELINE)
+}
+
+/// The largest chunk of a dump with `limits` (its buffers, and about the
+/// size of its encoded message): the C allocator keeps buffers up to it in
+/// the heap, where a dump's chunks reuse the same pages
+/// ([`bpfmap_kernel::return_large_buffers_to_the_system`]).
+pub(crate) fn largest_chunk(limits: &crate::config::Limits) -> usize {
+    let (share, _) = crate::limits::split_memory(limits.max_queued_bytes, limits.max_dumps);
+    chunk_cap(share)
+}
+
 /// Counters shared by all dumps, for tests and operators.
 #[derive(Debug, Default)]
 pub struct DumpStats {
