@@ -222,13 +222,32 @@ async fn a_table_cut_after_a_batch_resumes_from_its_cursor_with_every_entry_once
     daemon.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duckdb_groups_a_table_as_aggregate_map_does() {
+/// The map `flows` of `n` typed flows pinned on a private bpffs, kept
+/// while the daemon that [`serve_flows`] starts serves it.
+struct Flows {
+    _map: OwnedMap,
+    _state: tempfile::TempDir,
+    _fs: BpfFs,
+}
+
+/// A daemon serving `n` typed flows as the map `flows`.
+async fn serve_flows(n: u32) -> (Daemon, Flows) {
     let fs = BpfFs::new();
     let state = tempfile::tempdir().unwrap();
-    let flows = bpfmapd::typed_flows(10_000).unwrap();
-    fs.pin(&flows, "flows");
+    let map = bpfmapd::typed_flows(n).unwrap();
+    fs.pin(&map, "flows");
     let daemon = Daemon::start(fs.path(), state.path()).await;
+    let flows = Flows {
+        _map: map,
+        _state: state,
+        _fs: fs,
+    };
+    (daemon, flows)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duckdb_groups_a_table_as_aggregate_map_does() {
+    let (daemon, _flows) = serve_flows(10_000).await;
     let url = grpc_url(&daemon);
     let sql =
         r#"SELECT "key.daddr", sum("value.bytes") AS s FROM t GROUP BY 1 ORDER BY s DESC LIMIT 10"#;
@@ -289,11 +308,7 @@ async fn duckdb_groups_a_table_as_aggregate_map_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polars_reads_the_ipc_file_bpfmapctl_writes() {
-    let fs = BpfFs::new();
-    let state = tempfile::tempdir().unwrap();
-    let flows = bpfmapd::typed_flows(2_000).unwrap();
-    fs.pin(&flows, "flows");
-    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let (daemon, _flows) = serve_flows(2_000).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("flows.arrow");
     let (r, _, err) = ctl(&[
@@ -510,11 +525,7 @@ async fn flight_calls_say_what_is_wrong_with_status_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_library_reads_dumps_as_record_batches() {
     use arrow_array::{Array as _, cast::AsArray as _, types::UInt64Type};
-    let fs = BpfFs::new();
-    let state = tempfile::tempdir().unwrap();
-    let flows = bpfmapd::typed_flows(3_000).unwrap();
-    fs.pin(&flows, "flows");
-    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let (daemon, _flows) = serve_flows(3_000).await;
     let client = daemon.client().await;
     let map: MapName = "flows".parse().unwrap();
     let options = DumpOptions::default()
@@ -556,11 +567,7 @@ async fn the_library_reads_dumps_as_record_batches() {
 /// A map that is not there is NOT_FOUND from `dump_table` itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dump_table_opens_the_dump_while_it_reads_the_types() {
-    let fs = BpfFs::new();
-    let state = tempfile::tempdir().unwrap();
-    let flows = bpfmapd::typed_flows(3_000).unwrap();
-    fs.pin(&flows, "flows");
-    let daemon = Daemon::start(fs.path(), state.path()).await;
+    let (daemon, _flows) = serve_flows(3_000).await;
     let client = daemon.client().await;
     let stats = daemon.running.stats().clone();
     let read = || stats.chunks_read.load(std::sync::atomic::Ordering::Relaxed);
