@@ -1332,7 +1332,8 @@ const DAEMON_CHUNK_BYTES: usize = 96 << 10;
 /// sends each connection the map at `path`, walked with batched calls on
 /// one thread and written by another, the keys and values of each chunk
 /// as they come from the kernel: a transfer with no RPC and no encoding,
-/// the least a daemon's dump can take on this machine. Runs until killed.
+/// about the least a daemon's dump can take on this machine. Runs until
+/// killed.
 fn send_walks(path: &Path) {
     use std::io::Write as _;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");

@@ -242,28 +242,35 @@ pub fn send_signal(pid: u32, signal: i32) {
     assert_eq!(ret, 0, "kill({pid}, {signal}) failed");
 }
 
+/// The fields of a /proc stat file (`/proc/PID/stat`,
+/// `/proc/thread-self/stat`) after the name in parentheses: the first is
+/// field 3 of proc(5). `None` when it cannot be read.
+fn stat_fields(stat: &str) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(stat).ok()?;
+    let rest = text.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Field `n` of proc(5) among [`stat_fields`], as a number.
+fn stat_number(fields: &[String], n: usize) -> Option<u64> {
+    fields.get(n - 3)?.parse().ok()
+}
+
 /// The minor page faults of process `pid` so far (field 10 of
 /// `/proc/PID/stat`): pages it touched for the first time, or again after
 /// they were handed back.
 pub fn minor_faults(pid: u32) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
-    let rest = text.rsplit_once(')').expect("a stat line").1;
-    rest.split_whitespace()
-        .nth(10 - 3)
-        .and_then(|f| f.parse().ok())
-        .expect("minflt")
+    stat_fields(&format!("/proc/{pid}/stat"))
+        .and_then(|f| stat_number(&f, 10))
+        .expect("the process's minor faults, from its stat")
 }
 
 /// A process's or a thread's user and system time so far, in clock ticks,
 /// from its /proc stat file (`/proc/PID/stat`, `/proc/thread-self/stat`):
-/// fields 14 and 15, counted after the name in parentheses. `None` when it
-/// cannot be read.
+/// fields 14 and 15. `None` when it cannot be read.
 pub fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(stat).ok()?;
-    let rest = text.rsplit_once(')')?.1;
-    // After the name: the state is field 3, so field n is at n - 3.
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
+    let f = stat_fields(stat)?;
+    Some((stat_number(&f, 14)?, stat_number(&f, 15)?))
 }
 
 /// The machine's CPU time so far, in clock ticks: (busy, total), from
