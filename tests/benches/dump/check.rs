@@ -270,14 +270,25 @@ fn daemon_cpu(daemon: &DaemonProcess, path: &Path) {
 /// What the library's dumps take beyond it is the RPC's and the client's.
 /// Printed, not a target.
 fn bare_transfer(path: &Path) {
-    let mut sender = Command::new(std::env::current_exe().unwrap())
-        .arg("__send")
-        .arg(path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the sender starts");
+    /// The sending process, killed when the check is done with it (or
+    /// fails).
+    struct Sender(std::process::Child);
+    impl Drop for Sender {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut sender = Sender(
+        Command::new(std::env::current_exe().unwrap())
+            .arg("__send")
+            .arg(path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the sender starts"),
+    );
     let mut line = String::new();
-    std::io::BufReader::new(sender.stdout.take().unwrap())
+    std::io::BufReader::new(sender.0.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
     let port: u16 = line.trim().parse().expect("the sender's port");
@@ -298,8 +309,7 @@ fn bare_transfer(path: &Path) {
         total
     };
     let p = pairing(|| batch_walk(path), read);
-    let _ = sender.kill();
-    let _ = sender.wait();
+    drop(sender);
     let (low, high) = p.middle_half();
     println!(
         "  the walk sent over loopback TCP by a process of its own and read by this one (no RPC, no encoding): {:.2}x the walk in this process (pairs {low:.2}-{high:.2}x), about the least a remote dump takes here",
